@@ -1,0 +1,97 @@
+"""Oracle protocols: the only way the engine talks to a distribution.
+
+The engine never imports Pyro. A distribution reaches the sampler through one of two small
+protocols, in the spirit of BlackJAX's ``logdensity_fn``:
+
+* :class:`MarginalOracle` for distributions over ``[q]^n`` (any-order autoregressive setting):
+  conditional marginals ``mu(X_i = v | X_S = x_S)``.
+* :class:`MeanOracle` for distributions over ``R^d`` (diffusion setting): the conditional mean
+  ``f(t, x) = E[Y | t Y + B_t = x]``.
+
+One call of either is one *round*; each row of the batch is one *row* of work.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["MarginalOracle", "MeanOracle", "has_targeted_marginals"]
+
+
+@runtime_checkable
+class MarginalOracle(Protocol):
+    """Conditional marginals of a distribution ``mu`` on ``[q]^n``.
+
+    Attributes
+    ----------
+    num_coords : int
+        ``n``, the number of coordinates (discrete sites).
+    num_values : int
+        ``q``, the largest support size. Coordinates with a smaller support return ``-inf``
+        for the values outside it.
+
+    Methods
+    -------
+    log_marginals(values, mask)
+        ``values``: LongTensor[B, n]; ``mask``: BoolTensor[B, n] (True where pinned).
+        Returns a float Tensor[B, n, q] with ``log mu(X_i = v | X_S = values_S)`` for every
+        coordinate ``i``, where ``S = mask[b]``. Rows of pinned coordinates are ignored by
+        the engine; values at unpinned positions must be ignored by the oracle.
+
+    An oracle may also define ``log_marginals_at(values, mask, targets)`` with ``targets``
+    a LongTensor[B, k] of coordinate indices, returning Tensor[B, k, q] for just those
+    coordinates. The engine then never materialises ``[B, n, q]``. Entries of ``targets``
+    may repeat (the engine pads with repeats); each row is still one conditioning.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Independent:
+    ...     num_coords, num_values = 3, 2
+    ...     def log_marginals(self, values, mask):
+    ...         return torch.full((values.shape[0], 3, 2), 0.5).log()
+    >>> isinstance(Independent(), MarginalOracle)
+    True
+    """
+
+    num_coords: int
+    num_values: int
+
+    def log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MeanOracle(Protocol):
+    """Conditional mean ``f(t, x) = E[Y | t Y + B_t = x]`` of a distribution on ``R^d``.
+
+    Attributes
+    ----------
+    dim : int
+        ``d``, the dimension of ``Y``.
+
+    Methods
+    -------
+    __call__(t, x)
+        ``t``: Tensor[B] of times, ``x``: Tensor[B, d]. Returns Tensor[B, d].
+
+    Examples
+    --------
+    >>> import torch
+    >>> class PointMass:
+    ...     dim = 2
+    ...     def __call__(self, t, x):
+    ...         return torch.ones_like(x)
+    >>> isinstance(PointMass(), MeanOracle)
+    True
+    """
+
+    dim: int
+
+    def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def has_targeted_marginals(oracle: object) -> bool:
+    """Whether ``oracle`` offers ``log_marginals_at(values, mask, targets)``."""
+    return callable(getattr(oracle, "log_marginals_at", None))
