@@ -1,0 +1,56 @@
+"""pyro-autospec: exact parallel sampling for Pyro programs by autospeculation.
+
+The engine (:mod:`pyro_autospec.engine`) and the structured oracles never import Pyro; the Pyro
+front end (:class:`AutoSpec`, :class:`AutoSpecKernel`) and the Pyro distributions are loaded
+lazily, on first use, so ``import pyro_autospec`` stays light.
+
+Examples
+--------
+>>> import torch
+>>> from pyro_autospec import sample_any_order
+>>> from pyro_autospec.oracles import MarkovChainOracle
+>>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), 256)
+>>> result = sample_any_order(chain, 4, seed=0)
+>>> bool(result.sample_rounds.double().mean() < 256)
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from pyro_autospec.engine import OracleError, SampleResult, default_schedule, sample_any_order
+from pyro_autospec.oracles.base import MarginalOracle, MeanOracle
+
+__version__ = "0.1.0"
+
+# name -> module, imported on first access (these modules import Pyro or are heavier).
+_LAZY = {
+    "AutoSpec": "pyro_autospec.infer",
+    "AutoSpecKernel": "pyro_autospec.infer",
+    "sample_diffusion": "pyro_autospec.engine.diffusion",
+    "sample_sde": "pyro_autospec.engine.diffusion",
+    "DiffusionResult": "pyro_autospec.engine.diffusion",
+}
+
+__all__ = [
+    "MarginalOracle",
+    "MeanOracle",
+    "OracleError",
+    "SampleResult",
+    "default_schedule",
+    "sample_any_order",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pyro_autospec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

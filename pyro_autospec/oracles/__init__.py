@@ -1,0 +1,47 @@
+"""Oracles: the only way the engine talks to a distribution.
+
+Exact structured oracles (none of them imports Pyro):
+
+* :class:`TabularOracle`: a full joint table over ``[q]^n``.
+* :class:`MarkovChainOracle`, :class:`HMMOracle`: chains and hidden Markov models.
+* :class:`TreePottsOracle`: Potts / Ising models on trees and forests.
+* :class:`DPPOracle`, :class:`SpanningTreeOracle`: determinantal point processes and
+  (weighted) uniform spanning trees.
+* :class:`CurieWeissOracle`: the mean-field Ising model.
+"""
+
+from .base import MarginalOracle, MeanOracle, has_targeted_marginals
+from .curie_weiss import CurieWeissOracle
+from .dpp import DPPOracle
+from .hmm import HMMOracle
+from .markov import MarkovChainOracle
+from .spanning_tree import SpanningTreeOracle
+from .tabular import TabularOracle
+from .tree_potts import TreePottsOracle
+
+__all__ = [
+    "MarginalOracle",
+    "MeanOracle",
+    "has_targeted_marginals",
+    "TabularOracle",
+    "MarkovChainOracle",
+    "HMMOracle",
+    "TreePottsOracle",
+    "DPPOracle",
+    "SpanningTreeOracle",
+    "CurieWeissOracle",
+]
+
+# more oracles are exported below
+from .denoisers import FiniteSupportDenoiser, GaussianDenoiser, GaussianMixtureDenoiser  # noqa: E402
+
+__all__ += ["GaussianDenoiser", "GaussianMixtureDenoiser", "FiniteSupportDenoiser", "EnumOracle"]
+
+
+def __getattr__(name: str):
+    # EnumOracle imports Pyro: load it only when asked for, so the engine stays Pyro-free.
+    if name == "EnumOracle":
+        from .enum import EnumOracle
+
+        return EnumOracle
+    raise AttributeError(f"module 'pyro_autospec.oracles' has no attribute {name!r}")

@@ -1,0 +1,122 @@
+"""Rounds, rows and wall time of diffusion sampling: autospec against sequential and picard.
+
+Target: a finite-support distribution (``--num-points`` random points on the unit sphere, equal
+weights) in d = 2 and d = 16, sampled by stochastic localization on the default grid
+(``diffusion_times(N, delta)``: uniform to t = 1, then geometric to T = 1 / delta) for
+N in {64, 256, 1024, 4096}. Prints one markdown table and the issue's done criteria:
+
+* median autospec rounds per sample at N = 1024 <= N / 10, in both dimensions;
+* mean autospec rows per sample <= 4 N log2 N at every N.
+
+Run ``python benchmarks/diffusion.py`` (a few minutes on 2 CPU cores) or ``--smoke``
+(seconds). Rounds and rows do not depend on the machine; wall times do (single-threaded torch
+unless ``--threads``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+import torch
+
+from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, runs in seconds")
+    parser.add_argument("--num-samples", type=int, default=None, help="samples per setting")
+    parser.add_argument("--steps", type=int, nargs="+", default=None, help="values of N")
+    parser.add_argument("--dims", type=int, nargs="+", default=[2, 16])
+    parser.add_argument("--num-points", type=int, default=32, help="support size of the target")
+    parser.add_argument("--delta", type=float, default=1e-3, help="grid ends at T = 1 / delta")
+    parser.add_argument("--rho", default="1.0", help="thread growth: a float or 'adaptive'")
+    parser.add_argument("--window", type=int, default=16, help="picard window")
+    parser.add_argument("--tolerance", type=float, default=0.1, help="picard tolerance")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default=None, help="torch device of the oracle")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> bool:
+    torch.set_num_threads(args.threads)
+    steps = args.steps or ([64, 256] if args.smoke else [64, 256, 1024, 4096])
+    num_samples = args.num_samples or (8 if args.smoke else 32)
+    rho = args.rho if args.rho == "adaptive" else float(args.rho)
+    print(
+        f"# Diffusion benchmark: finite support ({args.num_points} points on the unit sphere), "
+        f"delta = {args.delta}, {num_samples} samples per setting, rho = {rho}, "
+        f"picard window = {args.window}, tolerance = {args.tolerance}\n"
+    )
+    header = (
+        "| d | N | method | rounds/sample median | rounds/sample p90 | rows/sample (mean) "
+        "| rows / (N log2 N) | wall time (s) | picard error (median / max) |"
+    )
+    print(header)
+    print("|" + "---|" * 9)
+    medians: dict[tuple[int, int], float] = {}
+    rows_ok: list[tuple[int, int, float, float]] = []
+    for d in args.dims:
+        oracle = FiniteSupportDenoiser.unit_sphere(args.num_points, d, seed=args.seed)
+        if args.device is not None:
+            oracle = oracle.to(args.device)
+        for n in steps:
+            for method in ("autospec", "sequential", "picard"):
+                start = time.perf_counter()
+                result = sample_diffusion(
+                    oracle,
+                    num_samples,
+                    num_steps=n,
+                    delta=args.delta,
+                    method=method,
+                    seed=args.seed + 1,
+                    rho=rho,
+                    window=args.window,
+                    tolerance=args.tolerance,
+                )
+                wall = time.perf_counter() - start
+                rounds = result.sample_rounds.double().numpy()
+                median, p90 = float(np.median(rounds)), float(np.quantile(rounds, 0.9))
+                rows = result.oracle_rows / num_samples
+                error = ""
+                if result.error is not None:
+                    error = f"{result.error.median().item():.2e} / {result.error.max().item():.2e}"
+                print(
+                    f"| {d} | {n} | {method} | {median:.0f} | {p90:.0f} | {rows:.0f} | "
+                    f"{rows / (n * math.log2(n)):.2f} | {wall:.2f} | {error} |",
+                    flush=True,
+                )
+                if method == "autospec":
+                    medians[(d, n)] = median
+                    rows_ok.append((d, n, rows, 4 * n * math.log2(n)))
+    print("\n## Done criteria")
+    ok = True
+    if 1024 not in steps:
+        print("- (skipped) median autospec rounds at N = 1024 <= N / 10: N = 1024 not in this run")
+    for d in args.dims if 1024 in steps else []:
+        median = medians[(d, 1024)]
+        passed = median <= 1024 / 10
+        ok &= passed
+        print(
+            f"- [{'x' if passed else ' '}] d = {d}: median autospec rounds at N = 1024 = "
+            f"{median:.0f} <= N / 10 = 102.4"
+        )
+    for d, n, rows, bound in rows_ok:
+        passed = rows <= bound
+        ok &= passed
+        print(
+            f"- [{'x' if passed else ' '}] d = {d}, N = {n}: mean rows per sample {rows:.0f} "
+            f"<= 4 N log2 N = {bound:.0f}"
+        )
+    print(f"\nall criteria met: {ok}")
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if run(parse_args()) else 1)

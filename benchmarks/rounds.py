@@ -1,0 +1,283 @@
+"""Rounds, rows and wall time per sample: autospec against the baselines, same oracle, one run.
+
+Every family is sampled at several sizes ``n`` by every method in the same run, with the
+same oracle and the same counting (one round = one batched oracle call; one row = one
+conditioning). Prints a markdown table, the fitted exponent of mean rounds per sample against
+``n`` (least squares on log-log over ``n >= 256``), writes a CSV and a log-log plot, and checks
+the engine issue's targets on the Markov chain.
+
+Usage::
+
+    python benchmarks/rounds.py                   # full run (tens of minutes on 2 cores)
+    python benchmarks/rounds.py --smoke           # seconds, for CI
+    python benchmarks/rounds.py --families markov --sizes 64 256 1024 4096
+    python benchmarks/rounds.py --sweep           # schedule knobs on the Markov chain
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyro_autospec.engine import sample_any_order  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+METHODS = ["autospec", "speculative", "agr24", "sequential"]
+
+
+# ----------------------------------------------------------------------------- families
+def markov(n: int, seed: int = 0):
+    """Binary Markov chain, uniform start, stay probability 0.73."""
+    from pyro_autospec.oracles.markov import MarkovChainOracle
+
+    return MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n)
+
+
+def hmm(n: int, seed: int = 0):
+    """Three-state sticky HMM posterior given Gaussian observations of a simulated path."""
+    from pyro_autospec.oracles.hmm import HMMOracle
+
+    g = torch.Generator().manual_seed(seed)
+    q = 3
+    T = torch.full((q, q), 0.1 / (q - 1)) + torch.eye(q) * (0.9 - 0.1 / (q - 1))
+    states = [0]
+    u = torch.rand(n, generator=g)
+    for i in range(1, n):
+        cum = T[states[-1]].cumsum(0)
+        states.append(int((cum < u[i]).sum().clamp(max=q - 1)))
+    means = torch.tensor([-1.0, 0.0, 1.0])
+    obs = means[torch.tensor(states)] + torch.randn(n, generator=g)
+    emission = -0.5 * (obs[:, None] - means[None, :]) ** 2
+    return HMMOracle(torch.full((q,), 1.0 / q), T, emission)
+
+
+def dpp(n: int, seed: int = 0):
+    """A DPP with a Gaussian-similarity L-ensemble of ``n`` random points in the unit square."""
+    from pyro_autospec.oracles.dpp import DPPOracle
+
+    g = torch.Generator().manual_seed(seed)
+    pts = torch.rand(n, 2, generator=g, dtype=torch.float64)
+    bandwidth = 1.0 / math.sqrt(n)
+    L = 4.0 * torch.exp(-torch.cdist(pts, pts) ** 2 / (2 * bandwidth**2))
+    return DPPOracle(L=L)
+
+
+def tree_potts(n: int, seed: int = 0):
+    """Ising model on a random recursive tree, coupling 0.5, small random fields."""
+    from pyro_autospec.oracles.tree_potts import TreePottsOracle
+
+    g = torch.Generator().manual_seed(seed)
+    parents = [int(torch.randint(0, i, (), generator=g)) for i in range(1, n)]
+    edges = torch.tensor([[p, i + 1] for i, p in enumerate(parents)], dtype=torch.long)
+    couplings = torch.full((n - 1,), 0.5, dtype=torch.float64)
+    fields = 0.1 * torch.randn(n, 2, generator=g, dtype=torch.float64)
+    return TreePottsOracle(edges, couplings, fields, num_values=2)
+
+
+def spanning_tree(n: int, seed: int = 0):
+    """Uniform spanning trees of a grid graph with about ``n`` edges."""
+    from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
+
+    side = max(2, int(round((n / 2) ** 0.5)) + 1)
+    edges = []
+    for r in range(side):
+        for c in range(side):
+            v = r * side + c
+            if c + 1 < side:
+                edges.append((v, v + 1))
+            if r + 1 < side:
+                edges.append((v, v + side))
+    edges = edges[:n] if len(edges) >= n else edges
+    return SpanningTreeOracle(side * side, torch.tensor(edges))
+
+
+def curie_weiss(n: int, seed: int = 0):
+    """Mean-field Ising at its critical point beta = 1."""
+    from pyro_autospec.oracles.curie_weiss import CurieWeissOracle
+
+    return CurieWeissOracle(n, beta=1.0)
+
+
+FAMILIES = {
+    "markov": (markov, [64, 256, 1024, 4096]),
+    "hmm": (hmm, [64, 256, 1024, 4096]),
+    "tree_potts": (tree_potts, [64, 256, 1024, 4096]),
+    "curie_weiss": (curie_weiss, [64, 256, 1024, 4096]),
+    "dpp": (dpp, [64, 256, 1024]),
+    "spanning_tree": (spanning_tree, [64, 256, 1024]),
+}
+SMOKE_SIZES = [16, 64]
+
+
+# ----------------------------------------------------------------------------- running
+def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> dict:
+    oracle = FAMILIES[family][0](n, seed)
+    n_actual = oracle.num_coords
+    start = time.perf_counter()
+    result = sample_any_order(oracle, num_samples, method=method, seed=seed)
+    wall = time.perf_counter() - start
+    rounds = result.sample_rounds.double()
+    return {
+        "family": family,
+        "n": n_actual,
+        "method": method,
+        "num_samples": num_samples,
+        "rounds_per_sample": rounds.mean().item(),
+        "rounds_p90": rounds.quantile(0.9).item(),
+        "run_rounds": result.rounds,
+        "rows_per_sample": result.oracle_rows / num_samples,
+        "rows_over_nlog2n": result.oracle_rows / num_samples / (n_actual * max(1.0, math.log2(n_actual))),
+        "wall_per_sample": wall / num_samples,
+        "sequential_over_rounds": n_actual / rounds.mean().item(),
+    }
+
+
+def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
+    pts = [(r["n"], r["rounds_per_sample"]) for r in rows if r["family"] == family and r["method"] == method]
+    pts = [p for p in pts if p[0] >= min_n] or pts
+    if len(pts) < 2:
+        return float("nan")
+    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = [
+        "| family | n | method | rounds/sample | p90 | rows/sample | rows/(n log2 n) | wall/sample (s) | n / rounds |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} | {r['n']} | {r['method']} | {r['rounds_per_sample']:.1f} | {r['rounds_p90']:.0f} | "
+            f"{r['rows_per_sample']:.0f} | {r['rows_over_nlog2n']:.2f} | {r['wall_per_sample']:.3f} | "
+            f"{r['sequential_over_rounds']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def exponent_table(rows: list[dict], families: list[str], methods: list[str]) -> str:
+    lines = ["| family | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    for f in families:
+        cells = [f"{fitted_exponent(rows, f, m):.2f}" for m in methods]
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], families: list[str], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(families))
+    nrows = math.ceil(len(families) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
+    for ax, family in zip(axes.flat, families):
+        for method in methods:
+            pts = sorted((r["n"], r["rounds_per_sample"]) for r in rows if r["family"] == family and r["method"] == method)
+            if pts:
+                ax.loglog(*zip(*pts), marker="o", label=method)
+        ax.set_title(family)
+        ax.set_xlabel("n (coordinates)")
+        ax.set_ylabel("rounds per sample")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(families) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def check_targets(rows: list[dict]) -> list[str]:
+    """The engine issue's targets on the Markov chain at n = 4096."""
+    out = []
+    mk = {(r["n"], r["method"]): r for r in rows if r["family"] == "markov"}
+    if (4096, "autospec") in mk:
+        r = mk[(4096, "autospec")]
+        out.append(f"markov n=4096 mean sample_rounds {r['rounds_per_sample']:.1f} <= 300: {r['rounds_per_sample'] <= 300}")
+        out.append(f"markov n=4096 rows per sample / (n log2 n) {r['rows_over_nlog2n']:.2f} <= 2: {r['rows_over_nlog2n'] <= 2}")
+        e = fitted_exponent(rows, "markov", "autospec")
+        out.append(f"markov fitted rounds exponent (n = 256..4096) {e:.3f} <= 0.6: {e <= 0.6}")
+    return out
+
+
+def sweep(num_samples: int, n: int, seed: int) -> None:
+    """Schedule knobs on the Markov chain: rounds against rows (the law never changes)."""
+    from pyro_autospec.engine.any_order import default_schedule
+
+    base = default_schedule(n)
+    print(f"Schedule sweep, Markov chain n = {n}, {num_samples} samples; default {base}")
+    print("| rho | max_block | rounds/sample | rows/(n log2 n) | wall/sample (s) |")
+    print("|---:|---:|---:|---:|---:|")
+    for rho in (0.25, 0.5, 1.0, 2.0):
+        for max_block in sorted({64, 128, base["max_block"], 512, n}):
+            oracle = markov(n)
+            result = sample_any_order(oracle, num_samples, seed=seed, rho=rho, max_block=max_block)
+            print(
+                f"| {rho} | {max_block} | {result.sample_rounds.double().mean():.1f} | "
+                f"{result.oracle_rows / num_samples / (n * math.log2(n)):.2f} | {result.wall_time / num_samples:.2f} |",
+                flush=True,
+            )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--sizes", nargs="+", type=int, help="override every family's sizes")
+    parser.add_argument("--num-samples", type=int, default=8, help="draws per (family, n, method)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for CSV and PNG")
+    parser.add_argument("--sweep", action="store_true", help="schedule sweep on the Markov chain")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+    if args.sweep:
+        sweep(4 if args.smoke else args.num_samples, 256 if args.smoke else 4096, args.seed)
+        return
+    rows = []
+    for family in args.families:
+        sizes = SMOKE_SIZES if args.smoke else (args.sizes or FAMILIES[family][1])
+        for n in sizes:
+            for method in args.methods:
+                if method == "sequential" and n > 1024 and not args.smoke:
+                    num = max(2, args.num_samples // 4)  # n rounds regardless; fewer draws suffice
+                else:
+                    num = 2 if args.smoke else args.num_samples
+                row = run_one(family, n, method, num, args.seed)
+                rows.append(row)
+                print(
+                    f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} rounds/sample, "
+                    f"{row['rows_over_nlog2n']:.2f} n log2 n rows, {row['wall_per_sample']:.2f} s/sample",
+                    flush=True,
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "rounds_smoke" if args.smoke else "rounds"
+    with open(args.out / f"{name}.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, args.families, args.methods, args.out / f"{name}.png")
+    print("\n" + markdown_table(rows))
+    print("\nFitted exponent of rounds per sample against n (n >= 256):\n")
+    print(exponent_table(rows, args.families, args.methods))
+    checks = check_targets(rows)
+    if checks:
+        print("\nTargets:\n" + "\n".join("- " + c for c in checks))
+    print(f"\nCSV and plot written to {args.out}/{name}.csv and {name}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Command line: ``pyro-autospec demo`` or ``python -m pyro_autospec demo``."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: pyro-autospec COMMAND [options]
+
+commands:
+  demo      autospeculation against sequential sampling on a built-in target
+            (rounds, rows, wall time side by side, and an exactness check)
+
+Run 'pyro-autospec demo --help' for the options of a command."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "demo":
+        from pyro_autospec.demo import main as demo
+
+        demo(rest)
+        return 0
+    print(f"pyro-autospec: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The one place that knows ArviZ's versions.
+
+ArviZ 0.x builds an ``InferenceData`` with ``az.from_dict(posterior=..., sample_stats=..., ...)``
+(one keyword per group). ArviZ 1.x (Python >= 3.12) takes ONE nested dict
+``{group: {variable: array}}`` and returns an ``xarray.DataTree``; it has no ``from_pyro``.
+Everything else in the project calls :func:`to_inference_data` and never ``az.from_dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["to_inference_data", "arviz_major_version", "GROUPS"]
+
+GROUPS = ("posterior", "sample_stats", "log_likelihood", "observed_data")
+
+
+def arviz_major_version() -> int:
+    """The installed ArviZ major version (0 or 1; ``-1`` if ArviZ is not installed)."""
+    try:
+        import arviz as az
+    except ImportError:
+        return -1
+    return int(str(az.__version__).split(".")[0])
+
+
+def _as_numpy(group: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:
+    if group is None:
+        return None
+    out = {}
+    for name, value in group.items():
+        if hasattr(value, "detach"):
+            value = value.detach().cpu().numpy()
+        out[name] = np.asarray(value)
+    return out
+
+
+def to_inference_data(
+    posterior: Mapping[str, Any],
+    *,
+    sample_stats: Mapping[str, Any] | None = None,
+    log_likelihood: Mapping[str, Any] | None = None,
+    observed_data: Mapping[str, Any] | None = None,
+    coords: Mapping[str, Any] | None = None,
+    dims: Mapping[str, list[str]] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+):
+    """Build ArviZ data from arrays shaped ``(chain, draw, ...)``, for ArviZ 0.x and 1.x.
+
+    Parameters
+    ----------
+    posterior : dict
+        ``name -> array[chain, draw, *shape]`` (NumPy arrays or tensors).
+    sample_stats : dict, optional
+        ``name -> array[chain, draw]`` (``lp``, ``diverging``, ``n_rounds``, ...).
+    log_likelihood : dict, optional
+        Observed site name ``-> array[chain, draw, *batch_shape]``: pointwise log likelihood.
+    observed_data : dict, optional
+        Observed site name ``-> array``.
+    coords, dims : dict, optional
+        As in ``az.from_dict``.
+    attrs : dict, optional
+        Attributes stored with every group.
+
+    Returns
+    -------
+    arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> idata = to_inference_data(
+    ...     {"z": np.zeros((2, 5), dtype=np.int64)}, sample_stats={"lp": np.zeros((2, 5))}
+    ... )
+    >>> idata.posterior["z"].shape
+    (2, 5)
+    """
+    import arviz as az
+
+    groups = {
+        "posterior": _as_numpy(posterior),
+        "sample_stats": _as_numpy(sample_stats),
+        "log_likelihood": _as_numpy(log_likelihood),
+        "observed_data": _as_numpy(observed_data),
+    }
+    groups = {k: v for k, v in groups.items() if v}
+    coords = None if coords is None else dict(coords)
+    dims = None if dims is None else dict(dims)
+    attrs = None if attrs is None else dict(attrs)
+    if arviz_major_version() >= 1:
+        return az.from_dict(groups, coords=coords, dims=dims, attrs=attrs)
+    return az.from_dict(**groups, coords=coords, dims=dims, attrs=attrs)

@@ -1,0 +1,268 @@
+"""Shared helpers of the exact structured oracles: validation, devices and log-space algebra.
+
+Nothing here is public API. Every oracle in this package
+
+* stores its parameters as float64 tensors on one device,
+* validates constructor arguments with a :class:`ValueError` that names the argument and the fix,
+* answers queries on the device of the ``values`` it is given (moving, and caching, a copy of
+  its parameters there when needed), and
+* returns float64 log probabilities in which a pinned coordinate is a point mass at its pinned
+  value (the engine ignores those rows; the convention makes them well defined).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ExactOracle",
+    "as_float64",
+    "check_query",
+    "check_targets",
+    "log_matmul",
+    "log_normalize",
+    "logsumexp",
+    "point_mass",
+]
+
+
+class ExactOracle:
+    """Base class: device handling and the ``log_marginals`` / ``log_marginals_at`` pair.
+
+    Subclasses set ``num_coords`` and ``num_values``, keep their parameters as tensor
+    attributes, and implement ``_log_marginals_at(values, mask, targets)`` (with inputs already
+    validated, on the parameters' device) and optionally ``_log_marginals(values, mask)``.
+    """
+
+    num_coords: int
+    num_values: int
+
+    # -- devices -----------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device the parameters live on."""
+        for value in vars(self).values():
+            if isinstance(value, torch.Tensor):
+                return value.device
+        return torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> ExactOracle:
+        """Return a copy of this oracle with every parameter tensor on ``device``."""
+        device = torch.device(device)
+        new = copy.copy(self)
+        new._device_cache = {}
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(new, name, value.to(device))
+            elif isinstance(value, ExactOracle):
+                setattr(new, name, value.to(device))
+            elif isinstance(value, list) and any(isinstance(v, torch.Tensor) for v in value):
+                setattr(new, name, [v.to(device) for v in value])
+        return new
+
+    def _on(self, device: torch.device) -> ExactOracle:
+        """This oracle, or a cached copy of it on ``device``."""
+        if device == self.device:
+            return self
+        cache: dict[Any, ExactOracle] = self.__dict__.setdefault("_device_cache", {})
+        key = str(device)
+        if key not in cache:
+            cache[key] = self.to(device)
+        return cache[key]
+
+    # -- the protocol -------------------------------------------------------------------------
+    def log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Conditional log marginals of every coordinate.
+
+        Parameters
+        ----------
+        values : LongTensor[B, n]
+            Pinned values (entries where ``mask`` is False are ignored and may be anything).
+        mask : BoolTensor[B, n]
+            True where the coordinate is pinned.
+
+        Returns
+        -------
+        DoubleTensor[B, n, q]
+            ``log mu(X_i = v | X_S = values_S)``; a pinned coordinate gets a point mass at its
+            pinned value. Rows conditioned on an impossible assignment may hold NaN.
+        """
+        values, mask = check_query(values, mask, self.num_coords)
+        oracle = self._on(values.device)
+        return oracle._log_marginals(values, mask)
+
+    def log_marginals_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Conditional log marginals of the coordinates ``targets`` only.
+
+        Parameters
+        ----------
+        values : LongTensor[B, n]
+            Pinned values (entries where ``mask`` is False are ignored).
+        mask : BoolTensor[B, n]
+            True where the coordinate is pinned.
+        targets : LongTensor[B, k]
+            Coordinate indices (repeats allowed).
+
+        Returns
+        -------
+        DoubleTensor[B, k, q]
+            ``out[b, j] = log mu(X_{targets[b, j]} = . | X_S = values_S)`` for ``S = mask[b]``.
+        """
+        values, mask = check_query(values, mask, self.num_coords)
+        targets = check_targets(targets, values.shape[0], self.num_coords)
+        oracle = self._on(values.device)
+        return oracle._log_marginals_at(values, mask, targets.to(values.device))
+
+    def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch = values.shape[0]
+        targets = torch.arange(self.num_coords, device=values.device).expand(batch, -1)
+        return self._log_marginals_at(values, mask, targets)
+
+    def _log_marginals_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_coords={self.num_coords}, "
+            f"num_values={self.num_values}, device={self.device})"
+        )
+
+
+# -- validation --------------------------------------------------------------------------------
+def as_float64(
+    x: Any,
+    name: str,
+    device: str | torch.device | None = None,
+    allow_neg_inf: bool = False,
+) -> torch.Tensor:
+    """``x`` as a float64 tensor (copied), rejecting NaN and ``+inf`` (and ``-inf`` unless
+    ``allow_neg_inf``) with a message naming ``name``."""
+    try:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().to(dtype=torch.float64, copy=True)
+        else:
+            t = torch.as_tensor(x, dtype=torch.float64).clone()
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"{name} must be a tensor or array of real numbers; could not convert "
+            f"{type(x).__name__}: {error}"
+        ) from error
+    if device is not None:
+        t = t.to(device)
+    if torch.isnan(t).any():
+        raise ValueError(f"{name} contains NaN; pass finite numbers")
+    if (t == float("inf")).any():
+        raise ValueError(f"{name} contains +inf; pass finite numbers")
+    if not allow_neg_inf and (t == float("-inf")).any():
+        raise ValueError(f"{name} contains -inf; pass finite numbers")
+    return t
+
+
+def check_query(
+    values: torch.Tensor, mask: torch.Tensor, num_coords: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check the shapes of a query; return ``values`` (long) and ``mask`` (bool).
+
+    Entries of ``values`` where ``mask`` is False are left as they are (possibly out of
+    range): oracles must only read pinned values, or clamp what they gather.
+    """
+    if not isinstance(values, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise ValueError("values and mask must be torch tensors of shape [B, num_coords]")
+    if values.dim() != 2 or values.shape[1] != num_coords:
+        raise ValueError(
+            f"values must have shape [B, {num_coords}] (one row per conditioning); "
+            f"got {tuple(values.shape)}"
+        )
+    if mask.shape != values.shape:
+        raise ValueError(
+            f"mask must have the shape of values {tuple(values.shape)}; got {tuple(mask.shape)}"
+        )
+    return values.long(), mask.to(device=values.device, dtype=torch.bool)
+
+
+def check_targets(targets: torch.Tensor, batch: int, num_coords: int) -> torch.Tensor:
+    """Check ``targets`` (LongTensor[B, k] of coordinate indices)."""
+    if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or targets.shape[0] != batch:
+        shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets)
+        raise ValueError(f"targets must be a LongTensor of shape [{batch}, k]; got {shape}")
+    targets = targets.long()
+    if targets.numel() and (targets.min() < 0 or targets.max() >= num_coords):
+        raise ValueError(f"targets must hold coordinate indices in [0, {num_coords})")
+    return targets
+
+
+# -- log-space algebra ---------------------------------------------------------------------------
+# Largest temporary of one log_matmul chunk (float64 entries: 128 MiB).
+_MAX_LOG_MATMUL_ENTRIES = 1 << 24
+
+
+def _safe_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    m = x.amax(dim=dim, keepdim=True)
+    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+
+
+def log_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``log(exp(a) @ exp(b))`` for (batched, broadcast) matrices, exact in log space.
+
+    ``a``: Tensor[..., i, j]; ``b``: Tensor[..., j, k]; returns Tensor[..., i, k]; ``-inf``
+    entries (zero probabilities) are allowed.
+
+    Rows of ``a`` and columns of ``b`` are first scaled by their maxima and multiplied by BLAS;
+    an entry of that product is then exact to rounding unless it is below ``1e-200`` (some of
+    its terms may have underflowed). The batch items holding such entries are recomputed as a
+    ``logsumexp`` over ``j`` of ``a[..., i, j] + b[..., j, k]``, so no dynamic range is lost.
+    """
+    ra = _safe_max(a, -1)
+    cb = _safe_max(b, -2)
+    prod = torch.exp(a - ra) @ torch.exp(b - cb)
+    out = torch.log(prod) + ra + cb
+    suspicious = prod < 1e-200
+    if not bool(suspicious.any()):
+        return out
+    batch = out.shape[:-2]
+    i, j, k = a.shape[-2], a.shape[-1], b.shape[-1]
+    flat_out = out.reshape(-1, i, k)
+    items = suspicious.reshape(-1, i * k).any(1).nonzero().flatten()
+    a_items = a.expand(*batch, i, j).reshape(-1, i, j)
+    b_items = b.expand(*batch, j, k).reshape(-1, j, k)
+    step = max(1, _MAX_LOG_MATMUL_ENTRIES // (i * j * k))
+    for s in range(0, len(items), step):
+        index = items[s : s + step]
+        exact = logsumexp(a_items[index].unsqueeze(-1) + b_items[index].unsqueeze(-3), dim=-2)
+        flat_out[index] = exact
+    return flat_out.reshape(out.shape)
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """``log(sum(exp(x)))`` along ``dim``; ``-inf`` where every entry is ``-inf``.
+
+    (Faster than :func:`torch.logsumexp` on CPU when ``x`` holds ``-inf`` entries.)
+    """
+    m = _safe_max(x, dim)
+    out = (x - m).exp().sum(dim=dim, keepdim=True).log() + m
+    return out if keepdim else out.squeeze(dim)
+
+
+def log_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``x - logsumexp(x)`` along ``dim`` (NaN where every entry is ``-inf``)."""
+    return x - logsumexp(x, dim=dim, keepdim=True)
+
+
+def point_mass(
+    out: torch.Tensor, pinned: torch.Tensor, pinned_values: torch.Tensor
+) -> torch.Tensor:
+    """Replace ``out[..., :]`` by a log point mass at ``pinned_values`` where ``pinned``.
+
+    ``out``: Tensor[..., q]; ``pinned``: BoolTensor[...]; ``pinned_values``: LongTensor[...].
+    """
+    q = out.shape[-1]
+    onehot = torch.arange(q, device=out.device) == pinned_values.unsqueeze(-1)
+    delta = torch.where(onehot, 0.0, float("-inf")).to(out.dtype)
+    return torch.where(pinned.unsqueeze(-1), delta, out)

@@ -1,0 +1,13 @@
+import numpy as np
+import pytest
+import torch
+
+#: Failure rate per statistical test, as in Pyro's own suite.
+P_THRESHOLD = 2e-5
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    torch.manual_seed(0)
+    np.random.seed(0)
+    yield

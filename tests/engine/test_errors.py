@@ -1,0 +1,111 @@
+"""Bad input gets a clear error, never a silent wrong sample."""
+
+import pytest
+import torch
+
+from pyro_autospec.engine import OracleError, sample_any_order
+from pyro_autospec.oracles.tabular import TabularOracle
+
+
+def good_table():
+    return torch.tensor([[0.4, 0.1], [0.2, 0.3]], dtype=torch.float64).log()
+
+
+class Wrapped:
+    """A full-row oracle whose output passes through ``corrupt``."""
+
+    def __init__(self, corrupt, num_coords=2, num_values=2):
+        self.inner = TabularOracle(good_table(), log=True)
+        self.corrupt = corrupt
+        self.num_coords = num_coords
+        self.num_values = num_values
+
+    def log_marginals(self, values, mask):
+        return self.corrupt(self.inner.log_marginals(values[:, :2], mask[:, :2]))
+
+
+def with_nan(out):
+    out = out.clone()
+    out[:, :, 0] = float("nan")
+    return out
+
+
+def unnormalised(out):
+    return out + 0.3
+
+
+def no_mass(out):
+    return torch.full_like(out, -float("inf"))
+
+
+def plus_inf(out):
+    out = out.clone()
+    out[:, :, 1] = float("inf")
+    return out
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (with_nan, "contains NaN"),
+        (unnormalised, "sums to 1.34986 instead of 1"),
+        (no_mass, "gives zero mass to every value"),
+        (plus_inf, "contains +inf"),
+    ],
+)
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_bad_rows(corrupt, message, method):
+    with pytest.raises(OracleError, match=message.replace("+", r"\+")):
+        sample_any_order(Wrapped(corrupt), 3, seed=0, method=method)
+
+
+def test_wrong_shape_and_inconsistent_sizes():
+    with pytest.raises(OracleError, match=r"returned shape \(\d+, 2, 2\).*expected \(\d+, 3, 2\)"):
+        sample_any_order(Wrapped(lambda out: out, num_coords=3), 2, seed=0)
+    with pytest.raises(OracleError, match="num_values"):
+        sample_any_order(Wrapped(lambda out: out, num_values=3), 2, seed=0)
+
+
+def test_wrong_dtype_and_type():
+    with pytest.raises(OracleError, match="floating point"):
+        sample_any_order(Wrapped(lambda out: out.long()), 2, seed=0)
+    with pytest.raises(OracleError, match="torch.Tensor"):
+        sample_any_order(Wrapped(lambda out: out.numpy()), 2, seed=0)
+
+
+def test_not_an_oracle():
+    with pytest.raises(TypeError, match="num_coords"):
+        sample_any_order(object(), 2)
+
+    class NoMethod:
+        num_coords, num_values = 2, 2
+
+    with pytest.raises(TypeError, match="log_marginals"):
+        sample_any_order(NoMethod(), 2)
+
+
+def test_bad_arguments():
+    oracle = TabularOracle(good_table(), log=True)
+    with pytest.raises(ValueError, match="num_samples"):
+        sample_any_order(oracle, 0)
+    with pytest.raises(ValueError, match="method must be one of"):
+        sample_any_order(oracle, 2, method="gibbs")
+    with pytest.raises(ValueError, match="permutation"):
+        sample_any_order(oracle, 2, order=[0, 0])
+    with pytest.raises(ValueError, match="order must be 'random'"):
+        sample_any_order(oracle, 2, order="sorted")
+    with pytest.raises(TypeError, match="unknown schedule knobs"):
+        sample_any_order(oracle, 2, rhoo=1.0)
+    with pytest.raises(ValueError, match="rho must be > 0"):
+        sample_any_order(oracle, 2, rho=0.0)
+    with pytest.raises(TypeError, match="seed"):
+        sample_any_order(oracle, 2, seed="abc")
+
+
+def test_impossible_prefix_rows_are_not_errors():
+    """Rows conditioned on a zero-probability drafted prefix may be NaN: they are ignored."""
+    table = torch.zeros(2, 2, 2, dtype=torch.float64)
+    table[0, 0, 0] = table[1, 1, 1] = 1.0  # x0 = x1 = x2: drafts are often impossible
+    oracle = TabularOracle(table)  # returns NaN rows on impossible conditionings
+    result = sample_any_order(oracle, 200, seed=0)
+    assert ((result.samples == result.samples[:, :1]).all(1)).all()

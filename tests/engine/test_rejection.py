@@ -1,0 +1,82 @@
+"""Tier 0: the exact law of one speculative rejection step, enumerated (no sampling).
+
+The acceptance functions are threshold rules in the uniform ``u``; their acceptance
+probabilities are read off the code itself by asking it at uniforms just inside and just
+outside the threshold, then the output law of draft-accept-or-residual is summed over every
+branch and compared with the target at 1e-12.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from pyro_autospec.engine.rejection import accept_draft, accept_residual
+
+
+class FixedUniform:
+    def __init__(self, u):
+        self.u = u
+
+    def random(self):
+        return self.u
+
+
+def acceptance_probability(rule, log_ratio):
+    """P(u ~ U(0,1) accepted) for a rule that accepts iff log(u) < threshold(log_ratio)."""
+    lo, hi = 0.0, 1.0
+    if rule(log_ratio, FixedUniform(1.0 - 1e-16)):
+        return 1.0
+    if not rule(log_ratio, FixedUniform(1e-300)):
+        return 0.0
+    for _ in range(200):  # bisection on the threshold
+        mid = 0.5 * (lo + hi)
+        if rule(log_ratio, FixedUniform(mid)):
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def one_step_law(mu, nu):
+    with np.errstate(divide="ignore"):
+        log_ratio = np.log(mu) - np.log(nu)
+    p_acc = np.array([acceptance_probability(accept_draft, l) if n > 0 else 0.0 for l, n in zip(log_ratio, nu)])
+    p_res = np.array(
+        [acceptance_probability(accept_residual, l) if m > 0 else 0.0 for l, m in zip(log_ratio, mu)]
+    )
+    accepted = nu * p_acc
+    rejected = 1.0 - accepted.sum()
+    residual = mu * p_res
+    if rejected <= 1e-15:
+        return accepted
+    return accepted + rejected * residual / residual.sum()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_step_law_is_target(seed):
+    rng = np.random.default_rng(seed)
+    q = int(rng.integers(2, 7))
+    mu = rng.dirichlet(np.full(q, 0.5))
+    nu = rng.dirichlet(np.full(q, 0.5))
+    if seed % 3 == 0:  # zeros in either: disjoint-ish supports
+        mu[0], nu[-1] = 0.0, 0.0
+        mu, nu = mu / mu.sum(), nu / nu.sum()
+    law = one_step_law(mu, nu)
+    np.testing.assert_allclose(law, mu, atol=1e-12)
+
+
+def test_terrible_draft():
+    mu = np.array([1 - 1e-9, 1e-9, 0.0])
+    nu = np.array([1e-9, 0.0, 1 - 1e-9])
+    np.testing.assert_allclose(one_step_law(mu, nu), mu, atol=1e-12)
+
+
+def test_edge_ratios():
+    rng = np.random.default_rng(0)
+    assert accept_draft(0.0, rng) and accept_draft(3.0, rng)
+    assert not accept_draft(-math.inf, rng)
+    assert accept_residual(math.inf, rng)
+    assert not accept_residual(0.0, rng) and not accept_residual(-2.0, rng)
+    # tiny positive log ratio: acceptance probability ~ l, not rounded to zero
+    assert acceptance_probability(accept_residual, 1e-12) == pytest.approx(1e-12, rel=1e-3)

@@ -1,0 +1,82 @@
+"""Slow, obviously correct references for the oracle tests: enumeration of [q]^n."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from pyro_autospec.oracles.tabular import TabularOracle
+
+
+def enumerate_joint(log_prob, n: int, q: int) -> torch.Tensor:
+    """DoubleTensor [q]*n of ``log_prob(x)`` (a function of a tuple) over every state."""
+    table = torch.empty([q] * n, dtype=torch.float64)
+    for x in itertools.product(range(q), repeat=n):
+        table[x] = float(log_prob(x))
+    return table
+
+
+def naive_conditionals(log_table: torch.Tensor, values, mask) -> torch.Tensor:
+    """Conditional marginals [n, q] of one row by a Python loop over the states (probabilities)."""
+    n, q = log_table.dim(), log_table.shape[0]
+    sums = torch.zeros(n, q, dtype=torch.float64)
+    for x in itertools.product(range(q), repeat=n):
+        if any(bool(mask[j]) and x[j] != int(values[j]) for j in range(n)):
+            continue
+        p = math.exp(float(log_table[x]))
+        for i in range(n):
+            sums[i, x[i]] += p
+    return sums / sums[0].sum()
+
+
+def random_queries(n: int, q: int, batch: int, seed: int, pin_probability: float = 0.4):
+    """Random (values, mask, targets) with every mask density; targets have 3 columns."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, q, (batch, n), generator=gen)
+    density = torch.rand(batch, 1, generator=gen) * 2 * pin_probability
+    mask = torch.rand(batch, n, generator=gen) < density
+    mask[0] = False  # nothing pinned
+    if batch > 1:
+        mask[1] = True  # everything pinned
+    # junk at unpinned positions must be ignored
+    values = torch.where(mask, values, torch.randint(-5, 5 + q, (batch, n), generator=gen))
+    targets = torch.randint(0, n, (batch, 3), generator=gen)
+    return values, mask, targets
+
+
+def assert_same_marginals(
+    oracle, reference, values, mask, targets, atol: float = 1e-9, exact_zeros: bool = True
+) -> int:
+    """Compare ``log_marginals`` and ``log_marginals_at`` on the rows that are possible under
+    ``reference``; returns how many rows were compared. With ``exact_zeros`` the zero
+    probabilities must also agree exactly (off for linear-algebra oracles)."""
+    expected = reference.log_marginals(values, mask)
+    possible = ~torch.isnan(expected).any(-1).any(-1)
+    got = oracle.log_marginals(values, mask)
+    assert got.dtype == torch.float64
+    assert got.shape == expected.shape
+    _close(got[possible], expected[possible], atol, exact_zeros)
+    expected_at = reference.log_marginals_at(values, mask, targets)
+    got_at = oracle.log_marginals_at(values, mask, targets)
+    assert got_at.dtype == torch.float64
+    assert got_at.shape == expected_at.shape
+    _close(got_at[possible], expected_at[possible], atol, exact_zeros)
+    return int(possible.sum())
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, atol: float, exact_zeros: bool) -> None:
+    assert not torch.isnan(got).any(), "NaN on a row conditioned on a possible assignment"
+    torch.testing.assert_close(got.exp(), expected.exp(), atol=atol, rtol=0)
+    if not exact_zeros:
+        return
+    # zero stays zero, and log probabilities agree where the probability is not tiny
+    assert torch.equal(got == float("-inf"), expected == float("-inf"))
+    big = expected > -20
+    torch.testing.assert_close(got[big], expected[big], atol=atol * 1e3, rtol=1e-9)
+
+
+def tabular_reference(log_prob, n: int, q: int) -> TabularOracle:
+    """The TabularOracle of the enumerated joint."""
+    return TabularOracle(enumerate_joint(log_prob, n, q), log=True)

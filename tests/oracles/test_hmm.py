@@ -1,0 +1,132 @@
+import math
+import time
+
+import pytest
+import torch
+
+from pyro_autospec.oracles.hmm import HMMOracle
+from pyro_autospec.oracles.markov import MarkovChainOracle
+from tests.oracles._oracle_reference import (
+    assert_same_marginals,
+    random_queries,
+    tabular_reference,
+)
+
+
+def hmm_log_prob(initial, transition, emissions):
+    init = (initial / initial.sum()).log()
+    trans = (transition / transition.sum(1, keepdim=True)).log()
+
+    def log_prob(x):
+        total = init[x[0]] + emissions[0, x[0]]
+        for i in range(1, len(x)):
+            total = total + trans[x[i - 1], x[i]] + emissions[i, x[i]]
+        return float(total)
+
+    return log_prob
+
+
+def random_hmm(n, q, seed, zeros=False, scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    initial = torch.rand(q, generator=gen, dtype=torch.float64)
+    transition = torch.rand(q, q, generator=gen, dtype=torch.float64)
+    emissions = torch.randn(n, q, generator=gen, dtype=torch.float64) * scale
+    if zeros:
+        transition[0, 1] = 0.0
+        emissions[n // 2, 0] = -math.inf
+    return initial, transition, emissions
+
+
+@pytest.mark.parametrize(
+    "n,q,zeros,scale",
+    [
+        (1, 3, False, 2.0),
+        (2, 2, False, 2.0),
+        (5, 3, True, 2.0),
+        (7, 2, False, 2.0),
+        (8, 2, False, 300.0),
+    ],
+)
+def test_matches_brute_force(n, q, zeros, scale):
+    initial, transition, emissions = random_hmm(n, q, seed=n + q, zeros=zeros, scale=scale)
+    oracle = HMMOracle(initial, transition, emissions)
+    reference = tabular_reference(hmm_log_prob(initial, transition, emissions), n, q)
+    values, mask, targets = random_queries(n, q, 300, seed=n)
+    compared = assert_same_marginals(oracle, reference, values, mask, targets)
+    assert compared > 100
+
+
+def test_sparse_table_covers_every_range():
+    # n = 13 edges is not a power of two; every (left pin, site, right pin) triple is checked
+    n, q = 13, 3
+    initial, transition, emissions = random_hmm(n, q, seed=5)
+    oracle = HMMOracle(initial, transition, emissions)
+    chain = MarkovChainOracle(initial, transition, n)
+    flat = HMMOracle(initial, transition, torch.zeros(n, q))
+    values_list, mask_list = [], []
+    for left in range(-1, n):
+        for right in range(left + 2, n + 1):
+            mask = torch.zeros(n, dtype=torch.bool)
+            if left >= 0:
+                mask[left] = True
+            if right < n:
+                mask[right] = True
+            mask_list.append(mask)
+            values_list.append(torch.randint(0, q, (n,)))
+    values, mask = torch.stack(values_list), torch.stack(mask_list)
+    # with flat emissions the HMM is the Markov chain
+    torch.testing.assert_close(flat.log_marginals(values, mask), chain.log_marginals(values, mask))
+    # the full and the targeted paths agree
+    targets = torch.arange(n).expand(len(values_list), n)
+    torch.testing.assert_close(
+        oracle.log_marginals(values, mask), oracle.log_marginals_at(values, mask, targets)
+    )
+
+
+def test_batch_of_one_and_point_masses():
+    emissions = torch.tensor([[0.0, -2.0], [-2.0, 0.0], [0.0, -2.0]])
+    oracle = HMMOracle([0.5, 0.5], [[0.8, 0.2], [0.2, 0.8]], emissions)
+    values = torch.tensor([[0, -3, 1]])
+    mask = torch.tensor([[True, False, True]])
+    out = oracle.log_marginals(values, mask)
+    assert out.shape == (1, 3, 2)
+    assert out[0, 0].tolist() == [0.0, -math.inf]
+    expected = torch.tensor([0.8 * 0.2 * math.exp(-2), 0.2 * 0.8], dtype=torch.float64)
+    torch.testing.assert_close(out[0, 1].exp(), expected / expected.sum())
+
+
+def test_long_hmm_is_fast_and_normalised():
+    n, q = 4096, 4
+    initial, transition, emissions = random_hmm(n, q, seed=0, scale=5.0)
+    oracle = HMMOracle(initial, transition, emissions)
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randint(0, q, (500, n), generator=gen)
+    mask = torch.rand(500, n, generator=gen) < torch.rand(500, 1, generator=gen) * 0.1
+    targets = torch.randint(0, n, (500, 32), generator=gen)
+    start = time.perf_counter()
+    out = oracle.log_marginals_at(values, mask, targets)
+    elapsed = time.perf_counter() - start
+    torch.testing.assert_close(out.exp().sum(-1), torch.ones(500, 32, dtype=torch.float64))
+    assert elapsed < 10.0
+    full = oracle.log_marginals(values[:10], mask[:10])
+    torch.testing.assert_close(full.gather(1, targets[:10, :, None].expand(-1, -1, q)), out[:10])
+
+
+@pytest.mark.parametrize(
+    "emissions,message",
+    [
+        (torch.zeros(4, 3), "shape \\[n, q\\]"),
+        (torch.zeros(4), "shape \\[n, q\\]"),
+        (torch.full((4, 2), float("nan")), "NaN"),
+        (torch.full((4, 2), -math.inf), "impossible"),
+    ],
+)
+def test_constructor_errors(emissions, message):
+    with pytest.raises(ValueError, match=message):
+        HMMOracle([0.5, 0.5], [[0.9, 0.1], [0.1, 0.9]], emissions)
+
+
+def test_impossible_observations_rejected():
+    emissions = torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]])
+    with pytest.raises(ValueError, match="impossible"):
+        HMMOracle([0.5, 0.5], [[1.0, 0.0], [0.0, 1.0]], emissions)

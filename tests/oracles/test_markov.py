@@ -1,0 +1,136 @@
+import math
+import time
+
+import pytest
+import torch
+
+from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
+from tests.oracles._oracle_reference import (
+    assert_same_marginals,
+    random_queries,
+    tabular_reference,
+)
+
+
+def chain_log_prob(initial, transition):
+    init = initial / initial.sum()
+    trans = transition / transition.sum(1, keepdim=True)
+
+    def log_prob(x):
+        p = init[x[0]]
+        for a, b in zip(x[:-1], x[1:], strict=False):
+            p = p * trans[a, b]
+        return math.log(p) if p > 0 else -math.inf
+
+    return log_prob
+
+
+@pytest.mark.parametrize("n,q,zeros", [(1, 3, False), (2, 2, False), (6, 3, True), (7, 2, False)])
+def test_matches_brute_force(n, q, zeros):
+    gen = torch.Generator().manual_seed(n + 7 * q)
+    initial = torch.rand(q, generator=gen, dtype=torch.float64)
+    transition = torch.rand(q, q, generator=gen, dtype=torch.float64)
+    if zeros:
+        transition[0, 1] = 0.0
+        transition[2, 2] = 0.0
+        initial[1] = 0.0
+    oracle = MarkovChainOracle(initial, transition, n)
+    reference = tabular_reference(chain_log_prob(initial, transition), n, q)
+    values, mask, targets = random_queries(n, q, 300, seed=n)
+    compared = assert_same_marginals(oracle, reference, values, mask, targets)
+    assert compared > 100
+
+
+def test_nearly_deterministic_chain_is_accurate():
+    transition = torch.tensor([[1 - 1e-12, 1e-12], [1e-12, 1 - 1e-12]], dtype=torch.float64)
+    initial = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    oracle = MarkovChainOracle(initial, transition, 6)
+    reference = tabular_reference(chain_log_prob(initial, transition), 6, 2)
+    values, mask, targets = random_queries(6, 2, 100, seed=0)
+    assert_same_marginals(oracle, reference, values, mask, targets)
+
+
+def test_nearest_pins():
+    mask = torch.tensor([[False, True, False, False, True, False], [False] * 6])
+    left, right = nearest_pins(mask)
+    assert left.tolist() == [[-1, 1, 1, 1, 4, 4], [-1] * 6]
+    assert right.tolist() == [[1, 1, 4, 4, 4, 6], [6] * 6]
+    targets = torch.tensor([[0, 5, 2, 1], [3, 3, 0, 5]])
+    left_at, right_at = nearest_pins_at(mask, targets)
+    assert torch.equal(left_at, left.gather(1, targets))
+    assert torch.equal(right_at, right.gather(1, targets))
+    gen = torch.Generator().manual_seed(0)
+    for n, density in [(40, 0.2), (1000, 0.01), (1000, 0.0)]:  # scan and binary search paths
+        mask = torch.rand(50, n, generator=gen) < density
+        mask[1] = True
+        targets = torch.randint(0, n, (50, 9), generator=gen)
+        left, right = nearest_pins(mask)
+        left_at, right_at = nearest_pins_at(mask, targets)
+        assert torch.equal(left_at, left.gather(1, targets))
+        assert torch.equal(right_at, right.gather(1, targets))
+
+
+def test_batch_of_one_and_point_masses():
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], n=3)
+    values = torch.tensor([[1, 99, 0]])
+    mask = torch.tensor([[True, False, True]])
+    out = oracle.log_marginals(values, mask)
+    assert out.shape == (1, 3, 2)
+    assert out[0, 0].tolist() == [-math.inf, 0.0] and out[0, 2].tolist() == [0.0, -math.inf]
+    # P(x1 | x0=1, x2=0) ∝ T[1, v] T[v, 0]
+    expected = torch.tensor([0.2 * 0.9, 0.8 * 0.2], dtype=torch.float64)
+    torch.testing.assert_close(out[0, 1].exp(), expected / expected.sum())
+    at = oracle.log_marginals_at(values, mask, torch.tensor([[1]]))
+    torch.testing.assert_close(at[0, 0], out[0, 1])
+
+
+def test_long_chain_is_fast_and_normalised():
+    n, q = 4096, 3
+    gen = torch.Generator().manual_seed(1)
+    oracle = MarkovChainOracle(
+        torch.rand(q, generator=gen), torch.rand(q, q, generator=gen) + 0.1, n
+    )
+    values = torch.randint(0, q, (1000, n), generator=gen)
+    mask = torch.rand(1000, n, generator=gen) < torch.rand(1000, 1, generator=gen)
+    targets = torch.randint(0, n, (1000, 32), generator=gen)
+    start = time.perf_counter()
+    out = oracle.log_marginals_at(values, mask, targets)
+    elapsed = time.perf_counter() - start
+    assert out.shape == (1000, 32, q)
+    torch.testing.assert_close(out.exp().sum(-1), torch.ones(1000, 32, dtype=torch.float64))
+    assert elapsed < 10.0  # generous: a guard against an accidental O(B n q) loop
+    full = oracle.log_marginals(values[:20], mask[:20])
+    torch.testing.assert_close(full.gather(1, targets[:20, :, None].expand(-1, -1, q)), out[:20])
+
+
+def test_stationary_marginals_without_pins():
+    oracle = MarkovChainOracle([1.0, 0.0], [[0.5, 0.5], [0.25, 0.75]], n=200)
+    out = oracle.log_marginals(
+        torch.zeros(1, 200, dtype=torch.long), torch.zeros(1, 200, dtype=torch.bool)
+    )
+    torch.testing.assert_close(out[0, -1].exp(), torch.tensor([1 / 3, 2 / 3], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(initial=[0.5, 0.5], transition=[[1.0, 0.0]], n=3), "transition must have shape"),
+        (
+            dict(initial=[[0.5, 0.5]], transition=[[1.0, 0.0], [0, 1]], n=3),
+            "initial must be a vector",
+        ),
+        (dict(initial=[0.5, -0.5], transition=[[1.0, 0.0], [0, 1]], n=3), "initial must hold"),
+        (
+            dict(initial=[0.5, 0.5], transition=[[1.0, 0.0], [0, 0]], n=3),
+            "rows \\[1\\] have zero mass",
+        ),
+        (dict(initial=[0.5, 0.5], transition=[[1.0, -1], [0, 1]], n=3), "non-negative"),
+        (
+            dict(initial=[0.5, 0.5], transition=[[1.0, 0.0], [0, 1]], n=0),
+            "n must be a positive int",
+        ),
+    ],
+)
+def test_constructor_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MarkovChainOracle(**kwargs)

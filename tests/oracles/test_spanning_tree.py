@@ -1,0 +1,97 @@
+import math
+
+import pytest
+import torch
+
+from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
+from tests.oracles._oracle_reference import (
+    assert_same_marginals,
+    random_queries,
+    tabular_reference,
+)
+
+
+def spanning_tree_log_prob(num_nodes, edges, weights):
+    def log_prob(x):
+        chosen = [k for k, v in enumerate(x) if v]
+        if len(chosen) != num_nodes - 1:
+            return -math.inf
+        parent = list(range(num_nodes))
+
+        def find(a):
+            while parent[a] != a:
+                a = parent[a]
+            return a
+
+        for k in chosen:
+            u, v = find(edges[k][0]), find(edges[k][1])
+            if u == v:
+                return -math.inf  # a cycle
+            parent[u] = v
+        return sum(math.log(weights[k]) for k in chosen)
+
+    return log_prob
+
+
+GRAPHS = {
+    "triangle": (3, [(0, 1), (1, 2), (0, 2)]),
+    "square_with_diagonal": (4, [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)]),
+    "k4": (4, [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]),
+    "multigraph_with_bridge": (5, [(0, 1), (0, 1), (1, 2), (2, 3), (3, 1), (3, 4), (2, 4)]),
+    "path": (3, [(0, 1), (1, 2)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("weighted", [False, True])
+def test_matches_brute_force(name, weighted):
+    num_nodes, edges = GRAPHS[name]
+    m = len(edges)
+    gen = torch.Generator().manual_seed(m)
+    weights = (torch.rand(m, generator=gen, dtype=torch.float64) * 3 + 0.2).tolist()
+    if not weighted:
+        weights = [1.0] * m
+    oracle = SpanningTreeOracle(num_nodes, edges, weights if weighted else None)
+    reference = tabular_reference(spanning_tree_log_prob(num_nodes, edges, weights), m, 2)
+    values, mask, targets = random_queries(m, 2, 200, seed=m)
+    compared = assert_same_marginals(oracle, reference, values, mask, targets)
+    assert compared > 20
+
+
+def test_edge_marginal_is_weight_times_effective_resistance():
+    # a 4-cycle: every edge has effective resistance 3/4
+    oracle = SpanningTreeOracle(4, [(0, 1), (1, 2), (2, 3), (3, 0)])
+    diag = oracle.kernel.diagonal()
+    torch.testing.assert_close(diag, torch.full((4,), 0.75, dtype=torch.float64))
+
+
+def test_batch_of_one_contract_and_delete():
+    oracle = SpanningTreeOracle(3, [(0, 1), (1, 2), (0, 2)])
+    values = torch.tensor([[0, 7, 7]])
+    mask = torch.tensor([[True, False, False]])  # edge (0, 1) deleted: the rest are bridges
+    out = oracle.log_marginals(values, mask)
+    assert out.shape == (1, 3, 2)
+    assert out[0, 1].tolist() == [-math.inf, 0.0] and out[0, 2].tolist() == [-math.inf, 0.0]
+    values = torch.tensor([[1, 1, 7]])
+    mask = torch.tensor([[True, True, False]])  # a tree is complete: the last edge is out
+    assert oracle.log_marginals_at(values, mask, torch.tensor([[2]]))[0, 0].tolist() == [
+        0.0,
+        -math.inf,
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ((1, [(0, 0)]), "num_nodes must be an int >= 2"),
+        ((3, [(0, 1)]), "not connected"),
+        ((3, [(0, 1), (1, 1), (1, 2)]), "self-loops"),
+        ((3, [(0, 1), (1, 3)]), "node indices in \\[0, num_nodes\\)"),
+        ((3, [0, 1, 2]), "shape \\[m, 2\\]"),
+        ((3, [(0, 1), (1, 2)], [1.0, 0.0]), "weights must be positive"),
+        ((3, [(0, 1), (1, 2)], [1.0]), "weights must have shape"),
+    ],
+)
+def test_constructor_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        SpanningTreeOracle(*args)

@@ -1,0 +1,108 @@
+import math
+
+import pytest
+import torch
+
+from pyro_autospec.oracles.tree_potts import TreePottsOracle
+from tests.oracles._oracle_reference import (
+    assert_same_marginals,
+    random_queries,
+    tabular_reference,
+)
+
+
+def potts_log_prob(edges, table, fields):
+    def log_prob(x):
+        total = sum(float(fields[i, v]) for i, v in enumerate(x))
+        for k, (u, v) in enumerate(edges):
+            total += float(table[k, x[u], x[v]])
+        return total
+
+    return log_prob
+
+
+FORESTS = {
+    "single_node": (1, []),
+    "path": (5, [(0, 1), (1, 2), (2, 3), (3, 4)]),
+    "star": (5, [(2, 0), (2, 1), (2, 3), (2, 4)]),
+    "tree": (7, [(0, 1), (0, 2), (1, 3), (1, 4), (4, 5), (2, 6)]),
+    "forest": (6, [(3, 1), (1, 0), (4, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORESTS))
+@pytest.mark.parametrize("q,kind", [(2, "potts"), (3, "potts"), (3, "table"), (3, "coloring")])
+def test_matches_brute_force(name, q, kind):
+    n, edges = FORESTS[name]
+    m = len(edges)
+    gen = torch.Generator().manual_seed(n * 10 + q)
+    fields = torch.randn(n, q, generator=gen, dtype=torch.float64)
+    if kind == "potts":
+        couplings = torch.randn(m, generator=gen, dtype=torch.float64) * 1.5
+        table = couplings[:, None, None] * torch.eye(q, dtype=torch.float64)
+    elif kind == "table":
+        couplings = torch.randn(m, q, q, generator=gen, dtype=torch.float64)
+        table = couplings
+    else:  # proper colourings with random preferences: -inf on the diagonal
+        couplings = torch.randn(m, q, q, generator=gen, dtype=torch.float64)
+        couplings[:, torch.arange(q), torch.arange(q)] = -math.inf
+        fields[0, 1] = -math.inf
+        table = couplings
+    oracle = TreePottsOracle(edges, couplings, fields, num_values=q)
+    reference = tabular_reference(potts_log_prob(edges, table, fields), n, q)
+    values, mask, targets = random_queries(n, q, 150, seed=n + q)
+    compared = assert_same_marginals(oracle, reference, values, mask, targets)
+    assert compared > 30
+
+
+def test_ising_convention():
+    edges = [(0, 1), (1, 2), (1, 3)]
+    coupling = torch.tensor([0.5, -0.3, 0.8], dtype=torch.float64)
+    field = torch.tensor([0.1, -0.2, 0.0, 0.4], dtype=torch.float64)
+    oracle = TreePottsOracle.ising(edges, coupling, field)
+
+    def log_prob(x):
+        s = [2 * v - 1 for v in x]
+        total = sum(float(field[i]) * s[i] for i in range(4))
+        return total + sum(float(coupling[k]) * s[u] * s[v] for k, (u, v) in enumerate(edges))
+
+    reference = tabular_reference(log_prob, 4, 2)
+    values, mask, targets = random_queries(4, 2, 100, seed=0)
+    assert_same_marginals(oracle, reference, values, mask, targets)
+
+
+def test_batch_of_one_and_deep_tree():
+    oracle = TreePottsOracle([(0, 1)], 2.0, torch.zeros(2, 2), num_values=2)
+    out = oracle.log_marginals(torch.tensor([[1, -1]]), torch.tensor([[True, False]]))
+    assert out.shape == (1, 2, 2)
+    assert out[0, 0].tolist() == [-math.inf, 0.0]
+    torch.testing.assert_close(
+        out[0, 1].exp(), torch.tensor([1, math.e**2]).double() / (1 + math.e**2)
+    )
+    # a path of 300 nodes against the Markov chain it is
+    from pyro_autospec.oracles.markov import MarkovChainOracle
+
+    n = 300
+    path = TreePottsOracle([(i, i + 1) for i in range(n - 1)], 1.0, torch.zeros(n, 2), 2)
+    chain = MarkovChainOracle([0.5, 0.5], [[math.e, 1.0], [1.0, math.e]], n)
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randint(0, 2, (20, n), generator=gen)
+    mask = torch.rand(20, n, generator=gen) < 0.05
+    torch.testing.assert_close(path.log_marginals(values, mask), chain.log_marginals(values, mask))
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (([(0, 1), (1, 2), (2, 0)], 1.0, torch.zeros(3, 2), 2), "closes a cycle"),
+        (([(0, 1)], 1.0, torch.zeros(2, 3), 2), "fields must have shape"),
+        (([(0, 1)], 1.0, torch.zeros(2, 2), 1), "num_values must be an int >= 2"),
+        (([(0, 1)], torch.zeros(2), torch.zeros(2, 2), 2), "couplings must be a number"),
+        (([(0, 1)], float("-inf"), torch.zeros(2, 2), 2), "couplings must be finite"),
+        (([(0, 5)], 1.0, torch.zeros(2, 2), 2), "node indices"),
+        (([0, 1], 1.0, torch.zeros(2, 2), 2), "shape \\[m, 2\\]"),
+    ],
+)
+def test_constructor_errors(args, message):
+    with pytest.raises(ValueError, match=message):
+        TreePottsOracle(*args)
