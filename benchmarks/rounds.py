@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -88,7 +87,7 @@ def spanning_tree(n: int, seed: int = 0):
     """Uniform spanning trees of a grid graph with about ``n`` edges."""
     from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
 
-    side = max(2, int(round((n / 2) ** 0.5)) + 1)
+    side = max(2, int(round((1 + math.sqrt(1 + 2 * n)) / 2)))  # 2 side (side - 1) ~ n edges
     edges = []
     for r in range(side):
         for c in range(side):
@@ -97,7 +96,6 @@ def spanning_tree(n: int, seed: int = 0):
                 edges.append((v, v + 1))
             if r + 1 < side:
                 edges.append((v, v + side))
-    edges = edges[:n] if len(edges) >= n else edges
     return SpanningTreeOracle(side * side, torch.tensor(edges))
 
 
@@ -113,8 +111,8 @@ FAMILIES = {
     "hmm": (hmm, [64, 256, 1024, 4096]),
     "tree_potts": (tree_potts, [64, 256, 1024, 4096]),
     "curie_weiss": (curie_weiss, [64, 256, 1024, 4096]),
-    "dpp": (dpp, [64, 256, 1024]),
-    "spanning_tree": (spanning_tree, [64, 256, 1024]),
+    "dpp": (dpp, [64, 128, 256, 512]),
+    "spanning_tree": (spanning_tree, [64, 128, 256, 512]),
 }
 SMOKE_SIZES = [16, 64]
 
@@ -241,8 +239,9 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for CSV and PNG")
     parser.add_argument("--sweep", action="store_true", help="schedule sweep on the Markov chain")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads)
 
     if args.sweep:
         sweep(4 if args.smoke else args.num_samples, 256 if args.smoke else 4096, args.seed)

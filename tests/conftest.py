@@ -11,3 +11,9 @@ def _seed_everything():
     torch.manual_seed(0)
     np.random.seed(0)
     yield
+
+
+def pytest_configure(config):
+    # Small tensors dominate these tests; one intra-op thread avoids thread contention on a
+    # 2-core CI machine (it made no difference to results, only to time).
+    torch.set_num_threads(1)

@@ -129,7 +129,24 @@ class DPPOracle(ExactOracle):
         ) + torch.diag_embed(1 - pinned)
         columns = kernel[:, targets].permute(1, 0, 2)  # [B, n, k]: K[:, t]
         rhs = pinned.unsqueeze(-1) * columns  # K_S t
-        solution, info = torch.linalg.solve_ex(system, rhs)  # [B, n, k]
+        # Rows conditioned on an impossible pin set have a singular system: factor every row,
+        # swap singular ones for the identity (so the batched solve cannot fail) and mark them.
+        info = torch.linalg.lu_factor_ex(system).info
+        if (info != 0).any():
+            eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
+            system = torch.where((info != 0)[:, None, None], eye, system)
+        try:
+            solution = torch.linalg.solve(system, rhs)  # [B, n, k]
+        except RuntimeError:
+            # Some multi-threaded LAPACK builds reject batched LU on nearly singular blocks
+            # (seen with MKL and 2 threads); solve row by row and mark the failures.
+            solution = torch.empty_like(rhs)
+            for b in range(system.shape[0]):
+                try:
+                    solution[b] = torch.linalg.solve(system[b], rhs[b])
+                except RuntimeError:
+                    solution[b] = float("nan")
+                    info[b] = 1
         correction = (rhs * solution).sum(1)  # K_tS (...)^-1 K_St
         diagonal = kernel.diagonal()[targets]  # [B, k]
         prob = (diagonal - correction).clamp(0.0, 1.0)
