@@ -39,7 +39,9 @@ def markov(n: int, seed: int = 0):
     """Binary Markov chain, uniform start, stay probability 0.73."""
     from pyro_autospec.oracles.markov import MarkovChainOracle
 
-    return MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n)
+    return MarkovChainOracle(
+        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n
+    )
 
 
 def hmm(n: int, seed: int = 0):
@@ -67,7 +69,7 @@ def dpp(n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     pts = torch.rand(n, 2, generator=g, dtype=torch.float64)
     bandwidth = 1.0 / math.sqrt(n)
-    L = 4.0 * torch.exp(-torch.cdist(pts, pts) ** 2 / (2 * bandwidth**2))
+    L = 4.0 * torch.exp(-(torch.cdist(pts, pts) ** 2) / (2 * bandwidth**2))
     return DPPOracle(L=L)
 
 
@@ -134,14 +136,20 @@ def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> di
         "rounds_p90": rounds.quantile(0.9).item(),
         "run_rounds": result.rounds,
         "rows_per_sample": result.oracle_rows / num_samples,
-        "rows_over_nlog2n": result.oracle_rows / num_samples / (n_actual * max(1.0, math.log2(n_actual))),
+        "rows_over_nlog2n": result.oracle_rows
+        / num_samples
+        / (n_actual * max(1.0, math.log2(n_actual))),
         "wall_per_sample": wall / num_samples,
         "sequential_over_rounds": n_actual / rounds.mean().item(),
     }
 
 
 def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
-    pts = [(r["n"], r["rounds_per_sample"]) for r in rows if r["family"] == family and r["method"] == method]
+    pts = [
+        (r["n"], r["rounds_per_sample"])
+        for r in rows
+        if r["family"] == family and r["method"] == method
+    ]
     pts = [p for p in pts if p[0] >= min_n] or pts
     if len(pts) < 2:
         return float("nan")
@@ -182,7 +190,11 @@ def plot(rows: list[dict], families: list[str], methods: list[str], path: Path) 
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False)
     for ax, family in zip(axes.flat, families):
         for method in methods:
-            pts = sorted((r["n"], r["rounds_per_sample"]) for r in rows if r["family"] == family and r["method"] == method)
+            pts = sorted(
+                (r["n"], r["rounds_per_sample"])
+                for r in rows
+                if r["family"] == family and r["method"] == method
+            )
             if pts:
                 ax.loglog(*zip(*pts), marker="o", label=method)
         ax.set_title(family)
@@ -203,8 +215,12 @@ def check_targets(rows: list[dict]) -> list[str]:
     mk = {(r["n"], r["method"]): r for r in rows if r["family"] == "markov"}
     if (4096, "autospec") in mk:
         r = mk[(4096, "autospec")]
-        out.append(f"markov n=4096 mean sample_rounds {r['rounds_per_sample']:.1f} <= 300: {r['rounds_per_sample'] <= 300}")
-        out.append(f"markov n=4096 rows per sample / (n log2 n) {r['rows_over_nlog2n']:.2f} <= 2: {r['rows_over_nlog2n'] <= 2}")
+        out.append(
+            f"markov n=4096 mean sample_rounds {r['rounds_per_sample']:.1f} <= 300: {r['rounds_per_sample'] <= 300}"
+        )
+        out.append(
+            f"markov n=4096 rows per sample / (n log2 n) {r['rows_over_nlog2n']:.2f} <= 2: {r['rows_over_nlog2n'] <= 2}"
+        )
         e = fitted_exponent(rows, "markov", "autospec")
         out.append(f"markov fitted rounds exponent (n = 256..4096) {e:.3f} <= 0.6: {e <= 0.6}")
     return out

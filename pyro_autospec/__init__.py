@@ -9,7 +9,8 @@ Examples
 >>> import torch
 >>> from pyro_autospec import sample_any_order
 >>> from pyro_autospec.oracles import MarkovChainOracle
->>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), 256)
+>>> stay = torch.tensor([[0.73, 0.27], [0.27, 0.73]])
+>>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 256)
 >>> result = sample_any_order(chain, 4, seed=0)
 >>> bool(result.sample_rounds.double().mean() < 256)
 True

@@ -45,7 +45,9 @@ def _row(name, result, n):
     )
 
 
-def run_demo(n: int = 1024, num_samples: int = 16, exact_samples: int = 20000, seed: int = 0) -> dict:
+def run_demo(
+    n: int = 1024, num_samples: int = 16, exact_samples: int = 20000, seed: int = 0
+) -> dict:
     """Run both parts, print them, and return the numbers.
 
     Parameters
@@ -70,8 +72,12 @@ def run_demo(n: int = 1024, num_samples: int = 16, exact_samples: int = 20000, s
     --------
     >>> numbers = run_demo(n=64, num_samples=2, exact_samples=2000)  # doctest: +SKIP
     """
-    print(f"pyro-autospec demo: binary Markov chain, n = {n}, stay probability 0.73, random orders\n")
-    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n)
+    print(
+        f"pyro-autospec demo: binary Markov chain, n = {n}, stay probability 0.73, random orders\n"
+    )
+    chain = MarkovChainOracle(
+        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n
+    )
     fast = sample_any_order(chain, num_samples, seed=seed)
     slow = sample_any_order(chain, num_samples, seed=seed, method="sequential")
     print("| method     | rounds/sample | rows/sample | rows/(n log2 n) | wall (s) |")
@@ -81,14 +87,22 @@ def run_demo(n: int = 1024, num_samples: int = 16, exact_samples: int = 20000, s
     speedup = slow.sample_rounds.double().mean().item() / fast.sample_rounds.double().mean().item()
     agree = (fast.samples[:, 1:] == fast.samples[:, :-1]).double().mean().item()
     se = math.sqrt(0.73 * 0.27 / (num_samples * (n - 1)))
-    print(f"\n{speedup:.1f}x fewer rounds per sample than sequential sampling with the same oracle.")
-    print(f"Neighbours equal in autospec draws: {agree:.4f} (exact law: 0.73, standard error {se:.4f})")
+    print(
+        f"\n{speedup:.1f}x fewer rounds per sample than sequential sampling with the same oracle."
+    )
+    print(
+        f"Neighbours equal in autospec draws: {agree:.4f} "
+        f"(exact law: 0.73, standard error {se:.4f})"
+    )
 
     table = potts_table()
     oracle = TabularOracle(table, log=True)
     probs = oracle.log_probs.exp().flatten().numpy()
     q, m = oracle.num_values, oracle.num_coords
-    print(f"\nExactness: a coupled Potts table, q = {q}, n = {m} ({q ** m} states), {exact_samples} draws each")
+    print(
+        f"\nExactness: a coupled Potts table, q = {q}, n = {m} ({q**m} states), "
+        f"{exact_samples} draws each"
+    )
     out = {"speedup": speedup, "agreement": agree}
     for method in ("autospec", "sequential"):
         result = sample_any_order(oracle, exact_samples, seed=seed + 1, method=method)
@@ -102,7 +116,9 @@ def run_demo(n: int = 1024, num_samples: int = 16, exact_samples: int = 20000, s
         print(f"  {method:<10}: chi-square p-value {p:.3f}, total variation to exact {tv:.4f}")
         if method == "autospec":
             out.update(p_value=float(p), tv=float(tv))
-    print("\n(Same oracle for both methods; the p-values should look like uniform draws, and the TV")
+    print(
+        "\n(Same oracle for both methods; the p-values should look like uniform draws, and the TV"
+    )
     print(" values are sampling noise of the same size for both.)")
     return out
 
@@ -111,7 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pyro-autospec demo", description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=1024, help="chain length (default 1024)")
     parser.add_argument("--num-samples", type=int, default=16, help="draws per method (default 16)")
-    parser.add_argument("--exact-samples", type=int, default=20000, help="draws for the exactness check")
+    parser.add_argument(
+        "--exact-samples", type=int, default=20000, help="draws for the exactness check"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     run_demo(args.n, args.num_samples, args.exact_samples, args.seed)

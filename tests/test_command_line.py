@@ -10,13 +10,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, timeout=600):
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
 
 
 def test_demo_small():
-    out = run("-m", "pyro_autospec", "demo", "--n", "128", "--num-samples", "4", "--exact-samples", "4000")
+    out = run(
+        "-m", "pyro_autospec", "demo", "--n", "128", "--num-samples", "4", "--exact-samples", "4000"
+    )
     assert "rounds/sample" in out and "autospec" in out and "sequential" in out
     assert "chi-square p-value" in out
 

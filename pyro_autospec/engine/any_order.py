@@ -24,7 +24,7 @@ call (:mod:`pyro_autospec.engine.scheduler`).
 
 References
 ----------
-.. [1] N. Anari, R. Baronio, X. Chen, A. Haqi, F. Koehler, Y. Li, T.-D. Vuong. Parallel
+.. [1] N. Anari, C. Baronio, CJ Chen, A. Haqi, F. Koehler, A. Li, T.-D. Vuong. Parallel
    Sampling via Autospeculation. STOC 2026, arXiv:2511.07869.
 """
 
@@ -173,7 +173,9 @@ def _node(
         if log_mu[j - 1] == -np.inf:
             log_mu[j:] = -np.inf
             break
-        verify = answer.check(j - 1, f"row for sample {s} conditioned on its first {a + j} coordinates")
+        verify = answer.check(
+            j - 1, f"row for sample {s} conditioned on its first {a + j} coordinates"
+        )
         log_mu[j] = log_mu[j - 1] + verify[0, x[j]]
     log_target = log_mu[-1]
     log_draft = float(log_nu.sum())
@@ -205,7 +207,9 @@ def _node(
     return result
 
 
-def _sequential(ctx: _Context, s: int, n: int) -> Generator[Call, RowAnswer, tuple[np.ndarray, float]]:
+def _sequential(
+    ctx: _Context, s: int, n: int
+) -> Generator[Call, RowAnswer, tuple[np.ndarray, float]]:
     """The chain rule, one coordinate per round: the reference sampler."""
     order = ctx.orders[s]
     values = np.zeros(n, dtype=np.int64)
@@ -257,7 +261,8 @@ def _check_oracle(oracle) -> tuple[int, int]:
     for name in ("num_coords", "num_values"):
         if not isinstance(getattr(oracle, name, None), (int, np.integer)):
             raise TypeError(
-                f"oracle.{name} must be an int; got {getattr(oracle, name, None)!r}. A MarginalOracle "
+                f"oracle.{name} must be an int; got {getattr(oracle, name, None)!r}. "
+                "A MarginalOracle "
                 "has attributes num_coords (n) and num_values (q) and a method log_marginals."
             )
     if not callable(getattr(oracle, "log_marginals", None)) and not callable(
@@ -273,13 +278,20 @@ def _check_oracle(oracle) -> tuple[int, int]:
 def _make_orders(order, num_samples: int, n: int, rng: np.random.Generator) -> np.ndarray:
     if isinstance(order, str):
         if order != "random":
-            raise ValueError(f"order must be 'random' or a permutation of range({n}); got {order!r}")
+            raise ValueError(
+                f"order must be 'random' or a permutation of range({n}); got {order!r}"
+            )
         return np.argsort(rng.random((num_samples, n)), axis=1)
     perm = np.asarray(order.cpu() if isinstance(order, torch.Tensor) else order)
     if perm.shape != (n,) or not np.issubdtype(perm.dtype, np.integer):
-        raise ValueError(f"order must be 'random' or an integer permutation of shape ({n},); got shape {perm.shape}")
+        raise ValueError(
+            f"order must be 'random' or an integer permutation of shape ({n},); "
+            f"got shape {perm.shape}"
+        )
     if not np.array_equal(np.sort(perm), np.arange(n)):
-        raise ValueError(f"order must be a permutation of range({n}): every coordinate exactly once")
+        raise ValueError(
+            f"order must be a permutation of range({n}): every coordinate exactly once"
+        )
     return np.tile(perm.astype(np.int64), (num_samples, 1))
 
 
@@ -340,7 +352,8 @@ def sample_any_order(
     --------
     >>> import torch
     >>> from pyro_autospec.oracles import MarkovChainOracle
-    >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), 64)
+    >>> stay = torch.tensor([[0.73, 0.27], [0.27, 0.73]])
+    >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 64)
     >>> result = sample_any_order(chain, 8, seed=0)
     >>> result.samples.shape, result.samples.dtype
     (torch.Size([8, 64]), torch.int64)
@@ -357,7 +370,9 @@ def sample_any_order(
     max_elements = schedule.pop("max_elements", 2**24)
     unknown = set(schedule) - set(knobs)
     if unknown:
-        raise TypeError(f"unknown schedule knobs {sorted(unknown)}; expected some of {sorted(knobs)}")
+        raise TypeError(
+            f"unknown schedule knobs {sorted(unknown)}; expected some of {sorted(knobs)}"
+        )
     knobs.update(schedule)
     if not knobs["rho"] > 0:
         raise ValueError(f"rho must be > 0; got {knobs['rho']}")

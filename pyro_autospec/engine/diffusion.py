@@ -32,7 +32,7 @@ This module does not import Pyro.
 
 References
 ----------
-1. N. Anari, L. Baronio, Y. Chen, A. Haqi, F. Koehler, H. Li, T.-D. Vuong. "Parallel Sampling
+1. N. Anari, C. Baronio, CJ Chen, A. Haqi, F. Koehler, A. Li, T.-D. Vuong. "Parallel Sampling
    via Autospeculation." arXiv:2511.07869 (STOC 2026).
 2. J. Benton, V. De Bortoli, A. Doucet, G. Deligiannidis. "Nearly d-linear convergence bounds
    for diffusion models via stochastic localization." ICLR 2024.

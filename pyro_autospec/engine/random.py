@@ -27,4 +27,6 @@ def make_rng(seed: int | None | np.random.Generator | torch.Generator) -> np.ran
         )
     if seed is None or isinstance(seed, (int, np.integer)):
         return np.random.default_rng(None if seed is None else int(seed))
-    raise TypeError(f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}")
+    raise TypeError(
+        f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}"
+    )

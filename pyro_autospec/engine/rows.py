@@ -179,11 +179,13 @@ class RowDispatcher:
             log_mass[dest] = lm[keep]
         answers = []
         row_lo = 0
-        for r, req in enumerate(requests):
+        for r in range(len(requests)):
             row_hi = row_lo + num_rows[r]
             a, b = offsets_all[row_lo], offsets_all[row_hi]
             answers.append(
-                RowAnswer(log_probs[a:b], bad[a:b], log_mass[a:b], offsets_all[row_lo : row_hi + 1] - a)
+                RowAnswer(
+                    log_probs[a:b], bad[a:b], log_mass[a:b], offsets_all[row_lo : row_hi + 1] - a
+                )
             )
             row_lo = row_hi
         return answers
@@ -216,7 +218,9 @@ class RowDispatcher:
                 "Check the oracle's num_coords and num_values attributes."
             )
         if not out.dtype.is_floating_point:
-            raise OracleError(f"oracle.{name} must return floating point log probabilities, got {out.dtype}")
+            raise OracleError(
+                f"oracle.{name} must return floating point log probabilities, got {out.dtype}"
+            )
         tol = _tolerance(out.dtype)
         if not self.targeted:
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, q))

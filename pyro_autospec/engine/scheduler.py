@@ -210,7 +210,9 @@ class Scheduler:
             task.waiting_on = race
             self._launch_batch(race)
         else:
-            raise TypeError(f"sampler yielded {type(command).__name__}; expected Call or FirstAccepted")
+            raise TypeError(
+                f"sampler yielded {type(command).__name__}; expected Call or FirstAccepted"
+            )
 
     def _finish(self, task: _Task, result: Any) -> None:
         race = task.race

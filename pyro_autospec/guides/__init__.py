@@ -8,11 +8,8 @@ Pareto smoothing, or independent Metropolis-Hastings).
 """
 
 from pyro_autospec.guides.any_order import AnyOrderGuide
-
-
-
-
-
+from pyro_autospec.guides.correction import importance_resample, independent_metropolis_hastings
+from pyro_autospec.guides.training import fit_posterior
 
 __all__ = [
     "AnyOrderGuide",

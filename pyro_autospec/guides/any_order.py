@@ -161,7 +161,8 @@ class AnyOrderGuide(PyroModule):
     >>> guide = AnyOrderGuide(model, (data,), hidden_dim=16)
     >>> guide.num_coords, guide.num_values
     (3, 2)
-    >>> rows = guide.log_marginals(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 3, dtype=torch.bool))
+    >>> empty = torch.zeros(2, 3, dtype=torch.long)
+    >>> rows = guide.log_marginals(empty, empty.bool())
     >>> rows.shape
     torch.Size([2, 3, 2])
     >>> sample_any_order(guide, 4, seed=0).samples.shape
@@ -243,6 +244,7 @@ class AnyOrderGuide(PyroModule):
         else:
             self.net = _MaskedTransformer(n, q, hidden_dim, num_layers, num_heads)
         self.loss_history: list[float] = []
+        self.eval()  # an oracle by default; the fit_* methods switch to train mode and back
 
     @property
     def device(self) -> torch.device:
@@ -258,7 +260,9 @@ class AnyOrderGuide(PyroModule):
     def _check_query(self, values: torch.Tensor, mask: torch.Tensor) -> None:
         n = self.num_coords
         if values.dim() != 2 or values.shape[1] != n:
-            raise ValueError(f"values must be a LongTensor[B, {n}]; got shape {tuple(values.shape)}")
+            raise ValueError(
+                f"values must be a LongTensor[B, {n}]; got shape {tuple(values.shape)}"
+            )
         if mask.shape != values.shape or mask.dtype != torch.bool:
             raise ValueError(
                 f"mask must be a BoolTensor of the same shape as values {tuple(values.shape)}; "
@@ -471,7 +475,9 @@ class AnyOrderGuide(PyroModule):
         --------
         >>> guide = AnyOrderGuide(num_coords=3, num_values=2, hidden_dim=16)
         >>> data = torch.tensor([[0, 0, 0], [1, 1, 1]]).repeat(50, 1)
-        >>> losses = guide.fit_to_samples(data, num_steps=200, lr=1e-2, seed=0, disable_progbar=True)
+        >>> losses = guide.fit_to_samples(
+        ...     data, num_steps=200, lr=1e-2, seed=0, disable_progbar=True
+        ... )
         >>> losses[-1] < losses[0]
         True
         """
@@ -497,7 +503,7 @@ class AnyOrderGuide(PyroModule):
             optim.zero_grad()
             loss.backward()
             optim.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         self.eval()
         self.loss_history.extend(losses)

@@ -86,7 +86,9 @@ def fit_posterior(
     ...         pyro.sample("y", dist.Normal(2.0 * z - 1.0, 0.5), obs=data)
     >>> data = torch.tensor([1.0, -1.0, 0.8, -0.9])
     >>> guide = AnyOrderGuide(model, (data,), hidden_dim=16)
-    >>> history = guide.fit_posterior(data, num_steps=30, num_particles=32, seed=0, disable_progbar=True)
+    >>> history = guide.fit_posterior(
+    ...     data, num_steps=30, num_particles=32, seed=0, disable_progbar=True
+    ... )
     >>> sum(history[-5:]) / 5 < sum(history[:5]) / 5
     True
     """

@@ -8,6 +8,7 @@ References
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from pyro_autospec.infer.sites import SiteLayout, discover_sites, log_joint
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
 _SCHEDULE_KNOBS = ("rho", "max_block", "max_rows_per_round", "max_elements")
+CORRECTIONS = (None, "importance", "imh")
 
 
 def check_schedule(schedule: dict) -> dict:
@@ -102,6 +104,22 @@ class AutoSpec:
         support. The mapping is checked by one probe query before sampling.
     method : {"autospec", "sequential"}
         ``"sequential"`` is the chain-rule reference (``n`` rounds per draw).
+    guide : MarginalOracle, optional
+        An approximate oracle, typically a trained
+        :class:`~pyro_autospec.guides.AnyOrderGuide`; replaces ``oracle``. Its draws are exact
+        for the guide's own random-order law ``Uniform(sigma) q_sigma(x)``; every draw records
+        ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics` reports the
+        weights' Pareto k-hat (PSIS) and ESS.
+    correction : {None, "importance", "imh"}
+        ``None``: return the guide's draws as they are (a warning says so if a guide is
+        given). ``"importance"``: resample ``num_samples`` draws per chain, with replacement,
+        from ``num_samples`` guide draws by PSIS-smoothed importance weights (consistent, not
+        exact at finite size; duplicates make the MCMC ESS of :meth:`diagnostics` optimistic:
+        the weights' ESS bounds the information). ``"imh"``: each chain is an independent
+        Metropolis-Hastings chain with the guide as proposal (exact MCMC; R-hat and ESS mean
+        what they mean for MCMC); it draws ``warmup_steps + num_samples`` proposals.
+    warmup_steps : int, optional
+        Discarded steps of each ``"imh"`` chain (default ``num_samples // 10``).
     max_plate_nesting : int, optional
         Found from the model when ``None``.
     seed : int, torch.Generator or None
@@ -125,8 +143,10 @@ class AutoSpec:
     -----
     With an exact oracle every draw is an exact, independent draw of ``p(x | data)``; with an
     approximate oracle ``q``, each draw is exact for ``q``'s chain rule in its order, and
-    ``get_extra_fields()["lp"] - get_extra_fields()["oracle_log_prob"]`` are valid log
-    importance weights (ALGORITHM.md section 6).
+    ``lp - oracle_log_prob`` (with ``guide=``: ``get_extra_fields()["log_weight"]``) are log
+    importance weights on the space of (draw, order) pairs (ALGORITHM.md section 6); ``correction=``
+    uses them. A Pareto k-hat of 0.7 or more means the weights' tail is too heavy for either
+    correction to be trusted (a warning is raised); train the guide longer or make it wider.
 
     Examples
     --------
@@ -153,6 +173,9 @@ class AutoSpec:
         num_chains: int = 1,
         oracle: Any = "enum",
         method: str = "autospec",
+        guide: Any = None,
+        correction: str | None = None,
+        warmup_steps: int | None = None,
         max_plate_nesting: int | None = None,
         seed: int | torch.Generator | None = None,
         disable_progbar: bool = False,
@@ -167,6 +190,23 @@ class AutoSpec:
             raise ValueError(f"num_chains must be a positive int; got {num_chains!r}")
         if method not in ("autospec", "sequential", "speculative", "agr24"):
             raise ValueError(f"method must be 'autospec' or 'sequential'; got {method!r}")
+        if correction not in CORRECTIONS:
+            raise ValueError(f"correction must be None, 'importance' or 'imh'; got {correction!r}")
+        if guide is not None and not (isinstance(oracle, str) and oracle == "enum"):
+            raise ValueError(
+                "pass either oracle= or guide=, not both: a guide is the (approximate) oracle"
+            )
+        if warmup_steps is not None and (
+            not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0
+        ):
+            raise ValueError(f"warmup_steps must be a non-negative int; got {warmup_steps!r}")
+        self.guide = guide
+        self.correction = correction
+        self.warmup_steps = (
+            (int(num_samples) // 10 if correction == "imh" else 0)
+            if warmup_steps is None
+            else int(warmup_steps)
+        )
         self.model = model
         self.num_samples = int(num_samples)
         self.num_chains = int(num_chains)
@@ -184,12 +224,16 @@ class AutoSpec:
         self._pointwise: dict[str, torch.Tensor] = {}
         self._args: tuple = ()
         self._kwargs: dict = {}
+        self._guide_log_weight: torch.Tensor | None = None
 
     def __repr__(self) -> str:
         sites = self.layout.names if self.layout is not None else None
+        extra = ""
+        if self.guide is not None or self.correction is not None:
+            extra = f", guide={type(self.guide).__name__}, correction={self.correction!r}"
         return (
             f"AutoSpec(method={self.method!r}, num_samples={self.num_samples}, "
-            f"num_chains={self.num_chains}, sites={sites})"
+            f"num_chains={self.num_chains}, sites={sites}{extra})"
         )
 
     @poutine.block
@@ -217,16 +261,28 @@ class AutoSpec:
                     f"save_params names {unknown}, which are not discrete latent sites of the "
                     f"model ({layout.names})"
                 )
-        oracle = build_oracle(self.oracle, self.model, args, kwargs, layout)
+        oracle = self.oracle if self.guide is None else self.guide
+        oracle = build_oracle(oracle, self.model, args, kwargs, layout)
         self.layout = layout
         self.results = []
         per_chain = {name: [] for name in layout.names}
-        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        extra = {
+            "n_rounds": [],
+            "oracle_rows": [],
+            "lp": [],
+            "oracle_log_prob": [],
+        }
+        if self._weights_tracked():
+            extra["log_weight"] = []
+        if self.correction == "imh":
+            extra["accepted"], extra["acceptance_rate"] = [], []
         pointwise = {name: [] for name in layout.observed}
+        guide_log_weight = []
+        num_draws = self.num_samples + self.warmup_steps
         for seed in chain_seeds(self.seed, self.num_chains):
             result = sample_any_order(
                 oracle,
-                self.num_samples,
+                num_draws,
                 method=self.method,
                 seed=seed,
                 progress=not self.disable_progbar,
@@ -235,22 +291,103 @@ class AutoSpec:
             self.results.append(result)
             values = layout.from_coords(result.samples.cpu())
             lp, pw = log_joint(self.model, args, kwargs, layout, values, pointwise=True)
+            oracle_lp = result.log_prob.cpu().double()
+            log_weight = lp - oracle_lp
+            guide_log_weight.append(log_weight)
+            keep = self._correct(log_weight, seed, extra)
             for name in layout.names:
-                per_chain[name].append(values[name])
+                per_chain[name].append(values[name][keep])
             for name in pointwise:
-                pointwise[name].append(pw[name])
-            extra["n_rounds"].append(result.sample_rounds.cpu().long())
+                pointwise[name].append(pw[name][keep])
+            extra["n_rounds"].append(result.sample_rounds.cpu().long()[keep])
             extra["oracle_rows"].append(
-                torch.full(
-                    (self.num_samples,), result.oracle_rows / self.num_samples, dtype=torch.float64
-                )
+                torch.full((self.num_samples,), result.oracle_rows / num_draws, dtype=torch.float64)
             )
-            extra["lp"].append(lp)
-            extra["oracle_log_prob"].append(result.log_prob.cpu().double())
+            extra["lp"].append(lp[keep])
+            extra["oracle_log_prob"].append(oracle_lp[keep])
+            if "log_weight" in extra:
+                extra["log_weight"].append(log_weight[keep])
         self._samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
         self._extra = {k: torch.stack(v) for k, v in extra.items()}
         self._pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
+        self._guide_log_weight = torch.stack(guide_log_weight)
+        self._warn_weights()
         return self
+
+    def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
+        """Indices of the draws a chain returns, after the correction."""
+        from pyro_autospec.guides.correction import (
+            importance_resample,
+            independent_metropolis_hastings,
+        )
+
+        if self.correction is None:
+            return torch.arange(self.num_samples)
+        if not bool(torch.isfinite(log_weight).any()):
+            raise ValueError(
+                "every guide draw has zero probability under the model (log p(x, data) = -inf): "
+                "the guide cannot be corrected; train it (fit_posterior) or check the model"
+            )
+        rng = np.random.default_rng(seed % 2**32)
+        if self.correction == "importance":
+            index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
+            return index
+        index, accepted, accept_prob = independent_metropolis_hastings(log_weight, seed=rng)
+        warm = self.warmup_steps
+        extra["accepted"].append(accepted[warm:])
+        extra["acceptance_rate"].append(accept_prob[warm:])
+        return index[warm:]
+
+    def _weights_tracked(self) -> bool:
+        return self.guide is not None or self.correction is not None
+
+    def weight_diagnostics(self) -> dict[str, Any]:
+        """Pareto k-hat and ESS of the guide draws' importance weights, per chain and pooled.
+
+        Computed on all draws the guide made (before any correction).
+
+        Returns
+        -------
+        dict
+            ``"khat"`` and ``"weights_ess"``: ``{"chain i": float, ..., "all": float}``;
+            ``"num_draws"``: guide draws per chain.
+        """
+        from pyro_autospec.diagnostics.weights import pareto_khat, weights_ess
+
+        self._check_run()
+        lw = self._guide_log_weight
+        chains = [f"chain {i}" for i in range(lw.shape[0])]
+        khat = {c: pareto_khat(w) for c, w in zip(chains, lw, strict=True)}
+        ess = {c: weights_ess(w) for c, w in zip(chains, lw, strict=True)}
+        khat["all"] = pareto_khat(lw.reshape(-1))
+        ess["all"] = weights_ess(lw.reshape(-1))
+        return {"khat": khat, "weights_ess": ess, "num_draws": int(lw.shape[1])}
+
+    def _warn_weights(self) -> None:
+        from pyro_autospec.diagnostics.weights import KHAT_BAD
+
+        if not self._weights_tracked():
+            return
+        diag = self.weight_diagnostics()
+        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
+        total = diag["num_draws"] * self.num_chains
+        if self.correction is None:
+            warnings.warn(
+                f"AutoSpec with a guide and correction=None returns the guide's draws, which are "
+                f"exact for the guide, not for the model's posterior (Pareto k-hat {khat:.2f}, "
+                f"weights' ESS {ess:.0f} of {total}); use correction='importance' or 'imh'",
+                UserWarning,
+                stacklevel=3,
+            )
+        elif not khat < KHAT_BAD:
+            warnings.warn(
+                f"Pareto k-hat of the guide's importance weights is {khat:.2f} (>= {KHAT_BAD}; "
+                f"weights' ESS {ess:.0f} of {total}): the weights have a heavy tail and the "
+                f"'{self.correction}' correction cannot be trusted. Train the guide longer "
+                f"(fit_posterior), make it larger, or draw more samples.",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _check_run(self) -> None:
         if self._samples is None:
@@ -306,7 +443,13 @@ class AutoSpec:
               engine counts rows per run, not per draw);
             * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw;
             * ``oracle_log_prob`` (float64): the draw's log probability under the oracle's
-              chain rule (for an exact oracle ``log p(x | data)``).
+              chain rule (for an exact oracle ``log p(x | data)``);
+            * with a ``guide`` or a ``correction``: ``log_weight`` (float64):
+              ``lp - oracle_log_prob``, the draw's log importance weight;
+            * with ``correction="imh"``: ``accepted`` (bool: the step moved) and
+              ``acceptance_rate`` (float64: its acceptance probability).
+
+            The fields describe the returned draws (after any correction).
         """
         self._check_run()
         if group_by_chain:
@@ -325,6 +468,8 @@ class AutoSpec:
             ``site -> {"n_eff": Tensor, "r_hat": Tensor}`` as ``MCMC.diagnostics``, plus
             ``"divergences"`` (``{"chain i": []}``: exact draws never diverge), ``"rounds"``,
             ``"oracle_rows"``, ``"mean rounds per draw"`` and ``"wall_time"`` per chain.
+            With a guide or a correction also ``"khat"`` and ``"weights_ess"`` (see
+            :meth:`weight_diagnostics`) and, for ``"imh"``, ``"acceptance rate"`` per chain.
         """
         self._check_run()
         diag = _mcmc_diagnostics(self._float_samples(), group_by_chain=True)
@@ -337,6 +482,13 @@ class AutoSpec:
             for c, r in zip(chains, self.results, strict=True)
         }
         diag["wall_time"] = {c: r.wall_time for c, r in zip(chains, self.results, strict=True)}
+        if self._weights_tracked():
+            weights = self.weight_diagnostics()
+            diag["khat"] = weights["khat"]
+            diag["weights_ess"] = weights["weights_ess"]
+        if self.correction == "imh":
+            rate = self._extra["accepted"].double().mean(-1)
+            diag["acceptance rate"] = {c: float(r) for c, r in zip(chains, rate, strict=True)}
         return diag
 
     def rounds_summary(self) -> str:
@@ -373,6 +525,32 @@ class AutoSpec:
         print_summary(self._float_samples(), prob=prob, group_by_chain=True)
         print("Number of divergences: 0")
         print(self.rounds_summary())
+        if self._weights_tracked():
+            print(self.weights_summary())
+
+    def weights_summary(self) -> str:
+        """One paragraph: Pareto k-hat and ESS of the guide's importance weights."""
+        from pyro_autospec.diagnostics.weights import KHAT_BAD, KHAT_GOOD
+
+        diag = self.weight_diagnostics()
+        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
+        total = diag["num_draws"] * self.num_chains
+        if khat < KHAT_GOOD:
+            verdict = "reliable"
+        elif khat < KHAT_BAD:
+            verdict = "usable with caution (slow convergence)"
+        else:
+            verdict = "NOT reliable: the correction cannot be trusted"
+        per_chain = ", ".join(f"{v:.2f}" for c, v in diag["khat"].items() if c != "all")
+        text = (
+            f"Importance weights log p(x, data) - log q_sigma(x) of {total} guide draws: Pareto "
+            f"k-hat {khat:.2f} ({verdict}; per chain {per_chain}), weights' ESS {ess:.1f} "
+            f"({100 * ess / total:.1f}%). Correction: {self.correction}."
+        )
+        if self.correction == "imh":
+            rate = float(self._extra["accepted"].double().mean())
+            text += f" IMH acceptance rate {rate:.2f}."
+        return text
 
     def to_inference_data(
         self,
@@ -411,6 +589,16 @@ class AutoSpec:
             "oracle_log_prob": extra["oracle_log_prob"],
             "diverging": torch.zeros(extra["lp"].shape, dtype=torch.bool),
         }
+        if "log_weight" in extra:
+            sample_stats["log_weight"] = extra["log_weight"]
+        if "acceptance_rate" in extra:
+            sample_stats["acceptance_rate"] = extra["acceptance_rate"]
+        attrs = {"inference_library": "pyro_autospec", "method": self.method}
+        if self._weights_tracked():
+            weights = self.weight_diagnostics()
+            attrs["correction"] = str(self.correction)
+            attrs["pareto_khat"] = weights["khat"]["all"]
+            attrs["weights_ess"] = weights["weights_ess"]["all"]
         return to_inference_data(
             posterior,
             sample_stats=sample_stats,
@@ -418,5 +606,5 @@ class AutoSpec:
             observed_data=dict(self.layout.observed),
             coords=coords,
             dims=dims,
-            attrs={"inference_library": "pyro_autospec", "method": self.method},
+            attrs=attrs,
         )

@@ -41,9 +41,14 @@ def acceptance_probability(rule, log_ratio):
 def one_step_law(mu, nu):
     with np.errstate(divide="ignore"):
         log_ratio = np.log(mu) - np.log(nu)
-    p_acc = np.array([acceptance_probability(accept_draft, l) if n > 0 else 0.0 for l, n in zip(log_ratio, nu)])
+    p_acc = np.array(
+        [acceptance_probability(accept_draft, l) if n > 0 else 0.0 for l, n in zip(log_ratio, nu)]
+    )
     p_res = np.array(
-        [acceptance_probability(accept_residual, l) if m > 0 else 0.0 for l, m in zip(log_ratio, mu)]
+        [
+            acceptance_probability(accept_residual, l) if m > 0 else 0.0
+            for l, m in zip(log_ratio, mu)
+        ]
     )
     accepted = nu * p_acc
     rejected = 1.0 - accepted.sum()
