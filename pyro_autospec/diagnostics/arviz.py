@@ -77,6 +77,10 @@ def to_inference_data(
     ... )
     >>> idata.posterior["z"].shape
     (2, 5)
+    >>> to_inference_data({"z": np.zeros((1, 3))}, attrs={"method": "autospec"}).posterior.attrs[
+    ...     "method"
+    ... ]
+    'autospec'
     """
     import arviz as az
 
@@ -91,5 +95,12 @@ def to_inference_data(
     dims = None if dims is None else dict(dims)
     attrs = None if attrs is None else dict(attrs)
     if arviz_major_version() >= 1:
-        return az.from_dict(groups, coords=coords, dims=dims, attrs=attrs)
-    return az.from_dict(**groups, coords=coords, dims=dims, attrs=attrs)
+        data = az.from_dict(groups, coords=coords, dims=dims, attrs=attrs)
+        groups_of = [data[name] for name in groups if name in data.children]
+    else:
+        data = az.from_dict(**groups, coords=coords, dims=dims, attrs=attrs)
+        groups_of = [getattr(data, name) for name in data.groups()]
+    # ArviZ 0.23's from_dict accepts attrs but drops them: set them on every group.
+    for group in groups_of:
+        group.attrs.update(attrs or {})
+    return data

@@ -27,7 +27,6 @@ References
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,7 +59,9 @@ class _MLP(nn.Module):
             nn.Sequential(nn.LayerNorm(hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim))
             for _ in range(num_layers)
         )
-        self.out = nn.Sequential(nn.LayerNorm(hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim))
+        self.out = nn.Sequential(
+            nn.LayerNorm(hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim)
+        )
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = self.inp(h)
@@ -511,7 +512,3 @@ class DiffusionGuide(PyroModule):
         guide.loss_history = list(saved.get("loss", []))
         guide.eval()
         return guide
-
-
-def _unused() -> float:  # keep math imported for doc examples of constants
-    return math.pi

@@ -31,8 +31,8 @@ import numpy as np
 import pyro
 import torch
 from pyro import poutine
-from torch.distributions import biject_to
 from pyro.poutine.util import prune_subsample_sites
+from torch.distributions import biject_to
 
 from pyro_autospec.infer.sites import AutoSpecModelError, UnsupportedSiteError
 
@@ -432,7 +432,10 @@ def simulate(
     unconditioned = poutine.uncondition(model)
     with _fork_rng(seed), torch.no_grad():
         if vectorize:
-            with poutine.block(), pyro.plate("_simulations", num, dim=-(layout.max_plate_nesting + 1)):
+            with (
+                poutine.block(),
+                pyro.plate("_simulations", num, dim=-(layout.max_plate_nesting + 1)),
+            ):
                 trace = poutine.trace(unconditioned).get_trace(*args, **kwargs)
             traces = [prune_subsample_sites(trace)]
         else:

@@ -1,0 +1,135 @@
+"""AutoSpec(model, guide=..., correction=...): log weights, k-hat, ESS, and exact moments.
+
+A deliberately mediocre guide (a few steps of fit_posterior: TV about 0.4 from the posterior)
+is corrected by importance resampling and by independent Metropolis-Hastings; posterior means
+of every coordinate must match the enumerated posterior within 5 standard errors.
+"""
+
+import io
+import warnings
+from contextlib import redirect_stdout
+
+import arviz as az
+import numpy as np
+import pytest
+import torch
+
+from pyro_autospec.guides import AnyOrderGuide
+from pyro_autospec.infer import AutoSpec
+from pyro_autospec.infer.sites import enumerate_posterior
+from tests.guides._models import ising_chain
+
+DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2, 0.8])
+NUM_SAMPLES, NUM_CHAINS = 2000, 2
+
+
+@pytest.fixture(scope="module")
+def mediocre_guide():
+    torch.manual_seed(0)
+    guide = AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
+    guide.fit_posterior(
+        DATA, num_steps=25, num_particles=32, objective="reverse", seed=0, disable_progbar=True
+    )
+    return guide
+
+
+@pytest.fixture(scope="module")
+def exact_means():
+    states, log_post = enumerate_posterior(ising_chain, (DATA,))
+    return (log_post.exp()[:, None] * states.double()).sum(0)
+
+
+def _run(guide, correction, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a trustworthy guide raises no warning
+        autospec = AutoSpec(
+            ising_chain,
+            num_samples=NUM_SAMPLES,
+            num_chains=NUM_CHAINS,
+            guide=guide,
+            correction=correction,
+            seed=0,
+            disable_progbar=True,
+            **kwargs,
+        )
+        return autospec.run(DATA)
+
+
+def test_the_guide_is_mediocre(mediocre_guide, exact_means):
+    autospec = AutoSpec(
+        ising_chain, num_samples=4000, guide=mediocre_guide, seed=1, disable_progbar=True
+    )
+    with pytest.warns(UserWarning, match="correction=None"):
+        autospec.run(DATA)
+    raw = autospec.get_samples()["z"].double().mean(0)
+    assert float((raw - exact_means).abs().max()) > 0.1
+
+
+def test_importance_recovers_exact_means(mediocre_guide, exact_means):
+    autospec = _run(mediocre_guide, "importance")
+    diag = autospec.diagnostics()
+    khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
+    assert khat < 0.7 and 1 < ess < NUM_SAMPLES * NUM_CHAINS
+    z = autospec.get_samples()["z"].double()
+    variance = exact_means * (1 - exact_means)
+    # Resampling adds the multinomial noise of N draws to the importance error 1 / ESS.
+    se = (variance * (1 / ess + 1 / z.shape[0])).sqrt()
+    assert bool(((z.mean(0) - exact_means).abs() < 5 * se).all()), (z.mean(0), exact_means, se)
+
+
+def test_imh_recovers_exact_means(mediocre_guide, exact_means):
+    autospec = _run(mediocre_guide, "imh", warmup_steps=100)
+    diag = autospec.diagnostics()
+    assert 0.05 < np.mean(list(diag["acceptance rate"].values())) < 1.0
+    assert bool((diag["z"]["r_hat"] < 1.05).all())
+    chains = autospec.get_samples(group_by_chain=True)["z"].double()
+    assert chains.shape == (NUM_CHAINS, NUM_SAMPLES, DATA.shape[0])
+    dataset = az.convert_to_dataset({"z": chains.numpy()})
+    ess = torch.as_tensor(az.ess(dataset)["z"].values)
+    sd = (exact_means * (1 - exact_means)).sqrt()
+    se = sd / ess.sqrt()
+    error = (chains.mean((0, 1)) - exact_means).abs()
+    assert bool((error < 5 * se).all()), (chains.mean((0, 1)), exact_means, se)
+
+
+def test_log_weight_fields_and_arviz(mediocre_guide):
+    autospec = _run(mediocre_guide, "imh")
+    extra = autospec.get_extra_fields(group_by_chain=True)
+    assert {"log_weight", "accepted", "acceptance_rate"} <= set(extra)
+    assert torch.allclose(extra["log_weight"], extra["lp"] - extra["oracle_log_prob"])
+    assert autospec.warmup_steps == NUM_SAMPLES // 10
+    idata = autospec.to_inference_data()
+    assert idata.sample_stats["log_weight"].shape == (NUM_CHAINS, NUM_SAMPLES)
+    assert "acceptance_rate" in idata.sample_stats
+    assert idata.posterior.attrs["correction"] == "imh"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        autospec.summary()
+    assert "Pareto k-hat" in out.getvalue() and "weights' ESS" in out.getvalue()
+
+
+def test_a_bad_guide_warns():
+    """A guide that puts almost all its mass on one state: heavy-tailed weights."""
+    torch.manual_seed(0)
+    guide = AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
+    guide.fit_to_samples(
+        torch.zeros(8, 6, dtype=torch.long), num_steps=150, lr=1e-2, disable_progbar=True
+    )
+    autospec = AutoSpec(
+        ising_chain,
+        num_samples=500,
+        guide=guide,
+        correction="importance",
+        seed=0,
+        disable_progbar=True,
+    )
+    with pytest.warns(UserWarning, match="cannot be trusted"):
+        autospec.run(DATA)
+    assert autospec.diagnostics()["khat"]["all"] >= 0.7
+
+
+def test_arguments_are_checked(mediocre_guide):
+    with pytest.raises(ValueError, match="correction"):
+        AutoSpec(ising_chain, num_samples=2, guide=mediocre_guide, correction="smc")
+    with pytest.raises(ValueError, match="not both"):
+        AutoSpec(ising_chain, num_samples=2, guide=mediocre_guide, oracle=mediocre_guide)
