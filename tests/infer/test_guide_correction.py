@@ -1,6 +1,6 @@
 """AutoSpec(model, guide=..., correction=...): log weights, k-hat, ESS, and exact moments.
 
-A deliberately mediocre guide (a few steps of fit_posterior: TV about 0.4 from the posterior)
+A deliberately mediocre guide (an untrained network: TV about 0.7 from the posterior)
 is corrected by importance resampling and by independent Metropolis-Hastings; posterior means
 of every coordinate must match the enumerated posterior within 5 standard errors.
 """
@@ -25,12 +25,11 @@ NUM_SAMPLES, NUM_CHAINS = 2000, 2
 
 @pytest.fixture(scope="module")
 def mediocre_guide():
+    # An untrained network (TV about 0.7 from the posterior). Its rows are near uniform, so
+    # the weights are bounded; a briefly trained guide was tried too, but its k-hat swung
+    # between 0.3 and 1.3 with the seed: mode-dropping makes weights heavy-tailed.
     torch.manual_seed(0)
-    guide = AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
-    guide.fit_posterior(
-        DATA, num_steps=25, num_particles=32, objective="reverse", seed=0, disable_progbar=True
-    )
-    return guide
+    return AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
 
 
 @pytest.fixture(scope="module")
