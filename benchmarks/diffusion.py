@@ -10,7 +10,9 @@ N in {64, 256, 1024, 4096}. Prints one markdown table and the issue's done crite
 
 Run ``python benchmarks/diffusion.py`` (a few minutes on 2 CPU cores) or ``--smoke``
 (seconds). Rounds and rows do not depend on the machine; wall times do (single-threaded torch
-unless ``--threads``).
+unless ``--threads``). The run ends with the same comparison for a trained diffusion guide on
+the model of ``tutorials/05_diffusion_guides.ipynb`` (``benchmarks/diffusion_guides.py``;
+``--no-guide`` skips it).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="torch device of the oracle")
+    parser.add_argument(
+        "--no-guide", action="store_true", help="skip the trained diffusion guide row"
+    )
     return parser.parse_args(argv)
 
 
@@ -115,6 +120,15 @@ def run(args: argparse.Namespace) -> bool:
             f"<= 4 N log2 N = {bound:.0f}"
         )
     print(f"\nall criteria met: {ok}")
+    if not args.no_guide:
+        # The same comparison for a trained guide (benchmarks/diffusion_guides.py).
+        import diffusion_guides
+
+        print("\n## A trained diffusion guide (tutorials/05 model)\n")
+        guide_args = ["--smoke"] if args.smoke else []
+        diffusion_guides.run(
+            diffusion_guides.parse_args(guide_args + ["--threads", str(args.threads)])
+        )
     return ok
 
 

@@ -29,6 +29,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "AutoSpec": "pyro_autospec.infer",
     "AutoSpecKernel": "pyro_autospec.infer",
+    "AnyOrderGuide": "pyro_autospec.guides",
+    "DiffusionGuide": "pyro_autospec.guides",
     "sample_diffusion": "pyro_autospec.engine.diffusion",
     "sample_sde": "pyro_autospec.engine.diffusion",
     "DiffusionResult": "pyro_autospec.engine.diffusion",

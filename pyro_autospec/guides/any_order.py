@@ -20,7 +20,7 @@ Two architectures, both one forward pass per query row:
 References
 ----------
 .. [1] B. Uria, I. Murray, H. Larochelle. A Deep and Tractable Density Estimator. ICML 2014.
-.. [2] N. Anari, R. Baronio, X. Chen, A. Haqi, F. Koehler, Y. Li, T.-D. Vuong. Parallel
+.. [2] N. Anari, C. Baronio, CJ Chen, A. Haqi, F. Koehler, A. Li, T.-D. Vuong. Parallel
    Sampling via Autospeculation. STOC 2026, arXiv:2511.07869.
 """
 

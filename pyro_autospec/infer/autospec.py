@@ -1,8 +1,13 @@
-"""``AutoSpec(model)``: exact draws of a Pyro model's discrete latent sites, used like ``MCMC``.
+"""``AutoSpec(model)``: exact draws of a Pyro model's latent sites, used like ``MCMC``.
+
+Discrete sites are drawn by autospeculation from a ``MarginalOracle`` (exact enumeration by
+default, or a learned :class:`~pyro_autospec.guides.AnyOrderGuide`); continuous sites from a
+:class:`~pyro_autospec.guides.diffusion.DiffusionGuide`, exactly in the law of its discretised
+diffusion.
 
 References
 ----------
-.. [1] N. Anari, R. Baronio, X. Chen, A. Haqi, F. Koehler, Y. Li, T.-D. Vuong. Parallel
+.. [1] N. Anari, C. Baronio, CJ Chen, A. Haqi, F. Koehler, A. Li, T.-D. Vuong. Parallel
    Sampling via Autospeculation. STOC 2026, arXiv:2511.07869.
 """
 
@@ -11,6 +16,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +75,26 @@ def build_oracle(oracle: Any, model: Callable, args: tuple, kwargs: dict, layout
         return EnumOracle(model, args, kwargs, layout=layout)
     layout.check_oracle(oracle)
     return oracle
+
+
+def _is_diffusion_guide(guide: Any) -> bool:
+    """A diffusion guide serves ``MeanOracle`` rows over continuous sites (not marginals)."""
+    return (
+        guide is not None
+        and hasattr(guide, "times")
+        and hasattr(guide, "layout")
+        and callable(getattr(guide, "oracle", None))
+        and not callable(getattr(guide, "log_marginals", None))
+    )
+
+
+@dataclass
+class _ContinuousView:
+    """What the summaries need of a continuous model: its sites, steps and data."""
+
+    names: list
+    num_coords: int  # steps of the diffusion: the sequential sampler's rounds per draw
+    observed: dict
 
 
 def _integer_dtype(value: torch.Tensor) -> bool:
@@ -253,6 +279,8 @@ class AutoSpec:
         from pyro_autospec.engine import sample_any_order
 
         self._args, self._kwargs = args, kwargs
+        if _is_diffusion_guide(self.guide):
+            return self._run_continuous(args, kwargs)
         layout = discover_sites(self.model, args, kwargs, max_plate_nesting=self.max_plate_nesting)
         if self.save_params is not None:
             unknown = sorted(set(self.save_params) - set(layout.names))
@@ -314,6 +342,67 @@ class AutoSpec:
         self._warn_weights()
         return self
 
+    def _run_continuous(self, args: tuple, kwargs: dict) -> AutoSpec:
+        """Draw the continuous latent sites from a diffusion guide (one engine run per chain)."""
+        from pyro_autospec.infer.continuous import sample_continuous
+
+        if self.correction is not None:
+            raise ValueError(
+                "correction= needs the guide's density of each draw; a DiffusionGuide's draws "
+                "X_T / T have no tractable density, so use correction=None and check the guide "
+                "with pyro_autospec.diagnostics.sbc"
+            )
+        guide_layout = self.guide.layout
+        if self.save_params is not None:
+            unknown = sorted(set(self.save_params) - set(guide_layout.names))
+            if unknown:
+                raise ValueError(
+                    f"save_params names {unknown}, which are not continuous latent sites of the "
+                    f"model ({guide_layout.names})"
+                )
+        trace = poutine.trace(self.model).get_trace(*args, **kwargs)
+        observed = {site.name: trace.nodes[site.name]["value"] for site in guide_layout.data}
+        self.layout = _ContinuousView(
+            names=guide_layout.names,
+            num_coords=int(self.guide.times.shape[0]) - 1,
+            observed=observed,
+        )
+        self.results = []
+        per_chain = {name: [] for name in guide_layout.names}
+        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        pointwise = {name: [] for name in observed}
+        schedule = {k: v for k, v in self.schedule.items() if k != "max_elements"}
+        for seed in chain_seeds(self.seed, self.num_chains):
+            out = sample_continuous(
+                self.guide,
+                self.num_samples,
+                *args,
+                model_kwargs=kwargs,
+                method=self.method,
+                seed=seed,
+                progress=not self.disable_progbar,
+                **schedule,
+            )
+            self.results.append(out.diffusion)
+            for name in guide_layout.names:
+                per_chain[name].append(out.samples[name])
+            for name in pointwise:
+                pointwise[name].append(out.pointwise[name])
+            extra["n_rounds"].append(out.sample_rounds.cpu().long())
+            extra["oracle_rows"].append(
+                torch.full(
+                    (self.num_samples,), out.oracle_rows / self.num_samples, dtype=torch.float64
+                )
+            )
+            extra["lp"].append(out.lp)
+            # the density of the sampling path, not of the draw: no importance weight
+            extra["oracle_log_prob"].append(out.diffusion.log_prob.cpu().double())
+        self._samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
+        self._extra = {k: torch.stack(v) for k, v in extra.items()}
+        self._pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
+        self._guide_log_weight = None
+        return self
+
     def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
         """Indices of the draws a chain returns, after the correction."""
         from pyro_autospec.guides.correction import (
@@ -339,6 +428,9 @@ class AutoSpec:
         return index[warm:]
 
     def _weights_tracked(self) -> bool:
+        # A diffusion guide's draws have no tractable density, hence no importance weights.
+        if _is_diffusion_guide(self.guide):
+            return False
         return self.guide is not None or self.correction is not None
 
     def weight_diagnostics(self) -> dict[str, Any]:
@@ -508,7 +600,8 @@ class AutoSpec:
         return (
             f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
             f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
-            f"coordinates): {verdict}.\n"
+            f"{'diffusion steps' if _is_diffusion_guide(self.guide) else 'coordinates'}): "
+            f"{verdict}.\n"
             f"Whole run: {whole} rounds per chain of {self.num_samples} draws (sequential: {n}); "
             f"{rows:.1f} oracle rows per draw (sequential: {n})."
         )
