@@ -623,14 +623,44 @@ def log_joint(
     for start in range(0, num_draws, chunk_size):
         stop = min(start + chunk_size, num_draws)
         chunk = {name: torch.as_tensor(values[name])[start:stop] for name in names}
-        total, pw = _log_joint_chunk(model, args, kwargs, layout, chunk, stop - start)
+        try:
+            total, pw = _log_joint_chunk(model, args, kwargs, layout, chunk, stop - start)
+        except RuntimeError as e:  # shapes of the batched run do not line up
+            raise AutoSpecModelError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
         totals.append(total)
         for name in points:
             points[name].append(pw[name])
     total = torch.cat(totals)
+    if num_draws > 1:
+        _check_draws_do_not_mix(model, args, kwargs, layout, values, total)
     if not pointwise:
         return total
     return total, {name: torch.cat(parts) for name, parts in points.items()}
+
+
+def _check_draws_do_not_mix(model, args, kwargs, layout, values, total) -> None:
+    """The batched log joint of draw 0 must equal its log joint computed alone.
+
+    A ``pyro.factor`` (or a site) whose value loses the draws' batch dimension, for example
+    ``pyro.factor("f", (s[..., 1:] * s[..., :-1]).sum(-1))`` with ``s`` a plated site, lands on
+    a plate dimension and broadcasts against the other draws: the batched total would be
+    silently wrong. One extra trace of a single draw catches it.
+    """
+    first = {name: torch.as_tensor(values[name])[:1] for name in layout.names}
+    alone, _ = _log_joint_chunk(model, args, kwargs, layout, first, 1)
+    if not torch.allclose(alone[0], total[0], rtol=1e-6, atol=1e-6, equal_nan=True):
+        raise AutoSpecModelError(
+            f"log p(x, data) of one draw is {float(alone[0]):.6g} alone but "
+            f"{float(total[0]):.6g} in a batch. " + _MIXED_DRAWS
+        )
+
+
+_MIXED_DRAWS = (
+    "The model cannot be evaluated on a batch of draws: a site's value loses the batch "
+    "dimensions the model is run with, so draws mix. Usually a pyro.factor or a distribution "
+    "parameter reduces over a plate dimension, as in (s[..., 1:] * s[..., :-1]).sum(-1): keep "
+    "the dimension with .sum(-1, keepdim=True) so every value keeps its leading batch dimensions."
+)
 
 
 def _log_joint_chunk(model, args, kwargs, layout, chunk, num_draws):
