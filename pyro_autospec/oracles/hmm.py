@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, log_matmul, log_normalize, point_mass
-from .markov import check_chain_parameters, nearest_pins, nearest_pins_at
+from ._util import as_float64, log_matmul, log_normalize, point_mass
+from .markov import SeparatorOracle, check_chain_parameters
 
 __all__ = ["HMMOracle"]
 
@@ -26,7 +26,7 @@ def _floor_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.frexp(x.double()).exponent.long() - 1
 
 
-class HMMOracle(ExactOracle):
+class HMMOracle(SeparatorOracle):
     """Exact posterior conditionals of the hidden states of an HMM given its observations.
 
     The joint law of the hidden chain ``x`` is
@@ -186,18 +186,6 @@ class HMMOracle(ExactOracle):
         level = torch.where(single, 0, _floor_log2((lo ^ hi).clamp(min=1)) + 1)
         pos2 = torch.where(single, self._table_size, hi)
         return level, lo, level, pos2
-
-    def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        left, right = nearest_pins(mask)
-        batch, n = values.shape
-        sites = torch.arange(n, device=values.device).expand(batch, n)
-        return self._combine(values, mask, sites, left, right)
-
-    def _log_marginals_at(
-        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor:
-        left, right = nearest_pins_at(mask, targets)
-        return self._combine(values, mask, targets, left, right)
 
     def _combine(
         self,

@@ -62,7 +62,27 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     return left.long(), right.long()
 
 
-class MarkovChainOracle(ExactOracle):
+class SeparatorOracle(ExactOracle):
+    """Oracles whose pins are separators: a row needs only the nearest pins of each target.
+
+    Subclasses implement ``_combine(values, mask, sites, left, right)``: the log marginals
+    [B, k, q] of ``sites`` [B, k] given their nearest pins ``left`` / ``right`` [B, k].
+    """
+
+    def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        left, right = nearest_pins(mask)
+        batch, n = values.shape
+        sites = torch.arange(n, device=values.device).expand(batch, n)
+        return self._combine(values, mask, sites, left, right)
+
+    def _log_marginals_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        left, right = nearest_pins_at(mask, targets)
+        return self._combine(values, mask, targets, left, right)
+
+
+class MarkovChainOracle(SeparatorOracle):
     """Exact conditional marginals of a homogeneous Markov chain ``x_0 -> x_1 -> ... -> x_{n-1}``.
 
     Parameters
@@ -143,18 +163,6 @@ class MarkovChainOracle(ExactOracle):
         self.log_prior_marginals = log_matmul(self.log_initial.unsqueeze(0), self.log_powers)[
             :, 0
         ].contiguous()
-
-    def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        left, right = nearest_pins(mask)
-        batch, n = values.shape
-        sites = torch.arange(n, device=values.device).expand(batch, n)
-        return self._combine(values, mask, sites, left, right)
-
-    def _log_marginals_at(
-        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor:
-        left, right = nearest_pins_at(mask, targets)
-        return self._combine(values, mask, targets, left, right)
 
     def _combine(
         self,
