@@ -73,16 +73,17 @@ def default_schedule(num_coords: int) -> dict:
     -----
     None of these knobs changes the law of the output; they trade rounds (latency) against
     rows (work). Larger ``rho`` launches more threads at once: fewer rounds, more cancelled
-    rows; ``rho = 4`` starts every residual with four parallel tries. ``max_block`` around
+    rows; ``rho = 3`` starts every residual with three parallel tries. ``max_block`` around
     ``sqrt(n)`` skips verifications of large blocks, which almost surely fail: in a random
-    order ``TV(mu_S, nu_S)`` grows like ``|S| / sqrt(n)``. On the binary Markov chain
-    (n = 256..4096, ``benchmarks/rounds.py --sweep``) these defaults took 30-50% fewer rounds
-    than ``rho = 1``, ``max_block = 4 sqrt(n)``, with about as many rows; on the Curie-Weiss
-    model at its critical point larger blocks multiplied the rows by ten.
+    order ``TV(mu_S, nu_S)`` grows like ``|S| / sqrt(n)``; below 8 coordinates a split costs
+    more rounds than a failed verification, hence the floor. On the binary Markov chain
+    (n = 256..4096, ``benchmarks/rounds.py --sweep``) these defaults took 30-40% fewer rounds
+    and fewer rows than ``rho = 1``, ``max_block = 4 sqrt(n)``; on the Curie-Weiss model at
+    its critical point, blocks of ``2 sqrt(n)`` multiplied the rows by ten.
     """
     return {
-        "rho": 4.0,
-        "max_block": max(2, int(round(math.sqrt(num_coords)))),
+        "rho": 3.0,
+        "max_block": max(8, int(round(math.sqrt(num_coords)))),
         "max_rows_per_round": None,
     }
 
