@@ -66,6 +66,11 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
     if finite.sum() < 5:
         out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
         return out, math.nan
+    if np.ptp(lw[finite]) <= 1e-9 * max(1.0, float(np.abs(lw[finite]).max())):
+        # Equal weights (an exact oracle or a perfect guide): no tail at all. ArviZ would
+        # report k-hat = inf for the degenerate fit; the honest value is -inf.
+        out[finite] = -math.log(finite.sum())
+        return out, -math.inf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smoothed, khat = az.psislw(lw[finite] - lw[finite].max())

@@ -379,8 +379,8 @@ def sample_any_order(
             f"unknown schedule knobs {sorted(unknown)}; expected some of {sorted(knobs)}"
         )
     knobs.update(schedule)
-    if not knobs["rho"] > 0:
-        raise ValueError(f"rho must be > 0; got {knobs['rho']}")
+    if not (knobs["rho"] > 0 and math.isfinite(knobs["rho"]) and knobs["rho"] <= 1e6):
+        raise ValueError(f"rho must be a finite number in (0, 1e6]; got {knobs['rho']}")
     if int(knobs["max_block"]) < 1:
         raise ValueError(f"max_block must be >= 1; got {knobs['max_block']}")
     if device is None:

@@ -57,6 +57,10 @@ def speculative(ctx, s: int, n: int, window: int = 8) -> Generator:
         stops = cuts + 1
         if nxt > 0:
             stops[-1] = t + k + nxt
+        if len(cuts) == 0:  # the last coordinate, drawn from its exact row: nothing to verify
+            values = drafted
+            log_prob += float(draft_rows[0, x[0]])
+            break
         answer = yield _request(s, drafted, cuts, cuts, stops)
         # Token t is always accepted (its target and draft rows coincide).
         accepted = 1
@@ -120,6 +124,10 @@ def agr24(ctx, s: int, n: int, window_scale: float = 1.0) -> Generator:
         stops = cuts + 1
         if nxt > 0:
             stops[-1] = t + w + nxt
+        if len(cuts) == 0:  # the last coordinate, drawn from its exact row: nothing to verify
+            values = drafted
+            log_prob += float(draft_rows[0, x[0]])
+            break
         answer = yield _request(s, drafted, cuts, cuts, stops)
         log_prob += float(draft_rows[0, x[0]])
         agreed = 1  # position t is drawn from its exact row

@@ -35,7 +35,7 @@ def accept_draft(log_ratio: float, rng: np.random.Generator) -> bool:
         return True
     if log_ratio == -math.inf:
         return False
-    return math.log(rng.random()) < log_ratio
+    return math.log1p(-rng.random()) < log_ratio  # 1 - U is uniform on (0, 1]
 
 
 def accept_residual(log_ratio: float, rng: np.random.Generator) -> bool:
@@ -54,4 +54,4 @@ def accept_residual(log_ratio: float, rng: np.random.Generator) -> bool:
     if log_ratio == math.inf:
         return True
     # log(1 - exp(-l)) = log(-expm1(-l)), accurate for small and large l alike.
-    return math.log(rng.random()) < math.log(-math.expm1(-log_ratio))
+    return math.log1p(-rng.random()) < math.log(-math.expm1(-log_ratio))

@@ -226,12 +226,14 @@ class Scheduler:
 
     def _launch_batch(self, race: _Race) -> None:
         """Launch the next non-empty batch of threads of ``race``."""
-        rho = race.spec.rho
-        while True:
-            stop = math.ceil((1.0 + rho) ** (race.batch + 1))
-            race.batch += 1
-            if stop > race.next_index:
-                break
+        # Batch r ends at ceil((1 + rho)^(r + 1)); skip the empty batches in closed form.
+        growth = math.log1p(race.spec.rho)
+        r = max(race.batch, math.floor(math.log(race.next_index) / growth))
+        stop = math.ceil(math.exp(growth * (r + 1)))
+        while stop <= race.next_index:  # rounding of the closed form
+            r += 1
+            stop = math.ceil(math.exp(growth * (r + 1)))
+        race.batch = r + 1
         start, race.next_index = race.next_index, stop
         owner = race.owner
         for index in range(start, stop):

@@ -31,6 +31,7 @@ __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
 _SCHEDULE_KNOBS = ("rho", "max_block", "max_rows_per_round", "max_elements")
 CORRECTIONS = (None, "importance", "imh")
+METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
 
 
 def check_schedule(schedule: dict) -> dict:
@@ -128,8 +129,10 @@ class AutoSpec:
         flattened in C order over its batch shape (``OneHotCategorical``: one coordinate per
         event), values as indices into ``enumerate_support``, ``num_values`` the largest
         support. The mapping is checked by one probe query before sampling.
-    method : {"autospec", "sequential"}
-        ``"sequential"`` is the chain-rule reference (``n`` rounds per draw).
+    method : {"autospec", "sequential", "speculative", "agr24"}
+        ``"sequential"`` is the chain-rule reference (``n`` rounds per draw); the last two are
+        the baselines of :mod:`pyro_autospec.engine.baselines` (all exact). With a diffusion
+        guide: ``"autospec"``, ``"sequential"`` or ``"picard"`` (approximate).
     guide : MarginalOracle, optional
         An approximate oracle, typically a trained
         :class:`~pyro_autospec.guides.AnyOrderGuide`; replaces ``oracle``. Its draws are exact
@@ -214,8 +217,8 @@ class AutoSpec:
             raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
         if not isinstance(num_chains, (int, np.integer)) or num_chains < 1:
             raise ValueError(f"num_chains must be a positive int; got {num_chains!r}")
-        if method not in ("autospec", "sequential", "speculative", "agr24"):
-            raise ValueError(f"method must be 'autospec' or 'sequential'; got {method!r}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}; got {method!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"correction must be None, 'importance' or 'imh'; got {correction!r}")
         if guide is not None and not (isinstance(oracle, str) and oracle == "enum"):

@@ -32,7 +32,7 @@ class AutoSpecKernel(MCMCKernel):
         A Pyro model with enumerable discrete latent sites only (see ``AutoSpec``).
     oracle : "enum" or MarginalOracle
         As in :class:`~pyro_autospec.infer.autospec.AutoSpec`.
-    method : {"autospec", "sequential"}
+    method : {"autospec", "sequential", "speculative", "agr24"}
     max_plate_nesting : int, optional
     seed : int, torch.Generator or None
         ``None`` follows torch's global RNG (``pyro.set_rng_seed``). Chains run in one process
@@ -78,6 +78,11 @@ class AutoSpecKernel(MCMCKernel):
             raise ValueError(f"draws_per_run must be >= 1; got {draws_per_run}")
         self.model = model
         self.oracle = oracle
+        if method not in ("autospec", "sequential", "speculative", "agr24"):
+            raise ValueError(
+                "method must be one of ('autospec', 'sequential', 'speculative', 'agr24'); "
+                f"got {method!r}"
+            )
         self.method = method
         self.max_plate_nesting = max_plate_nesting
         self.draws_per_run = int(draws_per_run)

@@ -57,6 +57,9 @@ SCHEDULES = {
     "large_rho": {"rho": 4.0},
     "tiny_blocks": {"max_block": 2},
     "tight_cap": {"max_rows_per_round": 8, "rho": 2.0},
+    # speculate whole blocks: deep recursion, races nested inside threads
+    "whole_blocks": {"max_block": 64},
+    "whole_blocks_tiny_rho": {"max_block": 64, "rho": 1e-9},
 }
 # Every target with the default schedule; every other schedule on a target that stresses it.
 CASES = [(target, "default") for target in sorted(TARGETS)] + [
@@ -65,6 +68,10 @@ CASES = [(target, "default") for target in sorted(TARGETS)] + [
     ("potts", "tiny_blocks"),
     ("pairs_equal", "tight_cap"),
     ("near_deterministic", "tight_cap"),
+    ("pairs_equal", "whole_blocks"),
+    ("potts", "whole_blocks"),
+    ("near_deterministic", "whole_blocks"),
+    ("potts", "whole_blocks_tiny_rho"),
 ]
 
 

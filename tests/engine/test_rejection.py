@@ -23,19 +23,21 @@ class FixedUniform:
 
 
 def acceptance_probability(rule, log_ratio):
-    """P(u ~ U(0,1) accepted) for a rule that accepts iff log(u) < threshold(log_ratio)."""
-    lo, hi = 0.0, 1.0
-    if rule(log_ratio, FixedUniform(1.0 - 1e-16)):
+    """P(u ~ U(0,1) accepted) for a rule whose acceptance set is an interval ending at 0 or 1."""
+    low, high = rule(log_ratio, FixedUniform(1e-300)), rule(log_ratio, FixedUniform(1.0 - 1e-16))
+    if low and high:
         return 1.0
-    if not rule(log_ratio, FixedUniform(1e-300)):
+    if not low and not high:
         return 0.0
-    for _ in range(200):  # bisection on the threshold
+    lo, hi = 0.0, 1.0  # bisection on the boundary; ``low`` tells which side accepts
+    for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if rule(log_ratio, FixedUniform(mid)):
+        if rule(log_ratio, FixedUniform(mid)) == low:
             lo = mid
         else:
             hi = mid
-    return 0.5 * (lo + hi)
+    boundary = 0.5 * (lo + hi)
+    return boundary if low else 1.0 - boundary
 
 
 def one_step_law(mu, nu):

@@ -16,7 +16,9 @@ def data():
 @pytest.fixture(scope="module")
 def autospec(data):
     guide = DiffusionGuide(model, (data,), num_steps=64)
-    return AutoSpec(model, num_samples=40, num_chains=2, guide=guide, seed=0, disable_progbar=True).run(data)
+    return AutoSpec(
+        model, num_samples=40, num_chains=2, guide=guide, seed=0, disable_progbar=True
+    ).run(data)
 
 
 def test_samples_shapes_and_extra_fields(autospec):

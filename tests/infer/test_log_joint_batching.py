@@ -1,4 +1,4 @@
-"""A model whose values lose the draws' batch dimension gets a clear error, not a wrong log joint."""
+"""Values that lose the draws' batch dimension get a clear error, not a wrong log joint."""
 
 import pyro
 import pyro.distributions as dist
