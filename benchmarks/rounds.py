@@ -145,12 +145,13 @@ def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> di
 
 
 def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
+    """Least-squares slope of log(rounds per sample) on log(n), over the sizes >= ``min_n``."""
     pts = [
         (r["n"], r["rounds_per_sample"])
         for r in rows
         if r["family"] == family and r["method"] == method
     ]
-    pts = [p for p in pts if p[0] >= min_n] or pts
+    pts = [p for p in pts if p[0] >= min_n]
     if len(pts) < 2:
         return float("nan")
     x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
@@ -172,10 +173,18 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def exponent_table(rows: list[dict], families: list[str], methods: list[str]) -> str:
-    lines = ["| family | " + " | ".join(methods) + " |", "|---|" + "---:|" * len(methods)]
+    """Fitted exponents per family and method: over n >= 256, and over every n measured."""
+    lines = [
+        "| family | n range | " + " | ".join(methods) + " |",
+        "|---|---|" + "---:|" * len(methods),
+    ]
     for f in families:
-        cells = [f"{fitted_exponent(rows, f, m):.2f}" for m in methods]
-        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+        sizes = sorted({r["n"] for r in rows if r["family"] == f})
+        if not sizes:
+            continue
+        for label, min_n in ((f">= 256 ({sum(n >= 256 for n in sizes)} sizes)", 256), ("all", 0)):
+            cells = [f"{fitted_exponent(rows, f, m, min_n):.2f}" for m in methods]
+            lines.append(f"| {f} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -263,12 +272,18 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for CSV and PNG")
     parser.add_argument("--sweep", action="store_true", help="schedule sweep on the Markov chain")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument(
+        "--report", type=Path, help="print the tables of an earlier run's CSV (no sampling)"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     if args.sweep:
         sizes = [64] if args.smoke else (args.sizes or [256, 1024, 4096])
         sweep(4 if args.smoke else args.num_samples, sizes, args.seed)
+        return
+    if args.report is not None:
+        report(args.report)
         return
     rows = []
     for family in args.families:
@@ -293,13 +308,30 @@ def main(argv=None) -> None:
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, args.families, args.methods, args.out / f"{name}.png")
+    print_tables(rows, args.families, args.methods)
+    print(f"\nCSV and plot written to {args.out}/{name}.csv and {name}.png")
+
+
+def print_tables(rows: list[dict], families: list[str], methods: list[str]) -> None:
     print("\n" + markdown_table(rows))
-    print("\nFitted exponent of rounds per sample against n (n >= 256):\n")
-    print(exponent_table(rows, args.families, args.methods))
+    print("\nFitted exponent of rounds per sample against n:\n")
+    print(exponent_table(rows, families, methods))
     checks = check_targets(rows)
     if checks:
         print("\nTargets:\n" + "\n".join("- " + c for c in checks))
-    print(f"\nCSV and plot written to {args.out}/{name}.csv and {name}.png")
+
+
+def report(path: Path) -> None:
+    """Tables of an earlier run, read back from its CSV."""
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for key, value in r.items():
+            if key not in ("family", "method"):
+                r[key] = float(value) if "." in value or "e" in value else int(value)
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    print_tables(rows, families, methods)
 
 
 if __name__ == "__main__":
