@@ -78,8 +78,7 @@ def default_schedule(num_coords: int) -> dict:
     order ``TV(mu_S, nu_S)`` grows like ``|S| / sqrt(n)``; below 8 coordinates a split costs
     more rounds than a failed verification, hence the floor. On the binary Markov chain
     (n = 256..4096, ``benchmarks/rounds.py --sweep``) these defaults took 30-40% fewer rounds
-    and fewer rows than ``rho = 1``, ``max_block = 4 sqrt(n)``; on the Curie-Weiss model at
-    its critical point, blocks of ``2 sqrt(n)`` multiplied the rows by ten.
+    and fewer rows than ``rho = 1``, ``max_block = 4 sqrt(n)``.
     """
     return {
         "rho": 3.0,
