@@ -36,6 +36,21 @@ def _what(s: int, cut: int) -> str:
     return f"row for sample {s} conditioned on its first {cut} coordinates"
 
 
+def _window_request(s: int, drafted: np.ndarray, t: int, k: int, nxt: int):
+    """Verification of drafted positions ``t..t+k-1``: rows conditioned on each drafted prefix
+    (one target each), plus a prefetch of the next ``nxt`` positions' marginals given all ``k``.
+    ``None`` when there is nothing to ask (a last window of one coordinate)."""
+    from pyro_autospec.engine.any_order import _request
+
+    cuts = np.arange(t + 1, t + k + (1 if nxt > 0 else 0))
+    if len(cuts) == 0:
+        return None
+    stops = cuts + 1
+    if nxt > 0:
+        stops[-1] = t + k + nxt
+    return _request(s, drafted, cuts, cuts, stops)
+
+
 def speculative(ctx, s: int, n: int, window: int = 8) -> Generator:
     """Token-level self-speculation for sample ``s``: returns ``(values int64[n], log_prob)``."""
     from pyro_autospec.engine.any_order import _request
@@ -53,15 +68,13 @@ def speculative(ctx, s: int, n: int, window: int = 8) -> Generator:
         drafted = values.copy()
         drafted[order[t : t + k]] = x
         nxt = min(window, n - t - k)
-        cuts = np.arange(t + 1, t + k + (1 if nxt > 0 else 0))
-        stops = cuts + 1
-        if nxt > 0:
-            stops[-1] = t + k + nxt
-        if len(cuts) == 0:  # the last coordinate, drawn from its exact row: nothing to verify
+        request = _window_request(s, drafted, t, k, nxt)
+        if request is None:  # the last coordinate, drawn from its exact row: nothing to verify
             values = drafted
             log_prob += float(draft_rows[0, x[0]])
             break
-        answer = yield _request(s, drafted, cuts, cuts, stops)
+        answer = yield request
+        cuts = request.payload.cuts
         # Token t is always accepted (its target and draft rows coincide).
         accepted = 1
         log_prob += float(draft_rows[0, x[0]])
@@ -120,15 +133,13 @@ def agr24(ctx, s: int, n: int, window_scale: float = 1.0) -> Generator:
         drafted = values.copy()
         drafted[order[t : t + w]] = x
         nxt = min(agr24_window(t + w, ctx.q, window_scale), n - t - w)
-        cuts = np.arange(t + 1, t + w + (1 if nxt > 0 else 0))
-        stops = cuts + 1
-        if nxt > 0:
-            stops[-1] = t + w + nxt
-        if len(cuts) == 0:  # the last coordinate, drawn from its exact row: nothing to verify
+        request = _window_request(s, drafted, t, w, nxt)
+        if request is None:  # the last coordinate, drawn from its exact row: nothing to verify
             values = drafted
             log_prob += float(draft_rows[0, x[0]])
             break
-        answer = yield _request(s, drafted, cuts, cuts, stops)
+        answer = yield request
+        cuts = request.payload.cuts
         log_prob += float(draft_rows[0, x[0]])
         agreed = 1  # position t is drawn from its exact row
         for j in range(1, w):
