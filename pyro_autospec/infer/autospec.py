@@ -229,6 +229,11 @@ class AutoSpec:
             not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0
         ):
             raise ValueError(f"warmup_steps must be a non-negative int; got {warmup_steps!r}")
+        if warmup_steps and correction != "imh":
+            raise ValueError(
+                "warmup_steps only applies to correction='imh' (independent Metropolis-Hastings "
+                "chains); exact draws and importance resampling need no warm-up"
+            )
         self.guide = guide
         self.correction = correction
         self.warmup_steps = (
@@ -420,7 +425,8 @@ class AutoSpec:
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "
                 "the guide cannot be corrected; train it (fit_posterior) or check the model"
             )
-        rng = np.random.default_rng(seed % 2**32)
+        # A stream of its own: the engine's generator for this chain is default_rng(seed).
+        rng = np.random.default_rng([seed, 1])
         if self.correction == "importance":
             index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
             return index

@@ -23,7 +23,7 @@ import pyro
 import torch
 from opt_einsum import shared_intermediates
 from pyro import poutine
-from pyro.infer import TraceEnum_ELBO, config_enumerate
+from pyro.infer import TraceEnum_ELBO
 from pyro.infer.traceenum_elbo import _compute_model_factors, _find_ordinal
 from pyro.ops import packed
 from pyro.ops.contract import contract_to_tensor
@@ -73,6 +73,16 @@ class _Evidence(poutine.messenger.Messenger):
         log_factor = torch.zeros(differs.shape, dtype=dtype, device=differs.device)
         log_factor = log_factor.masked_fill(differs & self.mask[name], -math.inf)
         pyro.factor(f"_autospec_evidence_{name}", log_factor)
+
+
+def _parallel_enumeration(msg: dict) -> dict:
+    """``infer_config`` rule: enumerate every unobserved enumerable site in parallel."""
+    fn = msg["fn"]
+    if msg["is_observed"] or type(fn).__name__ == "_Subsample":
+        return {}
+    if getattr(fn, "has_enumerate_support", False):
+        return {"enumerate": "parallel"}
+    return {}
 
 
 class EnumOracle:
@@ -166,7 +176,9 @@ class EnumOracle:
         self.num_calls = 0
         self.num_threads = num_threads
         self._elbo = TraceEnum_ELBO(max_plate_nesting=layout.max_plate_nesting + 1)
-        self._enumerated = config_enumerate(model, default="parallel")
+        # Parallel enumeration of every latent discrete site, overriding a user's
+        # infer={"enumerate": "sequential"} (which the contraction cannot use).
+        self._enumerated = poutine.infer_config(model, _parallel_enumeration)
 
     def __repr__(self) -> str:
         return (
