@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import inf
 from typing import Any
 
 import torch
@@ -10,12 +11,15 @@ from ._util import ExactOracle, as_float64, point_mass
 
 __all__ = ["DPPOracle"]
 
-# Largest number of entries of one batch of [rows, n, n] systems (float64: 64 MiB).
+# Largest number of float64 entries of the temporaries of one chunk of rows (64 MiB).
 _MAX_WORK_ENTRIES = 1 << 23
 # Tolerance on symmetry and on the spectrum of a kernel, relative to its scale.
 _TOLERANCE = 1e-9
+# Eigenvalues of K at most this are zero (the numerical rank); at least 1 - this are one.
+_RANK_TOLERANCE = 1e-12
 # Conditional probabilities closer than this to 0 or 1 are set to 0 or 1.
 _SNAP = 1e-12
+_PATHS = ("auto", "lowrank", "block", "free")
 
 
 def _check_symmetric(matrix: torch.Tensor, name: str) -> torch.Tensor:
@@ -30,8 +34,59 @@ def _check_symmetric(matrix: torch.Tensor, name: str) -> torch.Tensor:
     return (matrix + matrix.T) / 2
 
 
+def _padded_indices(member: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """LongTensor[B, width]: the indices where ``member`` [B, n] is True, then ``fill``."""
+    order = torch.argsort((~member).to(torch.int8), dim=1, stable=True)[:, :width]
+    count = member.sum(1, keepdim=True)
+    slots = torch.arange(width, device=member.device)
+    return torch.where(slots < count, order, fill)
+
+
+def _solve(system: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``system^-1 rhs`` batched, and a BoolTensor[B] of the singular systems (their rows of the
+    solution are garbage and must be masked by the caller)."""
+    # Factor every system once, swap singular ones for the identity (so that the batched
+    # solve cannot fail) and mark them.
+    factors, pivots, info = torch.linalg.lu_factor_ex(system)
+    singular = info != 0
+    if singular.any():
+        eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
+        system = torch.where(singular[:, None, None], eye, system)
+        factors, pivots, _ = torch.linalg.lu_factor_ex(system)
+    try:
+        return torch.linalg.lu_solve(factors, pivots, rhs), singular
+    except RuntimeError:
+        # Some multi-threaded LAPACK builds reject batched LU on nearly singular blocks
+        # (seen with MKL and 2 threads); solve row by row and mark the failures.
+        solution = torch.empty_like(rhs)
+        singular = singular.clone()
+        for b in range(system.shape[0]):
+            try:
+                solution[b] = torch.linalg.solve(system[b], rhs[b])
+            except RuntimeError:
+                solution[b] = float("nan")
+                singular[b] = True
+        return solution, singular
+
+
+def _chunks(sizes: list[int], entries_per_row) -> list[tuple[int, int]]:
+    """Cut rows sorted by increasing size into ``[start, stop)`` chunks whose temporaries hold
+    at most ``_MAX_WORK_ENTRIES`` entries (at least one row each)."""
+    out, start = [], 0
+    while start < len(sizes):
+        stop = start + 1
+        while (
+            stop < len(sizes)
+            and (stop + 1 - start) * entries_per_row(sizes[stop]) <= _MAX_WORK_ENTRIES
+        ):
+            stop += 1
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 class DPPOracle(ExactOracle):
-    """Exact conditional marginals of a determinantal point process.
+    r"""Exact conditional marginals of a determinantal point process.
 
     The ground set ``{0, ..., n-1}`` is the set of coordinates; coordinate ``i`` takes value 1
     when item ``i`` is in the random set ``X`` and 0 when it is not.
@@ -43,9 +98,15 @@ class DPPOracle(ExactOracle):
         ``P(A subset of X) = det(K_A)``. Projection kernels (eigenvalues 0 or 1) are allowed.
     L : Tensor or array [n, n], optional
         An L-ensemble kernel (symmetric positive semi-definite): ``P(X = A) ∝ det(L_A)``. It is
-        turned into ``K = L (I + L)^-1``. Pass exactly one of ``kernel`` and ``L``.
+        turned into ``K = L (I + L)^-1``.
+    features : Tensor or array [n, d], optional
+        Features ``Phi`` of a low-rank (dual) L-ensemble ``L = Phi Phi^T``. Then
+        ``K = Phi (I_d + Phi^T Phi)^-1 Phi^T`` is computed from the ``d x d`` dual (a thin SVD
+        of ``Phi``, ``O(n d^2)``); no ``[n, n]`` matrix is formed.
     device : str or torch.device, optional
         Where to keep the kernel.
+
+    Pass exactly one of ``kernel``, ``L`` and ``features``.
 
     Attributes
     ----------
@@ -53,24 +114,56 @@ class DPPOracle(ExactOracle):
         ``n``.
     num_values : int
         2.
+    rank : int
+        ``r``, the number of eigenvalues of ``K`` above ``1e-12`` (``|X| <= r`` always).
+    factor : DoubleTensor[n, max(r, 1)]
+        ``V`` with ``K = V V^T`` and ``V^T V = diag(eigenvalues of K)``.
     kernel : DoubleTensor[n, n]
-        The marginal kernel ``K``.
+        The marginal kernel ``K`` (formed on access when built from ``features``).
+    path : str
+        ``"auto"`` (default): each row takes the cheapest exact formulation below (by a flop
+        count); ``"lowrank"``, ``"block"`` or ``"free"`` (only when built from ``L``) force
+        one. All are exact; forcing one is for tests and timing.
 
     Notes
     -----
-    Conditioning on ``A`` in and ``B`` out (``S = A ∪ B``) is the chain of Schur updates
-    ``K <- K - K[:, i] K[i, :] / K_ii`` (pin in) and ``K <- K + K[:, i] K[i, :] / (1 - K_ii)``
-    (pin out). Both are Schur complements of ``K - diag(1_B)``, so together
+    Conditioning on ``A`` in and ``B`` out (``S = A ∪ B``, ``s = |S|``, ``a = |A|``) is the
+    chain of Schur updates ``K <- K - K[:, i] K[i, :] / K_ii`` (pin in) and
+    ``K <- K + K[:, i] K[i, :] / (1 - K_ii)`` (pin out). Three closed forms are used, all in
+    float64, each row taking the cheapest; rows are grouped by formulation, sorted by the size
+    of their system, padded with the identity and solved in chunks of at most ``2^23``
+    entries of temporaries:
 
-    ``P(i in X | pins) = K_ii - K_iS (K - diag(1_B))_SS^{-1} K_Si``.
+    *Pinned block* (any kernel). Both updates are Schur complements of ``K - diag(1_B)``, so
 
-    A row solves one ``[n, n]`` system that is ``(K - diag(1_B))_SS`` on the pinned block and
-    the identity elsewhere, batched over rows (``O(n^3)`` per row, in float64). The pinned
-    block is singular exactly when the pins have probability 0 (``|det|`` is that
-    probability); such rows are NaN. Against rounding, probabilities are clipped to
-    ``[0, 1]`` and those within ``1e-12`` of 0 or 1 are set to 0 or 1, so that the support is
-    exact (a projection DPP never draws more items than its rank); the law moves by at most
-    ``1e-12`` per coordinate.
+    ``P(t in X | pins) = K_tt - K_tS (K - diag(1_B))_SS^-1 K_St``,
+
+    one ``[s, s]`` system per row: ``O(s^3 + s^2 k)`` for ``k`` targets (plus ``O(s^2 r)``
+    to form ``K_SS`` from ``V`` when built from ``features``).
+
+    *Low rank* (``K = V V^T``, ``V`` of shape ``[n, r]``). Pinning ``B`` out gives
+    ``K' = V C V^T`` with ``C = (I_r - V_B^T V_B)^-1``; ``det(I_r - V_B^T V_B) = P(X ∩ B = ∅)``.
+    The ``[r, r]`` matrix is formed from whichever of ``B`` and its complement ``B^c`` is
+    smaller: ``I_r - V_B^T V_B = diag(1 - eig K) + V_{B^c}^T V_{B^c}``. Pinning ``A`` in is
+    the Schur complement on ``K'_AA = V_A C V_A^T`` (``[a, a]``, ``a <= r``), so
+
+    ``P(t in X | pins) = v_t^T C v_t - K'_tA (K'_AA)^-1 K'_At``,
+
+    ``O(min(|B|, n - |B|) r^2 + r^3 + (k + a) r^2 + a^3)`` per row, never ``O(n^2)``.
+
+    *Free items* (only when built from ``L``). Pinning ``B`` out deletes ``B`` from ``L``;
+    with ``U`` the items not pinned out and ``F`` the free ones,
+    ``P(t in X | pins) = 1 - [(L_UU + diag(1_F))^-1]_tt`` for ``t`` in ``F``: one
+    ``[u, u]`` system, ``u = n - |B|``, ``O(u^3 + u^2 k)`` per row (cheap late in a sample,
+    when most items are pinned out).
+
+    Impossible pin sets give NaN rows: a singular system (zero pivot; ``|det|`` of the pinned
+    block is the probability of the pins), more in-pins than the rank, or fewer items left
+    free or in than the number of unit eigenvalues (``|X|`` is at least that). Against
+    rounding, probabilities are clipped to ``[0, 1]`` and those within ``1e-12`` of 0 or 1 are
+    set to 0 or 1, so that the support is exact (a projection DPP never draws more items than
+    its rank); eigenvalues of ``K`` below ``1e-12`` are dropped. The law moves by at most
+    about ``1e-12`` per coordinate.
 
     Examples
     --------
@@ -80,6 +173,19 @@ class DPPOracle(ExactOracle):
     >>> mask = torch.tensor([[True, False]])
     >>> oracle.log_marginals(values, mask)[0, 1].exp()  # P(1 in X | 0 in X)
     tensor([0.5714, 0.4286], dtype=torch.float64)
+
+    A low-rank L-ensemble from features, ``L = Phi Phi^T`` (rank 2 on 4 items):
+
+    >>> phi = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, -0.5]])
+    >>> dual = DPPOracle(features=phi)
+    >>> dual.rank
+    2
+    >>> torch.allclose(dual.kernel, DPPOracle(L=phi @ phi.T).kernel)
+    True
+    >>> values = torch.tensor([[1, 1, 0, 0]])
+    >>> mask = torch.tensor([[True, True, False, False]])
+    >>> dual.log_marginals(values, mask)[0, 2:, 1].exp()  # two items in: no room for more
+    tensor([0., 0.], dtype=torch.float64)
     """
 
     def __init__(
@@ -87,72 +193,243 @@ class DPPOracle(ExactOracle):
         kernel: Any = None,
         L: Any = None,
         device: str | torch.device | None = None,
+        features: Any = None,
     ) -> None:
-        if (kernel is None) == (L is None):
+        if sum(x is not None for x in (kernel, L, features)) != 1:
             raise ValueError(
-                "pass exactly one of kernel (the marginal kernel K) and L (an L-ensemble)"
+                "pass exactly one of kernel (the marginal kernel K), L (an L-ensemble) and "
+                "features (Phi with L = Phi Phi^T)"
             )
+        k = ell = None
         if kernel is not None:
             k = _check_symmetric(as_float64(kernel, "kernel", device), "kernel")
-            eig = torch.linalg.eigvalsh(k)
+            eig, vectors = torch.linalg.eigh(k)
             if eig.min() < -_TOLERANCE or eig.max() > 1 + _TOLERANCE:
                 raise ValueError(
                     f"kernel must have eigenvalues in [0, 1] (a marginal kernel); got "
                     f"[{float(eig.min()):.3g}, {float(eig.max()):.3g}]. For an unnormalised "
                     f"kernel pass it as L= instead"
                 )
-        else:
+            eig = eig.clamp(0.0, 1.0)
+        elif L is not None:
             ell = _check_symmetric(as_float64(L, "L", device), "L")
-            eig, vectors = torch.linalg.eigh(ell)
-            if eig.min() < -_TOLERANCE * max(1.0, float(eig.abs().max())):
+            lam, vectors = torch.linalg.eigh(ell)
+            if lam.min() < -_TOLERANCE * max(1.0, float(lam.abs().max())):
                 raise ValueError(
                     f"L must be positive semi-definite; its smallest eigenvalue is "
-                    f"{float(eig.min()):.3g}"
+                    f"{float(lam.min()):.3g}"
                 )
-            eig = eig.clamp(min=0)
-            k = (vectors * (eig / (1 + eig))) @ vectors.T
+            lam = lam.clamp(min=0)
+            eig = lam / (1 + lam)
+            k = (vectors * eig) @ vectors.T
             k = (k + k.T) / 2
-        self.kernel = k
-        self.num_coords = k.shape[0]
+        else:
+            phi = as_float64(features, "features", device)
+            if phi.dim() != 2 or phi.shape[0] < 1 or phi.shape[1] < 1:
+                raise ValueError(
+                    f"features must be a [n, d] matrix (L = features @ features.T); got shape "
+                    f"{tuple(phi.shape)}"
+                )
+            vectors, sv, _ = torch.linalg.svd(phi, full_matrices=False)  # Phi = U S W^T
+            eig = sv**2 / (1 + sv**2)  # K = U diag(s^2 / (1 + s^2)) U^T
+        n = vectors.shape[0]
+        keep = eig > _RANK_TOLERANCE
+        self.rank = int(keep.sum())
+        self.num_unit = int((eig >= 1 - _RANK_TOLERANCE).sum())
+        if self.rank == 0:  # K = 0: keep one zero column so that shapes stay non-empty
+            keep = eig == eig.max()
+            keep &= keep.cumsum(0) == 1
+            eig = torch.zeros_like(eig)
+        self.eigenvalues = eig[keep]  # [r]
+        factor = vectors[:, keep] * self.eigenvalues.sqrt()
+        # A zero row at index n lets padded index lists gather zeros.
+        self._factor_padded = torch.cat([factor, factor.new_zeros(1, factor.shape[1])])
+        if ell is not None:
+            self._ell_padded = torch.zeros(n + 1, n + 1, dtype=ell.dtype, device=ell.device)
+            self._ell_padded[:n, :n] = ell
+        else:
+            self._ell_padded = None
+        if k is not None:
+            self._kernel_padded = torch.zeros(n + 1, n + 1, dtype=k.dtype, device=k.device)
+            self._kernel_padded[:n, :n] = k
+            self._diagonal = k.diagonal().clone()
+        else:
+            self._kernel_padded = None
+            self._diagonal = (factor**2).sum(1)
+        self.num_coords = n
         self.num_values = 2
+        self.path = "auto"
+
+    @property
+    def factor(self) -> torch.Tensor:
+        """``V``: DoubleTensor[n, max(r, 1)] with ``K = V V^T``."""
+        return self._factor_padded[:-1]
+
+    @property
+    def kernel(self) -> torch.Tensor:
+        """The marginal kernel ``K``: DoubleTensor[n, n]."""
+        if self._kernel_padded is not None:
+            return self._kernel_padded[:-1, :-1]
+        v = self.factor
+        k = v @ v.T
+        return (k + k.T) / 2
+
+    # -- the two formulations ---------------------------------------------------------------
+    def _lowrank(
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``P(targets in X | pins)`` [B, k] by the ``[r, r]`` form; and the singular rows."""
+        n = self.num_coords
+        vz = self._factor_padded
+        r = vz.shape[1]
+        eye = torch.eye(r, dtype=vz.dtype, device=vz.device)
+        b = out_pins.sum(1)
+        use_b = b <= n - b
+        gather = torch.where(use_b[:, None], out_pins, ~out_pins)
+        w = vz[_padded_indices(gather, int(gather.sum(1).max()), n)]  # [B, g, r]
+        gram = w.transpose(1, 2) @ w
+        system = torch.where(
+            use_b[:, None, None], eye - gram, torch.diag(1 - self.eigenvalues) + gram
+        )  # I - V_B^T V_B, symmetric positive semi-definite
+        a = in_pins.sum(1)
+        a_max = int(a.max())
+        v_t = vz[targets]  # [B, k, r]
+        v_a = vz[_padded_indices(in_pins, a_max, n)]  # [B, a_max, r] (zero padding)
+        k = targets.shape[1]
+        y, singular = _solve(system, torch.cat([v_t, v_a], 1).transpose(1, 2))  # C [v_t, v_A]
+        y_t, y_a = y[..., :k], y[..., k:]
+        prob = (v_t * y_t.transpose(1, 2)).sum(-1)  # v_t^T C v_t
+        if a_max:
+            k_ta = v_t @ y_a  # [B, k, a]
+            padding = torch.arange(a_max, device=a.device) >= a[:, None]
+            k_aa = v_a @ y_a + torch.diag_embed(padding.to(vz.dtype))  # identity on padding
+            z, singular_a = _solve(k_aa, k_ta.transpose(1, 2))
+            prob = prob - (k_ta.transpose(1, 2) * z).sum(1)
+            singular = singular | singular_a
+        return prob, singular
+
+    def _block(
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``P(targets in X | pins)`` [B, k] by the ``[s, s]`` pinned block; singular rows."""
+        n = self.num_coords
+        pinned = out_pins | in_pins
+        s = pinned.sum(1)
+        s_max = int(s.max())
+        diagonal = self._diagonal[targets]
+        if s_max == 0:
+            return diagonal.clone(), torch.zeros(len(s), dtype=torch.bool, device=s.device)
+        index = _padded_indices(pinned, s_max, n)  # [B, s]
+        if self._kernel_padded is not None:
+            kz = self._kernel_padded
+            k_ss = kz[index[:, :, None], index[:, None, :]]
+            k_st = kz[index[:, :, None], targets[:, None, :]]  # [B, s, k]
+        else:
+            v_s = self._factor_padded[index]
+            k_ss = v_s @ v_s.transpose(1, 2)
+            k_st = v_s @ self._factor_padded[targets].transpose(1, 2)
+        padding = torch.arange(s_max, device=s.device) >= s[:, None]
+        out_flag = out_pins.gather(1, index.clamp(max=n - 1)) & ~padding
+        system = (
+            k_ss
+            - torch.diag_embed(out_flag.to(k_ss.dtype))
+            + torch.diag_embed(padding.to(k_ss.dtype))
+        )
+        solution, singular = _solve(system, k_st)
+        return diagonal - (k_st * solution).sum(1), singular
+
+    def _free(
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``P(targets in X | pins)`` [B, k] from ``L`` on the items not pinned out (``U``):
+        ``1 - (L_UU + diag(1_F))^-1_tt`` for free ``t``; singular rows. Pinned targets get 0."""
+        n = self.num_coords
+        kept = ~out_pins  # U = A ∪ F
+        u = kept.sum(1)
+        u_max = int(u.max())
+        index = _padded_indices(kept, u_max, n)  # [B, u]
+        ez = self._ell_padded
+        padding = torch.arange(u_max, device=u.device) >= u[:, None]
+        free = ~in_pins.gather(1, index.clamp(max=n - 1)) & ~padding
+        system = ez[index[:, :, None], index[:, None, :]] + torch.diag_embed(
+            (free | padding).to(ez.dtype)
+        )
+        rhs = (index[:, :, None] == targets[:, None, :]).to(ez.dtype)  # e_t, zero if t not in U
+        solution, singular = _solve(system, rhs)
+        free_target = ~(out_pins | in_pins).gather(1, targets)
+        prob = torch.where(free_target, 1 - (rhs * solution).sum(1), 0.0)
+        return prob, singular
+
+    def _costs(self, out_pins, in_pins, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rough flop counts per row of the two formulations (float64 tensors [B])."""
+        n, r = self.num_coords, self._factor_padded.shape[1]
+        b = out_pins.sum(1).double()
+        a = in_pins.sum(1).double()
+        s = a + b
+        g = torch.minimum(b, n - b)
+        low = 2 * g * r**2 + r**3 + 2 * (k + a) * r**2 + 2 * a * r * (k + a) + a**3
+        block = s**3 + 2 * s**2 * k
+        if self._kernel_padded is None:
+            block = block + 2 * s**2 * r + 2 * s * k * r
+        u = n - b
+        free = u**3 + 2 * u**2 * k if self._ell_padded is not None else torch.full_like(u, inf)
+        return low, block, free
 
     def _in_probability(
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
         """``P(targets in X | pins)``: DoubleTensor[B, k] (NaN on impossible rows)."""
-        kernel = self.kernel
-        pinned = mask.double()  # [B, n]
-        out_pins = (mask & (values == 0)).double()
-        # (K - diag(1_B)) on the pinned block, identity elsewhere
-        system = pinned.unsqueeze(-1) * (kernel - torch.diag_embed(out_pins)) * pinned.unsqueeze(
-            -2
-        ) + torch.diag_embed(1 - pinned)
-        columns = kernel[:, targets].permute(1, 0, 2)  # [B, n, k]: K[:, t]
-        rhs = pinned.unsqueeze(-1) * columns  # K_S t
-        # Rows conditioned on an impossible pin set have a singular system: factor every row,
-        # swap singular ones for the identity (so the batched solve cannot fail) and mark them.
-        info = torch.linalg.lu_factor_ex(system).info
-        if (info != 0).any():
-            eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
-            system = torch.where((info != 0)[:, None, None], eye, system)
-        try:
-            solution = torch.linalg.solve(system, rhs)  # [B, n, k]
-        except RuntimeError:
-            # Some multi-threaded LAPACK builds reject batched LU on nearly singular blocks
-            # (seen with MKL and 2 threads); solve row by row and mark the failures.
-            solution = torch.empty_like(rhs)
-            for b in range(system.shape[0]):
-                try:
-                    solution[b] = torch.linalg.solve(system[b], rhs[b])
-                except RuntimeError:
-                    solution[b] = float("nan")
-                    info[b] = 1
-        correction = (rhs * solution).sum(1)  # K_tS (...)^-1 K_St
-        diagonal = kernel.diagonal()[targets]  # [B, k]
-        prob = (diagonal - correction).clamp(0.0, 1.0)
+        n, k = self.num_coords, targets.shape[1]
+        r = self._factor_padded.shape[1]
+        out_pins = mask & (values == 0)
+        in_pins = mask & ~out_pins
+        # |X| <= rank, and |X| >= the number of unit eigenvalues: count-impossible rows.
+        impossible = (in_pins.sum(1) > self.rank) | (n - out_pins.sum(1) < self.num_unit)
+        in_pins = in_pins & ~impossible[:, None]  # keep their systems small; NaN below
+        if self.path not in _PATHS:
+            raise ValueError(f"path must be one of {_PATHS}; got {self.path!r}")
+        if self.path == "free" and self._ell_padded is None:
+            raise ValueError('path "free" needs an oracle built from L=')
+        if self.path == "auto":
+            choice = torch.stack(self._costs(out_pins, in_pins, k)).argmin(0)
+        else:
+            choice = torch.full_like(values[:, 0], _PATHS.index(self.path) - 1)
+        prob = torch.empty(values.shape[0], k, dtype=torch.float64, device=values.device)
+        singular = impossible.clone()
+        for path in range(3):
+            rows = (choice == path).nonzero().flatten()
+            if not len(rows):
+                continue
+            if path == 0:
+                b = out_pins[rows].sum(1)
+                size = torch.maximum(torch.minimum(b, n - b), in_pins[rows].sum(1))
+
+                def entries(m: int) -> int:
+                    return m * r + r * r + 3 * r * (k + r) + r * r + 4 * k * r
+            elif path == 1:
+                size = (out_pins | in_pins)[rows].sum(1)
+
+                def entries(m: int) -> int:
+                    extra = 0 if self._kernel_padded is not None else m * r + k * r
+                    return 4 * m * m + 3 * m * k + extra + 2 * k
+            else:
+                size = n - out_pins[rows].sum(1)
+
+                def entries(m: int) -> int:
+                    return 4 * m * m + 3 * m * k + 2 * k
+
+            order = torch.argsort(size, stable=True)
+            rows = rows[order]
+            sizes = size[order].tolist()
+            method = (self._lowrank, self._block, self._free)[path]
+            for start, stop in _chunks(sizes, entries):
+                chunk = rows[start:stop]
+                p, bad = method(out_pins[chunk], in_pins[chunk], targets[chunk])
+                prob[chunk] = p
+                singular[chunk] |= bad
+        prob = prob.clamp(0.0, 1.0)
         # rounding of the Schur complement is ~1e-15: keep exact zeros and ones exact
         prob = torch.where(prob < _SNAP, 0.0, torch.where(prob > 1 - _SNAP, 1.0, prob))
-        singular = info != 0
         if singular.any():
             prob = torch.where(singular.unsqueeze(-1), float("nan"), prob)
         return prob
@@ -160,17 +437,10 @@ class DPPOracle(ExactOracle):
     def _log_marginals_at(
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
-        n, k = self.num_coords, targets.shape[1]
-        step = max(1, _MAX_WORK_ENTRIES // (n * max(n, k)))
-        prob = torch.cat(
-            [
-                self._in_probability(
-                    values[s : s + step], mask[s : s + step], targets[s : s + step]
-                )
-                for s in range(0, values.shape[0], step)
-            ]
-            or [torch.empty(0, k, dtype=torch.float64, device=values.device)],
-            0,
-        )
+        k = targets.shape[1]
+        if values.shape[0]:
+            prob = self._in_probability(values, mask, targets)
+        else:
+            prob = torch.empty(0, k, dtype=torch.float64, device=values.device)
         out = torch.stack([torch.log1p(-prob), torch.log(prob)], -1)
         return point_mass(out, mask.gather(1, targets), values.gather(1, targets).clamp(0, 1))

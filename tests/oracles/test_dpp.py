@@ -3,12 +3,16 @@ import math
 import pytest
 import torch
 
+import pyro_autospec.oracles.dpp as dpp_module
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.oracles.dpp import DPPOracle
 from tests.oracles._oracle_reference import (
     assert_same_marginals,
+    enumerate_joint,
     random_queries,
     tabular_reference,
 )
+from tests.stats import assert_samples_match
 
 
 def dpp_log_prob(kernel):
@@ -24,14 +28,35 @@ def dpp_log_prob(kernel):
     return log_prob
 
 
-def random_kernel(n, seed, projection_rank=None):
+def random_kernel(n, seed, projection_rank=None, rank=None):
+    """A random marginal kernel: full rank, a projection of rank ``projection_rank``, or of
+    rank ``rank`` with eigenvalues in (0.05, 0.95)."""
     gen = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    if projection_rank is None:
-        eig = torch.rand(n, generator=gen, dtype=torch.float64)
-    else:
+    if projection_rank is not None:
         eig = (torch.arange(n) < projection_rank).double()
+    elif rank is not None:
+        eig = 0.05 + 0.9 * torch.rand(n, generator=gen, dtype=torch.float64)
+        eig = torch.where(torch.arange(n) < rank, eig, 0.0)
+    else:
+        eig = torch.rand(n, generator=gen, dtype=torch.float64)
     return (q * eig) @ q.T
+
+
+def impossible_by_reference(oracle, values, mask):
+    """Rows whose pins have probability 0 under the enumerated law of ``oracle.kernel``."""
+    table = enumerate_joint(dpp_log_prob(oracle.kernel), oracle.num_coords, 2)
+    reference = tabular_reference(lambda x: float(table[x]), oracle.num_coords, 2)
+    return torch.isnan(reference.log_marginals(values, mask)).any(-1).any(-1)
+
+
+def random_pins(n, batch, seed, in_probability=0.3):
+    """Queries with few in-pins (values 1) and many out-pins, every mask density."""
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.rand(batch, n, generator=gen) < in_probability).long()
+    mask = torch.rand(batch, n, generator=gen) < torch.rand(batch, 1, generator=gen)
+    targets = torch.randint(0, n, (batch, 5), generator=gen)
+    return values, mask, targets
 
 
 @pytest.mark.parametrize("n,rank", [(1, None), (4, None), (6, None), (6, 3)])
@@ -110,8 +135,163 @@ def test_projection_dpp_has_fixed_size():
         (dict(kernel=torch.tensor([[0.5, 0.1], [0.0, 0.5]])), "symmetric"),
         (dict(kernel=2 * torch.eye(2)), "eigenvalues in \\[0, 1\\]"),
         (dict(L=-torch.eye(2)), "positive semi-definite"),
+        (dict(L=torch.eye(2), features=torch.ones(2, 1)), "exactly one of"),
+        (dict(features=torch.ones(3)), "features must be a \\[n, d\\] matrix"),
     ],
 )
 def test_constructor_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DPPOracle(**kwargs)
+
+
+# -- low-rank kernels, features= and the choice of formulation ---------------------------------
+PATHS = ["auto", "lowrank", "block"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n,rank", [(6, 3), (7, 1), (6, 5)])
+def test_low_rank_kernel_matches_brute_force(n, rank, path):
+    oracle = DPPOracle(kernel=random_kernel(n, seed=10 + n + rank, rank=rank))
+    assert oracle.rank == rank and oracle.factor.shape == (n, rank)
+    oracle.path = path
+    reference = tabular_reference(dpp_log_prob(oracle.kernel), n, 2)
+    values, mask, targets = random_queries(n, 2, 200, seed=rank)
+    assert assert_same_marginals(oracle, reference, values, mask, targets) > 50
+    # more in-pins than the rank: impossible, NaN
+    values = torch.ones(1, n, dtype=torch.long)
+    mask = torch.arange(n)[None] <= rank
+    assert torch.isnan(oracle.log_marginals(values, mask)[~mask]).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_projection_kernel_exact_zeros(path):
+    n, rank = 6, 3
+    oracle = DPPOracle(kernel=random_kernel(n, seed=2, projection_rank=rank))
+    assert (oracle.rank, oracle.num_unit) == (rank, rank)
+    oracle.path = path
+    reference = tabular_reference(dpp_log_prob(oracle.kernel), n, 2)
+    values, mask, targets = random_queries(n, 2, 300, seed=5)
+    assert assert_same_marginals(oracle, reference, values, mask, targets) > 50
+    # rank items in: no room for more (exact zeros); n - rank out: the rest are in (exact ones)
+    values = torch.tensor([[1, 1, 1, 0, 0, 0], [0, 0, 0, 5, 5, 5], [0, 0, 0, 0, 5, 5]])
+    mask = torch.tensor([[True, True, True, False, False, False]] * 2 + [[True] * 4 + [False] * 2])
+    prob = oracle.log_marginals(values, mask).exp()
+    assert prob[0, 3:, 1].tolist() == [0.0, 0.0, 0.0]
+    assert prob[1, 3:, 1].tolist() == [1.0, 1.0, 1.0]
+    # four items out: only two left for a set of size 3, impossible
+    assert torch.isnan(prob[2, 4:]).all()
+    # the sampler never draws more (or fewer) items than the rank
+    samples = sample_any_order(DPPOracle(kernel=random_kernel(12, 3, 4)), 64, seed=0).samples
+    assert (samples.sum(1) == 4).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_features_match_brute_force_and_l_ensemble(path):
+    gen = torch.Generator().manual_seed(4)
+    phi = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    oracle = DPPOracle(features=phi)
+    assert oracle.rank == 3 and oracle._kernel_padded is None
+    oracle.path = path
+    ell = phi @ phi.T
+    torch.testing.assert_close(oracle.kernel, DPPOracle(L=ell).kernel, atol=1e-12, rtol=0)
+
+    def log_prob(x):
+        idx = [i for i, v in enumerate(x) if v]
+        det = float(torch.linalg.det(ell[idx][:, idx])) if idx else 1.0
+        if det < 1e-12:
+            return -math.inf
+        return math.log(det) - math.log(float(torch.linalg.det(torch.eye(6) + ell)))
+
+    reference = tabular_reference(log_prob, 6, 2)
+    values, mask, targets = random_queries(6, 2, 200, seed=2)
+    assert assert_same_marginals(oracle, reference, values, mask, targets, exact_zeros=False) > 50
+
+
+def test_rank_deficient_features():
+    # d = 4 features spanning only 2 dimensions: rank 2
+    gen = torch.Generator().manual_seed(0)
+    phi = torch.randn(7, 2, generator=gen, dtype=torch.float64) @ torch.randn(
+        2, 4, generator=gen, dtype=torch.float64
+    )
+    oracle = DPPOracle(features=phi)
+    assert oracle.rank == 2
+    torch.testing.assert_close(oracle.kernel, DPPOracle(L=phi @ phi.T).kernel)
+
+
+def test_zero_kernel():
+    oracle = DPPOracle(features=torch.zeros(3, 2))
+    assert oracle.rank == 0
+    values = torch.tensor([[0, 0, 0], [1, 0, 0]])
+    mask = torch.tensor([[False] * 3, [True, False, False]])
+    prob = oracle.log_marginals(values, mask).exp()
+    assert prob[0, :, 1].tolist() == [0.0, 0.0, 0.0]
+    assert torch.isnan(prob[1, 1:]).all()
+
+
+def test_out_pins_of_probability_zero_give_nan():
+    # item 0 is always in (K_00 = 1, a unit eigenvalue): pinning it out is impossible
+    rest = random_kernel(4, seed=1, rank=2)
+    kernel = torch.zeros(5, 5, dtype=torch.float64)
+    kernel[0, 0] = 1.0
+    kernel[1:, 1:] = rest
+    values = torch.tensor([[0, 0, 1, 0, 0], [1, 0, 1, 0, 0]])
+    mask = torch.tensor([[True, False, False, False, False], [True, True, True, False, False]])
+    impossible = impossible_by_reference(DPPOracle(kernel=kernel), values, mask)
+    assert impossible.tolist() == [True, False]
+    for path in PATHS:
+        oracle = DPPOracle(kernel=kernel)
+        oracle.path = path
+        out = oracle.log_marginals(values, mask)
+        assert torch.isnan(out[0, 1:]).all()
+        assert not torch.isnan(out[1]).any()
+
+
+def _random_l(n, seed):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(n, n, generator=gen, dtype=torch.float64)
+    return a @ a.T / n
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DPPOracle(features=torch.randn(40, 6, generator=torch.Generator().manual_seed(0))),
+        lambda: DPPOracle(L=_random_l(30, seed=1)),
+        lambda: DPPOracle(kernel=random_kernel(30, seed=3, rank=12)),
+        lambda: DPPOracle(kernel=random_kernel(30, seed=4)),
+    ],
+)
+def test_formulations_agree(make, monkeypatch):
+    oracle = make()
+    n = oracle.num_coords
+    values, mask, targets = random_pins(n, 150, seed=n)
+    paths = PATHS + (["free"] if oracle._ell_padded is not None else [])
+    results = {}
+    for path in paths:
+        oracle.path = path
+        results[path] = oracle.log_marginals_at(values, mask, targets).exp()
+    full = oracle.log_marginals(values, mask).exp()
+    # tiny chunks give the same answers
+    monkeypatch.setattr(dpp_module, "_MAX_WORK_ENTRIES", 1)
+    oracle.path = "auto"
+    chunked = oracle.log_marginals_at(values, mask, targets).exp()
+    nan = torch.isnan(results["block"]).any(-1).any(-1)
+    assert (~nan).sum() > 100
+    for path, got in results.items():
+        assert torch.equal(torch.isnan(got).any(-1).any(-1), nan), path
+        torch.testing.assert_close(got[~nan], results["block"][~nan], atol=1e-10, rtol=0)
+    torch.testing.assert_close(chunked[~nan], results["auto"][~nan], atol=1e-12, rtol=0)
+    rows = torch.arange(len(values))[:, None]
+    torch.testing.assert_close(full[rows, targets][~nan], results["auto"][~nan])
+
+
+def test_features_sampler_is_exact():
+    # chi-square of the full sampler on a rank-3 dual L-ensemble of 6 items
+    gen = torch.Generator().manual_seed(7)
+    phi = torch.randn(6, 3, generator=gen, dtype=torch.float64)
+    oracle = DPPOracle(features=phi)
+    joint = enumerate_joint(dpp_log_prob(oracle.kernel), 6, 2)
+    joint = joint - torch.logsumexp(joint.flatten(), 0)
+    result = sample_any_order(oracle, 2000, seed=7, order="random")
+    assert (result.samples.sum(1) <= 3).all()
+    assert_samples_match(result.samples, joint, 2)
