@@ -84,7 +84,7 @@ class _Task:
 
 
 class _Race:
-    __slots__ = ("owner", "spec", "live", "results", "next_index", "batch", "decided")
+    __slots__ = ("owner", "spec", "live", "results", "next_index", "batch", "decided", "scan")
 
     def __init__(self, owner: _Task, spec: FirstAccepted):
         self.owner = owner
@@ -94,6 +94,7 @@ class _Race:
         self.next_index = 1  # smallest index not yet launched
         self.batch = 0
         self.decided = False
+        self.scan = 1  # every index below it has finished and rejected
 
 
 class Scheduler:
@@ -249,14 +250,17 @@ class Scheduler:
         if race.decided:
             return
         # Walk indices in order: all rejections are skipped, the first acceptance wins only
-        # if every smaller index has finished.
-        for index in range(1, race.next_index):
-            if index not in race.results:
+        # if every smaller index has finished. The walk resumes where the last one stopped
+        # (finished rejections stay rejected), so a race of T threads costs O(T), not O(T^2).
+        while race.scan < race.next_index:
+            outcome = race.results.get(race.scan)
+            if outcome is None:
                 return  # a smaller thread is still running: wait for it
-            accepted, result = race.results[index]
+            accepted, result = outcome
             if accepted:
                 self._decide(race, result)
                 return
+            race.scan += 1
         # Every launched thread rejected: launch the next batch.
         self._launch_batch(race)
 
