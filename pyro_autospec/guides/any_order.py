@@ -52,7 +52,7 @@ class _ResidualMLP(nn.Module):
         )
         self.out = nn.Sequential(nn.LayerNorm(hidden_dim), nn.GELU(), nn.Linear(hidden_dim, n * q))
 
-    def forward(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _hidden(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b = values.shape[0]
         dtype = self.inp.weight.dtype
         onehot = nn.functional.one_hot(values.clamp(0, self.q - 1), self.q).to(dtype)
@@ -60,7 +60,20 @@ class _ResidualMLP(nn.Module):
         h = self.inp(torch.cat([onehot.reshape(b, -1), mask.to(dtype)], dim=-1))
         for block in self.blocks:
             h = h + block(h)
-        return self.out(h).reshape(b, self.n, self.q)
+        return self.out[:-1](h)  # [B, h], before the last linear layer
+
+    def forward(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.out[-1](self._hidden(values, mask)).reshape(values.shape[0], self.n, self.q)
+
+    def forward_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits of the ``targets`` [B, k] only: [B, k, q] (the last layer's rows of them)."""
+        h = self._hidden(values, mask)
+        last = self.out[-1]
+        weight = last.weight.reshape(self.n, self.q, -1)[targets]  # [B, k, q, h]
+        bias = last.bias.reshape(self.n, self.q)[targets]  # [B, k, q]
+        return torch.einsum("bh,bkqh->bkq", h, weight) + bias
 
 
 class _MaskedTransformer(nn.Module):
@@ -87,10 +100,20 @@ class _MaskedTransformer(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
         self.out = nn.Sequential(nn.LayerNorm(hidden_dim), nn.Linear(hidden_dim, q))
 
-    def forward(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _encode(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         tokens = torch.where(mask, values.clamp(0, self.q - 1), torch.full_like(values, self.q))
-        h = self.value_embedding(tokens) + self.position_embedding
-        return self.out(self.encoder(h))
+        return self.encoder(self.value_embedding(tokens) + self.position_embedding)
+
+    def forward(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.out(self._encode(values, mask))
+
+    def forward_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits of the ``targets`` [B, k] only: [B, k, q] (the head on those tokens)."""
+        h = self._encode(values, mask)
+        picked = h.gather(1, targets.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        return self.out(picked)
 
 
 class AnyOrderGuide(PyroModule):
@@ -320,6 +343,61 @@ class AnyOrderGuide(PyroModule):
                 self.forward(values[i : i + self.chunk_size], mask[i : i + self.chunk_size])
                 for i in range(0, values.shape[0], self.chunk_size)
             ]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def log_marginals_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows of just the ``targets`` (no gradients): the engine's targeted query.
+
+        The network's body runs once per row as in :meth:`log_marginals`; only the output
+        layer (``"mlp"``) or head (``"transformer"``) is evaluated, for the targets alone
+        (the sequential sampler asks for one target per row, autospeculation for a block).
+
+        Parameters
+        ----------
+        values : LongTensor[B, n]
+        mask : BoolTensor[B, n]
+        targets : LongTensor[B, k]
+            Coordinate indices (repeats allowed).
+
+        Returns
+        -------
+        Tensor[B, k, q]
+            Equal to ``log_marginals(values, mask)`` gathered at ``targets`` (up to float
+            rounding).
+
+        Examples
+        --------
+        >>> guide = AnyOrderGuide(num_coords=4, num_values=3, hidden_dim=8)
+        >>> values = torch.tensor([[2, 0, 1, 1]]); mask = torch.tensor([[True, False, False, True]])
+        >>> at = guide.log_marginals_at(values, mask, torch.tensor([[1, 2]]))
+        >>> full = guide.log_marginals(values, mask)[:, [1, 2]]
+        >>> at.shape, bool(torch.allclose(at, full, atol=1e-6))
+        (torch.Size([1, 2, 3]), True)
+        """
+        self._check_query(values, mask)
+        targets = torch.as_tensor(targets)
+        if targets.dim() != 2 or targets.shape[0] != values.shape[0]:
+            raise ValueError(
+                f"targets must be a LongTensor[B, k] with B = {values.shape[0]}; got shape "
+                f"{tuple(targets.shape)}"
+            )
+        device = self.device
+        values, mask = values.to(device).long(), mask.to(device)
+        targets = targets.to(device).long()
+        # Bound the gathered output weights ([rows, k, q, h] for the MLP) like the chunk size.
+        k = max(1, targets.shape[1])
+        step = max(1, min(self.chunk_size, (self.chunk_size * 16) // k))
+        parts = []
+        with torch.no_grad():
+            for i in range(0, values.shape[0], step):
+                sl = slice(i, i + step)
+                logits = self.net.forward_at(values[sl], mask[sl], targets[sl])
+                logits = logits.masked_fill(self.outside_support[targets[sl]], -math.inf)
+                parts.append(torch.log_softmax(logits, dim=-1))
+        if not parts:
+            return torch.empty(0, targets.shape[1], self.num_values, device=device)
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def sequential_log_prob(

@@ -55,6 +55,32 @@ def test_rows_ignore_unpinned_values(architecture):
     assert not torch.allclose(out, guide.log_marginals((values + 1) % 3, mask))
 
 
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_targeted_rows_equal_full_rows(architecture):
+    # The engine asks log_marginals_at when an oracle has it; it must be the gathered full row.
+    guide = _random_guide(6, 3, architecture)
+    guide.chunk_size = 7  # several chunks
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randint(0, 3, (40, 6), generator=gen)
+    mask = torch.rand(40, 6, generator=gen) < 0.5
+    targets = torch.randint(0, 6, (40, 4), generator=gen)
+    full = guide.log_marginals(values, mask)
+    at = guide.log_marginals_at(values, mask, targets)
+    assert at.shape == (40, 4, 3)
+    expected = full.gather(1, targets.unsqueeze(-1).expand(-1, -1, 3))
+    torch.testing.assert_close(at, expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="targets must be"):
+        guide.log_marginals_at(values, mask, targets[:3])
+
+
+def test_targeted_rows_respect_each_sites_support():
+    guide = AnyOrderGuide(mixed_sites, hidden_dim=8)
+    values = torch.zeros(2, 3, dtype=torch.long)
+    targets = torch.arange(3).expand(2, 3)
+    at = guide.log_marginals_at(values, values.bool(), targets)
+    assert torch.equal(torch.isinf(at), torch.isinf(guide.log_marginals(values, values.bool())))
+
+
 def test_support_of_each_site():
     guide = AnyOrderGuide(mixed_sites, hidden_dim=8)
     assert (guide.num_coords, guide.num_values) == (3, 3)

@@ -48,3 +48,25 @@ def test_fit_posterior_checks_its_arguments():
         fit_posterior(guide, torch.zeros(3), num_steps=1)
     with pytest.raises(ValueError, match="num_particles"):
         fit_posterior(guide, DATA, num_particles=1)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="lr_decay"):
+            fit_posterior(guide, DATA, lr_decay=bad)
+
+
+def test_learning_rate_decays_along_a_cosine(monkeypatch):
+    # The rate of each Adam step: lr at the first, lr * lr_decay at the last.
+    rates = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *args, **kwargs):
+        rates.append(self.param_groups[0]["lr"])
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    guide = AnyOrderGuide(ising_chain, (DATA,), hidden_dim=8)
+    guide.fit_posterior(
+        DATA, num_steps=5, num_particles=4, lr=1e-2, lr_decay=0.1, seed=0, disable_progbar=True
+    )
+    assert len(rates) == 5
+    assert rates[0] == pytest.approx(1e-2) and rates[-1] == pytest.approx(1e-3)
+    assert all(a > b for a, b in zip(rates, rates[1:]))
