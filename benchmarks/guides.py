@@ -278,7 +278,8 @@ def main(argv=None) -> int:
     gibbs_ess = {k: ess(v) for k, v in gibbs.items()}
     ref_ess = {k: ess(v) for k, v in reference.items()}
     print(
-        f"Gibbs: {args.gibbs_samples} steps (one coordinate update each) in {gibbs_seconds:.1f}s; "
+        f"Gibbs: {args.gibbs_samples} steps (one sweep over all {n} spins each) in "
+        f"{gibbs_seconds:.1f}s; "
         f"reference: {ref_n} steps in {ref_seconds:.1f}s (compilation included)",
         flush=True,
     )
@@ -349,7 +350,7 @@ def main(argv=None) -> int:
             o_se = r["stats"][key].std() / math.sqrt(max(e, 1.0))
             print(
                 f"| {key} | AutoSpec + guide ({method}) + {args.correction} | {e:.1f} | "
-                f"{e / r['seconds']:.1f} | {amortised:.1f} | {ratio:.2f} | "
+                f"{e / r['seconds']:.3g} | {amortised:.3g} | {ratio:.2g} | "
                 f"{o_mean:.3f} +- {o_se:.3f} | {r_mean:.3f} +- {r_se:.3f} |"
             )
             if method == "autospec":
