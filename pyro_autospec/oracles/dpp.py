@@ -261,6 +261,19 @@ class DPPOracle(ExactOracle):
         self.path = "auto"
 
     @property
+    def path(self) -> str:
+        """The formulation rows take (see the class docstring); checked when it is set."""
+        return self._path
+
+    @path.setter
+    def path(self, value: str) -> None:
+        if value not in _PATHS:
+            raise ValueError(f"path must be one of {_PATHS}; got {value!r}")
+        if value == "free" and self._ell_padded is None:
+            raise ValueError('path "free" needs an oracle built from L=')
+        self._path = value
+
+    @property
     def factor(self) -> torch.Tensor:
         """``V``: DoubleTensor[n, max(r, 1)] with ``K = V V^T``."""
         return self._factor_padded[:-1]
@@ -386,10 +399,6 @@ class DPPOracle(ExactOracle):
         # |X| <= rank, and |X| >= the number of unit eigenvalues: count-impossible rows.
         impossible = (in_pins.sum(1) > self.rank) | (n - out_pins.sum(1) < self.num_unit)
         in_pins = in_pins & ~impossible[:, None]  # keep their systems small; NaN below
-        if self.path not in _PATHS:
-            raise ValueError(f"path must be one of {_PATHS}; got {self.path!r}")
-        if self.path == "free" and self._ell_padded is None:
-            raise ValueError('path "free" needs an oracle built from L=')
         if self.path == "auto":
             choice = torch.stack(self._costs(out_pins, in_pins, k)).argmin(0)
         else:

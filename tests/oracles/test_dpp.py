@@ -295,3 +295,12 @@ def test_features_sampler_is_exact():
     result = sample_any_order(oracle, 2000, seed=7, order="random")
     assert (result.samples.sum(1) <= 3).all()
     assert_samples_match(result.samples, joint, 2)
+
+
+def test_path_is_checked_when_set():
+    oracle = DPPOracle(kernel=random_kernel(4, seed=5))
+    with pytest.raises(ValueError, match="path must be one of"):
+        oracle.path = "cholesky"
+    with pytest.raises(ValueError, match="built from L="):
+        oracle.path = "free"
+    assert oracle.path == "auto"
