@@ -35,16 +35,16 @@ METHODS = ["autospec", "speculative", "agr24", "sequential"]
 
 
 # ----------------------------------------------------------------------------- families
-def markov(n: int, seed: int = 0):
+def markov(n: int, seed: int = 0, device: str = "cpu"):
     """Binary Markov chain, uniform start, stay probability 0.73."""
     from pyro_autospec.oracles.markov import MarkovChainOracle
 
     return MarkovChainOracle(
-        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n
+        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n, device=device
     )
 
 
-def hmm(n: int, seed: int = 0):
+def hmm(n: int, seed: int = 0, device: str = "cpu"):
     """Three-state sticky HMM posterior given Gaussian observations of a simulated path."""
     from pyro_autospec.oracles.hmm import HMMOracle
 
@@ -59,10 +59,10 @@ def hmm(n: int, seed: int = 0):
     means = torch.tensor([-1.0, 0.0, 1.0])
     obs = means[torch.tensor(states)] + torch.randn(n, generator=g)
     emission = -0.5 * (obs[:, None] - means[None, :]) ** 2
-    return HMMOracle(torch.full((q,), 1.0 / q), T, emission)
+    return HMMOracle(torch.full((q,), 1.0 / q), T, emission, device=device)
 
 
-def dpp(n: int, seed: int = 0):
+def dpp(n: int, seed: int = 0, device: str = "cpu"):
     """A DPP with a Gaussian-similarity L-ensemble of ``n`` random points in the unit square."""
     from pyro_autospec.oracles.dpp import DPPOracle
 
@@ -70,10 +70,10 @@ def dpp(n: int, seed: int = 0):
     pts = torch.rand(n, 2, generator=g, dtype=torch.float64)
     bandwidth = 1.0 / math.sqrt(n)
     L = 4.0 * torch.exp(-(torch.cdist(pts, pts) ** 2) / (2 * bandwidth**2))
-    return DPPOracle(L=L)
+    return DPPOracle(L=L, device=device)
 
 
-def dpp_lowrank(n: int, seed: int = 0):
+def dpp_lowrank(n: int, seed: int = 0, device: str = "cpu"):
     """A low-rank (dual) DPP: ``L = Phi Phi^T`` with ``d = 2 ceil(sqrt(n))`` random Fourier
     features of a Gaussian similarity (bandwidth ``h = 1 / sqrt(n)``, as in ``dpp``) of ``n``
     random points in the unit square.
@@ -92,10 +92,10 @@ def dpp_lowrank(n: int, seed: int = 0):
     freqs = torch.randn(2, d, generator=g, dtype=torch.float64) * math.sqrt(n)
     phase = 2 * math.pi * torch.rand(d, generator=g, dtype=torch.float64)
     features = math.sqrt(2.0 / d) * torch.cos(pts @ freqs + phase)
-    return DPPOracle(features=features)
+    return DPPOracle(features=features, device=device)
 
 
-def tree_potts(n: int, seed: int = 0):
+def tree_potts(n: int, seed: int = 0, device: str = "cpu"):
     """Ising model on a random recursive tree, coupling 0.5, small random fields."""
     from pyro_autospec.oracles.tree_potts import TreePottsOracle
 
@@ -104,10 +104,10 @@ def tree_potts(n: int, seed: int = 0):
     edges = torch.tensor([[p, i + 1] for i, p in enumerate(parents)], dtype=torch.long)
     couplings = torch.full((n - 1,), 0.5, dtype=torch.float64)
     fields = 0.1 * torch.randn(n, 2, generator=g, dtype=torch.float64)
-    return TreePottsOracle(edges, couplings, fields, num_values=2)
+    return TreePottsOracle(edges, couplings, fields, num_values=2, device=device)
 
 
-def spanning_tree(n: int, seed: int = 0):
+def spanning_tree(n: int, seed: int = 0, device: str = "cpu"):
     """Uniform spanning trees of a grid graph with about ``n`` edges."""
     from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
 
@@ -120,14 +120,14 @@ def spanning_tree(n: int, seed: int = 0):
                 edges.append((v, v + 1))
             if r + 1 < side:
                 edges.append((v, v + side))
-    return SpanningTreeOracle(side * side, torch.tensor(edges))
+    return SpanningTreeOracle(side * side, torch.tensor(edges), device=device)
 
 
-def curie_weiss(n: int, seed: int = 0):
+def curie_weiss(n: int, seed: int = 0, device: str = "cpu"):
     """Mean-field Ising at its critical point beta = 1."""
     from pyro_autospec.oracles.curie_weiss import CurieWeissOracle
 
-    return CurieWeissOracle(n, beta=1.0)
+    return CurieWeissOracle(n, beta=1.0, device=device)
 
 
 FAMILIES = {
@@ -143,11 +143,17 @@ SMOKE_SIZES = [16, 64]
 
 
 # ----------------------------------------------------------------------------- running
-def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> dict:
-    oracle = FAMILIES[family][0](n, seed)
+def run_one(
+    family: str, n: int, method: str, num_samples: int, seed: int, device: str = "cpu"
+) -> dict:
+    oracle = FAMILIES[family][0](n, seed, device=device)
     n_actual = oracle.num_coords
+    if torch.device(device).type != "cpu":  # warm-up: context, kernels, allocator
+        sample_any_order(oracle, 1, method=method, seed=seed + 1)
+        _synchronize(device)
     start = time.perf_counter()
     result = sample_any_order(oracle, num_samples, method=method, seed=seed)
+    _synchronize(device)
     wall = time.perf_counter() - start
     rounds = result.sample_rounds.double()
     return {
@@ -157,6 +163,7 @@ def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> di
         "num_samples": num_samples,
         "rounds_per_sample": rounds.mean().item(),
         "rounds_p90": rounds.quantile(0.9).item(),
+        "rounds_sem": (rounds.std() / math.sqrt(num_samples)).item() if num_samples > 1 else 0.0,
         "run_rounds": result.rounds,
         "rows_per_sample": result.oracle_rows / num_samples,
         "rows_over_nlog2n": result.oracle_rows
@@ -165,6 +172,27 @@ def run_one(family: str, n: int, method: str, num_samples: int, seed: int) -> di
         "wall_per_sample": wall / num_samples,
         "sequential_over_rounds": n_actual / rounds.mean().item(),
     }
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_group(family: str, n: int, methods: list[str], draws: dict, args: dict) -> list[dict]:
+    """Every method on one (family, n), one after the other in this process (side by side)."""
+    torch.set_num_threads(args["threads"])
+    rows = []
+    for method in methods:
+        row = run_one(family, n, method, draws[method], args["seed"], args["device"])
+        rows.append(row)
+        print(
+            f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} "
+            f"rounds/sample, {row['rows_over_nlog2n']:.2f} n log2 n rows, "
+            f"{row['wall_per_sample']:.3f} s/sample",
+            flush=True,
+        )
+    return rows
 
 
 def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
@@ -304,11 +332,26 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=HERE / "results", help="folder for CSV and PNG")
     parser.add_argument("--sweep", action="store_true", help="schedule sweep on the Markov chain")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--device", default="cpu", help="where the oracles run (cpu, cuda)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="worker processes, one (family, n) group each; methods of a group stay side by side",
+    )
+    parser.add_argument(
+        "--family-samples",
+        nargs="*",
+        default=[],
+        metavar="FAMILY=N",
+        help="draws per cell for some families (heavy-tailed ones need more), e.g. dpp=32",
+    )
     parser.add_argument(
         "--report", type=Path, help="print the tables of an earlier run's CSV (no sampling)"
     )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    args.family_samples = _parse_family_samples(parser, args.family_samples)
 
     if args.sweep:
         sizes = [64] if args.smoke else (args.sizes or [256, 1024, 4096])
@@ -317,22 +360,34 @@ def main(argv=None) -> None:
     if args.report is not None:
         report(args.report)
         return
-    rows = []
+    tasks = []
     for family in args.families:
         sizes = SMOKE_SIZES if args.smoke else (args.sizes or FAMILIES[family][1])
         for n in sizes:
+            draws = {}
             for method in args.methods:
-                if method == "sequential" and n > 1024 and not args.smoke:
-                    num = max(2, args.num_samples // 4)  # n rounds regardless; fewer draws suffice
-                else:
-                    num = 2 if args.smoke else args.num_samples
-                row = run_one(family, n, method, num, args.seed)
-                rows.append(row)
-                print(
-                    f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} rounds/sample, "
-                    f"{row['rows_over_nlog2n']:.2f} n log2 n rows, {row['wall_per_sample']:.2f} s/sample",
-                    flush=True,
-                )
+                num = args.family_samples.get(family, args.num_samples)
+                if args.smoke:
+                    num = 2
+                elif method == "sequential" and n > 1024:
+                    num = max(2, num // 4)  # n rounds regardless; fewer draws suffice
+                draws[method] = num
+            tasks.append((family, n, args.methods, draws))
+    shared = {"threads": args.threads, "seed": args.seed, "device": args.device}
+    start = time.perf_counter()
+    if args.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Largest first, so the long cells start at once; each group's methods stay together.
+        order = sorted(range(len(tasks)), key=lambda i: -tasks[i][1])
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futures = {i: pool.submit(run_group, *tasks[i], shared) for i in order}
+            groups = [futures[i].result() for i in range(len(tasks))]
+    else:
+        groups = [run_group(*task, shared) for task in tasks]
+    rows = [row for group in groups for row in group]
+    print(f"\nwhole run: {time.perf_counter() - start:.0f} s on {args.device}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "rounds_smoke" if args.smoke else "rounds"
     with open(args.out / f"{name}.csv", "w", newline="") as fh:
@@ -342,6 +397,18 @@ def main(argv=None) -> None:
     plot(rows, args.families, args.methods, args.out / f"{name}.png")
     print_tables(rows, args.families, args.methods)
     print(f"\nCSV and plot written to {args.out}/{name}.csv and {name}.png")
+
+
+def _parse_family_samples(parser, items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        family, _, value = item.partition("=")
+        if family not in FAMILIES or not value.isdigit() or int(value) < 1:
+            parser.error(
+                f"--family-samples takes FAMILY=N with FAMILY in {list(FAMILIES)}; got {item!r}"
+            )
+        out[family] = int(value)
+    return out
 
 
 def print_tables(rows: list[dict], families: list[str], methods: list[str]) -> None:
