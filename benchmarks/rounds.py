@@ -174,6 +174,15 @@ def run_one(
     }
 
 
+def _as_completed(futures: dict):
+    """Keys of ``futures`` in the order their results arrive."""
+    from concurrent.futures import as_completed
+
+    index = {future: key for key, future in futures.items()}
+    for future in as_completed(index):
+        yield index[future]
+
+
 def _synchronize(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -383,7 +392,13 @@ def main(argv=None) -> None:
         order = sorted(range(len(tasks)), key=lambda i: -tasks[i][1])
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
             futures = {i: pool.submit(run_group, *tasks[i], shared) for i in order}
-            groups = [futures[i].result() for i in range(len(tasks))]
+            groups = [None] * len(tasks)
+            for done, i in enumerate(_as_completed(futures), 1):
+                groups[i] = futures[i].result()
+                print(
+                    f"[{done}/{len(tasks)} groups, {time.perf_counter() - start:.0f} s]",
+                    flush=True,
+                )
     else:
         groups = [run_group(*task, shared) for task in tasks]
     rows = [row for group in groups for row in group]

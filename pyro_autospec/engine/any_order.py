@@ -10,7 +10,8 @@ A *node* samples a block ``S = (a, b]`` of positions given the prefix ``x_{1..a}
 block that follows it in the recursion.
 
 * ``|S| = 1``: draw ``x_{a+1}`` from the draft row.
-* ``|S| > max_block``: split: left half, then right half (the chain rule; exact).
+* ``|S| > max_block``: split into a left and a right part of about equal numbers of leaves of
+  at most ``max_block`` coordinates, then sample left, then right (the chain rule; exact).
 * otherwise *speculate* (ALGORITHM.md sections 2-4): draft ``x_S ~ nu_S``, every coordinate
   from the draft row independently; in ONE round query the rows conditioned on
   ``x_{1..i-1}`` for ``i = a+2..b`` (the target ``mu_S``) plus a *prefetch* row conditioned on
@@ -101,12 +102,26 @@ class _Context:
     def first_block_end(self, a: int, b: int) -> int:
         """End of the first block that is speculated or drawn when ``(a, b]`` is sampled.
 
-        Blocks larger than ``max_block`` are split in halves, so only the marginals of
+        Blocks larger than ``max_block`` are split (:meth:`split`), so only the marginals of
         positions ``a..first_block_end(a, b) - 1`` are ever read from the draft row at ``a``.
         """
         while b - a > self.schedule.max_block:
-            b = (a + b) // 2
+            b = self.split(a, b)
         return b
+
+    def split(self, a: int, b: int) -> int:
+        """Where a block ``(a, b]`` larger than ``max_block`` is cut without a draft.
+
+        The block is cut between its ``k = ceil((b - a) / max_block)`` leaves, half of them on
+        each side, so every leaf has ``floor`` or ``ceil`` of ``(b - a) / k`` coordinates: close
+        to ``max_block`` for every ``n``. (Cutting in halves would leave leaves of
+        ``max_block / 2`` to ``max_block`` coordinates, and so up to twice as many of them,
+        depending on where ``n`` falls between powers of two.) Any cut keeps the output exact:
+        it is the chain rule.
+        """
+        size = b - a
+        k = -(-size // self.schedule.max_block)
+        return a + size * (k // 2) // k
 
     def draw(self, log_rows: np.ndarray) -> np.ndarray:
         """One categorical draw per row by Gumbel-max in float64: int64[rows]."""
@@ -153,7 +168,7 @@ def _node(
         values[order[a]] = x
         return values, float(row[0, x]), None
     if size > ctx.schedule.max_block:
-        mid = (a + b) // 2
+        mid = ctx.split(a, b)
         left = yield from _node(ctx, s, values, a, mid, b, row[: b - a])
         right = yield from _node(ctx, s, left[0], mid, b, horizon, left[2])
         return right[0], left[1] + right[1], right[2]
