@@ -149,7 +149,8 @@ def run_one(
     oracle = FAMILIES[family][0](n, seed, device=device)
     n_actual = oracle.num_coords
     if torch.device(device).type != "cpu":  # warm-up: context, kernels, allocator
-        sample_any_order(oracle, 1, method=method, seed=seed + 1)
+        free = torch.zeros(2, n_actual, dtype=torch.bool, device=device)
+        oracle.log_marginals(free.long(), free)
         _synchronize(device)
     start = time.perf_counter()
     result = sample_any_order(oracle, num_samples, method=method, seed=seed)
@@ -188,20 +189,17 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_group(family: str, n: int, methods: list[str], draws: dict, args: dict) -> list[dict]:
-    """Every method on one (family, n), one after the other in this process (side by side)."""
+def run_cell(family: str, n: int, method: str, num_samples: int, args: dict) -> dict:
+    """One (family, n, method) cell; prints its line as soon as it is done."""
     torch.set_num_threads(args["threads"])
-    rows = []
-    for method in methods:
-        row = run_one(family, n, method, draws[method], args["seed"], args["device"])
-        rows.append(row)
-        print(
-            f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} "
-            f"rounds/sample, {row['rows_over_nlog2n']:.2f} n log2 n rows, "
-            f"{row['wall_per_sample']:.3f} s/sample",
-            flush=True,
-        )
-    return rows
+    row = run_one(family, n, method, num_samples, args["seed"], args["device"])
+    print(
+        f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} "
+        f"rounds/sample, {row['rows_over_nlog2n']:.2f} n log2 n rows, "
+        f"{row['wall_per_sample']:.3f} s/sample",
+        flush=True,
+    )
+    return row
 
 
 def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
@@ -346,7 +344,7 @@ def main(argv=None) -> None:
         "--jobs",
         type=int,
         default=1,
-        help="worker processes, one (family, n) group each; methods of a group stay side by side",
+        help="worker processes, one (family, n, method) cell each (default 1: every cell in turn)",
     )
     parser.add_argument(
         "--family-samples",
@@ -369,39 +367,35 @@ def main(argv=None) -> None:
     if args.report is not None:
         report(args.report)
         return
-    tasks = []
+    cells = []
     for family in args.families:
         sizes = SMOKE_SIZES if args.smoke else (args.sizes or FAMILIES[family][1])
         for n in sizes:
-            draws = {}
             for method in args.methods:
                 num = args.family_samples.get(family, args.num_samples)
                 if args.smoke:
                     num = 2
                 elif method == "sequential" and n > 1024:
                     num = max(2, num // 4)  # n rounds regardless; fewer draws suffice
-                draws[method] = num
-            tasks.append((family, n, args.methods, draws))
+                cells.append((family, n, method, num))
     shared = {"threads": args.threads, "seed": args.seed, "device": args.device}
     start = time.perf_counter()
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
 
-        # Largest first, so the long cells start at once; each group's methods stay together.
-        order = sorted(range(len(tasks)), key=lambda i: -tasks[i][1])
+        # Largest n first (autospec first within a size), so the long cells start at once.
+        order = sorted(range(len(cells)), key=lambda i: (-cells[i][1], cells[i][2] != "autospec"))
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futures = {i: pool.submit(run_group, *tasks[i], shared) for i in order}
-            groups = [None] * len(tasks)
+            futures = {i: pool.submit(run_cell, *cells[i], shared) for i in order}
+            rows = [None] * len(cells)
             for done, i in enumerate(_as_completed(futures), 1):
-                groups[i] = futures[i].result()
+                rows[i] = futures[i].result()
                 print(
-                    f"[{done}/{len(tasks)} groups, {time.perf_counter() - start:.0f} s]",
-                    flush=True,
+                    f"[{done}/{len(cells)} cells, {time.perf_counter() - start:.0f} s]", flush=True
                 )
     else:
-        groups = [run_group(*task, shared) for task in tasks]
-    rows = [row for group in groups for row in group]
+        rows = [run_cell(*cell, shared) for cell in cells]
     print(f"\nwhole run: {time.perf_counter() - start:.0f} s on {args.device}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "rounds_smoke" if args.smoke else "rounds"
