@@ -9,6 +9,13 @@ For a block ``S`` with target ``mu_S`` and draft ``nu_S`` (ALGORITHM.md section 
 
 Both tests compare ``log(u)`` with a log ratio ``l = log mu_S - log nu_S`` computed in float64,
 never an exponentiated ratio, so neither tails nor ratios of tiny numbers are lost.
+
+Both draw their uniform on every call, also where the answer is certain (``l >= 0`` for a
+draft, ``l <= 0`` for a try). Otherwise the random stream would depend on the sign of ``l``
+where ``l`` is exactly zero in exact arithmetic (a block whose first coordinate alone
+differs, a try that equals the draft): a rounding difference of ``1e-16`` between a CPU and a
+GPU would then shift every later draw, and the same seed would not give the same samples on
+every device.
 """
 
 from __future__ import annotations
@@ -31,11 +38,12 @@ def accept_draft(log_ratio: float, rng: np.random.Generator) -> bool:
     rng : numpy.random.Generator
         Source of the uniform.
     """
+    log_u = math.log1p(-rng.random())  # 1 - U is uniform on (0, 1]; drawn on every call
     if log_ratio >= 0.0:
         return True
     if log_ratio == -math.inf:
         return False
-    return math.log1p(-rng.random()) < log_ratio  # 1 - U is uniform on (0, 1]
+    return log_u < log_ratio
 
 
 def accept_residual(log_ratio: float, rng: np.random.Generator) -> bool:
@@ -49,9 +57,10 @@ def accept_residual(log_ratio: float, rng: np.random.Generator) -> bool:
     rng : numpy.random.Generator
         Source of the uniform.
     """
+    log_u = math.log1p(-rng.random())  # drawn on every call (see the module docstring)
     if log_ratio <= 0.0:
         return False
     if log_ratio == math.inf:
         return True
     # log(1 - exp(-l)) = log(-expm1(-l)), accurate for small and large l alike.
-    return math.log1p(-rng.random()) < math.log(-math.expm1(-log_ratio))
+    return log_u < math.log(-math.expm1(-log_ratio))
