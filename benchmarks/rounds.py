@@ -3,12 +3,19 @@
 Every family is sampled at several sizes ``n`` by every method in the same run, with the
 same oracle and the same counting (one round = one batched oracle call; one row = one
 conditioning). Prints a markdown table, the fitted exponent of mean rounds per sample against
-``n`` (least squares on log-log over ``n >= 256``), writes a CSV and a log-log plot, and checks
-the engine issue's targets on the Markov chain.
+``n`` (least squares on log-log over ``n >= 256``, with its standard error from the spread of
+the draws), writes a CSV and a log-log plot, and checks the engine issue's targets on the Markov
+chain and issue 3's exponent targets.
+
+Rounds and rows do not depend on the device or on ``--jobs`` (the engine's randomness is drawn
+on the host); wall times do, and with ``--jobs`` every cell runs beside others.
 
 Usage::
 
-    python benchmarks/rounds.py                   # full run (74 minutes on 2 shared cores)
+    python benchmarks/rounds.py --device cuda --jobs 15 --num-samples 16  # the README's run:
+                                                  # 266 s on one H100 with 16 CPU cores
+    python benchmarks/rounds.py --jobs 2          # on a 2-core CPU (8 draws per cell and the
+                                                  # code of 4c415ee took 74 minutes, 1 job)
     python benchmarks/rounds.py --smoke           # seconds, for CI
     python benchmarks/rounds.py --families markov --sizes 64 256 1024 4096
     python benchmarks/rounds.py --sweep           # schedule knobs on the Markov chain
@@ -204,16 +211,31 @@ def run_cell(family: str, n: int, method: str, num_samples: int, args: dict) -> 
 
 def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
     """Least-squares slope of log(rounds per sample) on log(n), over the sizes >= ``min_n``."""
+    return exponent_with_error(rows, family, method, min_n)[0]
+
+
+def exponent_with_error(
+    rows: list[dict], family: str, method: str, min_n: int = 256
+) -> tuple[float, float]:
+    """The fitted exponent and its standard error from the draws' spread.
+
+    The slope is ``sum_i w_i log(mean_i)`` with ``w_i = (x_i - mean(x)) / S_xx``, ``x_i = log n_i``;
+    each ``log(mean_i)`` has variance about ``(sem_i / mean_i)^2`` (delta method, ``sem_i`` the
+    standard error of the mean rounds over the cell's draws), so the slope's standard error is
+    ``sqrt(sum_i w_i^2 (sem_i / mean_i)^2)``. NaN where the CSV has no ``rounds_sem``.
+    """
     pts = [
-        (r["n"], r["rounds_per_sample"])
+        (r["n"], r["rounds_per_sample"], r.get("rounds_sem", float("nan")))
         for r in rows
-        if r["family"] == family and r["method"] == method
+        if r["family"] == family and r["method"] == method and r["n"] >= min_n
     ]
-    pts = [p for p in pts if p[0] >= min_n]
     if len(pts) < 2:
-        return float("nan")
-    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.polyfit(x, y, 1)[0])
+        return float("nan"), float("nan")
+    x = np.log([p[0] for p in pts])
+    y = np.log([p[1] for p in pts])
+    rel = np.array([p[2] / p[1] for p in pts], dtype=float)
+    w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    return float((w * y).sum()), float(np.sqrt((w**2 * rel**2).sum()))
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -241,9 +263,13 @@ def exponent_table(rows: list[dict], families: list[str], methods: list[str]) ->
         if not sizes:
             continue
         for label, min_n in ((f">= 256 ({sum(n >= 256 for n in sizes)} sizes)", 256), ("all", 0)):
-            cells = [f"{fitted_exponent(rows, f, m, min_n):.2f}" for m in methods]
+            cells = [_pm(*exponent_with_error(rows, f, m, min_n)) for m in methods]
             lines.append(f"| {f} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _pm(value: float, error: float) -> str:
+    return f"{value:.2f}" if not np.isfinite(error) else f"{value:.2f} ± {error:.2f}"
 
 
 def plot(rows: list[dict], families: list[str], methods: list[str], path: Path) -> None:
@@ -288,16 +314,19 @@ def check_targets(rows: list[dict]) -> list[str]:
         out.append(
             f"markov n=4096 rows per sample / (n log2 n) {r['rows_over_nlog2n']:.2f} <= 2: {r['rows_over_nlog2n'] <= 2}"
         )
-        e = fitted_exponent(rows, "markov", "autospec")
-        out.append(f"markov fitted rounds exponent (n = 256..4096) {e:.3f} <= 0.6: {e <= 0.6}")
+        e, se = exponent_with_error(rows, "markov", "autospec")
+        out.append(
+            f"markov fitted rounds exponent (n = 256..4096) {e:.3f} (standard error {se:.3f}) "
+            f"<= 0.6: {e <= 0.6}"
+        )
     # Issue 3: the autospec rounds exponent over n >= 256 on the Markov, HMM and DPP families.
     for family in ("hmm", "dpp", "dpp_lowrank"):
         sizes = sorted({r["n"] for r in rows if r["family"] == family and r["n"] >= 256})
         if len(sizes) >= 2 and any(r["method"] == "autospec" for r in rows):
-            e = fitted_exponent(rows, family, "autospec")
+            e, se = exponent_with_error(rows, family, "autospec")
             out.append(
                 f"{family} fitted rounds exponent (n = {sizes[0]}..{sizes[-1]}, {len(sizes)} "
-                f"sizes) {e:.3f} <= 0.6: {e <= 0.6}"
+                f"sizes) {e:.3f} (standard error {se:.3f}) <= 0.6: {e <= 0.6}"
             )
     return out
 
