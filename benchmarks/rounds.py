@@ -277,6 +277,7 @@ def plot(rows: list[dict], families: list[str], methods: list[str], path: Path) 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     cols = min(3, len(families))
     nrows = math.ceil(len(families) / cols)
@@ -290,6 +291,9 @@ def plot(rows: list[dict], families: list[str], methods: list[str], path: Path) 
             )
             if pts:
                 ax.loglog(*zip(*pts), marker="o", label=method)
+        sizes = sorted({r["n"] for r in rows if r["family"] == family})
+        ax.set_xticks(sizes, [str(n) for n in sizes])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(family)
         ax.set_xlabel("n (coordinates)")
         ax.set_ylabel("rounds per sample")
@@ -459,7 +463,7 @@ def print_tables(rows: list[dict], families: list[str], methods: list[str]) -> N
 
 
 def report(path: Path) -> None:
-    """Tables of an earlier run, read back from its CSV."""
+    """Tables of an earlier run, read back from its CSV, and its plot redrawn beside it."""
     with open(path) as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
@@ -469,6 +473,8 @@ def report(path: Path) -> None:
     families = list(dict.fromkeys(r["family"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))
     print_tables(rows, families, methods)
+    plot(rows, families, methods, path.with_suffix(".png"))
+    print(f"\nplot redrawn: {path.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
