@@ -12,10 +12,10 @@ never an exponentiated ratio, so neither tails nor ratios of tiny numbers are lo
 
 Both draw their uniform on every call, also where the answer is certain (``l >= 0`` for a
 draft, ``l <= 0`` for a try). Otherwise the random stream would depend on the sign of ``l``
-where ``l`` is exactly zero in exact arithmetic (a block whose first coordinate alone
-differs, a try that equals the draft): a rounding difference of ``1e-16`` between a CPU and a
-GPU would then shift every later draw, and the same seed would not give the same samples on
-every device.
+where ``l`` is exactly zero in exact arithmetic (the first coordinate of a block, or any
+coordinate whose conditional does not depend on the drafted ones): a rounding difference of
+``1e-16`` between a CPU and a GPU would then shift every later draw, and the same seed would
+not give the same samples on every device.
 """
 
 from __future__ import annotations
