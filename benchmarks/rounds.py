@@ -209,11 +209,6 @@ def run_cell(family: str, n: int, method: str, num_samples: int, args: dict) -> 
     return row
 
 
-def fitted_exponent(rows: list[dict], family: str, method: str, min_n: int = 256) -> float:
-    """Least-squares slope of log(rounds per sample) on log(n), over the sizes >= ``min_n``."""
-    return exponent_with_error(rows, family, method, min_n)[0]
-
-
 def exponent_with_error(
     rows: list[dict], family: str, method: str, min_n: int = 256
 ) -> tuple[float, float]:
