@@ -26,6 +26,7 @@ __all__ = [
     "log_normalize",
     "logsumexp",
     "point_mass",
+    "work_entries",
 ]
 
 
@@ -133,6 +134,36 @@ class ExactOracle:
             f"{type(self).__name__}(num_coords={self.num_coords}, "
             f"num_values={self.num_values}, device={self.device})"
         )
+
+
+# -- memory budgets ---------------------------------------------------------------------------
+# On a GPU, a chunk of rows is a handful of kernel launches: chunks sized for a CPU cache leave
+# it idle. `python benchmarks/oracle_chunks.py` measures it (benchmarks/README.md): larger
+# chunks made the DPP oracle several times faster on an H100 and slower on a CPU.
+_GPU_WORK_ENTRIES = 1 << 27  # float64 entries: 1 GiB
+_GPU_MEMORY_FRACTION = 16  # and at most 1/16 of the GPU's memory
+
+
+def work_entries(device: torch.device, cpu_entries: int) -> int:
+    """Largest number of float64 entries in the temporaries of one chunk of rows.
+
+    Parameters
+    ----------
+    device : torch.device
+        Where the chunk is computed.
+    cpu_entries : int
+        The oracle's budget on a CPU (sized for caches and modest memory).
+
+    Returns
+    -------
+    int
+        ``cpu_entries`` on a CPU; on a CUDA device the larger of ``cpu_entries`` and
+        ``min(2^27, memory / 8 / 16)`` (1 GiB, or a sixteenth of a small GPU's memory).
+    """
+    if device.type != "cuda":
+        return cpu_entries
+    memory = torch.cuda.get_device_properties(device).total_memory
+    return max(cpu_entries, min(_GPU_WORK_ENTRIES, memory // 8 // _GPU_MEMORY_FRACTION))
 
 
 # -- validation --------------------------------------------------------------------------------

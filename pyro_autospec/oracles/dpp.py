@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, point_mass
+from ._util import ExactOracle, as_float64, point_mass, work_entries
 
 __all__ = ["DPPOracle"]
 
-# Largest number of float64 entries of the temporaries of one chunk of rows (64 MiB).
+# Largest number of float64 entries of the temporaries of one chunk of rows on a CPU (64 MiB);
+# more on a GPU (``work_entries``).
 _MAX_WORK_ENTRIES = 1 << 23
 # Tolerance on symmetry and on the spectrum of a kernel, relative to its scale.
 _TOLERANCE = 1e-9
@@ -69,16 +70,13 @@ def _solve(system: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch
         return solution, singular
 
 
-def _chunks(sizes: list[int], entries_per_row) -> list[tuple[int, int]]:
+def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:
     """Cut rows sorted by increasing size into ``[start, stop)`` chunks whose temporaries hold
-    at most ``_MAX_WORK_ENTRIES`` entries (at least one row each)."""
+    at most ``limit`` entries (at least one row each)."""
     out, start = [], 0
     while start < len(sizes):
         stop = start + 1
-        while (
-            stop < len(sizes)
-            and (stop + 1 - start) * entries_per_row(sizes[stop]) <= _MAX_WORK_ENTRIES
-        ):
+        while stop < len(sizes) and (stop + 1 - start) * entries_per_row(sizes[stop]) <= limit:
             stop += 1
         out.append((start, stop))
         start = stop
@@ -124,6 +122,10 @@ class DPPOracle(ExactOracle):
         ``"auto"`` (default): each row takes the cheapest exact formulation below (by a flop
         count); ``"lowrank"``, ``"block"`` or ``"free"`` (only when built from ``L``) force
         one. All are exact; forcing one is for tests and timing.
+    max_work_entries : int or None
+        Most float64 entries in the temporaries of one chunk of rows. ``None`` (default):
+        ``2^23`` (64 MiB) on a CPU, ``2^27`` (1 GiB, at most a sixteenth of the memory) on a
+        GPU, where small chunks leave the device idle. Any value gives the same answers.
 
     Notes
     -----
@@ -259,6 +261,7 @@ class DPPOracle(ExactOracle):
         self.num_coords = n
         self.num_values = 2
         self.path = "auto"
+        self.max_work_entries: int | None = None
 
     @property
     def path(self) -> str:
@@ -405,6 +408,7 @@ class DPPOracle(ExactOracle):
             choice = torch.full_like(values[:, 0], _PATHS.index(self.path) - 1)
         prob = torch.empty(values.shape[0], k, dtype=torch.float64, device=values.device)
         singular = impossible.clone()
+        limit = self.max_work_entries or work_entries(values.device, _MAX_WORK_ENTRIES)
         for path in range(3):
             rows = (choice == path).nonzero().flatten()
             if not len(rows):
@@ -431,7 +435,7 @@ class DPPOracle(ExactOracle):
             rows = rows[order]
             sizes = size[order].tolist()
             method = (self._lowrank, self._block, self._free)[path]
-            for start, stop in _chunks(sizes, entries):
+            for start, stop in _chunks(sizes, entries, limit):
                 chunk = rows[start:stop]
                 p, bad = method(out_pins[chunk], in_pins[chunk], targets[chunk])
                 prob[chunk] = p

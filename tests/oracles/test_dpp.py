@@ -5,6 +5,7 @@ import torch
 
 import pyro_autospec.oracles.dpp as dpp_module
 from pyro_autospec.engine import sample_any_order
+from pyro_autospec.oracles._util import work_entries
 from pyro_autospec.oracles.dpp import DPPOracle
 from tests.oracles._oracle_reference import (
     assert_same_marginals,
@@ -275,12 +276,18 @@ def test_formulations_agree(make, monkeypatch):
     monkeypatch.setattr(dpp_module, "_MAX_WORK_ENTRIES", 1)
     oracle.path = "auto"
     chunked = oracle.log_marginals_at(values, mask, targets).exp()
+    # so do one chunk for everything (the attribute overrides the module's budget)
+    oracle.max_work_entries = 1 << 40
+    whole = oracle.log_marginals_at(values, mask, targets).exp()
+    oracle.max_work_entries = None
     nan = torch.isnan(results["block"]).any(-1).any(-1)
     assert (~nan).sum() > 100
     for path, got in results.items():
         assert torch.equal(torch.isnan(got).any(-1).any(-1), nan), path
         torch.testing.assert_close(got[~nan], results["block"][~nan], atol=1e-10, rtol=0)
     torch.testing.assert_close(chunked[~nan], results["auto"][~nan], atol=1e-12, rtol=0)
+    torch.testing.assert_close(whole[~nan], results["auto"][~nan], atol=1e-12, rtol=0)
+    assert torch.equal(torch.isnan(whole).any(-1).any(-1), nan)
     rows = torch.arange(len(values))[:, None]
     torch.testing.assert_close(full[rows, targets][~nan], results["auto"][~nan])
 
@@ -304,3 +311,12 @@ def test_path_is_checked_when_set():
     with pytest.raises(ValueError, match="built from L="):
         oracle.path = "free"
     assert oracle.path == "auto"
+
+
+def test_chunk_budget_by_device():
+    cpu = torch.device("cpu")
+    assert work_entries(cpu, 12345) == 12345
+    if torch.cuda.is_available():
+        gpu = torch.device("cuda")
+        memory = torch.cuda.get_device_properties(gpu).total_memory
+        assert 1 << 10 <= work_entries(gpu, 1 << 10) <= max(1 << 10, memory // 8 // 16)
