@@ -199,11 +199,21 @@ def _synchronize(device: str) -> None:
 def run_cell(family: str, n: int, method: str, num_samples: int, args: dict) -> dict:
     """One (family, n, method) cell; prints its line as soon as it is done."""
     torch.set_num_threads(args["threads"])
+    if torch.device(args["device"]).type == "cuda" and args.get("jobs", 1) > 1:
+        # Cells share one GPU: cap each process's share (its allocator frees cached blocks
+        # and retries at the cap), so that one cell's cache cannot starve the others. With
+        # --jobs 15 and no cap, an H100 ran out of memory (80 GB held by 15 processes).
+        torch.cuda.set_per_process_memory_fraction(min(1.0, 2.0 / args["jobs"]))
     row = run_one(family, n, method, num_samples, args["seed"], args["device"])
     print(
         f"{family:>13} n={row['n']:>5} {method:>11}: {row['rounds_per_sample']:8.1f} "
         f"rounds/sample, {row['rows_over_nlog2n']:.2f} n log2 n rows, "
-        f"{row['wall_per_sample']:.3f} s/sample",
+        f"{row['wall_per_sample']:.3f} s/sample"
+        + (
+            f", peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+            if torch.device(args["device"]).type == "cuda"
+            else ""
+        ),
         flush=True,
     )
     return row
@@ -406,11 +416,15 @@ def main(argv=None) -> None:
                 elif method == "sequential" and n > 1024:
                     num = max(2, num // 4)  # n rounds regardless; fewer draws suffice
                 cells.append((family, n, method, num))
-    shared = {"threads": args.threads, "seed": args.seed, "device": args.device}
+    shared = {"threads": args.threads, "seed": args.seed, "device": args.device, "jobs": args.jobs}
     start = time.perf_counter()
     if args.jobs > 1:
         import multiprocessing as mp
+        import os
         from concurrent.futures import ProcessPoolExecutor
+
+        # Workers inherit it: blocks of varying sizes (chunks of rows) fragment less.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
         # Largest n first (autospec first within a size), so the long cells start at once.
         order = sorted(range(len(cells)), key=lambda i: (-cells[i][1], cells[i][2] != "autospec"))
