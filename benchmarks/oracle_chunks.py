@@ -57,7 +57,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     oracle = FAMILIES[args.family][0](args.n, args.seed, device=args.device)
     dpp = getattr(oracle, "_dpp", oracle)
     n = oracle.num_coords

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, point_mass, work_entries
+from ._util import ExactOracle, as_float64, point_mass, serial_cpu_lapack, work_entries
 
 __all__ = ["DPPOracle"]
 
@@ -48,26 +48,14 @@ def _solve(system: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch
     solution are garbage and must be masked by the caller)."""
     # Factor every system once, swap singular ones for the identity (so that the batched
     # solve cannot fail) and mark them.
-    factors, pivots, info = torch.linalg.lu_factor_ex(system)
-    singular = info != 0
-    if singular.any():
-        eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
-        system = torch.where(singular[:, None, None], eye, system)
-        factors, pivots, _ = torch.linalg.lu_factor_ex(system)
-    try:
+    with serial_cpu_lapack(system.device):
+        factors, pivots, info = torch.linalg.lu_factor_ex(system)
+        singular = info != 0
+        if singular.any():
+            eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
+            system = torch.where(singular[:, None, None], eye, system)
+            factors, pivots, _ = torch.linalg.lu_factor_ex(system)
         return torch.linalg.lu_solve(factors, pivots, rhs), singular
-    except RuntimeError:
-        # Some multi-threaded LAPACK builds reject batched LU on nearly singular blocks
-        # (seen with MKL and 2 threads); solve row by row and mark the failures.
-        solution = torch.empty_like(rhs)
-        singular = singular.clone()
-        for b in range(system.shape[0]):
-            try:
-                solution[b] = torch.linalg.solve(system[b], rhs[b])
-            except RuntimeError:
-                solution[b] = float("nan")
-                singular[b] = True
-        return solution, singular
 
 
 def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:
@@ -165,7 +153,9 @@ class DPPOracle(ExactOracle):
     rounding, probabilities are clipped to ``[0, 1]`` and those within ``1e-12`` of 0 or 1 are
     set to 0 or 1, so that the support is exact (a projection DPP never draws more items than
     its rank); eigenvalues of ``K`` below ``1e-12`` are dropped. The law moves by at most
-    about ``1e-12`` per coordinate.
+    about ``1e-12`` per coordinate. On a CPU the batched LU factorisations run on one thread
+    (PyTorch's multi-threaded batched LU with MKL can return wrong solutions silently,
+    pytorch/pytorch#141358); chunks of rows are sized by ``max_work_entries``.
 
     Examples
     --------

@@ -320,3 +320,25 @@ def test_chunk_budget_by_device():
         gpu = torch.device("cuda")
         memory = torch.cuda.get_device_properties(gpu).total_memory
         assert 1 << 10 <= work_entries(gpu, 1 << 10) <= max(1 << 10, memory // 8 // 16)
+
+
+def test_batched_solve_with_several_threads():
+    # pytorch/pytorch#141358: after torch.set_num_threads(2), MKL's batched LU returned wrong
+    # solutions without an error (torch 2.13.0+cpu: 29 of 150 batches of this loop, all of
+    # them the 8 systems of size 256). The oracle's solves must stay right whatever the
+    # thread count.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(10):
+            for batch, m in [(8, 256), (20, 300), (4, 500), (64, 128), (30, 64)]:
+                eye = torch.eye(m, dtype=torch.float64)
+                system = torch.randn(batch, m, m, generator=gen, dtype=torch.float64) + 3 * eye
+                rhs = torch.randn(batch, m, 2, generator=gen, dtype=torch.float64)
+                solution, singular = dpp_module._solve(system, rhs)
+                assert not singular.any()
+                torch.testing.assert_close(system @ solution, rhs, atol=1e-8, rtol=0)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
