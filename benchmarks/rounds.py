@@ -12,8 +12,9 @@ on the host); wall times do, and with ``--jobs`` every cell runs beside others.
 
 Usage::
 
-    python benchmarks/rounds.py --device cuda --jobs 15 --num-samples 16  # the README's run:
-                                                  # 266 s on one H100 with 16 CPU cores
+    # the README's run: 255 s on one H100 with 16 CPU cores
+    python benchmarks/rounds.py --device cuda --jobs 15 --num-samples 16 \
+        --family-samples markov=64 hmm=64 dpp=64
     python benchmarks/rounds.py --jobs 2          # on a 2-core CPU (8 draws per cell and the
                                                   # code of 4c415ee took 74 minutes, 1 job)
     python benchmarks/rounds.py --smoke           # seconds, for CI
