@@ -13,8 +13,6 @@ Nothing here is public API. Every oracle in this package
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -28,7 +26,6 @@ __all__ = [
     "log_normalize",
     "logsumexp",
     "point_mass",
-    "serial_cpu_lapack",
     "work_entries",
 ]
 
@@ -167,28 +164,6 @@ def work_entries(device: torch.device, cpu_entries: int) -> int:
         return cpu_entries
     memory = torch.cuda.get_device_properties(device).total_memory
     return max(cpu_entries, min(_GPU_WORK_ENTRIES, memory // 8 // _GPU_MEMORY_FRACTION))
-
-
-@contextmanager
-def serial_cpu_lapack(device: torch.device) -> Iterator[None]:
-    """Run batched LAPACK calls on one CPU thread (a no-op elsewhere or with one thread).
-
-    After ``torch.set_num_threads(k)`` with ``k > 1``, PyTorch's batched LU on the CPU runs
-    MKL's ``dgetrf`` on several threads at once for matrices larger than about 14 x 14, and
-    MKL's row swaps are not safe under that: some batches raise, others return wrong solutions
-    without an error (pytorch/pytorch#141358; fix proposed in #181570). Measured with torch
-    2.13.0+cpu: 29 of 180 batches silently wrong, 61 raising; none with one thread.
-    ``tests/oracles/test_dpp.py::test_batched_solve_with_several_threads`` guards it.
-    """
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 # -- validation --------------------------------------------------------------------------------

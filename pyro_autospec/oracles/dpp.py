@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, point_mass, serial_cpu_lapack, work_entries
+from ._util import ExactOracle, as_float64, point_mass, work_entries
 
 __all__ = ["DPPOracle"]
 
@@ -43,19 +43,37 @@ def _padded_indices(member: torch.Tensor, width: int, fill: int) -> torch.Tensor
     return torch.where(slots < count, order, fill)
 
 
+def _lu_factor(system: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``torch.linalg.lu_factor_ex`` of a batch [B, m, m], one system at a time where a batched
+    call can be wrong.
+
+    Once ``torch.set_num_threads`` has been called with more than one thread (by the user, or
+    by any library: it switches MKL's dynamic threading off), PyTorch's batched LU on the CPU
+    runs MKL's ``dgetrf`` on several threads at once for ``m`` of about 15 or more, and MKL's
+    row swaps are not safe under that: some batches raise and others return wrong factors
+    without an error (pytorch/pytorch#141358; fix proposed in #181570). With torch 2.13.0+cpu
+    and two threads, 29 of 150 batches were silently wrong. A batch of one is safe whatever the
+    threading, and this never touches the process's thread settings. Factoring one system at a
+    time costs a Python loop over the batch (see ``benchmarks/README.md`` for CPU timings).
+    """
+    if system.device.type == "cpu" and torch.get_num_threads() > 1 and system.shape[-1] >= 15:
+        parts = [torch.linalg.lu_factor_ex(one) for one in system]
+        return tuple(torch.stack(column) for column in zip(*parts))  # type: ignore[return-value]
+    return torch.linalg.lu_factor_ex(system)
+
+
 def _solve(system: torch.Tensor, rhs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``system^-1 rhs`` batched, and a BoolTensor[B] of the singular systems (their rows of the
     solution are garbage and must be masked by the caller)."""
     # Factor every system once, swap singular ones for the identity (so that the batched
     # solve cannot fail) and mark them.
-    with serial_cpu_lapack(system.device):
-        factors, pivots, info = torch.linalg.lu_factor_ex(system)
-        singular = info != 0
-        if singular.any():
-            eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
-            system = torch.where(singular[:, None, None], eye, system)
-            factors, pivots, _ = torch.linalg.lu_factor_ex(system)
-        return torch.linalg.lu_solve(factors, pivots, rhs), singular
+    factors, pivots, info = _lu_factor(system)
+    singular = info != 0
+    if singular.any():
+        eye = torch.eye(system.shape[-1], dtype=system.dtype, device=system.device)
+        system = torch.where(singular[:, None, None], eye, system)
+        factors, pivots, _ = _lu_factor(system)
+    return torch.linalg.lu_solve(factors, pivots, rhs), singular
 
 
 def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:
@@ -153,9 +171,9 @@ class DPPOracle(ExactOracle):
     rounding, probabilities are clipped to ``[0, 1]`` and those within ``1e-12`` of 0 or 1 are
     set to 0 or 1, so that the support is exact (a projection DPP never draws more items than
     its rank); eigenvalues of ``K`` below ``1e-12`` are dropped. The law moves by at most
-    about ``1e-12`` per coordinate. On a CPU the batched LU factorisations run on one thread
-    (PyTorch's multi-threaded batched LU with MKL can return wrong solutions silently,
-    pytorch/pytorch#141358); chunks of rows are sized by ``max_work_entries``.
+    about ``1e-12`` per coordinate. On a CPU with several torch threads the LU factorisations
+    run one system at a time (PyTorch's batched LU with MKL can return wrong factors silently
+    there, pytorch/pytorch#141358); chunks of rows are sized by ``max_work_entries``.
 
     Examples
     --------

@@ -326,7 +326,7 @@ def test_batched_solve_with_several_threads():
     # pytorch/pytorch#141358: after torch.set_num_threads(2), MKL's batched LU returned wrong
     # solutions without an error (torch 2.13.0+cpu: 29 of 150 batches of this loop, all of
     # them the 8 systems of size 256). The oracle's solves must stay right whatever the
-    # thread count.
+    # thread count, without changing it.
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
