@@ -113,6 +113,11 @@ class EnumOracle:
         torch intra-op threads during a contraction (restored afterwards). Enumeration runs
         many tiny tensor ops, for which extra threads only add synchronisation: on a loaded
         2-core machine one thread was 10x faster than two. ``None`` leaves torch's setting.
+        Any call of ``torch.set_num_threads``, this one included, switches MKL's dynamic
+        threading off for the rest of the process; with more than one thread, PyTorch's batched
+        LU on a CPU (``torch.linalg.solve`` or ``inv`` of stacks of matrices larger than about
+        14 x 14) can then return wrong results silently (pytorch/pytorch#141358). This
+        package's own solves are guarded; pass ``None`` to leave your process's threads alone.
 
     Attributes
     ----------
