@@ -10,7 +10,7 @@ Exact structured oracles (none of them imports Pyro):
 * :class:`CurieWeissOracle`: the mean-field Ising model.
 """
 
-from .base import MarginalOracle, MeanOracle, has_targeted_marginals
+from .base import MarginalOracle, MeanOracle, has_chain_marginals, has_targeted_marginals
 from .curie_weiss import CurieWeissOracle
 from .dpp import DPPOracle
 from .hmm import HMMOracle
@@ -22,6 +22,7 @@ from .tree_potts import TreePottsOracle
 __all__ = [
     "MarginalOracle",
     "MeanOracle",
+    "has_chain_marginals",
     "has_targeted_marginals",
     "TabularOracle",
     "MarkovChainOracle",

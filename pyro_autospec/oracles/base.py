@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["MarginalOracle", "MeanOracle", "has_targeted_marginals"]
+__all__ = ["MarginalOracle", "MeanOracle", "has_chain_marginals", "has_targeted_marginals"]
 
 
 @runtime_checkable
@@ -44,6 +44,22 @@ class MarginalOracle(Protocol):
     a LongTensor[B, k] of coordinate indices, returning Tensor[B, k, q] for just those
     coordinates. The engine then never materialises ``[B, n, q]``. Entries of ``targets``
     may repeat (the engine pads with repeats); each row is still one conditioning.
+
+    An oracle may also answer *chain queries* natively with
+    ``log_marginals_chain(values, mask, chain)``: ``values`` LongTensor[C, n], ``mask``
+    BoolTensor[C, n] (the pinned prefix) and ``chain`` LongTensor[C, L] (coordinates, none of
+    them in ``mask``), returning Tensor[C, L, q] with
+
+    ``out[c, j] = log mu(X_{chain[c, j]} = . | X_S = values_S)``, ``S = mask[c] + chain[c, :j]``:
+
+    the conditional of every chain coordinate given the prefix and the chain coordinates before
+    it, read at ``values``. This is what the verification of a drafted block needs (one values
+    vector, one order, a range of cuts), and an oracle can often answer it far below the cost
+    of ``L`` separate rows: nearest-pin updates for chains and trees, rank-one updates for
+    DPPs, one pass of a causal any-order network. A chain shorter than ``L`` is padded by
+    repeating its last coordinate; the engine ignores those rows (the repeated coordinate is
+    then pinned, so an exact oracle returns a point mass there). Without the method the engine
+    asks for the ``L`` rows one by one. Each chain row counts as one row of work either way.
 
     Examples
     --------
@@ -95,3 +111,8 @@ class MeanOracle(Protocol):
 def has_targeted_marginals(oracle: object) -> bool:
     """Whether ``oracle`` offers ``log_marginals_at(values, mask, targets)``."""
     return callable(getattr(oracle, "log_marginals_at", None))
+
+
+def has_chain_marginals(oracle: object) -> bool:
+    """Whether ``oracle`` answers chain queries natively (``log_marginals_chain``)."""
+    return callable(getattr(oracle, "log_marginals_chain", None))
