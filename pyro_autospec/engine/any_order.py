@@ -45,6 +45,7 @@ from pyro_autospec.engine.rejection import accept_draft, accept_residual
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import RowAnswer, RowDispatcher, RowRequest
 from pyro_autospec.engine.scheduler import Call, FirstAccepted, Scheduler
+from pyro_autospec.oracles.base import oracle_num_draws
 
 __all__ = ["sample_any_order", "default_schedule", "METHODS"]
 
@@ -384,6 +385,12 @@ def sample_any_order(
         raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {sorted(METHODS)}; got {method!r}")
+    num_draws = oracle_num_draws(oracle)
+    if num_draws is not None and num_draws != num_samples:
+        raise ValueError(
+            f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
+            f"num_samples must equal it, got {num_samples}"
+        )
     make_root, extra_knobs, needs_gumbel = METHODS[method]
     knobs = {**default_schedule(n), **extra_knobs}
     max_elements = schedule.pop("max_elements", 2**24)

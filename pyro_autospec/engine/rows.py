@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.oracles.base import has_targeted_marginals
+from pyro_autospec.oracles.base import has_targeted_marginals, oracle_num_draws
 
 __all__ = ["RowRequest", "RowAnswer", "RowDispatcher"]
 
@@ -134,6 +134,7 @@ class RowDispatcher:
         self.n = int(oracle.num_coords)
         self.q = int(oracle.num_values)
         self.targeted = has_targeted_marginals(oracle)
+        self.family = oracle_num_draws(oracle) is not None
         self.calls = 0
 
     def __call__(self, requests: list[RowRequest]) -> list[RowAnswer]:
@@ -201,12 +202,13 @@ class RowDispatcher:
         pos = starts[idx][:, None] + np.minimum(np.arange(width)[None, :], widths[idx][:, None] - 1)
         targets_np = np.take_along_axis(self.orders[smp], pos, axis=1)
         targets = torch.from_numpy(targets_np).to(self.device)
+        extra = {"draws": torch.from_numpy(smp).to(self.device)} if self.family else {}
         if self.targeted:
-            out = self.oracle.log_marginals_at(vals, mask, targets)
+            out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             expected = (len(idx), width, q)
             name = "log_marginals_at"
         else:
-            out = self.oracle.log_marginals(vals, mask)
+            out = self.oracle.log_marginals(vals, mask, **extra)
             expected = (len(idx), n, q)
             name = "log_marginals"
         if not isinstance(out, torch.Tensor):

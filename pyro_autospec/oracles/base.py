@@ -17,7 +17,13 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["MarginalOracle", "MeanOracle", "has_chain_marginals", "has_targeted_marginals"]
+__all__ = [
+    "MarginalOracle",
+    "MeanOracle",
+    "has_chain_marginals",
+    "has_targeted_marginals",
+    "oracle_num_draws",
+]
 
 
 @runtime_checkable
@@ -60,6 +66,13 @@ class MarginalOracle(Protocol):
     repeating its last coordinate; the engine ignores those rows (the repeated coordinate is
     then pinned, so an exact oracle returns a point mass there). Without the method the engine
     asks for the ``L`` rows one by one. Each chain row counts as one row of work either way.
+
+    *A family of targets, one per draw.* An oracle with an integer attribute ``num_draws``
+    describes ``num_draws`` distributions on the same ``[q]^n`` (for example the discrete
+    sites of a Pyro model given each of several draws of its continuous sites).
+    ``sample_any_order`` then draws one sample from each (``num_samples`` must equal
+    ``num_draws``) and passes a keyword ``draws`` (LongTensor[B], or [C] for chains) to every
+    method, telling which target each row conditions on.
 
     Examples
     --------
@@ -116,3 +129,9 @@ def has_targeted_marginals(oracle: object) -> bool:
 def has_chain_marginals(oracle: object) -> bool:
     """Whether ``oracle`` answers chain queries natively (``log_marginals_chain``)."""
     return callable(getattr(oracle, "log_marginals_chain", None))
+
+
+def oracle_num_draws(oracle: object) -> int | None:
+    """``oracle.num_draws`` for a family of targets (one per draw), else ``None``."""
+    value = getattr(oracle, "num_draws", None)
+    return None if value is None else int(value)
