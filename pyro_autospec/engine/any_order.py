@@ -40,7 +40,7 @@ from pyro_autospec.engine.rows import OracleRows
 from pyro_autospec.engine.windows import WindowSampler
 from pyro_autospec.oracles.base import oracle_num_draws
 
-__all__ = ["sample_any_order", "default_schedule", "ENGINES"]
+__all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
 
 ENGINES = ("fast", "reference")
 
@@ -63,29 +63,14 @@ def _check_oracle(oracle) -> tuple[int, int]:
     return n, q
 
 
-def draw_orders(
-    order, num_samples: int, n: int, seed_key: int, device: torch.device
-) -> torch.Tensor:
-    """Visiting orders LongTensor[N, n]: keyed uniform permutations, or a fixed one tiled.
-
-    Draw ``s``'s random order sorts the coordinates by ``bits(stream(draw_key, ORDER), i)``,
-    so it depends on the seed and ``s`` only.
-    """
+def check_order(order, n: int) -> torch.Tensor | None:
+    """``None`` for ``"random"``; else the fixed permutation as a LongTensor[n]."""
     if isinstance(order, str):
         if order != "random":
             raise ValueError(
                 f"order must be 'random' or a permutation of range({n}); got {order!r}"
             )
-        draw_keys = keys.child(
-            torch.tensor(seed_key, dtype=torch.long, device=device),
-            keys.Tag.DRAW,
-            torch.arange(num_samples, device=device),
-        )
-        scores = keys.bits(
-            keys.stream(draw_keys, keys.Tag.ORDER).unsqueeze(1),
-            torch.arange(n, device=device).unsqueeze(0),
-        )
-        return torch.argsort(scores, dim=1, stable=True)
+        return None
     perm = np.asarray(order.cpu() if isinstance(order, torch.Tensor) else order)
     if perm.shape != (n,) or not np.issubdtype(perm.dtype, np.integer):
         raise ValueError(
@@ -96,7 +81,23 @@ def draw_orders(
         raise ValueError(
             f"order must be a permutation of range({n}): every coordinate exactly once"
         )
-    return torch.as_tensor(perm, dtype=torch.long, device=device).expand(num_samples, n).clone()
+    return torch.as_tensor(perm, dtype=torch.long)
+
+
+def draw_orders(order: torch.Tensor | None, draw_keys: torch.Tensor, n: int) -> torch.Tensor:
+    """Visiting orders LongTensor[D, n]: keyed uniform permutations, or a fixed one tiled.
+
+    Draw ``s``'s random order sorts the coordinates by ``bits(stream(draw_key, ORDER), i)``,
+    so it depends on the seed and the draw's number only.
+    """
+    device = draw_keys.device
+    if order is None:
+        scores = keys.bits(
+            keys.stream(draw_keys, keys.Tag.ORDER).unsqueeze(1),
+            torch.arange(n, device=device).unsqueeze(0),
+        )
+        return torch.argsort(scores, dim=1, stable=True)
+    return order.to(device).expand(draw_keys.numel(), n).clone()
 
 
 def sample_any_order(
@@ -198,16 +199,48 @@ def sample_any_order(
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
+    return run_any_order(
+        oracle,
+        torch.arange(num_samples),
+        keys.seed_key(seed),
+        method=method,
+        knobs=knobs,
+        order=check_order(order, n),
+        device=device,
+        engine=engine,
+        progress=progress,
+    )
 
+
+def run_any_order(
+    oracle,
+    draw_ids: torch.Tensor,
+    root_key: int,
+    *,
+    method: str,
+    knobs: dict,
+    order: torch.Tensor | None,
+    device: torch.device,
+    engine: str,
+    progress: bool,
+) -> SampleResult:
+    """Run the draws ``draw_ids`` (global numbers) of a run with root key ``root_key``.
+
+    The arguments are validated by :func:`sample_any_order`. Any subset of a run's draws gives
+    the same draws as the whole run, which is what spreads a run over processes.
+    """
     start = time.perf_counter()
-    root = keys.seed_key(seed)
-    orders = draw_orders(order, num_samples, n, root, device)
-    rows = OracleRows(oracle, orders, device, knobs["max_elements"])
+    n = int(oracle.num_coords)
+    num_samples = int(draw_ids.numel())
+    draw_ids = draw_ids.to(device)
+    draw_keys = keys.draw_keys(root_key, draw_ids)
+    orders = draw_orders(order, draw_keys, n)
+    rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids)
     if engine == "reference":
         from pyro_autospec.engine.reference import run_discrete
 
         samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
-            rows, num_samples, root, method, knobs, progress
+            rows, draw_keys, method, knobs, progress
         )
     elif method == "autospec":
         max_block = int(knobs["max_block"])
@@ -216,8 +249,7 @@ def sample_any_order(
         problem = DiscreteBlocks(rows, num_samples, width)
         recursion = Recursion(
             problem,
-            num_samples,
-            root,
+            draw_keys,
             max_block=max_block,
             rho=float(knobs["rho"]),
             max_rows_per_round=knobs["max_rows_per_round"],
@@ -231,8 +263,7 @@ def sample_any_order(
     else:
         sampler = WindowSampler(
             rows,
-            num_samples,
-            root,
+            draw_keys,
             method,
             window=knobs.get("window", 8),
             window_scale=knobs.get("window_scale", 1.0),

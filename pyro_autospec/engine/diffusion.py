@@ -90,6 +90,8 @@ class _Settings:
     progress: bool
     name: str
     divide_by_time: bool
+    draw_ids: torch.Tensor | None = None  # global numbers of the draws (default 0 .. N - 1)
+    root_key: int | None = None  # the run's key (default: from ``seed``)
 
 
 def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
@@ -162,14 +164,13 @@ def _check_num_samples(num_samples) -> int:
 def _run(s: _Settings) -> SampleResult:
     num, dim = s.x0.shape
     start_time = time.perf_counter()
-    root = keys.seed_key(s.seed)
+    root = keys.seed_key(s.seed) if s.root_key is None else s.root_key
+    draw_ids = torch.arange(num) if s.draw_ids is None else s.draw_ids
     evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name)
     times = torch.as_tensor(s.grid, dtype=torch.float64)
     chain = Chain(times, s.scale, dim, s.device)
     x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
-    draw_keys = keys.child(
-        torch.tensor(root, device=s.device), keys.Tag.DRAW, torch.arange(num, device=s.device)
-    )
+    draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
     n = chain.num_steps
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
     error = None
@@ -177,15 +178,14 @@ def _run(s: _Settings) -> SampleResult:
         from pyro_autospec.engine.reference import run_euler
 
         paths, log_prob, noise, rounds, rows, sample_rounds = run_euler(
-            chain, evaluate, x0, root, s.method, s.knobs, s.progress
+            chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress
         )
     elif s.method == "autospec":
         max_block = s.knobs["max_block"] or n
         problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)
         recursion = Recursion(
             problem,
-            num,
-            root,
+            draw_keys,
             max_block=max_block,
             rho=1.0 if not isinstance(s.knobs["rho"], (int, float)) else s.knobs["rho"],
             max_rows_per_round=cap,

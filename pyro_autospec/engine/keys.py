@@ -8,10 +8,12 @@ schedule, the device, or how many processes share the work. Both engines (``"fas
 ``"reference"``) derive the same keys and read the same numbers, so they agree draw for draw.
 
 The hash is SplitMix64 [1]_: ``bits(key, i) = fmix64(key + (i + 1) * gamma)`` (the ``i``-th
-output of a SplitMix64 generator seeded with ``key``) and ``stream(key, tag) = fmix64(key ^
-c_tag)`` separates purposes. Keys of children are outputs of their parent's stream:
-``child(key, tag, i) = bits(stream(key, tag), i)``. The arithmetic runs on int64 tensors with
-wrapping multiplication and logical shifts, identically on every device.
+output of a SplitMix64 generator seeded with ``key``) and ``stream(key, tag) = key ^ c_tag``
+separates purposes (a bijection of the key: streams of one key start far apart in the
+SplitMix64 sequence). Keys of children are outputs of their parent's stream:
+``child(key, tag, i) = bits(stream(key, tag), i)``. Keys are themselves outputs of ``fmix64``,
+so every derived number goes through at least one full avalanche. The arithmetic runs on int64
+tensors with wrapping multiplication and logical shifts, identically on every device.
 
 Uniforms are ``((bits >> 11) + 0.5) / 2^53``: 53 random bits, strictly inside (0, 1), so
 ``log(u)`` and ``log(-log(u))`` are always finite. Gumbel noise is ``-log(-log(u))`` and
@@ -32,10 +34,12 @@ __all__ = [
     "Tag",
     "bits",
     "child",
+    "draw_keys",
     "gumbel",
     "normal",
     "seed_key",
     "stream",
+    "tag_tensor",
     "uniform",
 ]
 
@@ -65,9 +69,9 @@ def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _fmix(x: torch.Tensor) -> torch.Tensor:
-    x = (x ^ _shr(x, 30)) * _M1
-    x = (x ^ _shr(x, 27)) * _M2
-    return x ^ _shr(x, 31)
+    x = (x ^ _shr(x, 30)).mul_(_M1)
+    x = (x ^ _shr(x, 27)).mul_(_M2)
+    return x.bitwise_xor_(_shr(x, 31))
 
 
 def _signed(value: int) -> int:
@@ -75,9 +79,9 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def stream(key: torch.Tensor, tag: int) -> torch.Tensor:
-    """The key of purpose ``tag`` under ``key`` (LongTensor, same shape)."""
-    return _fmix(key ^ _signed(tag))
+def stream(key: torch.Tensor, tag: int | torch.Tensor) -> torch.Tensor:
+    """The key of purpose ``tag`` (an int, or a LongTensor of tags) under ``key`` (broadcast)."""
+    return key ^ (tag if isinstance(tag, torch.Tensor) else _signed(tag))
 
 
 def bits(key: torch.Tensor, counter: torch.Tensor | int) -> torch.Tensor:
@@ -85,8 +89,8 @@ def bits(key: torch.Tensor, counter: torch.Tensor | int) -> torch.Tensor:
     return _fmix(key + (torch.as_tensor(counter, device=key.device) + 1) * _GAMMA)
 
 
-def child(key: torch.Tensor, tag: int, index: torch.Tensor | int) -> torch.Tensor:
-    """Key of child ``index`` of purpose ``tag`` (broadcast over ``key`` and ``index``)."""
+def child(key: torch.Tensor, tag: int | torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+    """Key of child ``index`` of purpose ``tag`` (broadcast over ``key``, ``tag`` and ``index``)."""
     return bits(stream(key, tag), index)
 
 
@@ -111,6 +115,20 @@ def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
             f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}"
         )
     return int(_fmix(torch.tensor(_signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())
+
+
+def tag_tensor(tag: int, like: torch.Tensor) -> torch.Tensor:
+    """``tag`` as an int64 scalar tensor on ``like``'s device (to pick tags with ``where``)."""
+    return torch.tensor(_signed(tag), dtype=torch.long, device=like.device)
+
+
+def draw_keys(root: int, draw_ids: torch.Tensor) -> torch.Tensor:
+    """Keys of the draws ``draw_ids`` (LongTensor[D], global draw numbers) of a run.
+
+    A draw's key depends on the run's root key and its number only, so any subset of a run's
+    draws, computed anywhere (another batch, process or device), reproduces those draws.
+    """
+    return child(torch.tensor(root, dtype=torch.long, device=draw_ids.device), Tag.DRAW, draw_ids)
 
 
 def _unit(b: torch.Tensor) -> torch.Tensor:

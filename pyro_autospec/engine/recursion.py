@@ -133,9 +133,9 @@ class Recursion:
     ----------
     problem : DiscreteBlocks or EulerBlocks
         Drafts, verifies and stores blocks (see the module docstring).
-    num_draws : int
-    seed_key : int
-        Root key of the run (:func:`pyro_autospec.engine.keys.seed_key`).
+    draw_keys : LongTensor[D]
+        Keys of the draws (:func:`pyro_autospec.engine.keys.draw_keys`); draw ``k`` of this
+        run is stored at index ``k``.
     max_block : int
         Largest block that is speculated; larger top-level blocks are cut into leaves.
     rho : float
@@ -152,8 +152,7 @@ class Recursion:
     def __init__(
         self,
         problem,
-        num_draws: int,
-        seed_key: int,
+        draw_keys: torch.Tensor,
         *,
         max_block: int,
         rho: float,
@@ -165,18 +164,14 @@ class Recursion:
         self.problem = problem
         self.device = problem.device
         self.n = problem.num_positions
-        self.num_draws = int(num_draws)
+        self.num_draws = int(draw_keys.numel())
         self.rho = float(rho)
         self.max_rows_per_round = max_rows_per_round
-        self.concurrency = int(max_concurrent_draws or num_draws)
+        self.concurrency = int(max_concurrent_draws or self.num_draws)
         self.progress = progress
         self.desc = desc
         dev = self.device
-        self.draw_keys = keys.child(
-            torch.tensor(seed_key, dtype=torch.long, device=dev),
-            keys.Tag.DRAW,
-            torch.arange(self.num_draws, device=dev),
-        )
+        self.draw_keys = draw_keys.to(dev)
         self.leaves = torch.tensor(leaf_starts(self.n, max_block), device=dev)
         self.num_leaves = len(self.leaves) - 1
         long, f64, boolean = torch.long, torch.float64, torch.bool
@@ -224,6 +219,8 @@ class Recursion:
             capacity,
         )
         problem.bind(self)
+        self._leaf_tag = keys.tag_tensor(keys.Tag.LEAF, self.leaves)
+        self._child_tag = keys.tag_tensor(keys.Tag.CHILD, self.leaves)
         self.stamp = 0
         self.rounds = 0
         self.rows = 0
@@ -276,6 +273,13 @@ class Recursion:
         nodes["next_row"][ids] = -1
         nodes.free(ids)
 
+    def _reset_seqs(self, ids: torch.Tensor) -> None:
+        """Fields a new sequence must start from (rows are reused without a fill)."""
+        seqs = self.seqs
+        seqs["stage"][ids] = 0
+        seqs["log_mu"][ids] = 0.0
+        seqs["status"][ids] = RUNNING
+
     def _free_seqs(self, ids: torch.Tensor) -> None:
         if ids.numel() == 0:
             return
@@ -302,6 +306,7 @@ class Recursion:
         seqs["a"][ids] = 0
         seqs["b"][ids] = self.n
         seqs["nxt"][ids] = self.n
+        self._reset_seqs(ids)
         self.problem.init_frames(ids, draws)
         first = self._child_bounds(ids, torch.zeros_like(ids))
         self._new_nodes(
@@ -327,14 +332,12 @@ class Recursion:
         a = torch.where(is_root, root_a, thread_a)
         b = torch.where(is_root, root_b, thread_b)
         nxt = torch.where(is_root, root_nxt, thread_nxt)
-        key = torch.where(
-            is_root,
-            keys.child(seqs["key"][seq], keys.Tag.LEAF, a),
-            keys.child(seqs["key"][seq], keys.Tag.CHILD, stage),
-        )
+        tag = torch.where(is_root, self._leaf_tag, self._child_tag)
+        key = keys.child(seqs["key"][seq], tag, torch.where(is_root, a, stage))
         return a, b, nxt, key
 
     # ------------------------------------------------------------------------------ rounds
+    @torch.inference_mode()
     def run(self) -> RunCounts:
         """Run every draw to completion; return the counts (samples stay in the problem)."""
         bar = None
@@ -508,6 +511,7 @@ class Recursion:
         seqs["a"][threads] = nodes["a"][owner]
         seqs["b"][threads] = nodes["b"][owner]
         seqs["nxt"][threads] = nodes["nxt"][owner]
+        self._reset_seqs(threads)
         self.problem.spawn(threads, nodes["seq"][owner])
         zero = torch.zeros_like(threads)
         a, b, nxt, key = self._child_bounds(threads, zero)

@@ -70,9 +70,19 @@ class OracleRows:
     max_elements : int
         Largest number of entries (inputs ``n`` plus outputs ``width * q`` per row) of one
         oracle call; larger rounds are cut into several calls (one round all the same).
+    draw_ids : LongTensor[D], optional
+        Global numbers of the draws (what a family oracle receives as ``draws``); default
+        ``0 .. D - 1``.
     """
 
-    def __init__(self, oracle, orders: torch.Tensor, device: torch.device, max_elements: int):
+    def __init__(
+        self,
+        oracle,
+        orders: torch.Tensor,
+        device: torch.device,
+        max_elements: int,
+        draw_ids: torch.Tensor | None = None,
+    ):
         self.oracle = oracle
         self.device = device
         self.orders = orders.to(device)
@@ -86,6 +96,11 @@ class OracleRows:
         self.targeted = has_targeted_marginals(oracle)
         self.native_chains = has_chain_marginals(oracle)
         self.family = oracle_num_draws(oracle) is not None
+        self.draw_ids = (
+            torch.arange(self.orders.shape[0], device=device)
+            if draw_ids is None
+            else draw_ids.to(device)
+        )
         self.calls = 0
         self._buffers: dict[tuple, torch.Tensor] = {}
 
@@ -170,6 +185,27 @@ class OracleRows:
         return row_answer, chain_answer
 
     def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
+        """Targeted rows, in calls of rows of similar widths (padding wastes oracle work)."""
+        total = frame.numel()
+        bucket = torch.ceil(torch.log2(width.double())).long()  # widths 1, 2, 3-4, 5-8, ...
+        groups = torch.unique(bucket)
+        if groups.numel() == 1:
+            return self._bucket(values, frame, draw, cut, start, width)
+        q = self.q
+        max_width = int(width.max())
+        log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=self.device)
+        bad = torch.zeros(total, max_width, dtype=torch.bool, device=self.device)
+        log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=self.device)
+        for g in groups.tolist():
+            idx = torch.nonzero(bucket == g).flatten()
+            part = self._bucket(values, frame[idx], draw[idx], cut[idx], start[idx], width[idx])
+            w = part.log_probs.shape[1]
+            log_probs[idx, :w] = part.log_probs
+            bad[idx, :w] = part.bad
+            log_mass[idx, :w] = part.log_mass
+        return Answer(log_probs, bad, log_mass)
+
+    def _bucket(self, values, frame, draw, cut, start, width) -> Answer:
         total = frame.numel()
         max_width = int(width.max())
         per_row = self.n + (max_width if self.targeted else self.n) * self.q
@@ -195,7 +231,7 @@ class OracleRows:
         offsets = torch.arange(max_width, device=self.device)
         pos = start.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (width - 1).unsqueeze(1))
         targets = self.orders[draw.unsqueeze(1), pos]
-        extra = {"draws": draw} if self.family else {}
+        extra = {"draws": self.draw_ids[draw]} if self.family else {}
         if self.targeted:
             out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
@@ -218,7 +254,7 @@ class OracleRows:
             vals, mask = self._inputs(values, f, d, c)
             pos = c.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (ln - 1).unsqueeze(1))
             chain = self.orders[d.unsqueeze(1), pos]
-            extra = {"draws": d} if self.family else {}
+            extra = {"draws": self.draw_ids[d]} if self.family else {}
             out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
             pieces.append(_checked(out, offsets.unsqueeze(0) < ln.unsqueeze(1)))

@@ -32,7 +32,7 @@ class Table:
     >>> ids = table.alloc(3)
     >>> ids.tolist(), table.capacity
     ([0, 1, 2], 4)
-    >>> table.free(ids[:1]); table.alloc(1).tolist()
+    >>> table.free(ids[:1]); table.alloc(1, fill=True).tolist()
     [0]
     """
 
@@ -60,8 +60,12 @@ class Table:
         self.used = used
         self.capacity = new
 
-    def alloc(self, count: int) -> torch.Tensor:
-        """Ids of ``count`` fresh rows (LongTensor[count]), every field set to its fill."""
+    def alloc(self, count: int, fill: bool = False) -> torch.Tensor:
+        """Ids of ``count`` free rows (LongTensor[count]).
+
+        Fields keep what the rows held before (their fill for rows never used) unless
+        ``fill``: callers set the fields they read.
+        """
         if count == 0:
             return torch.zeros(0, dtype=torch.long, device=self.device)
         if self.num_used + count > self.capacity:
@@ -69,8 +73,9 @@ class Table:
         ids = torch.nonzero(~self.used).flatten()[:count]
         self.used[ids] = True
         self.num_used += count
-        for name, (_, _, fill) in self.spec.items():
-            self.data[name][ids] = fill
+        if fill:
+            for name, (_, _, value) in self.spec.items():
+                self.data[name][ids] = value
         return ids
 
     def free(self, ids: torch.Tensor) -> None:

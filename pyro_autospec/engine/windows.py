@@ -57,8 +57,8 @@ class WindowSampler:
     Parameters
     ----------
     rows : OracleRows
-    num_draws : int
-    seed_key : int
+    draw_keys : LongTensor[D]
+        Keys of the draws (:func:`pyro_autospec.engine.keys.draw_keys`).
     method : {"sequential", "gumbel_sequential", "speculative", "agr24"}
     window : int
         ``"speculative"``: tokens drafted per window.
@@ -71,8 +71,7 @@ class WindowSampler:
     def __init__(
         self,
         rows: OracleRows,
-        num_draws: int,
-        seed_key: int,
+        draw_keys: torch.Tensor,
         method: str,
         *,
         window: int = 8,
@@ -87,17 +86,13 @@ class WindowSampler:
         self.method = method
         self.device = dev = rows.device
         self.n, self.q = rows.n, rows.q
-        self.num_draws = int(num_draws)
+        self.num_draws = int(draw_keys.numel())
         self.window = int(window)
         self.window_scale = float(window_scale)
         self.cap = max_rows_per_round
         self.progress = progress
-        lanes = min(int(max_concurrent_draws or num_draws), self.num_draws)
-        self.draw_keys = keys.child(
-            torch.tensor(seed_key, dtype=torch.long, device=dev),
-            keys.Tag.DRAW,
-            torch.arange(self.num_draws, device=dev),
-        )
+        lanes = min(int(max_concurrent_draws or self.num_draws), self.num_draws)
+        self.draw_keys = draw_keys.to(dev)
         if method in ("sequential", "gumbel_sequential"):
             self.width = 1
         elif method == "speculative":
@@ -210,6 +205,7 @@ class WindowSampler:
         self._set_stamp(rest)
 
     # ----------------------------------------------------------------------------- rounds
+    @torch.inference_mode()
     def run(self):
         bar = None
         if self.progress:

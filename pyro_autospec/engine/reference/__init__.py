@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pyro_autospec.engine import keys
 from pyro_autospec.engine.recursion import leaf_starts
 from pyro_autospec.engine.reference.recursion import draw
 from pyro_autospec.engine.reference.scheduler import Scheduler
@@ -18,11 +17,7 @@ from pyro_autospec.engine.reference.scheduler import Scheduler
 __all__ = ["run_discrete", "run_euler"]
 
 
-def _draw_key(root: int, s: int) -> int:
-    return int(keys.child(torch.tensor(root), keys.Tag.DRAW, s))
-
-
-def run_discrete(rows, num_samples: int, root: int, method: str, knobs: dict, progress: bool):
+def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progress: bool):
     """Run ``method`` on ``[q]^n`` with the reference engine.
 
     Returns
@@ -37,10 +32,10 @@ def run_discrete(rows, num_samples: int, root: int, method: str, knobs: dict, pr
     problem = ReferenceDiscrete(rows, float(knobs.get("rho", 1.0)))
     if method == "autospec":
         leaves = leaf_starts(rows.n, int(knobs["max_block"]))
-        roots = [draw(problem, s, _draw_key(root, s), leaves) for s in range(num_samples)]
+        roots = [draw(problem, s, int(k), leaves) for s, k in enumerate(draw_keys.tolist())]
     else:
         roots = [
-            token_draw(problem, method, s, _draw_key(root, s), knobs) for s in range(num_samples)
+            token_draw(problem, method, s, int(k), knobs) for s, k in enumerate(draw_keys.tolist())
         ]
     scheduler = Scheduler(
         problem.dispatch,
@@ -62,7 +57,7 @@ def run_discrete(rows, num_samples: int, root: int, method: str, knobs: dict, pr
     )
 
 
-def run_euler(chain, evaluate, x0, root: int, method: str, knobs: dict, progress: bool):
+def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: dict, progress):
     """Run ``method`` on an Euler-Maruyama chain with the reference engine.
 
     Returns
@@ -75,17 +70,16 @@ def run_euler(chain, evaluate, x0, root: int, method: str, knobs: dict, progress
     """
     from pyro_autospec.engine.reference.euler import ReferenceEuler, picard_draw, sequential_draw
 
-    num = x0.shape[0]
     problem = ReferenceEuler(chain, evaluate, x0, knobs.get("rho", 1.0))
     if method == "autospec":
         leaves = leaf_starts(chain.num_steps, int(knobs["max_block"] or chain.num_steps))
-        roots = [draw(problem, s, _draw_key(root, s), leaves) for s in range(num)]
+        roots = [draw(problem, s, k, leaves) for s, k in enumerate(draw_keys.tolist())]
     elif method == "sequential":
-        roots = [sequential_draw(problem, s, _draw_key(root, s)) for s in range(num)]
+        roots = [sequential_draw(problem, s, k) for s, k in enumerate(draw_keys.tolist())]
     else:
         roots = [
-            picard_draw(problem, s, _draw_key(root, s), knobs["window"], knobs["tolerance"])
-            for s in range(num)
+            picard_draw(problem, s, k, knobs["window"], knobs["tolerance"])
+            for s, k in enumerate(draw_keys.tolist())
         ]
     scheduler = Scheduler(
         problem.dispatch,
