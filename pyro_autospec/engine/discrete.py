@@ -60,6 +60,12 @@ class DiscreteBlocks:
         )
         self.frames = torch.zeros(0, rows.n, dtype=self.dtype, device=self.device)
         self.log_nu = torch.zeros(0, dtype=torch.float64, device=self.device)
+        self._empty_long = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._empty_double = torch.zeros(0, dtype=torch.float64, device=self.device)
+        self._offsets = torch.arange(max(self.width, 1), device=self.device)
+        self._counter = (
+            self._offsets.view(-1, 1) * self.q + torch.arange(self.q, device=self.device)
+        ).unsqueeze(0)  # [1, W, q]: the draft noise counter of position j, value v
 
     def bind(self, recursion) -> None:
         self.rec = recursion
@@ -84,7 +90,7 @@ class DiscreteBlocks:
     def init_frames(self, seqs: torch.Tensor, draws: torch.Tensor) -> None:
         self._frames()[seqs] = 0
 
-    def spawn(self, threads: torch.Tensor, parents: torch.Tensor) -> None:
+    def spawn(self, threads, parents, lo, hi) -> None:
         frames = self._frames()
         frames[threads] = frames[parents]
 
@@ -101,67 +107,58 @@ class DiscreteBlocks:
     def finish(self, roots: torch.Tensor, draws: torch.Tensor) -> None:
         self.samples[draws] = self._frames()[roots].long()
 
-    def race_rho(self, nodes: torch.Tensor, log_ratio: torch.Tensor, rho: float) -> torch.Tensor:
-        return torch.full((nodes.numel(),), rho, dtype=torch.float64, device=self.device)
+    def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho: float):
+        return torch.full((pick.numel(),), rho, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------------ positions
-    def _coords(self, nodes: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
+    def _coords(self, draw: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
         """Coordinates ``sigma[start + j]`` for ``j < count`` (clamped to the order's end)."""
-        draws = self.rec.nodes["draw"][nodes]
-        pos = (start.unsqueeze(1) + torch.arange(count, device=self.device)).clamp(
-            max=self.num_positions - 1
-        )
-        return self.rows.orders[draws.unsqueeze(1), pos]
+        pos = (start.unsqueeze(1) + self._offsets[:count]).clamp(max=self.num_positions - 1)
+        return self.rows.orders[draw.unsqueeze(1), pos]
 
-    def _block(self, nodes: torch.Tensor):
-        """``(a, size, coords [K, W], valid [K, W], row data [K, W, q])`` of blocks."""
-        nodes_t = self.rec.nodes
-        a = nodes_t["a"][nodes]
-        size = nodes_t["b"][nodes] - a
+    def _block(self, view):
+        """``(size, coords [K, W], valid [K, W], row data [K, W, q])`` of blocks."""
+        size = view.b - view.a
         width = int(size.max())
-        coords = self._coords(nodes, a, width)
-        valid = torch.arange(width, device=self.device).unsqueeze(0) < size.unsqueeze(1)
-        data = self.slots["data"][nodes_t["row"][nodes], :width]
-        return a, size, coords, valid, data
+        coords = self._coords(view.draw, view.a, width)
+        valid = self._offsets[:width].unsqueeze(0) < size.unsqueeze(1)
+        data = self.slots["data"][view.row, :width]
+        return size, coords, valid, data
 
     # ----------------------------------------------------------------------------- blocks
-    def draft(self, nodes: torch.Tensor) -> None:
+    def draft(self, view) -> None:
         """Draw every block's coordinates from its draft row; keep ``log nu``."""
-        a, size, coords, valid, data = self._block(nodes)
+        size, coords, valid, data = self._block(view)
         width = coords.shape[1]
-        counter = torch.arange(width * self.q, device=self.device).view(1, width, self.q)
-        noise = keys.gumbel(self.rec.nodes["key"][nodes].view(-1, 1, 1), keys.Tag.DRAFT, counter)
+        noise = keys.gumbel(view.key.view(-1, 1, 1), keys.Tag.DRAFT, self._counter[:, :width])
         x = torch.argmax(data + noise, dim=-1)
         picked = data.gather(2, x.unsqueeze(-1)).squeeze(-1)
-        self._node_log_nu()[nodes] = torch.where(valid, picked, 0.0).sum(1)
-        frames = self._frames()
-        seq = self.rec.nodes["seq"][nodes].unsqueeze(1).expand_as(coords)
-        frames[seq[valid], coords[valid]] = x[valid].to(self.dtype)
+        self._node_log_nu()[view.ids] = torch.where(valid, picked, 0.0).sum(1)
+        seq = view.seq.unsqueeze(1).expand_as(coords)
+        self._frames()[seq[valid], coords[valid]] = x[valid].to(self.dtype)
 
-    def leaf(self, nodes: torch.Tensor) -> torch.Tensor:
+    def leaf(self, view) -> torch.Tensor:
         """Draw one-coordinate blocks from their row; return their ``log mu``."""
-        rec = self.rec
-        data = self.slots["data"][rec.nodes["row"][nodes], 0]  # [K, q]
-        counter = torch.arange(self.q, device=self.device).unsqueeze(0)
-        noise = keys.gumbel(rec.nodes["key"][nodes].unsqueeze(1), keys.Tag.DRAFT, counter)
+        data = self.slots["data"][view.row, 0]  # [K, q]
+        noise = keys.gumbel(view.key.unsqueeze(1), keys.Tag.DRAFT, self._counter[0, 0])
         x = torch.argmax(data + noise, dim=-1)
-        coord = self._coords(nodes, rec.nodes["a"][nodes], 1)[:, 0]
-        self._frames()[rec.nodes["seq"][nodes], coord] = x.to(self.dtype)
+        coord = self.rows.orders[view.draw, view.a]
+        self._frames()[view.seq, coord] = x.to(self.dtype)
         return data.gather(1, x.unsqueeze(1)).squeeze(1)
 
-    def accepted(self, nodes: torch.Tensor) -> None:
+    def accepted(self, view, pick: torch.Tensor) -> None:
         pass  # the draft is already in the frame
 
-    def try_log_nu(self, threads: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
+    def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
         """``log nu`` of each try's values under its owner's draft row."""
-        a, size, coords, valid, data = self._block(owners)
+        size, coords, valid, data = self._block(owners)
         y = self._frames()[threads.unsqueeze(1), coords].long()
         picked = data.gather(2, y.unsqueeze(-1)).squeeze(-1)
         return torch.where(valid, picked, 0.0).sum(1)
 
     # ---------------------------------------------------------------------------- queries
-    def answer(self, row_nodes: torch.Tensor, verify_nodes: torch.Tensor):
-        """One round: draft rows of ``row_nodes``, verification of ``verify_nodes``.
+    def answer(self, row_view, verify_view):
+        """One round: draft rows of ``row_view``'s nodes, verification of ``verify_view``'s.
 
         Returns
         -------
@@ -172,23 +169,23 @@ class DiscreteBlocks:
             Slots of the prefetched next draft rows (``-1`` where there is no next block or
             the draft is impossible).
         """
-        nodes = self.rec.nodes
-        seq, draw, a, b, nxt = (nodes[f] for f in ("seq", "draw", "a", "b", "nxt"))
-        vr, vv = row_nodes, verify_nodes
-        prefetch = vv[nxt[vv] > b[vv]]
-        row_frame = torch.cat([seq[vr], seq[prefetch]])
-        row_draw = torch.cat([draw[vr], draw[prefetch]])
-        row_cut = torch.cat([a[vr], b[prefetch]])
-        row_width = torch.cat([b[vr] - a[vr], nxt[prefetch] - b[prefetch]])
+        vr, vv = row_view, verify_view
+        has = vv.nxt > vv.b
+        pi = torch.nonzero(has).flatten()
+        row_frame = torch.cat([vr.seq, vv.seq[pi]])
+        row_draw = torch.cat([vr.draw, vv.draw[pi]])
+        row_cut = torch.cat([vr.a, vv.b[pi]])
+        row_width = torch.cat([vr.b - vr.a, (vv.nxt - vv.b)[pi]])
         requests = (row_frame, row_draw, row_cut, row_cut, row_width)
-        chains = (seq[vv], draw[vv], a[vv] + 1, b[vv] - a[vv] - 1)
+        nv = len(vv)
+        chains = (vv.seq, vv.draw, vv.a + 1, vv.b - vv.a - 1)
         row_answer, chain_answer = self.rows.ask(
             self._frames(),
             requests if row_frame.numel() else None,
-            chains if vv.numel() else None,
+            chains if nv else None,
         )
-        nr = vr.numel()
-        row_slots = torch.zeros(0, dtype=torch.long, device=self.device)
+        nr = len(vr)
+        row_slots = self._empty_long
         if nr:
             OracleRows.raise_bad(
                 row_answer.part(slice(0, nr)),
@@ -196,44 +193,40 @@ class DiscreteBlocks:
                 "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
             )
             row_slots = self._store(row_answer.log_probs[:nr])
-        log_ratio = log_mu = torch.zeros(0, dtype=torch.float64, device=self.device)
-        next_rows = torch.full((vv.numel(),), -1, dtype=torch.long, device=self.device)
-        if vv.numel() == 0:
-            return row_slots, log_ratio, log_mu, next_rows
+        next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
+        if nv == 0:
+            return row_slots, self._empty_double, self._empty_double, next_rows
         # log mu of the drafted block: first coordinate from the draft row, then the chain
-        _, size, coords, valid, data = self._block(vv)
-        x = self._frames()[seq[vv].unsqueeze(1), coords].long()  # [K, W]
+        size, coords, valid, data = self._block(vv)
+        x = self._frames()[vv.seq.unsqueeze(1), coords].long()  # [K, W]
         first = data[:, 0].gather(1, x[:, :1]).squeeze(1)
         length = chain_answer.log_probs.shape[1]
         steps = chain_answer.log_probs.gather(2, x[:, 1 : 1 + length].unsqueeze(-1)).squeeze(-1)
         in_chain = valid[:, 1 : 1 + length]
         # a row conditions on a possible prefix iff every earlier factor was positive
-        factors = torch.where(in_chain, steps, 0.0)
-        cumulative = first.unsqueeze(1) + torch.cumsum(
-            torch.where(torch.isnan(factors), -torch.inf, factors), 1
-        )
-        before = torch.cat([first.unsqueeze(1), cumulative[:, :-1]], 1)
-        possible = before > -torch.inf
+        factors = torch.where(in_chain & ~torch.isnan(steps), steps, 0.0)
+        factors = torch.where(in_chain & torch.isnan(steps), -torch.inf, factors)
+        cumulative = first.unsqueeze(1) + torch.cumsum(factors, 1)
+        possible = torch.cat([first.unsqueeze(1), cumulative[:, :-1]], 1) > -torch.inf
         OracleRows.raise_bad(
             chain_answer,
             chain_answer.bad & possible & in_chain,
             "verification row {target} of block {row} of the round",
         )
         log_mu = torch.where(possible.all(1), cumulative[:, -1], -torch.inf)
-        log_mu = torch.where(size > 1, log_mu, first)
-        log_ratio = torch.where(log_mu > -torch.inf, log_mu - self._node_log_nu()[vv], -torch.inf)
-        if prefetch.numel():
+        log_ratio = torch.where(
+            log_mu > -torch.inf, log_mu - self._node_log_nu()[vv.ids], -torch.inf
+        )
+        if pi.numel():
             answer = row_answer.part(slice(nr, None))
-            has = nxt[vv] > b[vv]
-            alive = log_mu[has] > -torch.inf
+            alive = log_mu[pi] > -torch.inf
             OracleRows.raise_bad(
                 answer,
                 answer.bad & alive.unsqueeze(1),
                 "prefetched draft row {row} (target {target}), conditioned on an accepted block,",
             )
-            slots = torch.full((prefetch.numel(),), -1, dtype=torch.long, device=self.device)
-            slots[alive] = self._store(answer.log_probs[alive])
-            next_rows[has] = slots
+            ai = torch.nonzero(alive).flatten()
+            next_rows[pi[ai]] = self._store(answer.log_probs[ai])
         return row_slots, log_ratio, log_mu, next_rows
 
     def _store(self, log_probs: torch.Tensor) -> torch.Tensor:

@@ -193,6 +193,7 @@ class EulerBlocks:
         self._x = self._start = torch.zeros(0, self.d, dtype=wide, device=self.device)
         self._q = torch.zeros(0, dtype=wide, device=self.device)
         self._verified = None
+        self._one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         self.pool = _PathPool(self.d, wide, self.device) if return_paths else None
 
     def bind(self, recursion) -> None:
@@ -223,14 +224,13 @@ class EulerBlocks:
         if self.pool is not None:
             self.pool.alloc(seqs, torch.zeros_like(seqs), torch.full_like(seqs, self.num_positions))
 
-    def spawn(self, threads: torch.Tensor, parents: torch.Tensor) -> None:
+    def spawn(self, threads, parents, lo, hi) -> None:
         x, start, q = self._frames()
         x[threads] = x[parents]
         start[threads] = x[parents]
         q[threads] = 0.0
         if self.pool is not None:
-            seqs = self.rec.seqs
-            self.pool.alloc(threads, seqs["a"][threads], seqs["b"][threads])
+            self.pool.alloc(threads, lo, hi)
 
     def commit(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
         x, start, q = self._frames()
@@ -251,11 +251,11 @@ class EulerBlocks:
         if self.pool is not None:
             self.paths[draws] = self.pool.read(roots, self.num_positions)
 
-    def race_rho(self, nodes: torch.Tensor, log_ratio: torch.Tensor, rho) -> torch.Tensor:
+    def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho) -> torch.Tensor:
         if self.rho == "adaptive":
             return adaptive_rho(None, log_ratio).to(torch.float64)
         if callable(self.rho):
-            size = (self.rec.nodes["b"][nodes] - self.rec.nodes["a"][nodes]).tolist()
+            size = (view.b - view.a)[pick].tolist()
             values = []
             for s, lr in zip(size, log_ratio.tolist()):
                 value = float(self.rho(s, lr))
@@ -264,88 +264,86 @@ class EulerBlocks:
                 values.append(value)
             return torch.tensor(values, dtype=torch.float64, device=self.device)
         return torch.full(
-            (nodes.numel(),), float(self.rho), dtype=torch.float64, device=self.device
+            (pick.numel(),), float(self.rho), dtype=torch.float64, device=self.device
         )
 
     # ---------------------------------------------------------------------------- blocks
     def draft(self, nodes: torch.Tensor) -> None:
         pass  # drafts are regenerated from their keys when verified
 
-    def _write(self, nodes: torch.Tensor, inc: torch.Tensor, valid: torch.Tensor) -> None:
-        """Store increments ``inc`` [K, W, d] of nodes' steps in their sequences' paths."""
-        if self.pool is None:
-            return
-        rec = self.rec
-        self.pool.write(rec.nodes["seq"][nodes], rec.nodes["a"][nodes], inc, valid)
+    def _write(self, seq, a, inc: torch.Tensor, valid: torch.Tensor) -> None:
+        """Store increments ``inc`` [K, W, d] of steps ``a + j`` in the sequences' paths."""
+        if self.pool is not None:
+            self.pool.write(seq, a, inc, valid)
 
-    def leaf(self, nodes: torch.Tensor) -> torch.Tensor:
-        rec, chain = self.rec, self.chain
-        a = rec.nodes["a"][nodes]
-        f = self.slots["f"][rec.nodes["row"][nodes]]
-        inc = chain.increments(rec.nodes["key"][nodes], f, a, 1)  # [K, 1, d]
+    def leaf(self, view) -> torch.Tensor:
+        chain = self.chain
+        a = view.a
+        f = self.slots["f"][view.row]
+        inc = chain.increments(view.key, f, a, 1)  # [K, 1, d]
         x, _, q = self._frames()
-        seq = rec.nodes["seq"][nodes]
-        x[seq] += inc[:, 0]
+        x[view.seq] += inc[:, 0]
         h = chain.h[a]
-        q[seq] += (inc[:, 0] ** 2).sum(1) / h
-        self._write(nodes, inc, torch.ones(nodes.numel(), 1, dtype=torch.bool, device=self.device))
+        q[view.seq] += (inc[:, 0] ** 2).sum(1) / h
+        self._write(view.seq, a, inc, self._one.expand(len(view), 1))
         resid = inc[:, 0] - f * h.unsqueeze(1)
         return (chain.log_norm[a + 1] - chain.log_norm[a]) - 0.5 * (resid**2).sum(1) / (
             chain.var * h
         )
 
-    def accepted(self, nodes: torch.Tensor) -> None:
-        if nodes.numel() == 0:
+    def accepted(self, view, pick: torch.Tensor) -> None:
+        if pick.numel() == 0:
             return
-        ids, end, q_block, inc, valid = self._verified
-        pick = torch.searchsorted(ids, nodes)
+        end, q_block, inc, valid = self._verified
         x, _, q = self._frames()
-        seq = self.rec.nodes["seq"][nodes]
+        seq = view.seq[pick]
         x[seq] = end[pick]
         q[seq] += q_block[pick]
-        self._write(nodes, inc[pick], valid[pick])
+        self._write(seq, view.a[pick], inc[pick], valid[pick])
 
-    def try_log_nu(self, threads: torch.Tensor, owners: torch.Tensor) -> torch.Tensor:
-        rec, chain = self.rec, self.chain
-        a, b = rec.nodes["a"][owners], rec.nodes["b"][owners]
-        f = self.slots["f"][rec.nodes["row"][owners]]
+    def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
+        chain = self.chain
+        a, b = owners.a, owners.b
+        f = self.slots["f"][owners.row]
         x, start, q = self._frames()
         span = chain.times[b] - chain.times[a]
         quad = q[threads] - 2 * (f * (x[threads] - start[threads])).sum(1) + (f * f).sum(1) * span
         return (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
 
     # ---------------------------------------------------------------------------- queries
-    def answer(self, row_nodes: torch.Tensor, verify_nodes: torch.Tensor):
-        rec, chain = self.rec, self.chain
-        nodes = rec.nodes
+    def answer(self, row_view, verify_view):
+        """One round: drift rows of ``row_view``'s nodes, verification of ``verify_view``'s
+        (drafts regenerated from their keys); returns as
+        :meth:`~pyro_autospec.engine.discrete.DiscreteBlocks.answer`."""
+        chain = self.chain
         x, _, _ = self._frames()
         wide = chain.wide
-        # drafted paths of the verified blocks
-        vv = verify_nodes
-        a, b, nxt = nodes["a"][vv], nodes["b"][vv], nodes["nxt"][vv]
+        vv = verify_view
+        nv = len(vv)
+        a, b, nxt = vv.a, vv.b, vv.nxt
         size = b - a
-        width = int(size.max()) if vv.numel() else 1
-        f_a = self.slots["f"][nodes["row"][vv]]
-        inc = chain.increments(nodes["key"][vv], f_a, a, width)
+        width = int(size.max()) if nv else 1
+        f_a = self.slots["f"][vv.row]
+        inc = chain.increments(vv.key, f_a, a, width)
         j = torch.arange(width, device=self.device)
         valid = j.unsqueeze(0) < size.unsqueeze(1)
         inc = torch.where(valid.unsqueeze(-1), inc, 0.0)
-        states = x[nodes["seq"][vv]].unsqueeze(1) + inc.cumsum(1)  # X_{a+1..a+width}
+        states = x[vv.seq].unsqueeze(1) + inc.cumsum(1)  # X_{a+1..a+width}
         # rows: draft rows, then the states X_{a+1..b-1} and the prefetch X_b
         asked = j.unsqueeze(0) < (size - 1 + (nxt > b).long()).unsqueeze(1)
         step = (a.unsqueeze(1) + 1 + j).clamp(max=chain.num_steps)
-        t = torch.cat([chain.times[nodes["a"][row_nodes]], chain.times[step[asked]]])
-        xs = torch.cat([x[nodes["seq"][row_nodes]], states[asked]])
+        t = torch.cat([chain.times[row_view.a], chain.times[step[asked]]])
+        xs = torch.cat([x[row_view.seq], states[asked]])
         out = self.evaluate(t, xs)
-        nr = row_nodes.numel()
+        nr = len(row_view)
         row_slots = self.slots.alloc(nr)
         self.slots["f"][row_slots] = out[:nr]
         empty = torch.zeros(0, dtype=wide, device=self.device)
-        next_rows = torch.full((vv.numel(),), -1, dtype=torch.long, device=self.device)
-        if vv.numel() == 0:
+        next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
+        if nv == 0:
             self._verified = None
             return row_slots, empty, empty, next_rows
-        drifts = torch.zeros(vv.numel(), width, self.d, dtype=wide, device=self.device)
+        drifts = torch.zeros(nv, width, self.d, dtype=wide, device=self.device)
         drifts[asked] = out[nr:]
         # drifts[:, j] is b at X_{a+1+j}; the step a+1+j uses it, step a uses f_a
         f_k = torch.cat([f_a.unsqueeze(1), drifts[:, : width - 1]], 1)  # drift of step a+j
@@ -358,14 +356,13 @@ class EulerBlocks:
         quad = torch.where(valid, (resid**2).sum(-1) / h, 0.0).sum(1)
         log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
         q_block = torch.where(valid, (inc**2).sum(-1) / h, 0.0).sum(1)
-        end = states[torch.arange(vv.numel(), device=self.device), size - 1]
+        end = states[torch.arange(nv, device=self.device), size - 1]
         has_next = nxt > b
         if bool(has_next.any()):
             slots = self.slots.alloc(int(has_next.sum()))
             self.slots["f"][slots] = drifts[has_next, size[has_next] - 1]
             next_rows[has_next] = slots
-        order = torch.argsort(vv)
-        self._verified = (vv[order], end[order], q_block[order], inc[order], valid[order])
+        self._verified = (end, q_block, inc, valid)
         return row_slots, log_ratio.double(), log_mu.double(), next_rows
 
 
