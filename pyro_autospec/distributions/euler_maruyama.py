@@ -29,7 +29,7 @@ class EulerMaruyamaPath(TorchDistribution):
     ``sample()`` runs the exact parallel sampler (:func:`~pyro_autospec.sample_sde`);
     ``log_prob(path)`` is the exact sum of the Gaussian transition log densities, differentiable
     in the path and in the drift's parameters, so the distribution can be observed or scored
-    inside a Pyro model.
+    inside a Pyro model. User guide: :doc:`/diffusion`.
 
     Parameters
     ----------

@@ -18,7 +18,8 @@ class StochasticLocalization(TorchDistribution):
 
     ``sample()`` runs :func:`~pyro_autospec.sample_diffusion` (exact parallel simulation of the
     Euler-Maruyama chain ``dX_t = f(t, X_t) dt + dB_t``, ``X_0 = 0``) and returns ``X_T / T``,
-    which approximates ``mu * N(0, I / T)`` for the target ``mu`` of the denoiser.
+    which approximates ``mu * N(0, I / T)`` for the target ``mu`` of the denoiser. User guide:
+    :doc:`/diffusion`.
 
     Parameters
     ----------
@@ -26,8 +27,8 @@ class StochasticLocalization(TorchDistribution):
         ``dim`` = d and ``denoiser(t: Tensor[B], x: Tensor[B, d]) -> Tensor[B, d]`` with
         ``f(t, x) = E[Y | t Y + B_t = x]``.
     times : Tensor[N + 1], optional
-        Strictly increasing grid starting at 0; default :func:`~pyro_autospec.engine.
-        diffusion_schedule.diffusion_times` (``num_steps`` = 256, ``delta`` = 1e-3).
+        Strictly increasing grid starting at 0; default :func:`~pyro_autospec.diffusion_times`
+        (``num_steps`` = 256, ``delta`` = 1e-3).
     num_steps, delta : optional
         Options of the default grid (not with ``times``).
     method : str
