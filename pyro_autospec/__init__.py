@@ -40,7 +40,6 @@ _LAZY = {
     "DiffusionGuide": "pyro_autospec.guides",
     "sample_diffusion": "pyro_autospec.engine.diffusion",
     "sample_sde": "pyro_autospec.engine.diffusion",
-    "DiffusionResult": "pyro_autospec.engine.diffusion",
     "diffusion_times": "pyro_autospec.engine.diffusion",
     "euler_maruyama_log_prob": "pyro_autospec.engine.diffusion",
 }

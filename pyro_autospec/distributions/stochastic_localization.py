@@ -7,8 +7,9 @@ import math
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
-from pyro_autospec.engine.diffusion import DiffusionResult, sample_diffusion
+from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
+from pyro_autospec.engine.result import SampleResult
 
 __all__ = ["StochasticLocalization"]
 
@@ -40,7 +41,7 @@ class StochasticLocalization(TorchDistribution):
 
     Attributes
     ----------
-    last_result : DiffusionResult or None
+    last_result : SampleResult or None
         What the latest ``sample()`` cost (rounds, rows, ...).
 
     Notes
@@ -95,7 +96,7 @@ class StochasticLocalization(TorchDistribution):
         self.times = torch.as_tensor(grid, dtype=torch.float64)
         self.method = method
         self.sampler_options = sampler_options
-        self.last_result: DiffusionResult | None = None
+        self.last_result: SampleResult | None = None
         super().__init__(torch.Size(), torch.Size((dim,)), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
