@@ -290,6 +290,7 @@ def run_any_order(
         method=method,
         wall_time=time.perf_counter() - start,
         engine=engine,
+        timing=dict(rows.seconds),
     )
 
 

@@ -256,6 +256,7 @@ def _run(s: _Settings) -> SampleResult:
         times=torch.as_tensor(s.grid, dtype=torch.float64, device=stats),
         error=None if error is None else error.to(device=stats, dtype=torch.float64),
         engine=s.engine,
+        timing={"oracle": evaluate.seconds},
     )
 
 

@@ -26,6 +26,7 @@ This module also holds the drift evaluator shared by both engines and the fast
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -95,6 +96,7 @@ class DriftEvaluator:
         self.max_rows_per_call = max_rows_per_call
         self.name = name
         self.wide = torch.float32 if device.type == "mps" else torch.float64
+        self.seconds = 0.0  # host seconds inside the drift
 
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rows = t.shape[0]
@@ -103,8 +105,10 @@ class DriftEvaluator:
         for i in range(0, rows, chunk):
             tt = t[i : i + chunk].to(device=self.device, dtype=self.dtype)
             xx = x[i : i + chunk].to(device=self.device, dtype=self.dtype)
+            start = time.perf_counter()
             with torch.no_grad():
                 out = self.drift(tt, xx)
+            self.seconds += time.perf_counter() - start
             check_drift_output(out, tt, xx, self.dim, self.name, i)
             pieces.append(out.detach().to(self.wide))
         if not pieces:
@@ -263,9 +267,7 @@ class EulerBlocks:
                     raise ValueError(f"rho({s}, {lr}) returned {value}; it must be positive")
                 values.append(value)
             return torch.tensor(values, dtype=torch.float64, device=self.device)
-        return torch.full(
-            (pick.numel(),), float(self.rho), dtype=torch.float64, device=self.device
-        )
+        return torch.full((pick.numel(),), float(self.rho), dtype=torch.float64, device=self.device)
 
     # ---------------------------------------------------------------------------- blocks
     def draft(self, nodes: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,11 @@ class SampleResult:
         driven by the same noise (``None`` for the exact methods).
     engine : str
         ``"fast"`` or ``"reference"``.
+    timing : dict
+        Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
+        ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
+        engine's own bookkeeping is ``wall_time`` minus these. On a GPU these are launch
+        times, not device times.
     """
 
     samples: torch.Tensor
@@ -58,6 +63,7 @@ class SampleResult:
     times: torch.Tensor | None = None
     error: torch.Tensor | None = None
     engine: str = "fast"
+    timing: dict = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:

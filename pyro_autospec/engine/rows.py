@@ -22,6 +22,7 @@ on a CPU a fresh allocation of that size costs more than filling it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +103,9 @@ class OracleRows:
             else draw_ids.to(device)
         )
         self.calls = 0
+        #: Host seconds spent building the protocol's dense inputs, inside the oracle's
+        #: methods, and checking its answers (for benchmarks; without GPU synchronisation).
+        self.seconds = {"inputs": 0.0, "oracle": 0.0}
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------ buffers
@@ -122,6 +126,7 @@ class OracleRows:
         self, values: torch.Tensor, frame: torch.Tensor, draw: torch.Tensor, cut: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] of ``R`` rows."""
+        start = time.perf_counter()
         rows = frame.numel()
         out = self._buffer("values", rows, torch.long)
         if values.dtype == torch.long:
@@ -131,6 +136,7 @@ class OracleRows:
         mask = self._buffer("mask", rows, torch.bool)
         ranks = torch.index_select(self.ranks, 0, draw)
         torch.lt(ranks, cut.to(ranks.dtype).unsqueeze(1), out=mask)
+        self.seconds["inputs"] += time.perf_counter() - start
         return out, mask
 
     # ------------------------------------------------------------------------ queries
@@ -232,11 +238,14 @@ class OracleRows:
         pos = start.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (width - 1).unsqueeze(1))
         targets = self.orders[draw.unsqueeze(1), pos]
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
+        start = time.perf_counter()
         if self.targeted:
             out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
         else:
             out = self.oracle.log_marginals(vals, mask, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), self.n, self.q), "log_marginals")
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
         return _checked(out, offsets.unsqueeze(0) < width.unsqueeze(1))
@@ -255,7 +264,9 @@ class OracleRows:
             pos = c.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (ln - 1).unsqueeze(1))
             chain = self.orders[d.unsqueeze(1), pos]
             extra = {"draws": self.draw_ids[d]} if self.family else {}
+            start = time.perf_counter()
             out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
             pieces.append(_checked(out, offsets.unsqueeze(0) < ln.unsqueeze(1)))
         return _cat(pieces)
