@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ._util import ExactOracle, as_float64, log_normalize, point_mass
+from ._util import ExactOracle, as_float64, chain_repeats, log_normalize, point_mass
 
 __all__ = ["CurieWeissOracle"]
 
@@ -79,21 +79,26 @@ class CurieWeissOracle(ExactOracle):
         self.h = _real_scalar(h, "h", self.beta.device)
         self.num_coords = n
         self.num_values = 2
+        counts = torch.arange(n + 1, dtype=torch.float64, device=self.beta.device)
+        self._log_factorials = torch.lgamma(counts + 1)  # log k!, k = 0 .. n
 
     def _free_marginal(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log marginal [B, 2] shared by every unpinned coordinate of a row."""
+        return self._free_marginal_of_counts(mask.sum(1), (mask & (values == 1)).sum(1))
+
+    def _free_marginal_of_counts(self, pinned: torch.Tensor, ups: torch.Tensor) -> torch.Tensor:
+        """Log marginal [B, 2] of an unpinned spin given ``pinned`` [B] pins, ``ups`` [B] up."""
         n = self.num_coords
-        device = values.device
-        pinned = mask.sum(1)  # k
-        ups = (mask & (values == 1)).sum(1)
+        device = pinned.device
         magnetisation = (2 * ups - pinned).double()  # m
-        others = (n - pinned - 1).double()  # u - 1
-        j = torch.arange(n, dtype=torch.float64, device=device)  # [n]
+        others = (n - pinned - 1).clamp(min=0)  # u - 1
+        j = torch.arange(n, device=device)  # [n]
         valid = j <= others.unsqueeze(-1)  # [B, n]
+        log_factorials = self._log_factorials
         log_binom = (
-            torch.lgamma(others.unsqueeze(-1) + 1)
-            - torch.lgamma(j + 1)
-            - torch.lgamma((others.unsqueeze(-1) - j + 1).clamp(min=1))
+            log_factorials[others].unsqueeze(-1)
+            - log_factorials[j]
+            - log_factorials[(others.unsqueeze(-1) - j).clamp(min=0)]
         )
         log_binom = torch.where(valid, log_binom, float("-inf"))
         base = magnetisation.unsqueeze(-1) + 2 * j - others.unsqueeze(-1)  # [B, n]
@@ -115,6 +120,19 @@ class CurieWeissOracle(ExactOracle):
         free = self._free_marginal(values, mask)
         out = free.unsqueeze(1).expand(-1, targets.shape[1], -1)
         return point_mass(out, mask.gather(1, targets), values.gather(1, targets).clamp(0, 1))
+
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        # the counts of every row from the prefix's counts and running sums along the chain
+        x = values.gather(1, chain).clamp(0, 1)
+        inert = mask.gather(1, chain) | chain_repeats(chain)
+        new = (~inert).long()
+        new_up = new * (x == 1).long()
+        pinned = mask.sum(1, keepdim=True) + new.cumsum(1) - new
+        ups = (mask & (values == 1)).sum(1, keepdim=True) + new_up.cumsum(1) - new_up
+        free = self._free_marginal_of_counts(pinned.flatten(), ups.flatten())
+        return point_mass(free.view(*chain.shape, 2), inert, x)
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
         """Normalised ``log p(x)`` of full configurations ``x``: LongTensor[N, n] -> [N].

@@ -190,10 +190,10 @@ class HMMOracle(SeparatorOracle):
     def _combine(
         self,
         values: torch.Tensor,
-        mask: torch.Tensor,
         sites: torch.Tensor,
         left: torch.Tensor,
         right: torch.Tensor,
+        pinned: torch.Tensor,
     ) -> torch.Tensor:
         batch, k = sites.shape
         q = self.num_values
@@ -216,7 +216,7 @@ class HMMOracle(SeparatorOracle):
             out = torch.cat(parts, 0).reshape(batch, k, q)
         else:
             out = torch.empty(batch, k, q, dtype=torch.float64, device=values.device)
-        return point_mass(out, mask.gather(1, sites), values.gather(1, sites))
+        return point_mass(out, pinned, values.gather(1, sites))
 
     def _combine_flat(
         self,

@@ -144,3 +144,8 @@ class SpanningTreeOracle(ExactOracle):
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
         return self._dpp._log_marginals_at(values, mask, targets)
+
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        return self._dpp._log_marginals_chain(values, mask, chain)

@@ -239,6 +239,22 @@ class TreePottsOracle(ExactOracle):
             torch.tensor([c for c in range(n) if depth[c] == d], dtype=torch.long, device=device)
             for d in range(max_depth + 1)
         ]
+        # The same forest with nodes renumbered by depth ("positions"), so that every level is
+        # a slice: what chain queries work on.
+        order = torch.cat(self._levels)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(n, device=device)
+        self._order = order
+        self._position = position
+        parent_position = torch.where(
+            self._parent[order] >= 0, position[self._parent[order].clamp(min=0)], -1
+        )
+        self._parent_position = parent_position
+        self._psi_position = psi[order].contiguous()
+        starts = [0]
+        for level in self._levels:
+            starts.append(starts[-1] + len(level))
+        self._level_starts = starts
 
     def _belief_propagation(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Log marginals [B, N, q] of one chunk of rows."""
@@ -289,6 +305,216 @@ class TreePottsOracle(ExactOracle):
     ) -> torch.Tensor:
         full = self._log_marginals(values, mask)
         return full.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
+
+    # -- chain queries ------------------------------------------------------------------------
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        num_chains, length = chain.shape
+        n, q = self.num_coords, self.num_values
+        device = values.device
+        out = torch.empty(num_chains, length, q, dtype=torch.float64, device=device)
+        if num_chains == 0 or length == 0:
+            return out
+        # positions (nodes renumbered by depth)
+        mask_p = mask.index_select(1, self._order)
+        chain_p = self._position[chain]
+        marks = self._ancestor_marks(mask_p, chain_p)  # [C, n]
+        sizes = marks.sum(1)
+        order = torch.argsort(sizes, stable=True)
+        size_list = sizes[order].tolist()
+
+        def entries(size: int) -> int:
+            return n * q * (q + 4) + length * (size + 1) * q * (q + 6)
+
+        for start, stop in _chunks(size_list, entries, _MAX_WORK_ENTRIES):
+            rows = order[start:stop]
+            out[rows] = self._chain_chunk(
+                values.index_select(0, rows).index_select(1, self._order),
+                mask_p.index_select(0, rows),
+                chain_p.index_select(0, rows),
+                marks.index_select(0, rows),
+                size_list[stop - 1],
+            )
+        return out
+
+    def _ancestor_marks(self, mask_p: torch.Tensor, chain_p: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[C, n] (positions): the chain nodes and their ancestors, up to the first
+        node pinned by the prefix or a root (a pinned node cuts the tree: nothing above it
+        changes what the chain pins below it do)."""
+        num_chains, n = mask_p.shape
+        marks = torch.zeros(num_chains, n + 1, dtype=torch.bool, device=mask_p.device)
+        current = chain_p
+        active = torch.ones_like(chain_p, dtype=torch.bool)
+        for _ in range(len(self._levels)):
+            marks.scatter_(1, torch.where(active, current, n), True)
+            parent = self._parent_position[current]
+            active = active & (parent >= 0) & ~mask_p.gather(1, current)
+            if not bool(active.any()):
+                break
+            current = parent.clamp(min=0)
+        return marks[:, :n]
+
+    def _chain_chunk(
+        self,
+        values_p: torch.Tensor,
+        mask_p: torch.Tensor,
+        chain_p: torch.Tensor,
+        marks: torch.Tensor,
+        size: int,
+    ) -> torch.Tensor:
+        """Chain answers [C, L, q] of one chunk of chains, everything in positions.
+
+        1. One upward pass per chain with the prefix's pins, in which the ``size`` marked
+           nodes (the chain nodes and their ancestors) send nothing to a marked parent: it
+           leaves, at every marked node, the sum of the messages of its unmarked children
+           ("static").
+        2. Per row ``j`` (pins: the prefix and ``chain[:j]``), an upward then a downward
+           pass over the marked nodes only, level by level, with the static sums.
+        A marked node whose parent is unmarked is a root or pinned by the prefix: its
+        downward message is 1 (exact for a root; a pinned node's messages to its children
+        depend only on its value).
+        """
+        num_chains, n = mask_p.shape
+        length = chain_p.shape[1]
+        q = self.num_values
+        device = values_p.device
+        inf = float("-inf")
+        arange_q = torch.arange(q, device=device)
+        fields_p = self.fields.index_select(0, self._order)
+        clash = mask_p.unsqueeze(-1) & (values_p.unsqueeze(-1) != arange_q)
+        phi = fields_p + torch.where(clash, inf, 0.0)  # [C, n, q]
+        finite_in = torch.zeros_like(phi)
+        zeros_in = torch.zeros_like(phi)
+        starts = self._level_starts
+        psi = self._psi_position
+        parent_p = self._parent_position
+        # a marked node with a marked parent is recomputed per row: it sends nothing here
+        linked = (parent_p >= 0) & marks.gather(1, parent_p.clamp(min=0).expand(num_chains, n))
+        for d in range(len(self._levels) - 1, 0, -1):
+            level = slice(starts[d], starts[d + 1])
+            belief = phi[:, level] + torch.where(zeros_in[:, level] > 0, inf, finite_in[:, level])
+            message = log_normalize_safe(logsumexp(belief.unsqueeze(-1) + psi[level], dim=-2))
+            finite = torch.isfinite(message)
+            sends = ~(marks[:, level] & linked[:, level]).unsqueeze(-1)
+            parents = parent_p[level]
+            finite_in.index_add_(1, parents, torch.where(finite & sends, message, 0.0))
+            zeros_in.index_add_(1, parents, (~finite & sends).double())
+        # local numbering of the marked nodes: by position, so each level is a range
+        count = marks.long().cumsum(1)
+        local = count - 1  # at marked positions
+        dummy = size  # a slot for padding and for "no marked parent"
+        nodes = torch.full((num_chains, size + 1), n, dtype=torch.long, device=device)
+        slot = torch.where(marks, local, dummy)
+        nodes.scatter_(1, slot, torch.arange(n, device=device).expand(num_chains, n))
+        nodes[:, dummy] = n
+        real = nodes < n
+        node_c = nodes.clamp(max=n - 1)
+        parent_of = parent_p[node_c]
+        parent_marked = real & (parent_of >= 0) & marks.gather(1, parent_of.clamp(min=0))
+        parent_local = torch.where(parent_marked, local.gather(1, parent_of.clamp(min=0)), dummy)
+        # per-node data [C, size + 1, ...]
+        node_psi = psi[node_c]  # [C, s, q, q]
+        static_finite = finite_in.gather(1, node_c.unsqueeze(-1).expand(-1, -1, q))
+        static_zeros = zeros_in.gather(1, node_c.unsqueeze(-1).expand(-1, -1, q))
+        node_phi = phi.gather(1, node_c.unsqueeze(-1).expand(-1, -1, q))
+        node_value = values_p.gather(1, node_c)
+        chain_local = local.gather(1, chain_p)  # [C, L]
+        steps = torch.arange(length, device=device).expand(num_chains, length)
+        rank = torch.full((num_chains, size + 1), length, dtype=torch.long, device=device)
+        rank.scatter_reduce_(1, chain_local, steps, reduce="amin")  # first step on the chain
+        rank[:, dummy] = length
+        # rows: phi with the chain pins of each row [C, L, s, q]
+        pinned_at = rank.unsqueeze(1) < torch.arange(length, device=device).view(1, -1, 1)
+        clash = pinned_at.unsqueeze(-1) & (node_value.unsqueeze(-1) != arange_q).unsqueeze(1)
+        row_phi = node_phi.unsqueeze(1) + torch.where(clash, inf, 0.0)
+        row_phi[:, :, dummy] = 0.0
+        shape = (num_chains, length, size + 1, q)
+        dyn_finite = torch.zeros(shape, dtype=torch.float64, device=device)
+        dyn_zeros = torch.zeros(shape, dtype=torch.float64, device=device)
+        up = torch.zeros(shape, dtype=torch.float64, device=device)
+        down = torch.zeros(shape, dtype=torch.float64, device=device)
+        # the ranges of local slots of every level, per chain
+        bounds = torch.tensor(starts, device=device)
+        before = torch.cat([torch.zeros(num_chains, 1, dtype=torch.long, device=device), count], 1)
+        level_lo = before.index_select(1, bounds[:-1])  # [C, levels]
+        level_hi = before.index_select(1, bounds[1:])
+        widths = (level_hi - level_lo).amax(0).tolist()
+
+        def level_slots(d: int) -> torch.Tensor:
+            slots = level_lo[:, d : d + 1] + torch.arange(widths[d], device=device)
+            return torch.where(slots < level_hi[:, d : d + 1], slots, dummy)  # [C, w]
+
+        def per_row(t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            index = slots.view(num_chains, 1, -1, 1).expand(-1, length, -1, q)
+            return t.gather(2, index)
+
+        def per_node(t: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            return t.gather(1, slots.unsqueeze(-1).expand(-1, -1, q)).unsqueeze(1)
+
+        levels = [d for d in range(len(self._levels)) if widths[d] > 0]
+        for d in reversed(levels):
+            if d == 0:
+                continue
+            slots = level_slots(d)
+            zeros = per_node(static_zeros, slots) + per_row(dyn_zeros, slots)
+            belief = per_row(row_phi, slots) + per_node(static_finite, slots)
+            belief = belief + torch.where(zeros > 0.5, inf, per_row(dyn_finite, slots))
+            slot_psi = node_psi.gather(
+                1, slots.view(num_chains, -1, 1, 1).expand(-1, -1, q, q)
+            ).unsqueeze(1)  # [C, 1, w, q, q]
+            message = log_normalize_safe(logsumexp(belief.unsqueeze(-1) + slot_psi, dim=-2))
+            index = slots.view(num_chains, 1, -1, 1).expand(-1, length, -1, q)
+            up.scatter_(2, index, message)
+            finite = torch.isfinite(message)
+            parents = parent_local.gather(1, slots)
+            index = parents.view(num_chains, 1, -1, 1).expand(-1, length, -1, q)
+            dyn_finite.scatter_add_(2, index, torch.where(finite, message, 0.0))
+            dyn_zeros.scatter_add_(2, index, (~finite).double())
+        for d in levels:
+            if d == 0:
+                continue
+            slots = level_slots(d)
+            parents = parent_local.gather(1, slots)
+            own = per_row(up, slots)
+            own_finite = torch.isfinite(own)
+            finite = per_node(static_finite, parents) + per_row(dyn_finite, parents)
+            finite = finite - torch.where(own_finite, own, 0.0)
+            zeros = per_node(static_zeros, parents) + per_row(dyn_zeros, parents)
+            zeros = zeros - (~own_finite).double()
+            partial = per_row(row_phi, parents) + per_row(down, parents)
+            partial = partial + torch.where(zeros > 0.5, inf, finite)  # [C, L, w, q]
+            slot_psi = node_psi.gather(
+                1, slots.view(num_chains, -1, 1, 1).expand(-1, -1, q, q)
+            ).unsqueeze(1)
+            message = log_normalize_safe(logsumexp(partial.unsqueeze(-2) + slot_psi, dim=-1))
+            has_parent = (parents != dummy).view(num_chains, 1, -1, 1)
+            message = torch.where(has_parent, message, 0.0)
+            index = slots.view(num_chains, 1, -1, 1).expand(-1, length, -1, q)
+            down.scatter_(2, index, message)
+        # beliefs of the targets: row j reads node chain[j]
+        target = chain_local.view(num_chains, length, 1, 1).expand(-1, -1, 1, q)
+        zeros = static_zeros.gather(1, chain_local.unsqueeze(-1).expand(-1, -1, q))
+        zeros = zeros + dyn_zeros.gather(2, target).squeeze(2)
+        belief = row_phi.gather(2, target).squeeze(2) + down.gather(2, target).squeeze(2)
+        belief = belief + static_finite.gather(1, chain_local.unsqueeze(-1).expand(-1, -1, q))
+        belief = belief + torch.where(zeros > 0.5, inf, dyn_finite.gather(2, target).squeeze(2))
+        out = log_normalize(belief)
+        pinned = mask_p.gather(1, chain_p) | (rank.gather(1, chain_local) < steps)
+        return point_mass(out, pinned, values_p.gather(1, chain_p))
+
+
+def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:
+    """Cut rows sorted by increasing size into ``[start, stop)`` chunks whose temporaries hold
+    at most ``limit`` entries (at least one row each)."""
+    out, start = [], 0
+    while start < len(sizes):
+        stop = start + 1
+        while stop < len(sizes) and (stop + 1 - start) * entries_per_row(sizes[stop]) <= limit:
+            stop += 1
+        out.append((start, stop))
+        start = stop
+    return out
 
 
 def log_normalize_safe(message: torch.Tensor) -> torch.Tensor:
