@@ -148,6 +148,8 @@ def chain_nearest_pins(
     ``sqrt(n)``), in chunks of at most ``2^22`` pairs.
     """
     num_chains, length = chain.shape
+    if num_chains == 0 or length == 0:
+        return left, right, torch.zeros_like(chain, dtype=torch.bool)
     earlier = torch.ones(length, length, dtype=torch.bool, device=chain.device).tril(-1)
     step = max(1, _MAX_PAIRS // max(1, length * length))
     lefts, rights, repeats = [], [], []
@@ -158,8 +160,6 @@ def chain_nearest_pins(
         lefts.append(torch.where(earlier & (before < target), before, -1).amax(-1))
         rights.append(torch.where(earlier & (before > target), before, n).amin(-1))
         repeats.append((earlier & (before == target)).any(-1))
-    if not lefts:
-        return left, right, torch.zeros_like(chain, dtype=torch.bool)
     repeated = torch.cat(repeats)
     left = torch.where(repeated, chain, torch.maximum(left, torch.cat(lefts)))
     right = torch.where(repeated, chain, torch.minimum(right, torch.cat(rights)))

@@ -90,18 +90,20 @@ def random_chains(
     length: int,
     seed: int,
     pin_probability: float = 0.4,
-    values_range: int | None = None,
+    values: torch.Tensor | None = None,
 ):
     """Random chain queries ``(values, mask, chain)`` as the engine makes them.
 
     Chains have random lengths in ``1..length`` (the first has length 1 and the second the
     full length), are made of distinct coordinates outside the prefix, and are padded by
-    repeating their last coordinate. Values are valid at pinned and chain coordinates and
-    garbage elsewhere. Masks have every density; a prefix too full for a chain lends the
-    chain pinned coordinates (then a point mass), which the protocol allows.
+    repeating their last coordinate. Values are valid at pinned and chain coordinates (random,
+    or taken from ``values`` [C, n], e.g. exact samples) and garbage elsewhere. Masks have every
+    density; a prefix too full for a chain lends the chain pinned coordinates (then a point
+    mass), which the protocol allows.
     """
     gen = torch.Generator().manual_seed(seed)
-    values = torch.randint(0, values_range or q, (num_chains, n), generator=gen)
+    if values is None:
+        values = torch.randint(0, q, (num_chains, n), generator=gen)
     density = torch.rand(num_chains, 1, generator=gen) * 2 * pin_probability
     mask = torch.rand(num_chains, n, generator=gen) < density
     mask[0] = False
@@ -134,11 +136,12 @@ def chain_by_rows(oracle, values, mask, chain) -> torch.Tensor:
 
 
 def assert_chain_matches_rows(
-    oracle, values, mask, chain, atol: float = 1e-10, reference=None
+    oracle, values, mask, chain, atol: float = 1e-10, reference=None, exact_zeros: bool = True
 ) -> int:
     """Native chain answers equal the row-by-row ones on rows conditioned on a possible
     assignment (``reference``'s rows, default the oracle's own, are not NaN); returns how
-    many rows were compared. Rows conditioned on impossible assignments may be NaN."""
+    many rows were compared. Rows conditioned on impossible assignments may be NaN. With
+    ``exact_zeros`` the zero probabilities must agree exactly (off for linear algebra)."""
     got = oracle.log_marginals_chain(values, mask, chain)
     expected = chain_by_rows(oracle, values, mask, chain)
     assert got.dtype == torch.float64
@@ -149,8 +152,25 @@ def assert_chain_matches_rows(
         possible = ~torch.isnan(expected).any(-1)
     assert not torch.isnan(got[possible]).any(), "NaN on a row conditioned on a possible prefix"
     torch.testing.assert_close(got[possible].exp(), expected[possible].exp(), atol=atol, rtol=0)
+    if not exact_zeros:
+        return int(possible.sum())
     # zero probabilities agree exactly, log probabilities where they are not tiny
     assert torch.equal(got[possible] == float("-inf"), expected[possible] == float("-inf"))
     big = expected[possible] > -20
     torch.testing.assert_close(got[possible][big], expected[possible][big], atol=atol, rtol=0)
     return int(possible.sum())
+
+
+def exact_samples(oracle, num_samples: int, seed: int) -> torch.Tensor:
+    """LongTensor[N, n] of exact draws by the chain rule in index order (``n`` calls of
+    ``log_marginals_at``), for queries whose pins must all be possible."""
+    gen = torch.Generator().manual_seed(seed)
+    n = oracle.num_coords
+    values = torch.zeros(num_samples, n, dtype=torch.long)
+    mask = torch.zeros(num_samples, n, dtype=torch.bool)
+    for i in range(n):
+        target = torch.full((num_samples, 1), i)
+        probs = oracle.log_marginals_at(values, mask, target)[:, 0].exp()
+        values[:, i] = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        mask[:, i] = True
+    return values
