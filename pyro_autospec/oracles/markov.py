@@ -53,11 +53,12 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     Notes
     -----
     For long rows and few targets (``n > 256`` and ``8 k < n``) nothing of size ``[B, n]``
-    is allocated: the mask is read as 64-bit words of 8 flags (when ``n`` is a multiple of 8
-    on a little-endian machine), a running count of the non-empty words (``n / 8`` int32 per
-    row) is binary-searched for the nearest non-empty word on each side of a target, and the
-    flag inside a word comes from the exponent of a float (``O(n / 8 + k log n)`` per row).
-    Otherwise a running count of pins or a scan of the whole row.
+    is allocated when ``n`` is a multiple of 8 (on a little-endian machine): the mask is read
+    as 64-bit words of 8 flags, and words as groups of 8, so that only a running count of the
+    non-empty groups (``n / 64`` int32 per row) is formed and binary-searched; the nearest
+    flag inside a group or a word comes from the exponent of a float. ``O(n / 8 + k log n)``
+    per row, most of it one reading of the mask. Otherwise a running count of pins
+    (``O(n + k log n)``) or a scan of the whole row.
     """
     n, k = mask.shape[1], targets.shape[1]
     if n <= 256 or 8 * k >= n:  # a scan of the whole row is cheaper
@@ -97,27 +98,49 @@ def _top_byte(words: torch.Tensor) -> torch.Tensor:
 def _nearest_pins_by_words(
     mask: torch.Tensor, targets: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`nearest_pins_at` for ``n`` a multiple of 8 on a little-endian machine."""
-    n = mask.shape[1]
+    """:func:`nearest_pins_at` for ``n`` a multiple of 8 on a little-endian machine.
+
+    Two levels of 64-bit words: ``words`` holds 8 flags each (a view of the mask, no copy),
+    ``groups`` the 8 flags "word is non-empty" of 8 consecutive words. Only the groups get a
+    running count (``n / 64`` int32 per row), binary-searched for the nearest non-empty group;
+    inside a group or a word the nearest flag comes from :func:`_top_byte`.
+    """
+    batch, n = mask.shape
     num_words = n // 8
+    num_groups = (num_words + 7) // 8
     words = mask.contiguous().view(torch.uint8).view(torch.int64)  # [B, n / 8], byte i = flag
-    count = (words != 0).to(torch.int32).cumsum(dim=1, dtype=torch.int32)  # non-empty words
+    nonempty = torch.zeros(batch, 8 * num_groups, dtype=torch.bool, device=mask.device)
+    nonempty[:, :num_words] = words != 0
+    groups = nonempty.view(torch.uint8).view(torch.int64)  # [B, groups], byte i = word 8 g + i
+    count = (groups != 0).to(torch.int32).cumsum(dim=1, dtype=torch.int32)  # non-empty groups
     low_bytes, high_bytes = _byte_masks(mask.device)
-    word = targets >> 3
-    offset = targets & 7
+    word, offset = targets >> 3, targets & 7
+    group, slot = word >> 3, word & 7  # the target's word is byte `slot` of `group`
     own = words.gather(1, word)
+    own_group = groups.gather(1, group)
+    # left: in the target's word; else the last non-empty word before it in its group; else
+    # the last word of the last non-empty group before it
+    earlier = own_group & torch.where(slot > 0, low_bytes[(slot - 1).clamp(min=0)], 0)
+    rank = torch.where(group > 0, count.gather(1, (group - 1).clamp(min=0)), 0)
+    previous = torch.searchsorted(count, rank.clamp(min=1))  # first group with count >= rank
+    found = groups.gather(1, previous.clamp(max=num_groups - 1))
+    left_word = torch.where(rank > 0, 8 * previous + _top_byte(found), -1)
+    left_word = torch.where(earlier != 0, 8 * group + _top_byte(earlier), left_word)
+    found = words.gather(1, left_word.clamp(min=0))
+    left = torch.where(left_word >= 0, 8 * left_word + _top_byte(found), -1)
     below = own & low_bytes[offset]  # flags at or before the target in its word
-    above = own & high_bytes[offset]  # at or after
-    # left: the last non-empty word before the target's word
-    rank = torch.where(word > 0, count.gather(1, (word - 1).clamp(min=0)), 0)
-    previous = torch.searchsorted(count, rank.clamp(min=1))  # first word with count >= rank
-    found = words.gather(1, previous.clamp(max=num_words - 1))
-    left = torch.where(rank > 0, 8 * previous + _top_byte(found), -1)
     left = torch.where(below != 0, 8 * word + _top_byte(below), left)
-    # right: the first non-empty word after the target's word
-    following = torch.searchsorted(count, count.gather(1, word) + 1)
-    found = words.gather(1, following.clamp(max=num_words - 1))
-    right = torch.where(following < num_words, 8 * following + _top_byte(found & -found), n)
+    # right: the mirror image, with the lowest byte (x & -x isolates the lowest set bit)
+    later = own_group & torch.where(slot < 7, high_bytes[(slot + 1).clamp(max=7)], 0)
+    following = torch.searchsorted(count, count.gather(1, group) + 1)  # the next group
+    found = groups.gather(1, following.clamp(max=num_groups - 1))
+    right_word = torch.where(
+        following < num_groups, 8 * following + _top_byte(found & -found), num_words
+    )
+    right_word = torch.where(later != 0, 8 * group + _top_byte(later & -later), right_word)
+    found = words.gather(1, right_word.clamp(max=num_words - 1))
+    right = torch.where(right_word < num_words, 8 * right_word + _top_byte(found & -found), n)
+    above = own & high_bytes[offset]  # at or after
     right = torch.where(above != 0, 8 * word + _top_byte(above & -above), right)
     return left, right
 
@@ -144,26 +167,68 @@ def chain_nearest_pins(
 
     Notes
     -----
-    One pairwise comparison inside each chain, ``O(L^2)`` per chain (``L`` is about
-    ``sqrt(n)``), in chunks of at most ``2^22`` pairs.
+    Sort each chain by coordinate and write ``t[p]`` for the step at which the ``p``-th
+    smallest coordinate is pinned. The chain pin left of the ``p``-th coordinate, among those
+    pinned before it, is the previous smaller element of ``t`` at ``p`` (the nearest
+    ``p' < p`` with ``t[p'] < t[p]``), and the one right of it the next smaller element.
+    Both come from a table of running minima over windows of ``2^k`` and a descent over
+    ``k``: ``O(L log L)`` per chain in ``O(log L)`` batched steps.
     """
     num_chains, length = chain.shape
     if num_chains == 0 or length == 0:
         return left, right, torch.zeros_like(chain, dtype=torch.bool)
-    earlier = torch.ones(length, length, dtype=torch.bool, device=chain.device).tril(-1)
-    step = max(1, _MAX_PAIRS // max(1, length * length))
-    lefts, rights, repeats = [], [], []
-    for s in range(0, num_chains, step):
-        coords = chain[s : s + step]
-        before = coords.unsqueeze(1)  # [c, 1, i]: chain[c, i]
-        target = coords.unsqueeze(2)  # [c, j, 1]
-        lefts.append(torch.where(earlier & (before < target), before, -1).amax(-1))
-        rights.append(torch.where(earlier & (before > target), before, n).amin(-1))
-        repeats.append((earlier & (before == target)).any(-1))
-    repeated = torch.cat(repeats)
-    left = torch.where(repeated, chain, torch.maximum(left, torch.cat(lefts)))
-    right = torch.where(repeated, chain, torch.minimum(right, torch.cat(rights)))
+    device = chain.device
+    coords, perm = chain.sort(dim=1, stable=True)  # equal coordinates keep their chain order
+    steps = perm  # t[p]: the step that pins the p-th smallest coordinate
+    # a repeat is a coordinate equal to the one before it in sorted order
+    repeat_sorted = torch.zeros_like(coords, dtype=torch.bool)
+    repeat_sorted[:, 1:] = coords[:, 1:] == coords[:, :-1]
+    # repeats never pin anything new: give them the latest step so they are never chosen
+    t = torch.where(repeat_sorted, length, steps)
+    previous = _nearest_smaller(t, reverse=False)  # [C, L] sorted positions, -1 if none
+    following = _nearest_smaller(t, reverse=True)  # length if none
+    chain_left = torch.where(previous >= 0, coords.gather(1, previous.clamp(min=0)), -1)
+    chain_right = torch.where(
+        following < length, coords.gather(1, following.clamp(max=length - 1)), n
+    )
+    # back to chain order
+    inverse = torch.empty_like(perm)
+    inverse.scatter_(1, perm, torch.arange(length, device=device).expand(num_chains, length))
+    repeated = repeat_sorted.gather(1, inverse)
+    chain_left = chain_left.gather(1, inverse)
+    chain_right = chain_right.gather(1, inverse)
+    left = torch.where(repeated, chain, torch.maximum(left, chain_left))
+    right = torch.where(repeated, chain, torch.minimum(right, chain_right))
     return left, right, repeated
+
+
+def _nearest_smaller(t: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """For every ``p``, the nearest ``p' < p`` (``p' > p`` if ``reverse``) with
+    ``t[p'] < t[p]``: LongTensor of the shape of ``t`` [C, L], ``-1`` (``L``) if none."""
+    num_chains, length = t.shape
+    if reverse:
+        found = _nearest_smaller(t.flip(1), reverse=False)
+        return torch.where(found >= 0, length - 1 - found, length).flip(1)
+    # minima[k][:, p] = min(t[p - 2^k + 1 .. p]) (windows cut at 0)
+    minima = [t]
+    width = 1
+    while 2 * width <= length:
+        last = minima[-1]
+        shifted = torch.cat([last[:, :1].expand(-1, width), last[:, :-width]], 1)
+        minima.append(torch.minimum(last, shifted))
+        width *= 2
+    position = torch.arange(length, device=t.device).expand(num_chains, length)
+    current = position - 1  # the search starts just left of p
+    for k in range(len(minima) - 1, -1, -1):
+        size = 1 << k
+        start = current - size + 1
+        window = minima[k].gather(1, current.clamp(min=0))
+        # no smaller value in (start .. current]: jump over the window
+        jump = (start >= 0) & (window >= t)
+        current = torch.where(jump, current - size, current)
+    # current is now -1 or the nearest position whose value may be smaller
+    found = (current >= 0) & (t.gather(1, current.clamp(min=0)) < t)
+    return torch.where(found, current, -1)
 
 
 class SeparatorOracle(ExactOracle):

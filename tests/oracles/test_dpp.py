@@ -370,6 +370,11 @@ def test_chain_queries_match_rows(kind, path):
         values = torch.where(torch.rand(values.shape) < 0.02, values, 0)
     compared = assert_chain_matches_rows(oracle, values, mask, chain, exact_zeros=False)
     assert compared > 40 * 17 // 4
+    if kind == "features":  # more items in than the rank (6): NaN, as for rows
+        values = torch.ones(1, n, dtype=torch.long)
+        out = oracle.log_marginals_chain(values, mask[:1] & False, torch.arange(9)[None])
+        assert not torch.isnan(out[0, :7]).any() and torch.isnan(out[0, 7:]).all()
+        assert out[0, 6, 1] == -math.inf  # the seventh item has no room
 
 
 @pytest.mark.parametrize("path", PATHS)

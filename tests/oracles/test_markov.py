@@ -64,7 +64,16 @@ def test_nearest_pins():
     assert torch.equal(right_at, right.gather(1, targets))
     gen = torch.Generator().manual_seed(0)
     # scan (n <= 256), 64-bit words (n % 8 == 0) and running count (n % 8 != 0) paths
-    for n, density in [(40, 0.2), (1000, 0.01), (1000, 0.0), (1000, 0.3), (1001, 0.01)]:
+    # (two levels of words: n = 1000 has 125 words, a last group of 5; n = 4096 has 64 groups)
+    for n, density in [
+        (40, 0.2),
+        (1000, 0.01),
+        (1000, 0.0),
+        (1000, 0.3),
+        (1001, 0.01),
+        (4096, 0.0005),
+        (4096, 0.02),
+    ]:
         mask = torch.rand(50, n, generator=gen) < density
         mask[1] = True
         mask[2, :8] = True  # pins only in the first word, or only in the last one
