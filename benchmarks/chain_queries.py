@@ -8,7 +8,8 @@ its own random order of the ``n`` coordinates after a prefix of uniform length, 
 uniform in ``1..sqrt(n)`` (padded to the longest by repeating its last coordinate), and a few
 hundred chains go in one call. Values are drawn coordinate-wise (uniform, or a DPP item with
 its marginal probability), so some rows are conditioned on impossible assignments, as in the
-engine.
+engine; for spanning trees they are random spanning trees (Kruskal on a random edge order), as
+pinning a cycle in is impossible and its rows would be garbage both ways.
 
 For each family and size the script times (a) the native chain query, all chains in one call,
 and (b) the same rows (padding excluded) in one ``log_marginals_at`` call, with their values
@@ -66,6 +67,28 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- queries
+def random_spanning_trees(oracle, count: int, gen: torch.Generator) -> torch.Tensor:
+    """LongTensor[count, m]: spanning trees of the oracle's graph by Kruskal's algorithm on
+    random edge orders (not uniform, but every one is possible: so is every prefix)."""
+    edges = oracle.edges.cpu().tolist()
+    trees = torch.zeros(count, len(edges), dtype=torch.long)
+
+    def find(parent: list[int], a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for c in range(count):
+        parent = list(range(oracle.num_nodes))
+        for k in torch.randperm(len(edges), generator=gen).tolist():
+            u, v = find(parent, edges[k][0]), find(parent, edges[k][1])
+            if u != v:
+                parent[u] = v
+                trees[c, k] = 1
+    return trees
+
+
 def item_probabilities(oracle) -> torch.Tensor | None:
     """DoubleTensor[n]: each item's marginal probability for the DPP-like families."""
     if hasattr(oracle, "factor"):  # DPPOracle: K = V V^T
@@ -88,7 +111,9 @@ def make_queries(oracle, num_chains: int, seed: int, device: str):
     steps = torch.minimum(torch.arange(longest), (lengths - 1).unsqueeze(1))
     chain = orders.gather(1, cuts.unsqueeze(1) + steps)
     probabilities = item_probabilities(oracle)
-    if probabilities is None:
+    if hasattr(oracle, "num_nodes"):  # spanning trees: random values would hold cycles
+        values = random_spanning_trees(oracle, num_chains, gen)
+    elif probabilities is None:
         values = torch.randint(0, q, (num_chains, n), generator=gen)
     else:
         values = (torch.rand(num_chains, n, generator=gen) < probabilities).long()

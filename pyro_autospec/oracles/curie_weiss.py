@@ -62,8 +62,11 @@ class CurieWeissOracle(ExactOracle):
 
     with ``u = n - k`` unpinned spins, ``j`` of the other ``u - 1`` of them up, and
     ``log w(M) = beta M^2 / (2 n) + h M``. The sum is a ``logsumexp`` with log binomial
-    coefficients from ``lgamma``, vectorised over rows: ``O(n)`` per row for all coordinates.
-    Pinned coordinates get a point mass.
+    coefficients from a table of ``lgamma``, vectorised over rows: ``O(u)`` per row for all
+    coordinates (rows sorted by ``u`` and cut into cache-sized chunks). Pinned coordinates get
+    a point mass. Chain queries (:meth:`log_marginals_chain`) take every row's counts from
+    the prefix's and running sums along the chain: ``O(n + L u)`` per chain, with no
+    ``[L, n]`` mask.
 
     Examples
     --------

@@ -175,6 +175,16 @@ class DPPOracle(ExactOracle):
     run one system at a time (PyTorch's batched LU with MKL can return wrong factors silently
     there, pytorch/pytorch#141358); chunks of rows are sized by ``max_work_entries``.
 
+    *Chain queries* (:meth:`log_marginals_chain`). One conditioning per chain on its prefix,
+    by the cheapest formulation above, gives the conditional kernel ``K'`` on the ``L`` chain
+    items (an ``[L, L]`` block instead of its diagonal). Pinning the chain items one after the
+    other is then Gaussian elimination without pivoting of ``K' - diag(out)``, whose ``j``-th
+    pivot is ``P(chain[j] in X | prefix, chain[:j]) - out_j``: ``O(L^3)`` per chain after one
+    conditioning, instead of ``L`` conditionings. The elimination is written out (``L``
+    batched rank-one updates), so no batched LU is involved. A pivot of 0 is a pin of
+    probability 0: the rows after it hold NaN or garbage, as rows conditioned on an
+    impossible assignment may.
+
     Examples
     --------
     >>> import torch

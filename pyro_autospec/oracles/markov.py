@@ -309,11 +309,18 @@ class MarkovChainOracle(SeparatorOracle):
 
     where the left factor is ``P(x_i = v)`` when no pin lies left of ``i`` and the right factor
     is 1 when no pin lies right of it. The nearest pins of all coordinates come from one
-    ``cummax`` per direction (for ``k`` targets: a running count of pins and a binary search),
-    and each row then costs ``O(n q)`` (``O(k q)`` for ``k`` targets) gathers from the
-    precomputed powers (memory ``n q^2``). Powers are computed exactly in log space
-    (``logsumexp`` products) by doubling, so tiny transition probabilities stay exact. Pinned
-    coordinates get a point mass; rows conditioned on an impossible assignment are NaN.
+    ``cummax`` per direction (for ``k`` targets: a binary search over words of the mask, see
+    :func:`nearest_pins_at`), and each row then costs ``O(n q)`` (``O(k q)`` for ``k``
+    targets) gathers from the precomputed powers (memory ``n q^2``). Powers are computed
+    exactly in log space (``logsumexp`` products) by doubling, so tiny transition
+    probabilities stay exact. Pinned coordinates get a point mass; rows conditioned on an
+    impossible assignment are NaN.
+
+    Chain queries (:meth:`log_marginals_chain`) are native: the prefix's nearest pins of the
+    ``L`` chain coordinates come from one search per chain, the chain coordinates pinned
+    before each one from a sort of the chain (:func:`chain_nearest_pins`), then the rows are
+    combined as above: ``O(n / 8 + L log n + L q)`` per chain, against ``L`` rows of
+    ``O(n / 8 + q)`` (see :doc:`/oracles`).
 
     Examples
     --------

@@ -91,7 +91,7 @@ def test_l_ensemble_matches_brute_force():
 
 
 def test_sequential_schur_updates_agree():
-    # the closed form equals the chain of rank-one Schur updates of ALGORITHM.md section 8
+    # the closed form equals the chain of rank-one Schur updates (the DPP oracle's Notes)
     kernel = random_kernel(6, seed=11)
     oracle = DPPOracle(kernel=kernel)
     values = torch.tensor([[1, 0, 0, 1, 0, 0]])
