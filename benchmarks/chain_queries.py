@@ -11,13 +11,17 @@ its marginal probability), so some rows are conditioned on impossible assignment
 engine; for spanning trees they are random spanning trees (Kruskal on a random edge order), as
 pinning a cycle in is impossible and its rows would be garbage both ways.
 
-For each family and size the script times (a) the native chain query, all chains in one call,
-and (b) the same rows (padding excluded) in one ``log_marginals_at`` call, with their values
-and masks built beforehand (the build is timed apart: it is work that an engine asking for rows
-does and one asking for chains does not). Where a call would take more than ``--budget``
-seconds, a one-chain (or one-row) probe sets how many chains (rows) are timed. The answers of
-both are compared on the chains both computed (``max |dp|``: the largest difference of a
-probability over rows conditioned on possible assignments).
+For each family and size the script times, on the same chains, (a) the native chain query,
+all chains in one call, and (b) the same rows (padding excluded) in one ``log_marginals_at``
+call, with their values and masks built beforehand (the build is timed apart: it is work that
+an engine asking for rows does and one asking for chains does not). Where the slower of the
+two would take more than ``--budget`` seconds, one-chain and one-row probes cut the chains to
+the first ``K`` (at least 2). The answers are compared (``max |dp|``: the largest difference
+of a probability over rows conditioned on possible assignments).
+
+A second table times the same rows through ``log_marginals_at`` of the Markov and HMM oracles
+with their nearest-pin search done two ways: two levels of 64-bit words (the default for ``n``
+a multiple of 8) and a running count of pins (the fallback, and the only way before).
 
 Usage::
 
@@ -42,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rounds import FAMILIES, _synchronize  # noqa: E402
 
+import pyro_autospec.oracles.markov as markov_module  # noqa: E402
 from pyro_autospec.oracles._util import chain_repeats  # noqa: E402
 
 
@@ -147,40 +152,34 @@ def timed(call, device: str, repeats: int) -> tuple[float, object]:
     return best, out
 
 
-def time_cell(oracle, args, n: int) -> dict:
+def time_cell(oracle, args) -> dict:
+    """Time both ways on the same chains: the first ``K`` of them, ``K`` as large as the
+    budget allows for the slower way (at least 2, at most ``--num-chains``)."""
     device = args.device
     values, mask, chain, lengths = make_queries(oracle, args.num_chains, args.seed, device)
-    # warm-up of both code paths on one chain
+    start = time.perf_counter()
+    row_values, row_mask, targets, (live_chain, live_step) = rows_of(values, mask, chain, lengths)
+    _synchronize(device)
+    build = (time.perf_counter() - start) / len(targets)
+    # warm-up of both code paths, then one-chain and one-row probes
     oracle.log_marginals_chain(values[:1], mask[:1], chain[:1])
-    v1, m1, t1, _ = rows_of(values[:1], mask[:1], chain[:1], lengths[:1])
-    oracle.log_marginals_at(v1[:1], m1[:1], t1[:1])
-    # (a) native: one probe chain, then as many chains as the budget allows in one call
-    probe, _ = timed(
+    oracle.log_marginals_at(row_values[:1], row_mask[:1], targets[:1])
+    chain_probe, _ = timed(
         lambda: oracle.log_marginals_chain(values[1:2], mask[1:2], chain[1:2]), device, 1
     )
-    count = int(min(args.num_chains, max(1, args.budget / max(probe, 1e-9))))
-    repeats = args.repeats if probe * count * args.repeats < args.budget else 1
+    row_probe, _ = timed(
+        lambda: oracle.log_marginals_at(row_values[1:2], row_mask[1:2], targets[1:2]), device, 1
+    )
+    per_chain = max(chain_probe, row_probe * float(lengths.double().mean()), 1e-9)
+    count = int(min(args.num_chains, max(2, args.budget / per_chain)))
+    num_rows = int(lengths[:count].sum())
+    cheap = per_chain * count * args.repeats < args.budget
+    repeats = args.repeats if cheap else 1
     native_time, native = timed(
         lambda: oracle.log_marginals_chain(values[:count], mask[:count], chain[:count]),
         device,
         repeats,
     )
-    native_chains = count
-    native_rows = int(lengths[:count].sum())
-    # (b) the same rows through log_marginals_at, built beforehand
-    start = time.perf_counter()
-    row_values, row_mask, targets, (live_chain, live_step) = rows_of(values, mask, chain, lengths)
-    _synchronize(device)
-    build = (time.perf_counter() - start) / len(targets)
-    probe, _ = timed(
-        lambda: oracle.log_marginals_at(row_values[:1], row_mask[:1], targets[:1]), device, 1
-    )
-    wanted = min(len(targets), max(1, int(args.budget / max(probe, 1e-9))))
-    # whole chains only, so that both answers can be compared chain by chain
-    ends = torch.cumsum(lengths, 0)
-    rows_chains = max(1, int((ends <= wanted).sum()))
-    num_rows = int(ends[rows_chains - 1])
-    repeats = args.repeats if probe * num_rows * args.repeats < args.budget else 1
     rows_time, by_rows = timed(
         lambda: oracle.log_marginals_at(
             row_values[:num_rows], row_mask[:num_rows], targets[:num_rows]
@@ -188,11 +187,9 @@ def time_cell(oracle, args, n: int) -> dict:
         device,
         repeats,
     )
-    # agreement on the chains both computed, rows conditioned on possible assignments
-    both = min(native_chains, rows_chains)
-    rows_both = int(ends[both - 1])
-    expected = by_rows[:rows_both, 0]
-    got = native[live_chain[:rows_both], live_step[:rows_both]]
+    # agreement, on the rows conditioned on possible assignments
+    expected = by_rows[:, 0]
+    got = native[live_chain[:num_rows], live_step[:num_rows]]
     possible = ~torch.isnan(expected).any(-1)
     gap = (
         (got[possible].exp() - expected[possible].exp()).abs().max().item()
@@ -200,16 +197,46 @@ def time_cell(oracle, args, n: int) -> dict:
         else float("nan")
     )
     return {
-        "native_chains": native_chains,
-        "native_rows": native_rows,
-        "native_us": native_time / native_rows * 1e6,
-        "rows_chains": rows_chains,
-        "rows_rows": num_rows,
+        "chains": count,
+        "rows": num_rows,
+        "native_us": native_time / num_rows * 1e6,
         "rows_us": rows_time / num_rows * 1e6,
         "build_us": build * 1e6,
         "gap": gap,
         "possible": float(possible.double().mean()),
     }
+
+
+def time_row_search(family: str, args, size: int) -> dict:
+    """Rows with one target (as an engine without chain queries asks for them): the nearest
+    pins of the Markov and HMM oracles by two levels of 64-bit words (now) and by a running
+    count of pins (before), alone and inside ``log_marginals_at``, same rows, same run."""
+    oracle = FAMILIES[family][0](size, args.seed, device=args.device)
+    values, mask, chain, lengths = make_queries(oracle, args.num_chains, args.seed, args.device)
+    row_values, row_mask, targets, _ = rows_of(values, mask, chain, lengths)
+    searches = {"count": markov_module._nearest_pins_by_count}
+    if size % 8 == 0:
+        searches["words"] = markov_module._nearest_pins_by_words
+    out = {"rows": len(targets)}
+    original = markov_module.nearest_pins_at
+    try:
+        for name, search in searches.items():
+            seconds, pins = timed(lambda s=search: s(row_mask, targets), args.device, args.repeats)
+            out[f"{name}_search_us"] = seconds / len(targets) * 1e6
+            markov_module.nearest_pins_at = search
+            seconds, _ = timed(
+                lambda: oracle.log_marginals_at(row_values, row_mask, targets),
+                args.device,
+                args.repeats,
+            )
+            out[f"{name}_at_us"] = seconds / len(targets) * 1e6
+            out[f"{name}_pins"] = pins
+    finally:
+        markov_module.nearest_pins_at = original
+    if "words" in searches:
+        same = all(torch.equal(a, b) for a, b in zip(out["count_pins"], out["words_pins"]))
+        out["same"] = same
+    return out
 
 
 def main(argv=None) -> int:
@@ -222,8 +249,8 @@ def main(argv=None) -> int:
         f"{args.num_chains} chains per call, budget {args.budget} s per call"
     )
     header = (
-        "| family | n | chains (native / rows) | rows timed (native / rows) | native us/row "
-        "| rows us/row | rows: build us/row | rows / native | max abs dp | possible rows |"
+        "| family | n | chains | rows | native us/row | rows us/row | rows: build us/row "
+        "| rows / native | max abs dp | possible rows |"
     )
     print(header)
     print("|" + "---|" * 10)
@@ -233,11 +260,10 @@ def main(argv=None) -> int:
             start = time.perf_counter()
             oracle = FAMILIES[family][0](size, args.seed, device=args.device)
             n = oracle.num_coords
-            cell = time_cell(oracle, args, n)
+            cell = time_cell(oracle, args)
             ratio = cell["rows_us"] / cell["native_us"]
             print(
-                f"| {family} | {n} | {cell['native_chains']} / {cell['rows_chains']} "
-                f"| {cell['native_rows']} / {cell['rows_rows']} | {cell['native_us']:.3g} "
+                f"| {family} | {n} | {cell['chains']} | {cell['rows']} | {cell['native_us']:.3g} "
                 f"| {cell['rows_us']:.3g} | {cell['build_us']:.3g} | {ratio:.3g} "
                 f"| {cell['gap']:.1e} | {cell['possible']:.0%} |",
                 flush=True,
@@ -249,6 +275,28 @@ def main(argv=None) -> int:
             )
             if not cell["gap"] <= 1e-9 and cell["possible"] > 0:
                 failures.append(f"{family} n = {n}: native and rows differ by {cell['gap']:.2e}")
+    searched = [f for f in ("markov", "hmm") if f in args.families]
+    if searched:
+        print()
+        print(
+            "| family | n | rows | nearest pins: count us/row | nearest pins: words us/row "
+            "| log_marginals_at with count us/row | with words us/row |"
+        )
+        print("|" + "---|" * 7)
+    for family in searched:
+        for size in args.sizes:
+            row = time_row_search(family, args, size)
+            words = (
+                f"{row['words_search_us']:.3g}" if "words_search_us" in row else "n % 8 != 0",
+                f"{row['words_at_us']:.3g}" if "words_at_us" in row else "",
+            )
+            print(
+                f"| {family} | {size} | {row['rows']} | {row['count_search_us']:.3g} "
+                f"| {words[0]} | {row['count_at_us']:.3g} | {words[1]} |",
+                flush=True,
+            )
+            if not row.get("same", True):
+                failures.append(f"{family} n = {size}: the two searches disagree")
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     print(f"# load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     for failure in failures:

@@ -66,6 +66,14 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
         return left.gather(1, targets), right.gather(1, targets)
     if n % 8 == 0 and sys.byteorder == "little":
         return _nearest_pins_by_words(mask, targets)
+    return _nearest_pins_by_count(mask, targets)
+
+
+def _nearest_pins_by_count(
+    mask: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nearest_pins_at` by a binary search in the running count of pins (``[B, n]``
+    int32): any ``n``."""
     count = mask.to(torch.int32).cumsum(dim=1, dtype=torch.int32)  # pins at or before i
     rank = count.gather(1, targets)  # rank of the nearest pin at or before the target
     pinned = mask.gather(1, targets)
