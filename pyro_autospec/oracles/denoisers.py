@@ -3,7 +3,7 @@
 For ``Y ~ mu`` on ``R^d`` and a standard Brownian motion ``B``, stochastic localization observes
 ``X_t = t Y + B_t``. Given ``X_t = x`` the likelihood of ``Y = y`` is proportional to
 ``exp(<x, y> - t |y|^2 / 2)``, so the posterior mean ``f(t, x) = E[Y | X_t = x]`` has a closed
-form for three families of targets (ALGORITHM.md section 8):
+form for three families of targets (see :doc:`/diffusion`):
 
 * :class:`GaussianDenoiser`: ``Y ~ N(m, C)``, ``f(t, x) = m + C (t C + I)^{-1} (x - t m)``;
 * :class:`GaussianMixtureDenoiser`: responsibilities times the per-component Gaussian formula;
