@@ -191,25 +191,18 @@ class OracleRows:
         return row_answer, chain_answer
 
     def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
-        """Targeted rows, in calls of rows of similar widths (padding wastes oracle work)."""
-        total = frame.numel()
-        bucket = torch.ceil(torch.log2(width.double())).long()  # widths 1, 2, 3-4, 5-8, ...
-        groups = torch.unique(bucket)
-        if groups.numel() == 1:
+        """Targeted rows, in as few calls as padding allows (see :func:`width_groups`)."""
+        groups = width_groups(width)
+        if len(groups) == 1:
             return self._bucket(values, frame, draw, cut, start, width)
-        q = self.q
-        max_width = int(width.max())
-        log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=self.device)
-        bad = torch.zeros(total, max_width, dtype=torch.bool, device=self.device)
-        log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=self.device)
-        for g in groups.tolist():
-            idx = torch.nonzero(bucket == g).flatten()
-            part = self._bucket(values, frame[idx], draw[idx], cut[idx], start[idx], width[idx])
-            w = part.log_probs.shape[1]
-            log_probs[idx, :w] = part.log_probs
-            bad[idx, :w] = part.bad
-            log_mass[idx, :w] = part.log_mass
-        return Answer(log_probs, bad, log_mass)
+        return _scatter_groups(
+            groups,
+            width,
+            self.q,
+            lambda idx: self._bucket(
+                values, frame[idx], draw[idx], cut[idx], start[idx], width[idx]
+            ),
+        )
 
     def _bucket(self, values, frame, draw, cut, start, width) -> Answer:
         total = frame.numel()
@@ -251,6 +244,18 @@ class OracleRows:
         return _checked(out, offsets.unsqueeze(0) < width.unsqueeze(1))
 
     def _chains(self, values, frame, draw, cut, length) -> Answer:
+        """Chains, in as few calls as padding allows (see :func:`width_groups`)."""
+        groups = width_groups(length)
+        if len(groups) == 1:
+            return self._chain_group(values, frame, draw, cut, length)
+        return _scatter_groups(
+            groups,
+            length,
+            self.q,
+            lambda idx: self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx]),
+        )
+
+    def _chain_group(self, values, frame, draw, cut, length) -> Answer:
         total = frame.numel()
         max_length = int(length.max())
         per_chain = self.n + max_length * self.q
@@ -310,6 +315,64 @@ class OracleRows:
             "normalised over the values of each coordinate (use torch.log_softmax on logits; "
             "-inf only for impossible values)."
         )
+
+
+#: What one more oracle call costs, in padded entries (a call has a fixed cost of some tens of
+#: small tensor operations, about what a few thousand entries of work cost on a CPU).
+CALL_COST = 4096
+
+
+def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
+    """Split requests of widths ``width`` into groups, each asked in one call padded to its
+    widest, minimising ``sum over groups (CALL_COST + count * widest)``.
+
+    Requests are first binned by powers of two (widths 1, 2, 3-4, 5-8, ...), then adjacent
+    bins are merged by dynamic programming over the bins (at most ~20 of them).
+
+    Returns
+    -------
+    list of LongTensor
+        Indices of the requests of each group.
+    """
+    bins = torch.ceil(torch.log2(width.double())).long()
+    labels, counts = torch.unique(bins, return_counts=True)
+    if labels.numel() == 1:
+        return [torch.arange(width.numel(), device=width.device)]
+    widest = [int(2**label) for label in labels.tolist()]  # bound on a bin's widest request
+    counts = counts.tolist()
+    m = len(widest)
+    best = [0.0] + [float("inf")] * m
+    cut = [0] * (m + 1)
+    for end in range(1, m + 1):  # best[end]: bins [0, end) grouped; the last group [s, end)
+        for s in range(end):
+            cost = best[s] + CALL_COST + sum(counts[s:end]) * widest[end - 1]
+            if cost < best[end]:
+                best[end], cut[end] = cost, s
+    bounds, end = [], m
+    while end > 0:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    groups = []
+    for s, e in reversed(bounds):
+        member = (bins >= labels[s]) & (bins <= labels[e - 1])
+        groups.append(torch.nonzero(member).flatten())
+    return groups
+
+
+def _scatter_groups(groups, width: torch.Tensor, q: int, ask) -> Answer:
+    """Ask every group and place the answers back in request order, padded to the widest."""
+    total, max_width = width.numel(), int(width.max())
+    device = width.device
+    log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=device)
+    bad = torch.zeros(total, max_width, dtype=torch.bool, device=device)
+    log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=device)
+    for idx in groups:
+        part = ask(idx)
+        w = part.log_probs.shape[1]
+        log_probs[idx, :w] = part.log_probs
+        bad[idx, :w] = part.bad
+        log_mass[idx, :w] = part.log_mass
+    return Answer(log_probs, bad, log_mass)
 
 
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:

@@ -52,8 +52,9 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
 
     Notes
     -----
-    For long rows and few targets (``n > 256`` and ``8 k < n``) nothing of size ``[B, n]``
-    is allocated when ``n`` is a multiple of 8 (on a little-endian machine): the mask is read
+    For long rows and few targets (``n > 256`` and ``8 k < n``) in large calls (more than
+    ``2^19`` mask entries) nothing of size ``[B, n]`` is allocated when ``n`` is a multiple of
+    8 (on a little-endian machine): the mask is read
     as 64-bit words of 8 flags, and words as groups of 8, so that only a running count of the
     non-empty groups (``n / 64`` int32 per row) is formed and binary-searched; the nearest
     flag inside a group or a word comes from the exponent of a float. ``O(n / 8 + k log n)``
@@ -64,7 +65,9 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     if n <= 256 or 8 * k >= n:  # a scan of the whole row is cheaper
         left, right = nearest_pins(mask)
         return left.gather(1, targets), right.gather(1, targets)
-    if n % 8 == 0 and sys.byteorder == "little":
+    # The word search has a fixed cost of some fifty small operations; below about half a
+    # million mask entries the running count's one allocation is cheaper.
+    if mask.shape[0] * n > 2**19 and n % 8 == 0 and sys.byteorder == "little":
         return _nearest_pins_by_words(mask, targets)
     return _nearest_pins_by_count(mask, targets)
 

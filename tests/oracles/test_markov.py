@@ -4,6 +4,7 @@ import time
 import pytest
 import torch
 
+import pyro_autospec.oracles.markov as markov_module
 from pyro_autospec.oracles._util import ExactOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
 from tests.oracles._oracle_reference import (
@@ -83,6 +84,14 @@ def test_nearest_pins():
         left_at, right_at = nearest_pins_at(mask, targets)
         assert torch.equal(left_at, left.gather(1, targets))
         assert torch.equal(right_at, right.gather(1, targets))
+        # both searches directly: large calls take the words, small ones the running count
+        searches = [markov_module._nearest_pins_by_count]
+        if n % 8 == 0:
+            searches.append(markov_module._nearest_pins_by_words)
+        for search in searches:
+            left_at, right_at = search(mask, targets)
+            assert torch.equal(left_at, left.gather(1, targets))
+            assert torch.equal(right_at, right.gather(1, targets))
 
 
 def test_batch_of_one_and_point_masses():
