@@ -17,14 +17,16 @@ The contract. Every rank of the group makes the same call with the same argument
   ``seed=None`` does not silently give each rank a different run).
 
 Counts. ``rounds`` of the gathered result is the largest number of rounds of any rank (ranks
-run at the same time, so that is the run's latency in rounds, and without a rows-per-round
-cap it equals the single-process run's); ``oracle_rows`` is the sum over ranks (all work).
+run at the same time, so that is the run's latency in rounds; without ``max_rows_per_round``
+or ``max_concurrent_draws`` it equals the single-process run's); ``oracle_rows`` is the sum
+over ranks (all work, the single-process run's).
 ``result.per_rank`` is a dict of lists indexed by rank: ``num_draws``, ``first_draw``,
 ``rounds``, ``oracle_rows`` and ``wall_time`` (each rank's own engine time). ``wall_time`` of
 the gathered result is this rank's time for the whole call, the gathering included.
 
-This module does not import Pyro. One large oracle split over ranks (every round's rows shared
-out) is :class:`pyro_autospec.oracles.sharded.ShardedOracle`, a different use of the same group.
+With ``progress=True`` every rank shows a bar over its own share. One large oracle split over
+the ranks (every round's rows shared out) is :class:`pyro_autospec.oracles.sharded.ShardedOracle`,
+a different use of the same group. This module does not import Pyro.
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ def local_device(device: str | torch.device | None = None) -> torch.device:
 def communication_device(group=None) -> torch.device:
     """Where tensors must be for collectives of ``group``: this rank's GPU for NCCL, else CPU.
 
+    This rank's GPU is :func:`local_device`'s (``LOCAL_RANK``, else the current device).
+
     Examples
     --------
     >>> import torch.distributed as dist
@@ -191,7 +195,7 @@ def communication_device(group=None) -> torch.device:
     >>> dist.destroy_process_group()
     """
     if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        return local_device("cuda")
     return torch.device("cpu")
 
 

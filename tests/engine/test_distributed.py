@@ -9,6 +9,7 @@ mismatched calls and a missing process group raise clear errors. One spawn runs 
 
 from __future__ import annotations
 
+import ast
 import time
 import traceback
 from datetime import timedelta
@@ -359,3 +360,15 @@ def test_spread_draws_checks_the_signature_canonically(one_rank_group):
     result = spread_draws(2, 0, run_share, device="cpu", signature=({"rho": lambda: 0},))
     assert calls[0][0] == [0, 1] and calls[0][2] == torch.device("cpu")
     assert result.samples.shape == (2, 8)
+
+
+def test_distributed_modules_do_not_import_pyro():
+    root = Path(__file__).resolve().parents[2]
+    for rel in ("pyro_autospec/engine/distributed.py", "pyro_autospec/oracles/sharded.py"):
+        for node in ast.walk(ast.parse((root / rel).read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "pyro" or n.startswith("pyro.") for n in names), (rel, names)
