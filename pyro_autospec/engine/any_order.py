@@ -110,6 +110,7 @@ def sample_any_order(
     device: str | torch.device | None = None,
     engine: str = "fast",
     progress: bool = False,
+    distributed: bool = False,
     **schedule,
 ) -> SampleResult:
     """Draw exact samples from a :class:`~pyro_autospec.oracles.base.MarginalOracle`.
@@ -143,6 +144,11 @@ def sample_any_order(
         may order requests differently, which changes rounds only).
     progress : bool
         Show a progress bar over finished draws, with rounds and rows.
+    distributed : bool
+        Inside an initialised ``torch.distributed`` process group (e.g. under ``torchrun``),
+        every rank makes this same call; each samples a contiguous share of the draws on its
+        own device and every rank returns the full result, the same draws as one process with
+        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
     **schedule
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
@@ -199,6 +205,28 @@ def sample_any_order(
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
+    if distributed:  # hook: spread the draws over the ranks of a process group
+        from pyro_autospec.engine.distributed import spread_draws
+
+        order_tensor = check_order(order, n)
+        return spread_draws(
+            num_samples,
+            seed,
+            lambda draw_ids, root_key, where: run_any_order(
+                oracle,
+                draw_ids,
+                root_key,
+                method=method,
+                knobs=knobs,
+                order=order_tensor,
+                device=where,
+                engine=engine,
+                progress=progress,
+            ),
+            device=device,
+            signature=(n, q, method, engine, knobs, order_tensor),
+            oracle=oracle,
+        )
     return run_any_order(
         oracle,
         torch.arange(num_samples),

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -260,6 +260,26 @@ def _run(s: _Settings) -> SampleResult:
     )
 
 
+def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
+    """Run ``s`` here, or (hook) spread its draws over the ranks of a process group."""
+    if not distributed:
+        return _run(s)
+    from pyro_autospec.engine.distributed import spread_draws
+
+    return spread_draws(
+        s.x0.shape[0],
+        s.seed,
+        lambda draw_ids, root_key, where: _run(
+            replace(
+                s, x0=s.x0[draw_ids.numpy()], draw_ids=draw_ids, root_key=root_key, device=where
+            )
+        ),
+        device=s.device,
+        signature=(s.grid.tolist(), s.scale, s.method, s.knobs, str(s.dtype), s.engine, s.name),
+        oracle=s.drift,
+    )
+
+
 def _sequential_with_noise(evaluate, chain: Chain, x0: torch.Tensor, noise: torch.Tensor):
     """Final states of the sequential chain driven by given noise [M, N, d]: [M, d]."""
     x = x0.clone()
@@ -287,6 +307,7 @@ def sample_sde(
     window: int = 16,
     tolerance: float = 0.1,
     engine: str = "fast",
+    distributed: bool = False,
     **schedule: Any,
 ) -> SampleResult:
     r"""Euler-Maruyama paths of ``dX = b(t, X) dt + scale dB``, exactly in law, in few rounds.
@@ -334,6 +355,11 @@ def sample_sde(
         converged when ``|X_new - X_old|^2 / (d s^2 h_k) <= tolerance^2`` (as in ParaDiGMS).
     engine : {"fast", "reference"}
         The vectorised engine or the generator reference; the same draws either way.
+    distributed : bool
+        Inside an initialised ``torch.distributed`` process group, every rank makes this same
+        call; each simulates a contiguous share of the paths on its own device and every rank
+        returns them all, the same as one process with the same seed, plus ``per_rank``
+        counts (:mod:`pyro_autospec.engine.distributed`).
     **schedule
         ``max_rows_per_round`` (a cap on the rows of one round; the oldest requests go
         first), ``max_rows_per_call`` (cut each round into oracle calls of at most this many
@@ -401,7 +427,8 @@ def sample_sde(
     _check_engine(engine)
     device, dtype = _oracle_placement(drift, device, dtype, like)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
-    return _run(
+    return _dispatch(
+        distributed,
         _Settings(
             drift,
             grid,
@@ -417,7 +444,7 @@ def sample_sde(
             progress,
             "drift",
             False,
-        )
+        ),
     )
 
 
@@ -444,6 +471,7 @@ def sample_diffusion(
     window: int = 16,
     tolerance: float = 0.1,
     engine: str = "fast",
+    distributed: bool = False,
     **schedule: Any,
 ) -> SampleResult:
     r"""Sample ``mu`` through stochastic localization with a conditional-mean oracle.
@@ -471,7 +499,7 @@ def sample_diffusion(
         :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
         ``max_concurrent_draws``).
     method, seed, device, dtype, return_paths, progress, rho, max_block, window, tolerance,
-    engine :
+    engine, distributed :
         As in :func:`sample_sde` (``scale = 1``).
 
     Returns
@@ -540,7 +568,8 @@ def sample_diffusion(
     _check_engine(engine)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
     starts = np.zeros((num_samples, int(dim)))
-    return _run(
+    return _dispatch(
+        distributed,
         _Settings(
             oracle,
             grid,
@@ -556,7 +585,7 @@ def sample_diffusion(
             progress,
             "oracle",
             True,
-        )
+        ),
     )
 
 

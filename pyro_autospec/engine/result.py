@@ -44,6 +44,9 @@ class SampleResult:
         driven by the same noise (``None`` for the exact methods).
     engine : str
         ``"fast"`` or ``"reference"``.
+    per_rank : dict or None
+        Runs spread over processes (``distributed=True``): per rank, ``num_draws``,
+        ``first_draw``, ``rounds``, ``oracle_rows`` and ``wall_time`` (lists by rank).
     timing : dict
         Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
         ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
@@ -64,6 +67,7 @@ class SampleResult:
     error: torch.Tensor | None = None
     engine: str = "fast"
     timing: dict = field(default_factory=dict)
+    per_rank: dict | None = None
 
     @property
     def num_samples(self) -> int:
