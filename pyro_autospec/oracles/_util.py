@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
     "ExactOracle",
+    "numpy_generator",
     "as_float64",
     "chain_repeats",
     "check_query",
@@ -216,6 +218,26 @@ class ExactOracle:
             f"{type(self).__name__}(num_coords={self.num_coords}, "
             f"num_values={self.num_values}, device={self.device})"
         )
+
+
+# -- randomness of the oracles' own helpers ----------------------------------------------------
+def numpy_generator(seed) -> np.random.Generator:
+    """A NumPy generator from an int, ``None``, a NumPy or a torch generator.
+
+    Only for the oracles' own exact samplers and random targets (``sample``, ``unit_sphere``);
+    the engine's randomness is keyed (:mod:`pyro_autospec.engine.keys`).
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, torch.Generator):
+        return np.random.default_rng(
+            int(torch.randint(0, 2**62, (), generator=seed, device=seed.device).item())
+        )
+    if seed is None or isinstance(seed, (int, np.integer)):
+        return np.random.default_rng(None if seed is None else int(seed))
+    raise TypeError(
+        f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}"
+    )
 
 
 # -- memory budgets ---------------------------------------------------------------------------
