@@ -86,7 +86,7 @@ class SpanningTreeOracle(ExactOracle):
     an edge in (contraction) and out (deletion) are exactly the DPP Schur updates, so the
     conditionals are those of :class:`DPPOracle` with this kernel. ``Lap^+`` is computed by
     grounding node 0 (a Cholesky solve of the reduced Laplacian). Rows pinning a cycle in,
-    or a cut out, are impossible (NaN or arbitrary). Probabilities within ``1e-12`` of 0 or 1
+    or a cut out, are impossible (NaN or arbitrary). Probabilities within ``1e-9`` of 0 or 1
     are set to 0 or 1, so every draw has exactly ``N - 1`` edges. Chain queries
     (:meth:`log_marginals_chain`) are those of :class:`DPPOracle`: one conditioning per chain
     and a sequence of rank-one updates.
