@@ -120,12 +120,21 @@ class MixedRun(RunBase):
             kernel = NUTS(
                 enumerated, max_plate_nesting=layout.max_plate_nesting, **self.nuts_kwargs
             )
+            last: dict = {}
+
+            def record(kernel, samples, stage, i, last=last):
+                if stage == "Sample":  # the kernel resets its counters after the run
+                    info = kernel.diagnostics()
+                    last["divergences"] = list(info.get("divergences", []))
+                    last["acceptance rate"] = float(info.get("acceptance rate", float("nan")))
+
             mcmc = MCMC(
                 kernel,
                 num_samples=self.num_samples,
                 warmup_steps=self.warmup_steps,
                 num_chains=1,
                 disable_progbar=not self.progress,
+                hook_fn=record,
             )
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed % 2**63)
@@ -133,8 +142,8 @@ class MixedRun(RunBase):
             draws = mcmc.get_samples()
             for name in continuous:
                 continuous[name].append(draws[name].detach())
-            info = kernel.diagnostics()  # this chain's divergences (post warm-up) and acceptance
-            self.nuts_diagnostics.append(dict(info))
+            info = dict(last)  # this chain's divergences (post warm-up) and acceptance rate
+            self.nuts_diagnostics.append(info)
             flags = torch.zeros(self.num_samples, dtype=torch.bool)
             flags[[i for i in info.get("divergences", []) if 0 <= i < self.num_samples]] = True
             diverging.append(flags)
@@ -174,6 +183,7 @@ class MixedRun(RunBase):
             layout.max_plate_nesting,
             observed_shapes=layout.observed_batch_shapes,
             deterministic_shapes=layout.deterministic,
+            per_draw_fallback=True,
         )
         oracle_lp = result.log_prob.double().to(joint.total.device)
         self.max_self_check_error = check_exact_draws(

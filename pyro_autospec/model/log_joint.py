@@ -23,6 +23,7 @@ thin wrappers; :func:`enumerate_posterior` is the brute-force reference of the t
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -113,7 +114,18 @@ def _per_draw(value: torch.Tensor, shape: torch.Size, num_draws: int, name: str)
         ) from e
 
 
-def _run_chunk(model, args, kwargs, values, shapes, mpn, observed_shapes, deterministic_shapes, n):
+def _run_chunk(
+    model,
+    args,
+    kwargs,
+    values,
+    shapes,
+    mpn,
+    observed_shapes,
+    deterministic_shapes,
+    n,
+    unbatched=False,
+):
     data = {}
     for name, (batch_shape, event_shape) in shapes.items():
         value = torch.as_tensor(values[name])
@@ -122,7 +134,10 @@ def _run_chunk(model, args, kwargs, values, shapes, mpn, observed_shapes, determ
                 f"values['{name}'] has shape {tuple(value.shape)}, expected "
                 f"(N,) + {tuple(batch_shape) + tuple(event_shape)}"
             )
-        data[name] = value.reshape(_draw_shape(batch_shape, event_shape, n, mpn))
+        if unbatched:  # one draw, in the model's own shapes (a plate of size 1 around it)
+            data[name] = value[0]
+        else:
+            data[name] = value.reshape(_draw_shape(batch_shape, event_shape, n, mpn))
 
     def batched(*a, **k):
         with pyro.plate(DRAWS_PLATE, n, dim=-(mpn + 1)):
@@ -206,6 +221,7 @@ def evaluate(
     deterministic_shapes: Mapping[str, torch.Size] | None = None,
     chunk_size: int = 4096,
     check_mixing: bool = True,
+    per_draw_fallback: bool = False,
 ) -> LogJoint:
     """Evaluate the model on ``N`` draws of its latent sites in batched traces.
 
@@ -229,6 +245,9 @@ def evaluate(
     check_mixing : bool
         Re-evaluate the first draw alone and raise if the batch changed its log joint (a model
         whose values lose the draws' dimension mixes draws; see the error message).
+    per_draw_fallback : bool
+        If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
+        batched), evaluate it one draw at a time, in its own shapes, with a warning.
 
     Returns
     -------
@@ -257,6 +276,74 @@ def evaluate(
         raise ValueError("evaluate needs at least one latent site")
     first = next(iter(shapes))
     num_draws = int(torch.as_tensor(values[first]).shape[0])
+    try:
+        return _evaluate_batched(
+            model,
+            args,
+            kwargs,
+            values,
+            shapes,
+            max_plate_nesting,
+            observed_shapes,
+            deterministic_shapes,
+            chunk_size,
+            check_mixing,
+            num_draws,
+        )
+    except AutoSpecModelError as error:
+        if not per_draw_fallback:
+            raise
+        reason = str(error).split(". ")[0]
+    warnings.warn(
+        f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
+        f"one draw at a time ({num_draws} traces). To batch it, index with Vindex "
+        f"(pyro.ops.indexing) or ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+        UserWarning,
+        stacklevel=3,
+    )
+    parts = [
+        _run_chunk(
+            model,
+            args,
+            kwargs,
+            {name: torch.as_tensor(values[name])[i : i + 1] for name in shapes},
+            shapes,
+            max_plate_nesting,
+            observed_shapes,
+            deterministic_shapes,
+            1,
+            unbatched=True,
+        )
+        for i in range(num_draws)
+    ]
+    return _concatenate(parts)
+
+
+def _concatenate(parts: list) -> LogJoint:
+    return LogJoint(
+        total=torch.cat([p.total for p in parts]),
+        pointwise={k: torch.cat([p.pointwise[k] for p in parts]) for k in parts[0].pointwise},
+        deterministic={
+            k: torch.cat([p.deterministic[k] for p in parts]) for k in parts[0].deterministic
+        },
+        magnitude=torch.cat([p.magnitude for p in parts]),
+        dtype=min((p.dtype for p in parts), key=lambda d: -torch.finfo(d).eps),
+    )
+
+
+def _evaluate_batched(
+    model,
+    args,
+    kwargs,
+    values,
+    shapes,
+    max_plate_nesting,
+    observed_shapes,
+    deterministic_shapes,
+    chunk_size,
+    check_mixing,
+    num_draws,
+) -> LogJoint:
     parts = []
     for start in range(0, num_draws, chunk_size):
         stop = min(start + chunk_size, num_draws)
@@ -277,15 +364,7 @@ def evaluate(
             )
         except RuntimeError as e:  # shapes of the batched run do not line up
             raise AutoSpecModelError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
-    out = LogJoint(
-        total=torch.cat([p.total for p in parts]),
-        pointwise={k: torch.cat([p.pointwise[k] for p in parts]) for k in parts[0].pointwise},
-        deterministic={
-            k: torch.cat([p.deterministic[k] for p in parts]) for k in parts[0].deterministic
-        },
-        magnitude=torch.cat([p.magnitude for p in parts]),
-        dtype=min((p.dtype for p in parts), key=lambda d: -torch.finfo(d).eps),
-    )
+    out = _concatenate(parts)
     if check_mixing and num_draws > 1:
         one = {name: torch.as_tensor(values[name])[:1] for name in shapes}
         alone = _run_chunk(model, args, kwargs, one, shapes, max_plate_nesting, {}, {}, 1)

@@ -27,6 +27,7 @@ length of a hidden Markov chain; exponential in treewidth. See :doc:`/oracles`.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
+    DynamicStructureError,
     IntractableEnumerationError,
     UnsupportedSiteError,
 )
@@ -77,17 +79,23 @@ class _Evidence:
     ordinal: frozenset
 
 
-def _non_tree_error(error: Exception, symbol_to_plate: dict) -> IntractableEnumerationError:
+def _non_tree_error(error: Exception, symbol_to_plate: dict, evidence: list):
     listed = str(error).rsplit("[", 1)[-1].split("]")[0]
-    names = [symbol_to_plate.get(s.strip(), s.strip()) for s in listed.split(",") if s.strip()]
-    plates = ", ".join(f"'{n}'" for n in names) if names else "two independent plates"
+    symbols = [s.strip() for s in listed.split(",") if s.strip()]
+    symbols = [s for s in symbols if symbol_to_plate.get(s) != DRAWS_PLATE]
+    parts = []
+    for symbol in symbols:
+        sites = [spec.name for spec in evidence if symbol in spec.ordinal]
+        plate = symbol_to_plate.get(symbol, symbol)
+        parts.append(f"plate '{plate}'" + (f" (sites {sites})" if sites else ""))
+    where = " and ".join(parts) if parts else "two independent plates"
     return IntractableEnumerationError(
         f"Exact enumeration needs plates that nest as a tree, but a factor of the model couples "
-        f"enumerated sites of the independent plates {plates} (Pyro's TraceEnum_ELBO has the "
-        f"same rule: every pair of their elements would become dependent). Ways out: put the "
-        f"coupled sites in one plate (or sample one of them outside its plate), make one of the "
-        f"plates sequential (`for i in pyro.plate(...)`, at a cost exponential in its size), or "
-        f"use a learned guide (AnyOrderGuide with a correction), which has no such rule. A "
+        f"enumerated sites of the independent {where} (Pyro's TraceEnum_ELBO has the same "
+        f"rule: every pair of their elements would become dependent). Ways out: put the coupled "
+        f"sites in one plate (or sample one of them outside its plate), make one of the plates "
+        f"sequential (`for i in pyro.plate(...)`, at a cost exponential in its size), or use a "
+        f"learned guide (AnyOrderGuide with a correction), which has no such rule. A "
         f"guide-based Metropolis-within-Gibbs step may follow in a later release."
     )
 
@@ -284,17 +292,26 @@ class EnumOracle:
         self._num_continuous = int(num)
         return out
 
-    def _trace(self):
+    def _trace(self, draw: int | None = None):
+        """The model's trace under enumeration, continuous draws in the draws plate.
+
+        ``draw=None``: all ``M`` continuous draws batched in the plate (one trace). ``draw=m``:
+        draw ``m`` alone, unbatched, in a plate of size 1 (for models that do not broadcast
+        over an extra batch dimension of their continuous sites).
+        """
         mpn = self.layout.max_plate_nesting
         model = self.model
-        num = 1 if self._continuous is None else self._num_continuous
+        num = 1 if self._continuous is None or draw is not None else self._num_continuous
         if self._continuous is not None:
             shapes = self.layout.latent_shapes()
             data = {}
             for name, value in self._continuous.items():
                 batch, event = shapes[name]
-                pad = (1,) * (mpn - len(batch))
-                data[name] = value.reshape((num,) + pad + tuple(batch) + tuple(event))
+                if draw is None:
+                    pad = (1,) * (mpn - len(batch))
+                    data[name] = value.reshape((num,) + pad + tuple(batch) + tuple(event))
+                else:
+                    data[name] = value[draw]
             model = poutine.condition(model, data=data)
         enumerated = poutine.infer_config(model, parallel_enumeration)
 
@@ -318,8 +335,32 @@ class EnumOracle:
             raise structure_error(e, recorder.names, "under enumeration") from e
         return trace
 
+    def _traces(self) -> list:
+        """One batched trace, or one trace per continuous draw if the model cannot batch them."""
+        if self._continuous is None:
+            return [self._trace()]
+        try:
+            return [self._trace()]
+        except DynamicStructureError as batched_error:
+            try:
+                traces = [self._trace(m) for m in range(self._num_continuous)]
+            except AutoSpecModelError:
+                raise batched_error from None
+            if self._num_continuous > 1:
+                warnings.warn(
+                    f"The model does not broadcast over a batch of draws of its continuous sites "
+                    f"({str(batched_error).split(': ', 1)[-1].split('. ')[0]}), so EnumOracle "
+                    f"traced it once per draw ({self._num_continuous} traces). To trace it once, "
+                    f"index with Vindex (pyro.ops.indexing) or ellipses, e.g. "
+                    f"Vindex(locs)[..., z] instead of locs[z].",
+                    UserWarning,
+                    stacklevel=5,
+                )
+            return traces
+
     def _compile(self) -> None:
-        trace = self._trace()
+        traces = self._traces()
+        trace = traces[0]
         layout = self.layout
         plate_to_symbol = trace.plate_to_symbol
         self._symbol_to_plate = {s: p for p, s in plate_to_symbol.items()}
@@ -383,6 +424,15 @@ class EnumOracle:
                 device = packed.device
             dims = packed._pyro_dims
             tensor = packed.detach().to(device=device, dtype=torch.float64)
+            if len(traces) > 1:  # one trace per continuous draw: stack them on the draws dim
+                parts = [t.nodes[name]["packed"]["log_prob"] for t in traces]
+                if any(p._pyro_dims != dims for p in parts):
+                    raise DynamicStructureError(
+                        f"Site '{name}' has different dims for different continuous draws; "
+                        f"AutoSpec needs a fixed model structure."
+                    )
+                tensor = torch.stack([p.detach().to(device, torch.float64) for p in parts])
+                dims = draws + dims
             ordinal = frozenset(
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
@@ -485,7 +535,7 @@ class EnumOracle:
                 ring=ring,
             )
         except NotImplementedError as e:  # Pyro: "Expected tree-structured plate nesting"
-            raise _non_tree_error(e, self._symbol_to_plate) from e
+            raise _non_tree_error(e, self._symbol_to_plate, self._evidence) from e
         finally:
             self._terms = saved
         largest = max(ring.step_entries, default=1) / rows
