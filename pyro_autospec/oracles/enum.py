@@ -340,23 +340,49 @@ class EnumOracle:
         if self._continuous is None:
             return [self._trace()]
         try:
-            return [self._trace()]
-        except DynamicStructureError as batched_error:
-            try:
-                traces = [self._trace(m) for m in range(self._num_continuous)]
-            except AutoSpecModelError:
-                raise batched_error from None
-            if self._num_continuous > 1:
-                warnings.warn(
-                    f"The model does not broadcast over a batch of draws of its continuous sites "
-                    f"({str(batched_error).split(': ', 1)[-1].split('. ')[0]}), so EnumOracle "
-                    f"traced it once per draw ({self._num_continuous} traces). To trace it once, "
-                    f"index with Vindex (pyro.ops.indexing) or ellipses, e.g. "
-                    f"Vindex(locs)[..., z] instead of locs[z].",
-                    UserWarning,
-                    stacklevel=5,
-                )
-            return traces
+            batched = self._trace()
+            reason = None if self._num_continuous == 1 else self._batch_mismatch(batched)
+        except DynamicStructureError as error:
+            reason = str(error).split(": ", 1)[-1].split(". ")[0]
+        if reason is None:
+            return [batched]
+        traces = [self._trace(m) for m in range(self._num_continuous)]
+        if self._num_continuous > 1:
+            warnings.warn(
+                f"The model does not broadcast over a batch of draws of its continuous sites "
+                f"({reason}), so EnumOracle traced it once per draw ({self._num_continuous} "
+                f"traces). To trace it once, index with Vindex (pyro.ops.indexing) or "
+                f"ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+                UserWarning,
+                stacklevel=5,
+            )
+        return traces
+
+    def _batch_mismatch(self, batched) -> str | None:
+        """Compare draw 0 of the batched trace with draw 0 traced alone; None if they agree.
+
+        A model can broadcast without error and still mix draws (a batch of ``M`` continuous
+        draws landing on a plate of the same size): its factors then differ from draw 0's.
+        """
+        alone = self._trace(0)
+        draws = batched.plate_to_symbol[DRAWS_PLATE]
+        for name, node in alone.nodes.items():
+            if node["type"] != "sample" or site_role(node) in ("deterministic", "subsample"):
+                continue
+            one = node["packed"]["log_prob"]
+            many = batched.nodes[name]["packed"]["log_prob"] if name in batched.nodes else None
+            if not torch.is_tensor(one) or many is None:
+                continue
+            dims = many._pyro_dims
+            if draws in dims:
+                many = many.select(dims.index(draws), 0)
+                dims = dims.replace(draws, "")
+            if dims != one._pyro_dims or many.shape != one.shape:
+                return f"site '{name}' changes shape in a batch of draws"
+            tolerance = 1e-5 * (1.0 + float(one.abs().max())) if one.numel() else 0.0
+            if not torch.allclose(many.double(), one.double(), atol=tolerance, rtol=1e-5):
+                return f"site '{name}' mixes draws in a batch"
+        return None
 
     def _compile(self) -> None:
         traces = self._traces()
