@@ -180,7 +180,7 @@ class RunBase:
         attrs = {"inference_library": "pyro_autospec", "method": method}
         attrs.update(extras.attrs)
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*shape.*dims.*")
+            warnings.filterwarnings("ignore", message=".*More chains .* than draws.*")
             return to_inference_data(
                 posterior,
                 sample_stats=sample_stats,

@@ -195,8 +195,10 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
     return DynamicStructureError(
         f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "
         f"batched (and enumerated) values of its discrete sites, so the model must not branch "
-        f"on their values with Python control flow (if/int()/.item()); use tensor operations "
-        f"(torch.where, Vindex, poutine.mask) so its structure is fixed."
+        f"on their values with Python control flow (if/int()/.item()), nor reduce a sampled "
+        f"value over a plate or batch dimension; use tensor operations (torch.where, Vindex, "
+        f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
+        f"structure is fixed."
     )
 
 

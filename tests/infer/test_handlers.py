@@ -662,3 +662,17 @@ def test_no_warning_for_an_unscaled_model():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sample(masked, num_samples=10)
+
+
+def sums_over_its_plate(y):
+    """Invalid under enumeration: a plated site reduced over its own plate (Pyro enumerates
+    one value per plate element, so the sum sees a single element). Pyro's enumeration gets
+    it silently wrong; AutoSpec's self-check catches it."""
+    with pyro.plate("p", 2):
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(z.sum(-1, keepdim=True), 0.5), obs=y)
+
+
+def test_self_check_catches_a_construct_enumeration_cannot_express():
+    with pytest.raises(SelfCheckError, match="NOT exact"):
+        sample(sums_over_its_plate, torch.tensor([2.0]), num_samples=200)
