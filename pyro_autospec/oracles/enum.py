@@ -53,9 +53,34 @@ from pyro_autospec.model.tracing import (
     site_role,
     structure_error,
 )
-from pyro_autospec.oracles.enum_contract import PlannedLogRing, _align
+from pyro_autospec.oracles.enum_contract import PlannedLogRing, _align, constant_factor
 
 __all__ = ["EnumOracle"]
+
+
+def _unique_rows(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Distinct rows of ``keys`` [B, m] and each row's index among them (None: all distinct).
+
+    Rows are hashed to one int64 each (``torch.unique`` over rows sorts them row by row, which
+    is slow for long rows); a hash collision is detected and falls back to the exact method.
+    """
+    weights = torch.randint(1, 2**61, (keys.shape[1],), generator=_HASH_SEED, dtype=torch.long).to(
+        keys.device
+    )
+    hashes = (keys * weights).sum(1)
+    unique_hashes, inverse = torch.unique(hashes, return_inverse=True)
+    if unique_hashes.shape[0] == keys.shape[0]:
+        return keys, None
+    first = torch.full_like(unique_hashes, keys.shape[0]).scatter_reduce(
+        0, inverse, torch.arange(keys.shape[0], device=keys.device), reduce="amin"
+    )
+    unique = keys[first]
+    if not bool((unique[inverse] == keys).all()):  # a collision: sort the rows instead
+        return torch.unique(keys, dim=0, return_inverse=True)
+    return unique, inverse
+
+
+_HASH_SEED = torch.Generator().manual_seed(20260415)
 
 
 def _log(probs: torch.Tensor) -> torch.Tensor:
@@ -511,6 +536,8 @@ class EnumOracle:
                     break
             else:
                 kept.append([tensor.contiguous(), dims, ordinal])
+        for term in kept:  # the same tensor objects every round: exponentials cached on them
+            term[0] = constant_factor(term[0], term[1])
         return kept
 
     def _tree(self, leaves: list, draws: torch.Tensor | None) -> OrderedDict:
@@ -519,9 +546,9 @@ class EnumOracle:
         for tensor, dims, ordinal in self._terms:
             if self._family and symbol in dims:
                 tensor = tensor.index_select(dims.index(symbol), draws)
-            else:
-                tensor = tensor.view(tensor.shape)  # a fresh object to carry the dims
-            tensor._pyro_dims = dims
+                tensor._pyro_dims = dims
+            elif getattr(tensor, "_pyro_dims", None) != dims:
+                tensor = constant_factor(tensor.view(tensor.shape), dims)
             tree.setdefault(ordinal, []).append(tensor)
         for spec, leaf in zip(self._evidence, leaves, strict=True):
             part = leaf.view(leaf.shape)
@@ -606,9 +633,7 @@ class EnumOracle:
         keys = torch.where(mask, values, -1)
         if draws is not None:
             keys = torch.cat([draws[:, None], keys], dim=1)
-        unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
-        if unique.shape[0] == keys.shape[0]:  # no repeats: keep the rows' order
-            unique, inverse = keys, None
+        unique, inverse = _unique_rows(keys)
         if draws is not None:
             draws_u, unique = unique[:, 0], unique[:, 1:]
         else:
@@ -784,8 +809,11 @@ class EnumOracle:
         q = self.num_values
         values_t, mask_t = values.t(), mask.t()  # [n, rows]: coordinates first
         other = torch.arange(q, device=values.device) != values_t[:, :, None]
-        ev = torch.zeros(self.num_coords, padded, q, dtype=torch.float64, device=values.device)
-        ev = ev.masked_fill(mask_t[:, :, None] & other, -math.inf).requires_grad_(True)
+        ev = torch.where(
+            mask_t[:, :, None] & other,
+            torch.tensor(-math.inf, dtype=torch.float64, device=values.device),
+            torch.tensor(0.0, dtype=torch.float64, device=values.device),
+        ).requires_grad_(True)
         leaves = self._leaves(ev)
         ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: padded})
         with torch.enable_grad():

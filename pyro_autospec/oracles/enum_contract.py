@@ -27,7 +27,7 @@ import math
 import torch
 from pyro.ops.rings import LogRing
 
-__all__ = ["PlannedLogRing", "plan_contraction", "clear_plans"]
+__all__ = ["PlannedLogRing", "clear_plans", "constant_factor", "plan_contraction"]
 
 # Underflow threshold of a linear-space product (float64 normal range ends near 2.2e-308).
 _TINY = 1e-250
@@ -107,63 +107,130 @@ class _ShiftedProduct(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, y, xd, yd, out, equation, letters, ex, ey, product, shift):
+    def forward(ctx, x, y, plan, ex, ey, product, shift, has_zero):
         ctx.save_for_backward(ex, ey, product)
-        ctx.meta = (xd, yd, out, letters)
+        ctx.plan = plan
+        ctx.has_zero = has_zero
         return product.log() + shift
 
     @staticmethod
     def backward(ctx, grad):
         ex, ey, product = ctx.saved_tensors
-        xd, yd, out, letters = ctx.meta
-        scaled = torch.nan_to_num(grad / product, nan=0.0, posinf=0.0, neginf=0.0)
-        grads = [None] * 11
-        for k, (mine, md, other, od) in enumerate(((ex, xd, ey, yd), (ey, yd, ex, xd))):
-            if not ctx.needs_input_grad[k]:
-                continue
-            reach = "".join(d for d in md if d in out or d in od)
-            equation = (
-                "".join(letters[d] for d in out)
-                + ","
-                + "".join(letters[d] for d in od)
-                + "->"
-                + "".join(letters[d] for d in reach)
-            )
-            part = torch.einsum(equation, scaled, other)
-            grads[k] = mine * _align(part, reach, md)
+        if ctx.has_zero:
+            scaled = torch.nan_to_num(grad / product, nan=0.0, posinf=0.0, neginf=0.0)
+        else:
+            scaled = grad / product
+        grads = [None] * 8
+        plan = ctx.plan
+        if plan.matrix is not None:  # a plain matrix product: two more of them
+            px, py, inv_x, inv_y = plan.matrix
+            ex2, ey2 = _to_matrix(ex, px, plan.inner), _to_matrix(ey, py, plan.inner, first=True)
+            g2 = scaled.reshape(ex2.shape[0], ey2.shape[1])
+            if ctx.needs_input_grad[0]:
+                part = (g2 @ ey2.t()).reshape([ex.shape[i] for i in px]).permute(inv_x)
+                grads[0] = ex * part
+            if ctx.needs_input_grad[1]:
+                part = (ex2.t() @ g2).reshape([ey.shape[i] for i in py]).permute(inv_y)
+                grads[1] = ey * part
+            return tuple(grads)
+        for k, (mine, other, (equation, reach, dims)) in enumerate(
+            ((ex, ey, plan.backward_x), (ey, ex, plan.backward_y))
+        ):
+            if ctx.needs_input_grad[k]:
+                part = torch.einsum(equation, scaled, other)
+                grads[k] = mine * (part if reach == dims else _align(part, reach, dims))
         return tuple(grads)
 
 
-def _linear_contract(x, xd, y, yd, elim, out, letters):
-    """``log sum_elim exp(x + y)`` by shifted exponentials and one einsum; None on underflow."""
+class _StepPlan:
+    """Equations (and, for plain matrix products, permutations) of one pairwise step."""
+
+    def __init__(self, xd: str, yd: str, elim: str, out: str):
+        letters = {d: chr(97 + i) for i, d in enumerate(sorted(set(xd) | set(yd)))}
+
+        def word(dims):
+            return "".join(letters[d] for d in dims)
+
+        self.forward = word(xd) + "," + word(yd) + "->" + word(out)
+        backward = []
+        for mine, other in ((xd, yd), (yd, xd)):
+            reach = "".join(d for d in mine if d in out or d in other)
+            backward.append((word(out) + "," + word(other) + "->" + word(reach), reach, mine))
+        self.backward_x, self.backward_y = backward
+        self.matrix = None
+        self.inner = elim
+        keep_x = [d for d in xd if d != elim]
+        keep_y = [d for d in yd if d != elim]
+        if len(elim) == 1 and elim in xd and elim in yd and not set(keep_x) & set(keep_y):
+            if "".join(keep_x + keep_y) == out:
+                px = [xd.index(d) for d in keep_x] + [xd.index(elim)]
+                py = [yd.index(elim)] + [yd.index(d) for d in keep_y]
+                inv_x = [px.index(i) for i in range(len(px))]
+                inv_y = [py.index(i) for i in range(len(py))]
+                self.matrix = (px, py, inv_x, inv_y)
+        self.xd, self.yd = xd, yd
+
+
+def _to_matrix(t: torch.Tensor, perm: list, inner: str, first: bool = False) -> torch.Tensor:
+    """``t`` permuted by ``perm`` and flattened to a matrix with the summed dim inner."""
+    t = t.permute(perm)
+    size = t.shape[0] if first else t.shape[-1]
+    return t.reshape(size, -1) if first else t.reshape(-1, size)
+
+
+_STEP_PLANS: dict = {}
+
+
+def _step_plan(xd: str, yd: str, elim: str, out: str) -> _StepPlan:
+    key = (xd, yd, elim, out)
+    plan = _STEP_PLANS.get(key)
+    if plan is None:
+        plan = _STEP_PLANS[key] = _StepPlan(xd, yd, elim, out)
+    return plan
+
+
+def _shifted_exp(t: torch.Tensor, dims: str, elim: str):
+    """``exp(t - shift)`` and ``shift`` (max over ``elim``, squeezed), cached on constants."""
+    cache = getattr(t, "_autospec_exp", None) if not t.requires_grad else None
+    if cache is not None and elim in cache:
+        return cache[elim]
+    shift = t.detach()
+    for d in elim:
+        if d in dims:
+            shift = shift.amax(dims.index(d), keepdim=True)
+    shift = shift.clamp(min=torch.finfo(t.dtype).min)
+    result = ((t.detach() - shift).exp(), _squeeze(shift, dims, elim))
+    if cache is not None:
+        cache[elim] = result
+    return result
+
+
+def _linear_contract(x, xd, y, yd, elim, out):
+    """``log sum_elim exp(x + y)`` by shifted exponentials and one product; None on underflow."""
     floor = torch.finfo(x.dtype).min
-    xs = x.detach()
-    for d in elim:
-        if d in xd:
-            xs = xs.amax(xd.index(d), keepdim=True)
-    ys = y.detach()
-    for d in elim:
-        if d in yd:
-            ys = ys.amax(yd.index(d), keepdim=True)
-    xs = xs.clamp(min=floor)
-    ys = ys.clamp(min=floor)
-    equation = (
-        "".join(letters[d] for d in xd)
-        + ","
-        + "".join(letters[d] for d in yd)
-        + "->"
-        + "".join(letters[d] for d in out)
-    )
+    plan = _step_plan(xd, yd, elim, out)
     with torch.no_grad():
-        ex = (x.detach() - xs).exp()
-        ey = (y.detach() - ys).exp()
-        product = torch.einsum(equation, ex, ey)
-        shift = _align(_squeeze(xs, xd, elim), _kept(xd, elim), out) + _align(
-            _squeeze(ys, yd, elim), _kept(yd, elim), out
-        )
-        if bool((product < _TINY).any()) and bool(((product < _TINY) & (shift > floor)).any()):
+        ex, xs = _shifted_exp(x, xd, elim)
+        ey, ys = _shifted_exp(y, yd, elim)
+        if plan.matrix is not None:
+            px, py, _, _ = plan.matrix
+            product = _to_matrix(ex, px, elim) @ _to_matrix(ey, py, elim, first=True)
+            sizes = dict(zip(xd, ex.shape)) | dict(zip(yd, ey.shape))
+            product = product.reshape([sizes[d] for d in out])
+        else:
+            product = torch.einsum(plan.forward, ex, ey)
+        shift = _align(xs, _kept(xd, elim), out) + _align(ys, _kept(yd, elim), out)
+        has_zero = bool(product.amin() < _TINY) if product.numel() else False
+        if has_zero and bool(((product < _TINY) & (shift > floor)).any()):
             return None
-    return _ShiftedProduct.apply(x, y, xd, yd, out, equation, letters, ex, ey, product, shift)
+    return _ShiftedProduct.apply(x, y, plan, ex, ey, product, shift, has_zero)
+
+
+def constant_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
+    """Mark a factor that never changes (a model factor) so its exponentials are cached."""
+    tensor._pyro_dims = dims
+    tensor._autospec_exp = {}
+    return tensor
 
 
 def _kept(dims: str, elim: str) -> str:
@@ -179,8 +246,9 @@ def _step(x, xd, y, yd, elim, out):
     """One planned step: ``out`` = logsumexp over ``elim`` of ``x (+ y)``, dims in ``out``."""
     if y is None or not elim or x.is_meta:
         return _broadcast_contract(x, xd, y, yd, elim, out)
-    letters = {d: chr(97 + i) for i, d in enumerate(sorted(set(xd) | set(yd)))}
-    result = _linear_contract(x, xd, y, yd, elim, out, letters)
+    if _step_plan(xd, yd, elim, out).matrix is None and _step_plan(yd, xd, elim, out).matrix:
+        x, xd, y, yd = y, yd, x, xd  # the same sum, as a plain matrix product
+    result = _linear_contract(x, xd, y, yd, elim, out)
     if result is None:  # underflow: recompute exactly in log space
         result = _broadcast_contract(x, xd, y, yd, elim, out)
     return result
