@@ -53,7 +53,12 @@ from pyro_autospec.model.tracing import (
     site_role,
     structure_error,
 )
-from pyro_autospec.oracles.enum_contract import PlannedLogRing, _align, constant_factor
+from pyro_autospec.oracles.enum_contract import (
+    PlannedLogRing,
+    _align,
+    constant_factor,
+    linear_factor,
+)
 
 __all__ = ["EnumOracle"]
 
@@ -100,7 +105,7 @@ class _Evidence:
     coords: slice
     support_size: int
     view_shape: tuple  # (sizes of the site's non-unit batch dims)
-    dims: str  # plate symbols + draws symbol + enumeration symbol
+    dims: str  # plate symbols + enumeration symbol + draws symbol
     ordinal: frozenset
 
 
@@ -244,7 +249,7 @@ class EnumOracle:
         num_threads: int | None = 1,
         device: str | torch.device | None = None,
         continuous_values: Mapping[str, torch.Tensor] | None = None,
-        max_elements: int = 2**26,
+        max_elements: int = 2**27,
     ):
         if batch_size < 2:
             raise ValueError(f"batch_size must be >= 2, got {batch_size}")
@@ -451,7 +456,7 @@ class EnumOracle:
                     site.coords,
                     site.support_size,
                     tuple(view),
-                    plates + draws + symbol,
+                    plates + symbol + draws,
                     ordinal | {draws},
                 )
             )
@@ -551,21 +556,20 @@ class EnumOracle:
                 tensor = constant_factor(tensor.view(tensor.shape), dims)
             tree.setdefault(ordinal, []).append(tensor)
         for spec, leaf in zip(self._evidence, leaves, strict=True):
-            part = leaf.view(leaf.shape)
-            part._pyro_dims = spec.dims
+            part = linear_factor(leaf.view(leaf.shape), spec.dims)  # 0/1 evidence, linear
             tree.setdefault(spec.ordinal, []).append(part)
         return tree
 
     def _leaves(self, ev: torch.Tensor) -> list:
-        """One evidence tensor per site, ``[*plate sizes, rows, K]``: views of ``ev`` [n, rows, q].
+        """One evidence tensor per site, ``[*plate sizes, K, rows]``: views of ``ev`` [n, q, rows].
 
         Coordinates come first in ``ev`` so that every site's block is a view, and gradients
         are taken with respect to the views: the backward pass never materialises ``ev``.
         """
-        rows = ev.shape[1]
+        rows = ev.shape[2]
         return [
-            ev[spec.coords, :, : spec.support_size].reshape(
-                spec.view_shape + (rows, spec.support_size)
+            ev[spec.coords, : spec.support_size].reshape(
+                spec.view_shape + (spec.support_size, rows)
             )
             for spec in self._evidence
         ]
@@ -573,7 +577,7 @@ class EnumOracle:
     def _measure(self) -> int:
         """Entries per query row of one contraction; refuse an intractable elimination."""
         rows = 2
-        ev = torch.zeros(self.num_coords, rows, self.num_values, device="meta")
+        ev = torch.zeros(self.num_coords, self.num_values, rows, device="meta")
         ev = ev.to(torch.float64)
         draws = torch.zeros(rows, dtype=torch.long, device="meta") if self._family else None
         saved = self._terms
@@ -808,12 +812,9 @@ class EnumOracle:
                 draws = torch.cat([draws, draws[:1].expand(extra)])
         q = self.num_values
         values_t, mask_t = values.t(), mask.t()  # [n, rows]: coordinates first
-        other = torch.arange(q, device=values.device) != values_t[:, :, None]
-        ev = torch.where(
-            mask_t[:, :, None] & other,
-            torch.tensor(-math.inf, dtype=torch.float64, device=values.device),
-            torch.tensor(0.0, dtype=torch.float64, device=values.device),
-        ).requires_grad_(True)
+        other = torch.arange(q, device=values.device)[:, None] != values_t[:, None, :]
+        # linear evidence e_i(v) in {0, 1}: d log Z / d e_i(v) * e_i(v) = P(X_i = v | pins)
+        ev = (~(mask_t[:, None, :] & other)).to(torch.float64).requires_grad_(True)  # [n, q, B]
         leaves = self._leaves(ev)
         ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: padded})
         with torch.enable_grad():
@@ -827,11 +828,15 @@ class EnumOracle:
             grads = torch.autograd.grad(logz.sum(), leaves)
         self.num_calls += 1
         with torch.no_grad():
-            blocks = [grad.reshape(-1, padded, grad.shape[-1]) for grad in grads]
-            if all(block.shape[-1] == q for block in blocks):
+            blocks = [
+                (grad * leaf).reshape(-1, grad.shape[-2], padded)
+                for grad, leaf in zip(grads, leaves, strict=True)
+            ]
+            if all(block.shape[1] == q for block in blocks):
                 probs = torch.cat(blocks)
             else:
                 probs = torch.zeros_like(ev)
                 for spec, block in zip(self._evidence, blocks, strict=True):
-                    probs[spec.coords, :, : spec.support_size] = block
+                    probs[spec.coords, : spec.support_size] = block
+            probs = probs.transpose(1, 2)  # [n, rows, q]
         return probs[:, :rows], logz.detach()[:rows]

@@ -27,7 +27,13 @@ import math
 import torch
 from pyro.ops.rings import LogRing
 
-__all__ = ["PlannedLogRing", "clear_plans", "constant_factor", "plan_contraction"]
+__all__ = [
+    "PlannedLogRing",
+    "clear_plans",
+    "constant_factor",
+    "linear_factor",
+    "plan_contraction",
+]
 
 # Underflow threshold of a linear-space product (float64 normal range ends near 2.2e-308).
 _TINY = 1e-250
@@ -226,6 +232,17 @@ def _linear_contract(x, xd, y, yd, elim, out):
     return _ShiftedProduct.apply(x, y, plan, ex, ey, product, shift, has_zero)
 
 
+def linear_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
+    """Mark a factor given in LINEAR space (``exp`` of the log factor, e.g. 0/1 evidence).
+
+    Only :class:`PlannedLogRing`'s ``sumproduct`` reads it; it must enter a contraction
+    through ``sumproduct`` (every factor with a summed dim does).
+    """
+    tensor._pyro_dims = dims
+    tensor._autospec_linear = True
+    return tensor
+
+
 def constant_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
     """Mark a factor that never changes (a model factor) so its exponentials are cached."""
     tensor._pyro_dims = dims
@@ -301,10 +318,11 @@ def plan_contraction(inputs: list[str], output: str, sizes: dict[str, int]) -> l
         union = terms[i] | (terms[j] if j is not None else frozenset())
         elim = sorted(d for d in union if d in remaining and not others_have(d, pair))
         remaining.difference_update(elim)
-        # kept dims (plates, rows) first, in output order, then the variables still to sum
+        # the variables still to sum first, then the kept dims (plates, rows) in output order:
+        # a chain step is then [K, K] @ [K, rows], torch's fastest layout for small K
         kept = names[i] + (names[j] if j is not None else "")
-        order = [d for d in output if d in union]
-        order += [d for d in dict.fromkeys(kept) if d not in elim and d not in order]
+        order = [d for d in dict.fromkeys(kept) if d not in elim and d not in output]
+        order += [d for d in output if d in union]
         new = len(terms)
         terms.append(frozenset(order))
         names.append("".join(order))
@@ -356,6 +374,104 @@ def plan_contraction(inputs: list[str], output: str, sizes: dict[str, int]) -> l
     return steps
 
 
+class _Scaled:
+    """A log-space factor kept as ``log(lin) + shift``: ``lin`` linear (at most 1 per slice)
+    with dims ``dims``, ``shift`` a log scale over the kept dims ``shift_dims`` only."""
+
+    __slots__ = ("lin", "dims", "shift", "shift_dims")
+
+    def __init__(self, lin, dims, shift, shift_dims):
+        self.lin, self.dims, self.shift, self.shift_dims = lin, dims, shift, shift_dims
+
+    def to_log(self) -> torch.Tensor:
+        return _SafeLog.apply(self.lin) + _align(self.shift, self.shift_dims, self.dims)
+
+
+def _scale(t: torch.Tensor, dims: str, kept: str) -> _Scaled:
+    """``t`` (log space) as ``exp(t - shift)`` with the shift over ``kept`` dims only; cached
+    on constant factors (see :func:`constant_factor`). A :func:`linear_factor` is used as it
+    is, with shift 0."""
+    if getattr(t, "_autospec_linear", False):
+        shift_dims = "".join(d for d in dims if d in kept)
+        zeros = t.new_zeros([size for size, d in zip(t.shape, dims) if d in kept])
+        return _Scaled(t, dims, zeros, shift_dims)
+    cache = getattr(t, "_autospec_exp", None) if not t.requires_grad else None
+    if cache is not None and kept in cache:
+        return cache[kept]
+    inner = [i for i, d in enumerate(dims) if d not in kept]
+    shift = t.detach()
+    if inner:
+        shift = shift.amax(dim=inner, keepdim=True)
+    shift = shift.clamp(min=torch.finfo(t.dtype).min)
+    lin = (t - shift).exp()
+    shift_dims = "".join(d for d in dims if d in kept)
+    shift = shift.reshape([size for size, d in zip(t.shape, dims) if d in kept])
+    result = _Scaled(lin, dims, shift, shift_dims)
+    if cache is not None:
+        cache[kept] = result
+    return result
+
+
+def _add_shifts(x: _Scaled, y: _Scaled | None, kept: str) -> tuple[torch.Tensor, str]:
+    if y is None:
+        return x.shift, x.shift_dims
+    dims = "".join(d for d in kept if d in x.shift_dims or d in y.shift_dims)
+    return _align(x.shift, x.shift_dims, dims) + _align(y.shift, y.shift_dims, dims), dims
+
+
+def _scaled_step(x: _Scaled, y: _Scaled | None, elim: str, out: str, kept: str):
+    """One planned step in scaled linear space; None when it underflows (caller falls back)."""
+    shift, shift_dims = _add_shifts(x, y, kept)
+    if y is None:
+        lin = x.lin
+        if elim:
+            lin = lin.sum([x.dims.index(d) for d in elim])
+        remaining = "".join(d for d in x.dims if d not in elim)
+        if remaining != out:
+            lin = lin.permute([remaining.index(d) for d in out])
+    elif not elim:
+        return _Scaled(
+            _align(x.lin, x.dims, out) * _align(y.lin, y.dims, out), out, shift, shift_dims
+        )
+    else:
+        plan = _step_plan(x.dims, y.dims, elim, out)
+        if plan.matrix is None and _step_plan(y.dims, x.dims, elim, out).matrix is not None:
+            x, y = y, x
+            plan = _step_plan(x.dims, y.dims, elim, out)
+        if plan.matrix is not None:
+            px, py, _, _ = plan.matrix
+            lin = _to_matrix(x.lin, px, elim) @ _to_matrix(y.lin, py, elim, first=True)
+            sizes = dict(zip(x.dims, x.lin.shape)) | dict(zip(y.dims, y.lin.shape))
+            lin = lin.reshape([sizes[d] for d in out])
+        else:
+            lin = torch.einsum(plan.forward, x.lin, y.lin)
+    inner = [i for i, d in enumerate(out) if d not in kept]
+    if not inner:
+        return _Scaled(lin, out, shift, shift_dims)
+    norm = lin.detach().amax(dim=inner, keepdim=True)
+    if not lin.is_meta:
+        floor = torch.finfo(lin.dtype).min
+        tiny = norm < _TINY
+        if bool(tiny.any()):
+            outer = _align(shift, shift_dims, out)
+            if bool((tiny & (outer > floor)).any()):
+                return None  # underflow (or an exact zero): recompute in log space
+    positive = norm > 0
+    lin = lin / torch.where(positive, norm, torch.ones_like(norm))
+    log_norm = torch.where(positive, norm, torch.zeros_like(norm)).log()
+    new_dims = "".join(d for d in out if d in kept)
+    log_norm = log_norm.reshape([size for size, d in zip(lin.shape, out) if d in kept])
+    shift = _align(shift, shift_dims, new_dims) + log_norm
+    return _Scaled(lin, out, shift, new_dims)
+
+
+def _log_step(x: _Scaled, y: _Scaled | None, elim: str, out: str, kept: str) -> _Scaled:
+    """The exact log-space step (for underflow), back in scaled form."""
+    yl = None if y is None else y.to_log()
+    result = _broadcast_contract(x.to_log(), x.dims, yl, "" if y is None else y.dims, elim, out)
+    return _scale(result, out, kept)
+
+
 class PlannedLogRing(LogRing):
     """:class:`~pyro.ops.rings.LogRing` whose ``sumproduct`` follows a cached greedy plan.
 
@@ -389,25 +505,27 @@ class PlannedLogRing(LogRing):
             if len(_PLANS) >= _MAX_PLANS:
                 _PLANS.clear()
             _PLANS[key] = plan
-        values = list(terms)
+        values = [_scale(t, d, output) for t, d in zip(terms, inputs)]
         names = list(inputs)
         for i, j, elim, out in plan:
-            y = values[j] if j is not None else None
-            yd = names[j] if j is not None else ""
+            x, y = values[i], (values[j] if j is not None else None)
             if self.step_entries is not None:
-                sizes = dict(zip(names[i], values[i].shape))
+                sizes = dict(zip(x.dims, x.lin.shape))
                 if y is not None:
-                    sizes.update(zip(yd, y.shape))
+                    sizes.update(zip(y.dims, y.lin.shape))
                 self.step_entries.append(math.prod(sizes.values()))
-            values.append(_step(values[i], names[i], y, yd, elim, out))
+            result = _scaled_step(x, y, elim, out, output)
+            if result is None:
+                result = _log_step(x, y, elim, out, output)
+            values.append(result)
             names.append(out)
             values[i] = None
             if j is not None:
                 values[j] = None
-        result, dims_now = values[-1], names[-1]
-        if not plan:  # one term, nothing to sum
-            (result,) = [v for v in values if v is not None]
-            dims_now = inputs[0]
+        if plan:
+            result, dims_now = values[-1].to_log(), names[-1]
+        else:  # one term, nothing to sum
+            result, dims_now = terms[0], inputs[0]
         if dims_now != output:
             result = result.permute([dims_now.index(d) for d in output])
         if any(result is term for term in terms):
