@@ -42,7 +42,13 @@ class SelfCheckError(RuntimeError):
 
 
 def check_schedule(schedule: dict) -> dict:
-    """Reject unknown schedule keywords early, naming the accepted ones."""
+    """Reject unknown schedule keywords early, naming the accepted ones.
+
+    Examples
+    --------
+    >>> check_schedule({"rho": 2.0})
+    {'rho': 2.0}
+    """
     unknown = sorted(set(schedule) - set(SCHEDULE_KNOBS))
     if unknown:
         raise TypeError(
@@ -84,7 +90,20 @@ def build_oracle(
     layout: SiteLayout,
     device: torch.device | str | None = None,
 ):
-    """``"enum"``: a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`; else check it."""
+    """``"enum"``: a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`; else check it.
+
+    A user's oracle is checked against ``layout`` by one probe query
+    (:meth:`~pyro_autospec.model.discrete.SiteLayout.check_oracle`).
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> from pyro_autospec.model import discover_sites
+    >>> def model():
+    ...     pyro.sample("z", dist.Bernoulli(0.5))
+    >>> build_oracle("enum", model, (), {}, discover_sites(model))
+    EnumOracle(num_coords=1, num_values=2, sites=['z'])
+    """
     if isinstance(oracle, str):
         if oracle != "enum":
             raise ValueError(
@@ -138,6 +157,14 @@ def check_exact_draws(
     ------
     SelfCheckError
         With the draws that disagree and what to do.
+
+    Examples
+    --------
+    >>> import torch
+    >>> lp = torch.tensor([-3.0, -4.0], dtype=torch.float64)
+    >>> q = torch.tensor([-1.0, -2.0], dtype=torch.float64)  # lp - q = -2 for both draws
+    >>> check_exact_draws(lp, q, lp.abs(), torch.float32)
+    0.0
     """
     diff = log_joint.double() - oracle_log_prob.double().to(log_joint.device)
     tolerance = 16.0 * max(_eps(dtype), 1e-15) * (magnitude.double().to(diff.device) + 1.0)
@@ -190,6 +217,13 @@ def site_diagnostics(samples: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
     unavailable : dict
         ``{"n_eff": reason, "r_hat": reason}`` when draws per chain are fewer than
         :data:`MIN_DRAWS_FOR_DIAGNOSTICS` (empty otherwise).
+
+    Examples
+    --------
+    >>> import torch
+    >>> diagnostics, unavailable = site_diagnostics({"z": torch.tensor([[0, 1]])})
+    >>> diagnostics["z"]["r_hat"], unavailable["r_hat"]
+    (tensor(nan, dtype=torch.float64), 'needs at least 4 draws per chain, got 2')
     """
     out, unavailable = {}, {}
     for name, value in samples.items():
@@ -228,6 +262,13 @@ def summary_table(samples: Mapping[str, torch.Tensor], prob: float = 0.9) -> dic
     -------
     dict
         ``name -> OrderedDict(statistic -> Tensor[*shape])``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> table = summary_table({"z": torch.tensor([[0, 1, 1, 0, 1]])})
+    >>> list(table["z"]), float(table["z"]["mean"])
+    (['mean', 'std', 'median', '5.0%', '95.0%', 'n_eff', 'r_hat'], 0.6)
     """
     diagnostics, _ = site_diagnostics(samples)
     lower, upper = f"{50 * (1 - prob):.1f}%", f"{50 * (1 + prob):.1f}%"

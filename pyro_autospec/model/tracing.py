@@ -77,6 +77,18 @@ def site_role(site: dict) -> str:
         ``"subsample"`` (a plate's index site), ``"deterministic"`` (``pyro.deterministic``),
         ``"factor"`` (``pyro.factor``, or another auxiliary observed site), ``"data"`` (an
         observed site) or ``"latent"``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     z = pyro.sample("z", dist.Bernoulli(0.5))
+    ...     pyro.deterministic("twice", 2 * z)
+    ...     pyro.factor("f", z)
+    ...     pyro.sample("y", dist.Normal(z, 1.0), obs=torch.tensor(0.0))
+    >>> trace = trace_model(model)
+    >>> [site_role(trace.nodes[n]) for n in ("z", "twice", "f", "y")]
+    ['latent', 'deterministic', 'factor', 'data']
     """
     fn = site["fn"]
     infer = site.get("infer") or {}
@@ -97,7 +109,17 @@ def plate_dims(site: dict) -> dict[int, int]:
 
 
 def plate_nesting(trace) -> int:
-    """The depth of plates and batch dimensions of every site (``max_plate_nesting``)."""
+    """The depth of plates and batch dimensions of every site (``max_plate_nesting``).
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> def model():
+    ...     with pyro.plate("a", 2, dim=-2):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> plate_nesting(trace_model(model))
+    2
+    """
     depth = 0
     for site in trace.nodes.values():
         if site["type"] != "sample" or site_role(site) == "subsample":
@@ -116,6 +138,17 @@ def check_subsampling(trace) -> None:
     ``trace`` must be unpruned (see :func:`trace_model` with ``prune=False``). A plate given a
     fixed ``subsample=`` tensor is accepted: its sites are scaled by ``size / subsample_size``
     (see :func:`scaled_sites`).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     with pyro.plate("data", 10, subsample_size=3):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> check_subsampling(trace_model(model, prune=False))
+    Traceback (most recent call last):
+    ...
+    pyro_autospec.model.errors.SubsamplingError: Plate 'data' draws a random subsample of 3 ...
     """
     for name, site in trace.nodes.items():
         if site["type"] != "sample" or not isinstance(site["fn"], _Subsample):
@@ -137,6 +170,16 @@ def scaled_sites(trace) -> dict[str, float]:
     """``name -> scale`` of the sample sites whose log density is scaled (not 1).
 
     Scales come from ``poutine.scale`` or from a plate with a fixed subsample.
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> from pyro import poutine
+    >>> def model():
+    ...     with poutine.scale(scale=4.0):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> scaled_sites(trace_model(model))
+    {'z': 4.0}
     """
     out = {}
     for name, site in trace.nodes.items():

@@ -237,6 +237,13 @@ def linear_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
 
     Only :class:`PlannedLogRing`'s ``sumproduct`` reads it; it must enter a contraction
     through ``sumproduct`` (every factor with a summed dim does).
+
+    Examples
+    --------
+    >>> import torch
+    >>> evidence = linear_factor(torch.tensor([0.0, 1.0]), "a")  # pins a to 1
+    >>> evidence._pyro_dims, evidence._autospec_linear
+    ('a', True)
     """
     tensor._pyro_dims = dims
     tensor._autospec_linear = True
@@ -244,7 +251,15 @@ def linear_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
 
 
 def constant_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
-    """Mark a factor that never changes (a model factor) so its exponentials are cached."""
+    """Mark a factor that never changes (a model factor) so its exponentials are cached.
+
+    Examples
+    --------
+    >>> import torch
+    >>> factor = constant_factor(torch.zeros(2, 2), "ab")
+    >>> factor._pyro_dims, factor._autospec_exp
+    ('ab', {})
+    """
     tensor._pyro_dims = dims
     tensor._autospec_exp = {}
     return tensor
@@ -488,6 +503,18 @@ class PlannedLogRing(LogRing):
     shifted batched matrix product checked for underflow, and the backward pass is NaN-free.
     Set :attr:`step_entries` to a list to record, for every step, the number of entries of its
     product space (on ``meta`` tensors this measures a contraction without running it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from collections import OrderedDict
+    >>> from pyro.ops.contract import contract_to_tensor
+    >>> pair = torch.tensor([[0.0, -1.0], [-2.0, 0.0]], dtype=torch.float64)
+    >>> pair._pyro_dims = "ab"
+    >>> logz = contract_to_tensor(OrderedDict({frozenset(): [pair]}), {"a", "b"},
+    ...                           ring=PlannedLogRing())
+    >>> round(float(logz), 4) == round(float(pair.logsumexp((0, 1))), 4)
+    True
     """
 
     step_entries: list | None = None
