@@ -46,7 +46,7 @@ _LAZY = {
 
 # Subpackages reachable as attributes, imported on first access (infer, guides, diagnostics and
 # distributions import Pyro; the engine and the oracles do not).
-_SUBPACKAGES = ("engine", "oracles", "infer", "guides", "diagnostics", "distributions")
+_SUBPACKAGES = ("engine", "oracles", "model", "infer", "guides", "diagnostics", "distributions")
 
 __all__ = [
     "MarginalOracle",

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-SUBPACKAGES = ["engine", "oracles", "infer", "guides", "diagnostics", "distributions"]
+SUBPACKAGES = ["engine", "oracles", "model", "infer", "guides", "diagnostics", "distributions"]
 
 
 def run_python(code: str) -> str:

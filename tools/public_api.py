@@ -22,6 +22,7 @@ PUBLIC_MODULES = (
     "pyro_autospec",
     "pyro_autospec.engine",
     "pyro_autospec.oracles",
+    "pyro_autospec.model",
     "pyro_autospec.infer",
     "pyro_autospec.guides",
     "pyro_autospec.diagnostics",

@@ -196,7 +196,7 @@ def sbc(
     from tqdm.auto import tqdm
 
     from pyro_autospec.engine.diffusion import sample_diffusion
-    from pyro_autospec.infer.continuous import check_layout, discover_continuous_sites, simulate
+    from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
 
     if not isinstance(num_posterior_samples, int) or num_posterior_samples < 1:
         raise ValueError(

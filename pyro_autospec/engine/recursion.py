@@ -382,7 +382,7 @@ class Recursion:
         )
 
     # ------------------------------------------------------------------------------ rounds
-    @torch.inference_mode()
+    @torch.no_grad()
     def run(self) -> RunCounts:
         """Run every draw to completion; return the counts (samples stay in the problem)."""
         bar = None

@@ -106,6 +106,9 @@ class OracleRows:
         #: Host seconds spent building the protocol's dense inputs, inside the oracle's
         #: methods, and checking its answers (for benchmarks; without GPU synchronisation).
         self.seconds = {"inputs": 0.0, "oracle": 0.0}
+        # The engine runs without autograd; the oracle runs in the grad mode of the caller of
+        # the sampler (an oracle may differentiate internally, e.g. the compiled EnumOracle).
+        self.grad_enabled = torch.is_grad_enabled()
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------ buffers
@@ -233,11 +236,13 @@ class OracleRows:
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
         start = time.perf_counter()
         if self.targeted:
-            out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
         else:
-            out = self.oracle.log_marginals(vals, mask, **extra)
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), self.n, self.q), "log_marginals")
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
@@ -270,7 +275,8 @@ class OracleRows:
             chain = self.orders[d.unsqueeze(1), pos]
             extra = {"draws": self.draw_ids[d]} if self.family else {}
             start = time.perf_counter()
-            out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
             pieces.append(_checked(out, offsets.unsqueeze(0) < ln.unsqueeze(1)))

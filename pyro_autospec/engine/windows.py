@@ -205,7 +205,7 @@ class WindowSampler:
         self._set_stamp(rest)
 
     # ----------------------------------------------------------------------------- rounds
-    @torch.inference_mode()
+    @torch.no_grad()
     def run(self):
         bar = None
         if self.progress:

@@ -60,7 +60,7 @@ class AutoSpec:
     ``diagnostics``, ``summary``) and picks a sampler by the model's latent sites:
 
     * **Discrete sites only**: exact, independent draws of ``p(x | data)``. Every draw follows
-      the chain rule of the posterior in a uniformly random order, and autospeculation [1]_
+      the chain rule of the posterior in a uniformly random order, and autospeculation [1]
       samples ``n`` coordinates in about ``sqrt(n)`` batched oracle calls ("rounds") instead
       of ``n``. The default oracle is exact enumeration, compiled once
       (:class:`~pyro_autospec.oracles.enum.EnumOracle`).

@@ -183,7 +183,7 @@ class ContinuousLayout:
         return out
 
     def data_vector(self, observed: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Flatten observed values ``name -> Tensor[*shape]`` (or [S, *shape]) to [S, D]."""
+        """Flatten observed values ``name -> Tensor[*shape]`` (or ``[S, *shape]``) to ``[S, D]``."""
         parts = []
         for site in self.data:
             value = torch.as_tensor(observed[site.name])

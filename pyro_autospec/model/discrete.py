@@ -63,7 +63,7 @@ class DiscreteSite:
         The site's batch shape (plates included), e.g. ``(4, 5)`` for a 4x5 grid.
     event_shape : torch.Size
         ``()`` except for ``OneHotCategorical`` (``(K,)``).
-    support : Tensor[K, *event_shape]
+    support : ``Tensor[K, *event_shape]``
         The site's support in ``enumerate_support`` order; coordinate value ``k`` means
         ``support[k]``. Its dtype is the site's native dtype.
     offset : int

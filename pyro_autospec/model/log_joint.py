@@ -69,9 +69,9 @@ class LogJoint:
     ----------
     total : DoubleTensor[N]
         ``log p(x, data)``: every site's scaled, masked log density, summed.
-    pointwise : dict of str -> DoubleTensor[N, *batch_shape]
+    pointwise : dict of str -> ``DoubleTensor[N, *batch_shape]``
         Masked, unscaled log likelihood of every observed data site.
-    deterministic : dict of str -> Tensor[N, *shape]
+    deterministic : dict of str -> ``Tensor[N, *shape]``
         Values of the ``pyro.deterministic`` sites.
     magnitude : DoubleTensor[N]
         Sum of the absolute values of every term of ``total`` (for float tolerances).
