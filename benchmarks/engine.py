@@ -11,8 +11,9 @@ Three parts (``--parts``), each printing a markdown table:
 * ``race``: wall time of ``autospec``, ``speculative``, ``agr24`` and ``sequential`` on the
   Markov chain, the HMM posterior and the tree Potts model of ``benchmarks/rounds.py``, with
   the oracles as shipped (native chain queries where they have them), at ``--race-n``.
-* ``batching``: continuous batching (``max_concurrent_draws``) on many draws: whole-run rounds
-  and rows at several concurrencies against all draws at once.
+* ``batching``: continuous batching (``max_concurrent_draws``) on many draws of the noisy
+  Ising grid of ``benchmarks/pyro_models.py`` (AutoSpec with exact enumeration): whole-run
+  rounds and rows at several concurrencies against all draws at once and sequential sampling.
 
 Every timing is one run on a shared machine: read the ratios within a table, not the absolute
 seconds. ``uptime``'s load is printed with each part.
@@ -115,23 +116,39 @@ def race(args) -> None:
 
 
 def batching(args) -> None:
-    n, draws = args.batching_n, args.batching_draws
-    print(f"\n## Continuous batching: {draws} draws of the Markov chain, n = {n} ({load()})\n")
-    print("| max_concurrent_draws | rounds (whole run) | mean rounds/draw | rows/draw | wall (s) |")
-    print("|---|---|---|---|---|")
-    oracle = markov(n)
-    for concurrency in [None, *args.concurrency]:
-        r = sample_any_order(oracle, draws, seed=args.seed, max_concurrent_draws=concurrency)
+    """Whole-run rounds of many draws of the noisy Ising grid of ``pyro_models.py``."""
+    from pyro_models import ising, ising_data
+
+    from pyro_autospec.infer import AutoSpec
+
+    rows, cols = args.grid
+    draws = args.batching_draws
+    y = ising_data(rows, cols)
+    print(
+        f"\n## Continuous batching: {draws} draws of the noisy {rows}x{cols} Ising grid "
+        f"(AutoSpec, exact enumeration; {load()})\n"
+    )
+    print(
+        "| method | max_concurrent_draws | rounds (whole run) | mean rounds/draw "
+        "| rows/draw | wall (s) |"
+    )
+    print("|---|---|---|---|---|---|")
+    runs = [("autospec", None)] + [("autospec", c) for c in args.concurrency]
+    runs.append(("sequential", None))
+    for method, concurrency in runs:
+        knobs = {} if concurrency is None else {"max_concurrent_draws": concurrency}
+        fit = AutoSpec(
+            ising, num_samples=draws, method=method, seed=args.seed, disable_progbar=True, **knobs
+        )
+        start = time.perf_counter()
+        fit.run(y)
+        wall = time.perf_counter() - start
+        r = fit.results[0]
         print(
-            f"| {concurrency or 'all'} | {r.rounds} | {r.sample_rounds.double().mean():.1f} | "
-            f"{r.oracle_rows / draws:.0f} | {r.wall_time:.2f} |",
+            f"| {method} | {concurrency or 'all'} | {r.rounds} | "
+            f"{r.sample_rounds.double().mean():.2f} | {r.oracle_rows / draws:.0f} | {wall:.2f} |",
             flush=True,
         )
-    seq = sample_any_order(oracle, draws, seed=args.seed, method="sequential")
-    print(
-        f"| sequential, all | {seq.rounds} | {seq.sample_rounds.double().mean():.1f} | "
-        f"{seq.oracle_rows / draws:.0f} | {seq.wall_time:.2f} |"
-    )
 
 
 def main(argv=None) -> None:
@@ -142,16 +159,16 @@ def main(argv=None) -> None:
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--race-n", type=int, default=4096)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    parser.add_argument("--batching-n", type=int, default=256)
+    parser.add_argument("--grid", nargs=2, type=int, default=[4, 5], help="Ising grid rows cols")
     parser.add_argument("--batching-draws", type=int, default=1000)
-    parser.add_argument("--concurrency", nargs="+", type=int, default=[250, 100])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[400, 250, 100])
     parser.add_argument("--no-reference", action="store_true", help="skip the reference engine")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.smoke:
         args.sizes, args.num_samples, args.race_n = [64], 4, 64
-        args.batching_n, args.batching_draws, args.concurrency = 32, 40, [10]
+        args.grid, args.batching_draws, args.concurrency = [2, 3], 40, [10]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s))")

@@ -127,7 +127,8 @@ class AutoSpec:
         Keywords of :class:`pyro.infer.NUTS` for models with continuous sites
         (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...).
     **schedule
-        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``; they
+        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws`` (continuous batching); they
         move rounds against rows and never change the law of the draws.
 
     Attributes

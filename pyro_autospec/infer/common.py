@@ -30,7 +30,13 @@ __all__ = [
     "summary_table",
 ]
 
-SCHEDULE_KNOBS = ("rho", "max_block", "max_rows_per_round", "max_elements")
+SCHEDULE_KNOBS = (
+    "rho",
+    "max_block",
+    "max_rows_per_round",
+    "max_elements",
+    "max_concurrent_draws",
+)
 CORRECTIONS = (None, "importance", "imh")
 METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
 #: ``split_gelman_rubin`` and ``effective_sample_size`` need this many draws per chain.

@@ -95,7 +95,13 @@ class ContinuousResult:
         return self.diffusion.log_prob
 
 
-_SCHEDULE_KNOBS = ("rho", "max_block", "max_rows_per_round", "max_rows_per_call")
+_SCHEDULE_KNOBS = (
+    "rho",
+    "max_block",
+    "max_rows_per_round",
+    "max_rows_per_call",
+    "max_concurrent_draws",
+)
 
 
 def sample_continuous(
@@ -138,7 +144,8 @@ def sample_continuous(
     log_joint : bool
         Also compute ``lp = log p(x, data)`` and the pointwise log likelihood.
     **schedule
-        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_rows_per_call``; they
+        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_rows_per_call``,
+        ``max_concurrent_draws``; they
         move rounds against rows and never change the law of the draws.
 
     Returns

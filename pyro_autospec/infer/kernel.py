@@ -99,7 +99,8 @@ class AutoSpecKernel(MCMCKernel):
     disable_progbar : bool
         Hide the engine's own bar (``MCMC`` shows its bar over steps). Default True.
     **schedule
-        Engine knobs (``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``).
+        Engine knobs (``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws``).
 
     Examples
     --------
