@@ -4,7 +4,7 @@ A *guide network* is an any-order autoregressive network ``q(x_i | x_S)``: for e
 ``S`` of pinned coordinates it returns the conditional marginals of every coordinate. It is a
 :class:`~pyro_autospec.oracles.base.MarginalOracle`, so autospeculation samples it exactly
 (with respect to its own sequential law in a uniformly random order, even though a network
-need not be consistent across orders; ALGORITHM.md section 6), and every draw comes with
+need not be consistent across orders; see :doc:`/algorithm`), and every draw comes with
 ``log q_sigma(x)``, so ``log p(x, data) - log q_sigma(x)`` is a valid log importance weight.
 
 Two architectures, both one forward pass per query row:
@@ -165,7 +165,7 @@ class AnyOrderGuide(PyroModule):
     ``-inf``. The network is only *approximately* consistent across orders; autospeculation is
     exact for its sequential law in the random order used, ``(x, sigma) ~ Uniform(sigma)
     q_sigma(x)``, and the draws' ``log q_sigma(x)`` make importance weights against the model
-    (ALGORITHM.md section 6; :class:`~pyro_autospec.infer.AutoSpec` with ``correction=``).
+    (see :doc:`/algorithm`; :class:`~pyro_autospec.infer.AutoSpec` with ``correction=``).
 
     **Saving and loading.** The guide is an ``nn.Module``: save ``guide.state_dict()`` with
     ``torch.save`` and load it into a guide built with the same model, data shapes and
@@ -459,7 +459,8 @@ class AnyOrderGuide(PyroModule):
         weights: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        """The any-order negative log likelihood, one random order and cut per draw [1]_.
+        """The any-order negative log likelihood, one random order and cut per draw
+        (the order-agnostic NADE objective of Uria, Murray and Larochelle, ICML 2014).
 
         For each draw a uniformly random order ``sigma`` and cut ``t ~ Uniform{0..n-1}`` give
         the pinned set ``S = sigma_{1..t}``; the estimate ``-(n / (n - t)) sum_{i not in S}
