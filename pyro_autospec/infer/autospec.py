@@ -126,6 +126,14 @@ class AutoSpec:
     nuts_kwargs : dict, optional
         Keywords of :class:`pyro.infer.NUTS` for models with continuous sites
         (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...).
+    distributed : bool
+        Spread the draws over the processes (ranks) of a ``torch.distributed`` process group
+        (launched by ``torchrun``; see :doc:`/engine`). Every rank runs the same script with
+        the same arguments and seed, samples its share of the draws, and ends with all of
+        them: :meth:`get_samples` is the same on every rank, and identical to a single-process
+        run with the same ``seed``. Model evaluations after sampling and, for models with
+        continuous sites, the NUTS chains run on every rank (rank 0's seeds); only the
+        discrete draws are shared out. ``seed=None`` takes rank 0's seeds.
     **schedule
         Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
         ``max_concurrent_draws`` (continuous batching); they
@@ -208,6 +216,7 @@ class AutoSpec:
         save_params: Sequence[str] | None = None,
         device: str | torch.device | None = None,
         nuts_kwargs: dict | None = None,
+        distributed: bool = False,
         **schedule: Any,
     ):
         if not callable(model):
@@ -248,6 +257,11 @@ class AutoSpec:
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})
         self.schedule = check_schedule(schedule)
+        if not isinstance(distributed, bool):
+            raise TypeError(f"distributed must be True or False; got {distributed!r}")
+        self.distributed = distributed
+        if distributed:
+            self.schedule["distributed"] = True
         self.run_kind: str | None = None
         self._run = None
         self._args: tuple = ()
@@ -298,6 +312,10 @@ class AutoSpec:
         """
         self._args, self._kwargs = args, kwargs
         progress = not self.disable_progbar
+        if self.distributed:
+            from pyro_autospec.engine.distributed import require_process_group
+
+            require_process_group("AutoSpec(distributed=True)")
         if _is_diffusion_guide(self.guide):
             from pyro_autospec.infer.diffusion_run import DiffusionRun
 

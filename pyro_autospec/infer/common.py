@@ -64,10 +64,15 @@ def check_schedule(schedule: dict) -> dict:
     return dict(schedule)
 
 
-def chain_seeds(seed: int | torch.Generator | None, num: int) -> list[int]:
+def chain_seeds(
+    seed: int | torch.Generator | None, num: int, *, distributed: bool = False
+) -> list[int]:
     """``num`` engine seeds from ``seed``; ``None`` draws them from torch's global RNG.
 
-    With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler.
+    With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler. With
+    ``distributed=True`` every rank of the ``torch.distributed`` group gets rank 0's seeds
+    (:func:`~pyro_autospec.engine.distributed.broadcast_seeds`), so that ``seed=None`` does not
+    give each rank a different run.
 
     Examples
     --------
@@ -85,7 +90,12 @@ def chain_seeds(seed: int | torch.Generator | None, num: int) -> list[int]:
             f"seed must be an int, a torch.Generator or None; got {type(seed).__name__}"
         )
     draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
-    return [int(s) for s in draws.tolist()]
+    seeds = [int(s) for s in draws.tolist()]
+    if distributed:
+        from pyro_autospec.engine.distributed import broadcast_seeds
+
+        seeds = broadcast_seeds(seeds)
+    return seeds
 
 
 def build_oracle(

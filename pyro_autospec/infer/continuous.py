@@ -101,6 +101,7 @@ _SCHEDULE_KNOBS = (
     "max_rows_per_round",
     "max_rows_per_call",
     "max_concurrent_draws",
+    "distributed",
 )
 
 
@@ -146,7 +147,9 @@ def sample_continuous(
     **schedule
         Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_rows_per_call``,
         ``max_concurrent_draws``; they
-        move rounds against rows and never change the law of the draws.
+        move rounds against rows and never change the law of the draws. ``distributed=True``
+        spreads the draws over the ranks of a ``torch.distributed`` group (every rank makes
+        the same call and returns every draw).
 
     Returns
     -------

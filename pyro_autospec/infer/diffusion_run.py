@@ -78,7 +78,9 @@ class DiffusionRun(RunBase):
         extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
         pointwise = {name: [] for name in self.observed}
         self.results = []
-        for seed in chain_seeds(self.seed, self.num_chains):
+        for seed in chain_seeds(
+            self.seed, self.num_chains, distributed=self.schedule.get("distributed", False)
+        ):
             out = sample_continuous(
                 self.guide,
                 self.num_samples,

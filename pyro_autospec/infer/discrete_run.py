@@ -129,7 +129,9 @@ class DiscreteRun(RunBase):
         num_draws = self.num_samples + self.warmup_steps
         shapes = layout.latent_shapes()
         self.results = []
-        for seed in chain_seeds(self.seed, self.num_chains):
+        for seed in chain_seeds(
+            self.seed, self.num_chains, distributed=self.schedule.get("distributed", False)
+        ):
             result = sample_any_order(
                 oracle,
                 num_draws,

@@ -107,10 +107,10 @@ class MixedRun(RunBase):
 
         layout = self.layout
         self._check_enumeration(args, kwargs)
-        nuts_seeds, (engine_seed,) = (
-            chain_seeds(self.seed, self.num_chains),
-            chain_seeds(None if self.seed is None else _shift_seed(self.seed), 1),
-        )
+        spread = self.schedule.get("distributed", False)
+        engine_seed = None if self.seed is None else _shift_seed(self.seed)
+        nuts_seeds = chain_seeds(self.seed, self.num_chains, distributed=spread)
+        (engine_seed,) = chain_seeds(engine_seed, 1, distributed=spread)
         enumerated = poutine.infer_config(self.model, parallel_enumeration)
         continuous = {site.name: [] for site in layout.continuous}
         diverging = []
