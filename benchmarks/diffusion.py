@@ -44,6 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default=None, help="torch device of the oracle")
     parser.add_argument(
+        "--engine",
+        choices=["fast", "reference"],
+        default="fast",
+        help="engine of the autospec and sequential rows (same draws; reference is slow)",
+    )
+    parser.add_argument(
         "--no-guide", action="store_true", help="skip the trained diffusion guide row"
     )
     return parser.parse_args(argv)
@@ -57,7 +63,7 @@ def run(args: argparse.Namespace) -> bool:
     print(
         f"# Diffusion benchmark: finite support ({args.num_points} points on the unit sphere), "
         f"delta = {args.delta}, {num_samples} samples per setting, rho = {rho}, "
-        f"picard window = {args.window}, tolerance = {args.tolerance}\n"
+        f"picard window = {args.window}, tolerance = {args.tolerance}, engine = {args.engine}\n"
     )
     header = (
         "| d | N | method | rounds/sample median | rounds/sample p90 | rows/sample (mean) "
@@ -84,6 +90,7 @@ def run(args: argparse.Namespace) -> bool:
                     rho=rho,
                     window=args.window,
                     tolerance=args.tolerance,
+                    **({} if method == "picard" else {"engine": args.engine}),
                 )
                 wall = time.perf_counter() - start
                 rounds = result.sample_rounds.double().numpy()
