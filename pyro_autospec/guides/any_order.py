@@ -21,8 +21,9 @@ factor, and the potentials of the data set. Three architectures
   (``log_marginals_chain``) in one pass.
 * ``"transformer"``: a masked transformer encoder, one token per coordinate.
 
-The default was picked by measurement (``python benchmarks/guides.py --compare-architectures``;
-:doc:`/benchmarks`).
+The default was picked by measurement (``python benchmarks/guides.py --parts training``: at
+equal training time on a 16x16 Ising posterior, ``"graph"`` reached a KL of about 0 against 49
+for the MLP and 160 for the transformer; :doc:`/benchmarks`).
 
 References
 ----------

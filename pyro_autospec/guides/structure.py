@@ -8,12 +8,17 @@ log joint (nothing else: any Pyro model with discrete latent sites will do), the
 (the last sum over the edges ``e = (i, j)``)
 
 around a base assignment ``b``: ``unary[i, v] = log p(b with x_i = v) - log p(b)`` and
-``pairwise[e, v, w]`` the second difference of ``log p`` in ``(x_i, x_j)`` at ``b``. It is
-exact when every factor of the model involves at most two latent coordinates (Ising and Potts
-models, hidden Markov chains, grids, mixtures with fixed parameters); for larger factors it is
-the second-order part of the model, and the network learns the rest. The *edges* (which
-coordinates share a factor) are found by probing every pair once (``O(n^2)`` evaluations of the
-log joint, batched); a user who knows them can pass them.
+``pairwise[e, v, w]`` the second difference of ``log p`` in ``(x_i, x_j)`` at ``b``. Each
+pairwise table is then double-centred and its row and column means moved into the unary
+terms (the same sum): the unary terms become each site's own evidence rather than its
+conditional with every neighbour at ``b`` (for an Ising model, the spin-symmetric gauge), which
+is where belief propagation from uniform messages should start; uncentred, it started every
+draw of a two-mode posterior in the mode of ``b``. The expansion is exact when every factor
+of the model involves at most two latent coordinates (Ising and Potts models, hidden Markov
+chains, grids, mixtures with fixed parameters); for larger factors it is the second-order part
+of the model, and the network learns the rest. The *edges* (which coordinates share a factor)
+are found by probing every pair once (``O(n^2)`` evaluations of the log joint, batched); a
+user who knows them can pass them.
 
 For a new data set only the potentials on the known edges are recomputed (``O(n + E)``
 evaluations): that is how one guide serves many data sets (:meth:`AnyOrderGuide.oracle`,
