@@ -1,22 +1,28 @@
-"""AutoSpec on a noisy 4x5 Ising image against the samplers a Pyro user would pick today.
+"""Pyro models with discrete latent sites: the compiled enumeration oracle and AutoSpec's draws
+against vectorised ``infer_discrete``, in one run.
 
-One run prints a markdown table:
+Three tables:
 
-* AutoSpec (``method="autospec"``) and the sequential chain rule (``method="sequential"``) with
-  the SAME oracle (exact enumeration, :class:`~pyro_autospec.oracles.enum.EnumOracle`):
-  rounds per draw (latency in batched oracle calls), oracle rows per draw, draws per second;
-* Pyro's ``infer_discrete`` (forward-filter backward-sample) with a particle plate: exact iid
-  draws of the same model;
-* NumPyro's ``DiscreteGibbs(modified=True)`` (optional: ``pip install numpyro jax``): an MCMC
-  chain, so it is rated by effective sample size per second.
+1. **Per-round cost of the oracle** on the HMM of Pyro's ``examples/hmm.py`` (``model_1``,
+   10 hidden states, 88 tones, one sequence of T steps, its continuous sites fixed): one
+   oracle call on 1024 query rows (half the coordinates pinned at random) for T = 25..200,
+   with ``log_marginals`` (all coordinates) and ``log_marginals_at`` (16 targets per row, what
+   the engine asks), the median of 5 calls after one warm-up; and the fitted growth exponent
+   of the cost in T (1 = linear).
+2. **200 draws of that HMM at T = 200**: AutoSpec (autospeculation, exact) against Pyro's
+   vectorised ``infer_discrete`` (forward-filter backward-sample over a particle plate,
+   exact): wall time, rounds, rows, and how AutoSpec's time splits between the oracle and the
+   engine.
+3. **Other models**: the noisy 4x5 Ising grid and the factorial HMM (``model_3``): AutoSpec
+   draws/s against ``infer_discrete`` draws/s (both exact and independent: ESS = draws) and,
+   for the Ising grid, NumPyro's ``DiscreteGibbs`` ESS/s (skipped without NumPyro).
 
-Exact iid draws have ESS equal to their number, so ESS/s = draws/s for the first three rows.
-Speed here is CPU wall-clock on whatever machine runs it; rounds are the hardware-independent
-measure of latency.
+Speed is CPU wall-clock on the machine that runs it; print ``uptime`` beside it on a shared
+machine. Rounds are the hardware-independent measure of latency.
 
 Usage::
 
-    python benchmarks/pyro_models.py            # 4x5 grid, 1000 draws
+    python benchmarks/pyro_models.py            # full run (a few minutes)
     python benchmarks/pyro_models.py --smoke    # seconds, for CI
 """
 
@@ -24,28 +30,106 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.infer import config_enumerate, infer_discrete
 
 from pyro_autospec.infer import AutoSpec
+from pyro_autospec.model import discover_sites
+from pyro_autospec.oracles.enum import EnumOracle
 
-COUPLING = 0.5
-SIGMA = 0.9
-
-
-def make_data(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
-    """A blocky +-1 image (left half -1, right half +1) plus Gaussian noise."""
-    generator = torch.Generator().manual_seed(seed)
-    truth = torch.where(torch.arange(cols) < cols // 2, -1.0, 1.0).expand(rows, cols)
-    return truth + SIGMA * torch.randn(rows, cols, generator=generator)
+HIDDEN, TONES = 10, 88
 
 
-def ising(y: torch.Tensor) -> None:
+# ------------------------------------------------------------------ models (Pyro's own code)
+def hmm_model_1(sequences, lengths, args, batch_size=None, include_prior=True):
+    """``model_1`` of Pyro's examples/hmm.py, verbatim but for the jit switch."""
+    num_sequences, max_length, data_dim = map(int, sequences.shape)
+    with poutine.mask(mask=include_prior):
+        probs_x = pyro.sample(
+            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
+        )
+        probs_y = pyro.sample(
+            "probs_y", dist.Beta(0.1, 0.9).expand([args.hidden_dim, data_dim]).to_event(2)
+        )
+    tones_plate = pyro.plate("tones", data_dim, dim=-1)
+    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
+        lengths = lengths[batch]
+        x = 0
+        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
+            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
+                x = pyro.sample(
+                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
+                )
+                with tones_plate:
+                    pyro.sample(
+                        f"y_{t}", dist.Bernoulli(probs_y[x.squeeze(-1)]), obs=sequences[batch, t]
+                    )
+
+
+def hmm_model_3(sequences, lengths, args, batch_size=None, include_prior=True):
+    """``model_3`` (factorial HMM) of Pyro's examples/hmm.py."""
+    num_sequences, max_length, data_dim = map(int, sequences.shape)
+    hidden_dim = int(args.hidden_dim**0.5)
+    with poutine.mask(mask=include_prior):
+        probs_w = pyro.sample(
+            "probs_w", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
+        )
+        probs_x = pyro.sample(
+            "probs_x", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
+        )
+        probs_y = pyro.sample(
+            "probs_y",
+            dist.Beta(0.1, 0.9).expand([hidden_dim, hidden_dim, data_dim]).to_event(3),
+        )
+    tones_plate = pyro.plate("tones", data_dim, dim=-1)
+    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
+        lengths = lengths[batch]
+        w, x = 0, 0
+        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
+            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
+                w = pyro.sample(
+                    f"w_{t}", dist.Categorical(probs_w[w]), infer={"enumerate": "parallel"}
+                )
+                x = pyro.sample(
+                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
+                )
+                with tones_plate as tones:
+                    pyro.sample(
+                        f"y_{t}", dist.Bernoulli(probs_y[w, x, tones]), obs=sequences[batch, t]
+                    )
+
+
+def hmm_data(T: int, hidden: int = HIDDEN, tones: int = TONES, seed: int = 0):
+    """A sequence simulated from fixed 'sticky' transitions and sparse tone probabilities."""
+    g = torch.Generator().manual_seed(seed)
+    probs_x = 0.85 * torch.eye(hidden) + 0.15 / hidden
+    probs_y = torch.rand(hidden, tones, generator=g) ** 3 * 0.5
+    states = [0]
+    for _ in range(T - 1):
+        states.append(int(torch.multinomial(probs_x[states[-1]], 1, generator=g)))
+    y = torch.bernoulli(probs_y[torch.tensor(states)], generator=g)
+    return y[None], torch.tensor([T]), probs_x, probs_y
+
+
+def conditioned_hmm(T: int, hidden: int = HIDDEN, tones: int = TONES):
+    sequences, lengths, probs_x, probs_y = hmm_data(T, hidden, tones)
+    model = poutine.condition(hmm_model_1, data={"probs_x": probs_x, "probs_y": probs_y})
+    return model, (sequences, lengths, SimpleNamespace(hidden_dim=hidden, jit=False))
+
+
+COUPLING, SIGMA = 0.5, 0.9
+
+
+def ising(y):
     """Noisy Ising image: one Bernoulli site per pixel, pairwise couplings, Gaussian pixels."""
     rows, cols = y.shape
     spins = {}
@@ -60,50 +144,106 @@ def ising(y: torch.Tensor) -> None:
                 pyro.factor(f"h_{i}_{j}", COUPLING * spins[i, j] * spins[i, j - 1])
 
 
-def run_autospec(y, num_samples, method, seed=0):
-    fit = AutoSpec(ising, num_samples=num_samples, method=method, seed=seed, disable_progbar=True)
+def ising_data(rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    truth = torch.where(torch.arange(cols) < cols // 2, -1.0, 1.0).expand(rows, cols)
+    return truth + SIGMA * torch.randn(rows, cols, generator=generator)
+
+
+# ------------------------------------------------------------------------------ measuring
+class TimedOracle:
+    """Delegates to an oracle and adds up the seconds spent in it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.num_coords, self.num_values = inner.num_coords, inner.num_values
+        self.seconds = 0.0
+
+    def _timed(self, method, *args, **kwargs):
+        start = time.perf_counter()
+        out = getattr(self.inner, method)(*args, **kwargs)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def log_marginals(self, values, mask):
+        return self._timed("log_marginals", values, mask)
+
+    def log_marginals_at(self, values, mask, targets):
+        return self._timed("log_marginals_at", values, mask, targets)
+
+    def log_normalizer(self):
+        return self.inner.log_normalizer()
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: plans and caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def oracle_cost(T: int, rows: int, repeats: int) -> dict:
+    model, args = conditioned_hmm(T)
     start = time.perf_counter()
-    fit.run(y)
+    oracle = EnumOracle(model, args)
+    compile_seconds = time.perf_counter() - start
+    g = torch.Generator().manual_seed(1)
+    values = torch.randint(HIDDEN, (rows, T), generator=g)
+    mask = torch.rand(rows, T, generator=g) < 0.5
+    targets = torch.randint(T, (rows, 16), generator=g)
+    return {
+        "T": T,
+        "compile": compile_seconds,
+        "full": median_seconds(lambda: oracle.log_marginals(values, mask), repeats),
+        "at": median_seconds(lambda: oracle.log_marginals_at(values, mask, targets), repeats),
+    }
+
+
+def growth_exponent(sizes, seconds) -> float:
+    slope, _ = np.polyfit(np.log(sizes), np.log(seconds), 1)
+    return float(slope)
+
+
+def run_infer_discrete(model, args, num_draws: int, first_available_dim: int):
+    """Vectorised infer_discrete: ``num_draws`` exact draws over a particle plate."""
+
+    def particles(*a):
+        with pyro.plate("particles", num_draws, dim=first_available_dim + 1):
+            return model(*a)
+
+    sampler = infer_discrete(config_enumerate(particles), first_available_dim=first_available_dim)
+    start = time.perf_counter()
+    trace = poutine.trace(sampler).get_trace(*args)
+    return time.perf_counter() - start, trace
+
+
+def run_autospec(model, args, num_draws: int, method: str = "autospec", seed: int = 0) -> dict:
+    start = time.perf_counter()
+    layout = discover_sites(model, args)
+    oracle = TimedOracle(EnumOracle(model, args, layout=layout))
+    compile_seconds = time.perf_counter() - start
+    fit = AutoSpec(
+        model, num_samples=num_draws, oracle=oracle, method=method, seed=seed, disable_progbar=True
+    )
+    start = time.perf_counter()
+    fit.run(*args)
     wall = time.perf_counter() - start
     result = fit.results[0]
     return {
-        "draws": num_samples,
-        "wall": wall,
-        "ess": float(num_samples),
+        "wall": wall + compile_seconds,
+        "compile": compile_seconds,
+        "oracle": oracle.seconds,
         "rounds_per_draw": float(result.sample_rounds.double().mean()),
         "run_rounds": result.rounds,
-        "rows_per_draw": result.oracle_rows / num_samples,
-        "mean_spin": torch.stack([v.double() for v in fit.get_samples().values()], -1)
-        .mean()
-        .item(),
+        "rows_per_draw": result.oracle_rows / num_draws,
+        "fit": fit,
     }
 
 
-def run_infer_discrete(y, num_samples):
-    @infer_discrete(first_available_dim=-2, temperature=1)
-    @config_enumerate
-    def particles(y):
-        with pyro.plate("particles", num_samples, dim=-1):
-            ising(y)
-
-    start = time.perf_counter()
-    trace = pyro.poutine.trace(particles).get_trace(y)
-    wall = time.perf_counter() - start
-    rows, cols = y.shape
-    spins = torch.stack(
-        [trace.nodes[f"z_{i}_{j}"]["value"].reshape(-1) for i in range(rows) for j in range(cols)],
-        -1,
-    )
-    assert spins.shape == (num_samples, rows * cols)
-    return {
-        "draws": num_samples,
-        "wall": wall,
-        "ess": float(num_samples),
-        "mean_spin": spins.double().mean().item(),
-    }
-
-
-def run_discrete_gibbs(y, num_samples):
+def discrete_gibbs_ess_per_second(y: torch.Tensor, num_samples: int) -> dict:
     try:
         import jax
         import jax.numpy as jnp
@@ -112,8 +252,7 @@ def run_discrete_gibbs(y, num_samples):
         from numpyro.diagnostics import effective_sample_size
         from numpyro.infer import MCMC, DiscreteGibbs
     except ImportError as e:
-        return {"skipped": f"NumPyro/JAX not importable ({e}); `pip install numpyro jax`"}
-
+        return {"skipped": f"NumPyro/JAX not importable ({e}); pip install numpyro jax"}
     y_np = jnp.asarray(y.numpy())
     rows, cols = y.shape
 
@@ -141,14 +280,9 @@ def run_discrete_gibbs(y, num_samples):
     jax.block_until_ready(samples)
     wall = time.perf_counter() - start
     chain = np.stack([np.asarray(v, dtype=np.float64) for v in samples.values()], -1)
-    ess = effective_sample_size(chain[None])  # one chain
-    ess = np.where(np.isfinite(ess), ess, num_samples)
-    return {
-        "draws": num_samples,
-        "wall": wall,
-        "ess": float(ess.min()),
-        "mean_spin": float(chain.mean()),
-    }
+    ess = effective_sample_size(chain[None])
+    ess = float(np.nanmin(np.where(np.isfinite(ess), ess, num_samples)))
+    return {"wall": wall, "ess": ess}
 
 
 def fmt(x, digits=1):
@@ -160,65 +294,118 @@ def fmt(x, digits=1):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
-    parser.add_argument("--rows", type=int, default=4)
-    parser.add_argument("--cols", type=int, default=5)
-    parser.add_argument("--num-samples", type=int, default=1000)
+    parser.add_argument("--rows", type=int, default=1024, help="query rows per oracle call")
+    parser.add_argument("--num-draws", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    lengths = [25, 50, 100, 200]
+    grid = (4, 5)
     if args.smoke:
-        args.rows, args.cols, args.num_samples = 2, 3, 40
-    torch.set_num_threads(1)  # tiny tensor ops: extra intra-op threads only add latency
+        lengths, args.rows, args.num_draws, args.repeats, grid = [5, 10], 16, 8, 1, (2, 3)
+    torch.set_num_threads(1)
     pyro.set_rng_seed(0)
-    y = make_data(args.rows, args.cols)
-    n = args.rows * args.cols
-    rows = [
-        ("AutoSpec (autospec, EnumOracle)", run_autospec(y, args.num_samples, "autospec")),
-        (
-            "Sequential chain rule (same EnumOracle)",
-            run_autospec(y, args.num_samples, "sequential"),
-        ),
-        (
-            "Pyro infer_discrete, particle plate (exact iid)",
-            run_infer_discrete(y, args.num_samples),
-        ),
-        ("NumPyro DiscreteGibbs(modified=True) (MCMC)", run_discrete_gibbs(y, args.num_samples)),
-    ]
+    # warm-up: first calls pay one-time imports and initialisations (seconds), not measured
+    warm_model, warm_args = conditioned_hmm(3, hidden=2, tones=2)
+    run_autospec(warm_model, warm_args, 4)
+    run_infer_discrete(warm_model, warm_args, 4, first_available_dim=-4)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"# torch threads = 1; load average (1 min) at start: {load:.2f}\n")
+
+    # 1. per-round cost
+    costs = [oracle_cost(T, args.rows, args.repeats) for T in lengths]
     print(
-        f"\nIsing grid {args.rows}x{args.cols} (n = {n} spins), Gaussian observations, "
-        f"{args.num_samples} draws each, torch threads = 1\n"
+        f"## Oracle cost per round: examples/hmm.py model_1, {HIDDEN} states, {TONES} tones, "
+        f"{args.rows} rows\n"
     )
     print(
-        "| method | rounds per draw | whole-run rounds | oracle rows per draw | wall s "
-        "| draws/s | ESS/s | mean z |"
+        "| T | compile s | log_marginals ms (all n coordinates) | ms per step "
+        "| log_marginals_at ms (16 targets) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in rows:
-        if "skipped" in r:
-            print(f"| {name} | skipped: {r['skipped']} | | | | | | |")
-            continue
+    print("|---:|---:|---:|---:|---:|")
+    for c in costs:
         print(
-            f"| {name} | {fmt(r.get('rounds_per_draw'), 2)} | {fmt(r.get('run_rounds'), 0)} "
-            f"| {fmt(r.get('rows_per_draw'))} | {fmt(r['wall'], 2)} "
-            f"| {fmt(r['draws'] / r['wall'])} "
-            f"| {fmt(r['ess'] / r['wall'])} | {fmt(r['mean_spin'], 3)} |"
+            f"| {c['T']} | {fmt(c['compile'], 2)} | {fmt(1000 * c['full'])} "
+            f"| {fmt(1000 * c['full'] / c['T'], 2)} | {fmt(1000 * c['at'])} |"
         )
-    auto = rows[0][1]
+    full_exp = growth_exponent(lengths, [c["full"] for c in costs])
+    at_exp = growth_exponent(lengths, [c["at"] for c in costs])
     print(
-        f"\nAutoSpec takes {auto['rounds_per_draw']:.2f} rounds per draw against the sequential "
-        f"sampler's {n} ({100 * (1 - auto['rounds_per_draw'] / n):.0f}% fewer), at the price of "
-        f"{auto['rows_per_draw'] / n:.1f}x the oracle rows."
+        f"\nGrowth in T (log-log slope over T = {lengths[0]}..{lengths[-1]}; 1 = linear): "
+        f"log_marginals {full_exp:.2f}, log_marginals_at {at_exp:.2f}.\n"
     )
-    faster = [
-        name
-        for name, r in rows[2:]
-        if "skipped" not in r and r["ess"] / r["wall"] > auto["ess"] / auto["wall"]
-    ]
-    if faster:
-        print(
-            "On this CPU AutoSpec is SLOWER in wall-clock than: " + "; ".join(faster) + ". Each "
-            "EnumOracle round re-traces the Pyro model (~tens of ms of Python), so on a CPU the "
-            "round count does not turn into speed; the saving in rounds pays off with an oracle "
-            "whose cost is one batched call on parallel hardware (a learned guide on a GPU)."
+
+    # 2. 200 draws at the largest T
+    T = lengths[-1]
+    model, model_args = conditioned_hmm(T)
+    auto = run_autospec(model, model_args, args.num_draws)
+    ffbs_wall, _ = run_infer_discrete(model, model_args, args.num_draws, first_available_dim=-4)
+    print(f"## {args.num_draws} draws of model_1 at T = {T}\n")
+    print(
+        "| method | wall s | rounds per draw | whole-run rounds | oracle rows per draw "
+        "| oracle s | engine and log joint s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| AutoSpec (autospec, compiled EnumOracle) | {fmt(auto['wall'], 2)} "
+        f"| {fmt(auto['rounds_per_draw'], 1)} | {auto['run_rounds']} "
+        f"| {fmt(auto['rows_per_draw'])} | {fmt(auto['oracle'], 2)} "
+        f"| {fmt(auto['wall'] - auto['oracle'] - auto['compile'], 2)} |"
+    )
+    print(
+        f"| Pyro infer_discrete, vectorised over {args.num_draws} particles | "
+        f"{fmt(ffbs_wall, 2)} | - | 1 pass | - | - | - |"
+    )
+    print(
+        f"\nAutoSpec / infer_discrete wall time: {auto['wall'] / ffbs_wall:.1f}x "
+        f"(compile {auto['compile']:.2f} s included).\n"
+    )
+
+    # 3. other models
+    rows = []
+    y = ising_data(*grid)
+    ising_auto = run_autospec(ising, (y,), args.num_draws)
+    ising_ffbs, _ = run_infer_discrete(ising, (y,), args.num_draws, first_available_dim=-2)
+    gibbs = discrete_gibbs_ess_per_second(y, args.num_draws * (1 if args.smoke else 5))
+    rows.append((f"Ising {grid[0]}x{grid[1]}", grid[0] * grid[1], ising_auto, ising_ffbs, gibbs))
+    sequences, lengths3, probs_x, probs_y = hmm_data(50 if not args.smoke else 5, 4, 16)
+    fhmm = poutine.condition(
+        hmm_model_3,
+        data={
+            "probs_w": probs_x[:2, :2] / probs_x[:2, :2].sum(-1, keepdim=True),
+            "probs_x": probs_x[:2, :2] / probs_x[:2, :2].sum(-1, keepdim=True),
+            "probs_y": probs_y[:4].reshape(2, 2, 16),
+        },
+    )
+    fhmm_args = (sequences, lengths3, SimpleNamespace(hidden_dim=4, jit=False))
+    fhmm_auto = run_autospec(fhmm, fhmm_args, args.num_draws)
+    fhmm_ffbs, _ = run_infer_discrete(fhmm, fhmm_args, args.num_draws, first_available_dim=-4)
+    rows.append(
+        (
+            f"factorial HMM (model_3), T = {int(lengths3[0])}",
+            fhmm_auto["fit"].layout.num_coords,
+            fhmm_auto,
+            fhmm_ffbs,
+            None,
         )
+    )
+    print(f"## Other models, {args.num_draws} draws each\n")
+    print(
+        "| model | n | AutoSpec draws/s | rounds per draw | infer_discrete draws/s "
+        "| NumPyro DiscreteGibbs ESS/s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, n, a, ffbs, g in rows:
+        gibbs_text = (
+            "-" if g is None else ("skipped" if "skipped" in g else fmt(g["ess"] / g["wall"]))
+        )
+        print(
+            f"| {name} | {n} | {fmt(args.num_draws / a['wall'])} "
+            f"| {fmt(a['rounds_per_draw'], 1)} | {fmt(args.num_draws / ffbs)} | {gibbs_text} |"
+        )
+    if gibbs is not None and "skipped" in gibbs:
+        print(f"\n{gibbs['skipped']}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\n# load average (1 min) at the end: {load:.2f}")
 
 
 if __name__ == "__main__":

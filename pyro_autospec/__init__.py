@@ -2,7 +2,10 @@
 
 The engine (:mod:`pyro_autospec.engine`) and the structured oracles never import Pyro; the Pyro
 front end (:class:`AutoSpec`, :class:`AutoSpecKernel`) and the Pyro distributions are loaded
-lazily, on first use, so ``import pyro_autospec`` stays light.
+lazily, on first use, so ``import pyro_autospec`` stays light. The subpackages are attributes
+of the package, imported on first access as in ``pyro.infer``: ``pyro_autospec.engine``,
+``.oracles``, ``.infer``, ``.guides``, ``.diagnostics`` and ``.distributions``. The
+documentation is at :doc:`/index`; the algorithm is explained in :doc:`/algorithm`.
 
 Examples
 --------
@@ -14,11 +17,15 @@ Examples
 >>> result = sample_any_order(chain, 4, seed=0)
 >>> bool(result.sample_rounds.double().mean() < 256)
 True
+>>> import pyro_autospec
+>>> pyro_autospec.guides.AnyOrderGuide.__name__  # subpackages load on first access
+'AnyOrderGuide'
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from pyro_autospec.engine import OracleError, SampleResult, default_schedule, sample_any_order
 from pyro_autospec.oracles.base import MarginalOracle, MeanOracle
@@ -33,10 +40,13 @@ _LAZY = {
     "DiffusionGuide": "pyro_autospec.guides",
     "sample_diffusion": "pyro_autospec.engine.diffusion",
     "sample_sde": "pyro_autospec.engine.diffusion",
-    "DiffusionResult": "pyro_autospec.engine.diffusion",
     "diffusion_times": "pyro_autospec.engine.diffusion",
     "euler_maruyama_log_prob": "pyro_autospec.engine.diffusion",
 }
+
+# Subpackages reachable as attributes, imported on first access (infer, guides, diagnostics and
+# distributions import Pyro; the engine and the oracles do not).
+_SUBPACKAGES = ("engine", "oracles", "model", "infer", "guides", "diagnostics", "distributions")
 
 __all__ = [
     "MarginalOracle",
@@ -49,13 +59,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name in _SUBPACKAGES:
+        # import_module also binds the subpackage as an attribute of this package.
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'pyro_autospec' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))

@@ -9,7 +9,8 @@ and an ArviZ-style rank histogram with its binomial band.
 
 All ``S`` data sets are sampled together: the guide's oracle over ``S`` data sets is one
 block-diagonal oracle of dimension ``S d``, whose Euler-Maruyama path is ``S`` independent
-paths (:class:`~pyro_autospec.guides.diffusion.ConditionedDenoiser`).
+paths (:class:`~pyro_autospec.guides.diffusion.ConditionedDenoiser`). User guide:
+:doc:`/guides`.
 
 References
 ----------
@@ -68,14 +69,24 @@ class SBCResult:
 
     Attributes
     ----------
-    ranks : OrderedDict of str -> LongTensor[S, *site.shape]
+    ranks : OrderedDict of str -> ``LongTensor[S, *site.shape]``
         Ranks in ``0..L`` (``L = num_posterior_samples``).
-    pvalues : OrderedDict of str -> DoubleTensor[*site.shape]
+    pvalues : OrderedDict of str -> ``DoubleTensor[*site.shape]``
         Chi-square uniformity p-value of every scalar coordinate (NaN if bins are too thin).
     num_posterior_samples : int
         ``L``.
     num_bins : int
         Bins of the chi-square test and of the plot.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from collections import OrderedDict
+    >>> ranks = OrderedDict(x=torch.arange(200) % 20)  # perfectly uniform ranks, L = 19
+    >>> pvalues = OrderedDict(x=torch.tensor(1.0, dtype=torch.float64))
+    >>> result = SBCResult(ranks, pvalues, num_posterior_samples=19, num_bins=10)
+    >>> result.num_simulations, result.passed()
+    (200, True)
     """
 
     ranks: OrderedDict
@@ -119,7 +130,7 @@ class SBCResult:
             f"num_posterior_samples={self.num_posterior_samples}, {sites})"
         )
 
-    def plot(self, **kwargs: Any):
+    def plot(self, **kwargs: Any) -> np.ndarray:
         """Rank histograms; see :func:`plot_sbc_ranks`."""
         return plot_sbc_ranks(self, **kwargs)
 
@@ -185,7 +196,7 @@ def sbc(
     from tqdm.auto import tqdm
 
     from pyro_autospec.engine.diffusion import sample_diffusion
-    from pyro_autospec.infer.continuous import check_layout, discover_continuous_sites, simulate
+    from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
 
     if not isinstance(num_posterior_samples, int) or num_posterior_samples < 1:
         raise ValueError(
@@ -235,7 +246,7 @@ def plot_sbc_ranks(
     max_panels: int = 12,
     prob: float = 0.99,
     axes: Any = None,
-):
+) -> np.ndarray:
     """ArviZ-style rank histograms with the ``prob`` band of a uniform histogram.
 
     Parameters

@@ -9,7 +9,7 @@ import torch
 from pyro.distributions import TorchDistribution, constraints
 
 from pyro_autospec.engine.diffusion import (
-    DiffusionResult,
+    SampleResult,
     euler_maruyama_log_prob,
     sample_sde,
 )
@@ -29,7 +29,7 @@ class EulerMaruyamaPath(TorchDistribution):
     ``sample()`` runs the exact parallel sampler (:func:`~pyro_autospec.sample_sde`);
     ``log_prob(path)`` is the exact sum of the Gaussian transition log densities, differentiable
     in the path and in the drift's parameters, so the distribution can be observed or scored
-    inside a Pyro model.
+    inside a Pyro model. User guide: :doc:`/diffusion`.
 
     Parameters
     ----------
@@ -52,7 +52,7 @@ class EulerMaruyamaPath(TorchDistribution):
 
     Attributes
     ----------
-    last_result : DiffusionResult or None
+    last_result : SampleResult or None
         What the latest ``sample()`` cost (rounds, rows, ...).
 
     Notes
@@ -114,7 +114,7 @@ class EulerMaruyamaPath(TorchDistribution):
         self.scale = float(scale)
         self.method = method
         self.sampler_options = sampler_options
-        self.last_result: DiffusionResult | None = None
+        self.last_result: SampleResult | None = None
         batch_shape = x0.shape[:-1]
         event_shape = torch.Size((grid.shape[0], x0.shape[-1]))
         super().__init__(batch_shape, event_shape, validate_args=validate_args)

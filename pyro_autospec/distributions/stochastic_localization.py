@@ -7,8 +7,9 @@ import math
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
-from pyro_autospec.engine.diffusion import DiffusionResult, sample_diffusion
+from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
+from pyro_autospec.engine.result import SampleResult
 
 __all__ = ["StochasticLocalization"]
 
@@ -18,7 +19,8 @@ class StochasticLocalization(TorchDistribution):
 
     ``sample()`` runs :func:`~pyro_autospec.sample_diffusion` (exact parallel simulation of the
     Euler-Maruyama chain ``dX_t = f(t, X_t) dt + dB_t``, ``X_0 = 0``) and returns ``X_T / T``,
-    which approximates ``mu * N(0, I / T)`` for the target ``mu`` of the denoiser.
+    which approximates ``mu * N(0, I / T)`` for the target ``mu`` of the denoiser. User guide:
+    :doc:`/diffusion`.
 
     Parameters
     ----------
@@ -26,8 +28,8 @@ class StochasticLocalization(TorchDistribution):
         ``dim`` = d and ``denoiser(t: Tensor[B], x: Tensor[B, d]) -> Tensor[B, d]`` with
         ``f(t, x) = E[Y | t Y + B_t = x]``.
     times : Tensor[N + 1], optional
-        Strictly increasing grid starting at 0; default :func:`~pyro_autospec.engine.
-        diffusion_schedule.diffusion_times` (``num_steps`` = 256, ``delta`` = 1e-3).
+        Strictly increasing grid starting at 0; default :func:`~pyro_autospec.diffusion_times`
+        (``num_steps`` = 256, ``delta`` = 1e-3).
     num_steps, delta : optional
         Options of the default grid (not with ``times``).
     method : str
@@ -39,7 +41,7 @@ class StochasticLocalization(TorchDistribution):
 
     Attributes
     ----------
-    last_result : DiffusionResult or None
+    last_result : SampleResult or None
         What the latest ``sample()`` cost (rounds, rows, ...).
 
     Notes
@@ -94,7 +96,7 @@ class StochasticLocalization(TorchDistribution):
         self.times = torch.as_tensor(grid, dtype=torch.float64)
         self.method = method
         self.sampler_options = sampler_options
-        self.last_result: DiffusionResult | None = None
+        self.last_result: SampleResult | None = None
         super().__init__(torch.Size(), torch.Size((dim,)), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):

@@ -1,4 +1,4 @@
-"""Exact parallel simulation of Euler-Maruyama chains by autospeculation.
+"""Exact parallel simulation of Euler-Maruyama chains and diffusions by autospeculation.
 
 The target is the law of the Euler-Maruyama chain of ``dX = b(t, X) dt + s dB`` on a grid
 ``t_0 < t_1 < ... < t_N`` (``h_k = t_{k+1} - t_k``)::
@@ -6,27 +6,20 @@ The target is the law of the Euler-Maruyama chain of ``dX = b(t, X) dt + s dB`` 
     X_{k+1} = X_k + b(t_k, X_k) h_k + s sqrt(h_k) xi_k,    xi_k ~ N(0, I_d).
 
 Sequentially that is ``N`` rounds: every step needs the drift at the state the previous step
-produced. Here the coordinates of autospeculation are the ``N`` increments, in time order
-(ALGORITHM.md sections 2 and 4):
-
-* A block of steps ``[a, b)`` with known state ``X_a`` and drift row ``b_a = b(t_a, X_a)`` has
-  target ``mu_S``, the chain's law of the block's increments, and draft ``nu_S``: every
-  increment drawn with the frozen drift ``b_a`` (independent Gaussians, no oracle call).
-* ONE round verifies a draft: the drifts ``b_k`` along the drafted path for ``a < k < b``, plus
-  a prefetch row ``b(t_b, X_b)`` that becomes the next block's frozen drift. The log ratio is
-  ``log dmu_S/dnu_S = sum_k [<b_k - b_a, dX_k> - (|b_k|^2 - |b_a|^2) h_k / 2] / s^2``.
-* A rejected draft is followed by exact tries ``y ~ mu_S`` (left half, then right half,
-  recursively), run as parallel threads and accepted with probability
-  ``max(0, 1 - nu_S(y) / mu_S(y))`` by the smallest accepted index. The output is EXACTLY the
-  sequential chain's law; parallelism only changes the number of rounds.
+produced. Autospeculation drafts whole blocks of steps with the drift frozen at their start,
+verifies a draft in ONE round (the drifts along the drafted path) and repairs rejections with
+exact residual tries raced by index (:doc:`/diffusion`). The output is EXACTLY the sequential
+chain's law; parallelism only changes the number of rounds.
 
 For stochastic localization (:func:`sample_diffusion`) the drift is the denoiser
 ``f(t, x) = E[Y | t Y + B_t = x]``, ``X_0 = 0``, ``s = 1`` and the sample is ``X_T / T``.
 
-Two baselines run on the same :class:`~pyro_autospec.engine.scheduler.Scheduler`, so that rounds
-and rows are counted the same way: ``method="sequential"`` (one row per round, the reference)
-and ``method="picard"`` (ParaDiGMS-style sliding-window fixed-point iteration; approximate, it
-reports its error against the sequential path driven by the same noise).
+Methods: ``"autospec"``, ``"sequential"`` (one step per round, the reference) and ``"picard"``
+(ParaDiGMS-style sliding-window fixed-point iteration; approximate, it reports its error
+against the sequential path driven by the same noise), all with the same counting of rounds
+and rows. Engines: ``"fast"`` (tensor programs, :mod:`pyro_autospec.engine.euler`) and
+``"reference"`` (generators, :mod:`pyro_autospec.engine.reference.euler`), with the same keyed
+noise, so the same draws.
 
 This module does not import Pyro.
 
@@ -44,18 +37,26 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
-from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.random import make_rng
-from pyro_autospec.engine.rejection import accept_draft, accept_residual
-from pyro_autospec.engine.scheduler import Call, FirstAccepted, Scheduler
+from pyro_autospec.engine.euler import (
+    Chain,
+    DriftEvaluator,
+    EulerBlocks,
+    check_drift_output,
+    picard,
+    sequential,
+)
+from pyro_autospec.engine.methods import DIFFUSION, resolve_knobs
+from pyro_autospec.engine.recursion import Recursion
+from pyro_autospec.engine.result import SampleResult
 
 __all__ = [
     "DiffusionResult",
@@ -65,301 +66,34 @@ __all__ = [
     "sample_sde",
 ]
 
-METHODS = ("autospec", "sequential", "picard")
 Drift = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: Diffusions return the one result type of the engine.
+DiffusionResult = SampleResult
 
 
 @dataclass
-class DiffusionResult:
-    """Euler-Maruyama samples and what they cost.
+class _Settings:
+    """Everything one diffusion run needs, validated."""
 
-    Attributes
-    ----------
-    samples : Tensor[N, d]
-        The draws: ``X_T / T`` for :func:`sample_diffusion`, ``X_T`` for :func:`sample_sde`.
-    paths : Tensor[N, num_steps + 1, d] or None
-        The whole chains ``X_{t_0}, ..., X_{t_N}`` when ``return_paths=True``.
-    log_prob : DoubleTensor[N]
-        Log density of each path's increments under the discretized chain: the sum of the
-        Gaussian transition log densities ``log N(X_{k+1}; X_k + b(t_k, X_k) h_k, s^2 h_k I)``.
-    rounds : int
-        Batched oracle calls of the whole run (latency on parallel hardware).
-    sample_rounds : LongTensor[N]
-        Rounds in which draw ``k`` had a query in flight: its own latency in rounds.
-    oracle_rows : int
-        ``(t, x)`` rows queried by the whole run, cancelled work included.
-    method : str
-        ``"autospec"``, ``"sequential"`` or ``"picard"``.
-    wall_time : float
-        Seconds the sampling took (for picard, without the error computation).
-    times : DoubleTensor[num_steps + 1]
-        The time grid.
-    error : DoubleTensor[N] or None
-        Picard only: Euclidean distance between each sample and the sample the sequential
-        chain gives with the same noise (``None`` for the exact methods).
-    """
-
-    samples: torch.Tensor
-    paths: torch.Tensor | None
-    log_prob: torch.Tensor
-    rounds: int
-    sample_rounds: torch.Tensor
-    oracle_rows: int
+    drift: Any
+    grid: np.ndarray
+    x0: np.ndarray  # [num_samples, d]
+    scale: float
     method: str
-    wall_time: float
-    times: torch.Tensor
-    error: torch.Tensor | None = None
-
-    @property
-    def num_samples(self) -> int:
-        """``N``, the number of draws."""
-        return int(self.samples.shape[0])
-
-    @property
-    def num_steps(self) -> int:
-        """The number of Euler-Maruyama steps."""
-        return int(self.times.shape[0]) - 1
-
-    def __repr__(self) -> str:
-        mean_rounds = self.sample_rounds.double().mean().item() if self.num_samples else 0.0
-        text = (
-            f"DiffusionResult(method={self.method!r}, num_samples={self.num_samples}, "
-            f"num_steps={self.num_steps}, rounds={self.rounds}, "
-            f"mean sample_rounds={mean_rounds:.1f}, oracle_rows={self.oracle_rows}, "
-            f"wall_time={self.wall_time:.3f}s"
-        )
-        if self.error is not None:
-            text += f", max error={self.error.max().item():.3g}"
-        return text + ")"
+    knobs: dict
+    seed: Any
+    device: torch.device
+    dtype: torch.dtype
+    engine: str
+    return_paths: bool
+    progress: bool
+    name: str
+    divide_by_time: bool
+    draw_ids: torch.Tensor | None = None  # global numbers of the draws (default 0 .. N - 1)
+    root_key: int | None = None  # the run's key (default: from ``seed``)
 
 
-# ---------------------------------------------------------------------------------- oracle calls
-def _check_drift_output(
-    out, t: torch.Tensor, x: torch.Tensor, dim: int, name: str, offset: int = 0
-) -> None:
-    """Raise :class:`OracleError` unless ``out`` is a finite Tensor[B, d]."""
-    rows = t.shape[0]
-    if not isinstance(out, torch.Tensor):
-        raise OracleError(
-            f"{name} returned {type(out).__name__}; it must return a Tensor[B, d] "
-            f"for t: Tensor[B], x: Tensor[B, d]"
-        )
-    if out.shape != (rows, dim):
-        raise OracleError(
-            f"{name} returned shape {tuple(out.shape)} for {rows} rows of dimension "
-            f"d = {dim}; it must map t: Tensor[B], x: Tensor[B, d] to Tensor[B, d]. "
-            f"Check that it is batched over rows and that its `dim` matches x0 / the target"
-        )
-    finite = torch.isfinite(out.detach()).all(dim=1)
-    if not bool(finite.all()):
-        i = int(torch.nonzero(~finite)[0, 0])
-        raise OracleError(
-            f"{name} returned NaN or inf in row {offset + i} of a call "
-            f"(t = {float(t[i]):.6g}, |x| = {float(x[i].double().norm()):.6g}); the exact sampler "
-            f"cannot continue. Compute it in log space (logsumexp) / float64, or check the "
-            f"{name} at this time and state"
-        )
-
-
-class _Evaluator:
-    """Batched, validated drift evaluation: float64 NumPy in, float64 NumPy out."""
-
-    def __init__(self, drift: Drift, dim: int, device, dtype, max_rows_per_call: int | None, name):
-        self.drift = drift
-        self.dim = dim
-        self.device = device
-        self.dtype = dtype
-        self.max_rows_per_call = max_rows_per_call
-        self.name = name
-
-    def __call__(self, t: np.ndarray, x: np.ndarray) -> np.ndarray:
-        rows = t.shape[0]
-        chunk = self.max_rows_per_call or max(rows, 1)
-        outputs = [self._call(t[i : i + chunk], x[i : i + chunk], i) for i in range(0, rows, chunk)]
-        return outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
-
-    def _call(self, t: np.ndarray, x: np.ndarray, offset: int) -> np.ndarray:
-        tt = torch.from_numpy(t).to(device=self.device, dtype=self.dtype)
-        xx = torch.from_numpy(x).to(device=self.device, dtype=self.dtype)
-        with torch.no_grad():
-            out = self.drift(tt, xx)
-        _check_drift_output(out, tt, xx, self.dim, self.name, offset)
-        return out.detach().to("cpu", torch.float64).numpy()
-
-    def dispatch(self, payloads: list) -> list:
-        """``Scheduler`` dispatch: concatenate every ``(t, x)`` payload into one call."""
-        sizes = [p[0].shape[0] for p in payloads]
-        t = np.concatenate([p[0] for p in payloads])
-        x = np.concatenate([p[1] for p in payloads])
-        out = self(t, x)
-        return np.split(out, np.cumsum(sizes)[:-1])
-
-
-# ---------------------------------------------------------------------------------- the chain
-class _Chain:
-    """The discretized chain and the sampler's settings (shared by every generator)."""
-
-    def __init__(
-        self, times: np.ndarray, scale: float, dim: int, rng: np.random.Generator, rho, max_block
-    ):
-        self.times = times
-        self.num_steps = times.shape[0] - 1
-        self.h = np.diff(times)
-        self.noise_sd = scale * np.sqrt(self.h)
-        self.var = scale * scale
-        self.dim = dim
-        self.rng = rng
-        self.rho = rho
-        if rho == "adaptive":
-            self.thread_growth = _adaptive_rho
-        elif callable(rho):
-            self.thread_growth = _checked_rho(rho)
-        else:
-            self.thread_growth = lambda size, log_ratio: rho
-        self.max_block = max_block
-        self.h_column = self.h[:, None]
-        self.noise_column = self.noise_sd[:, None]
-        self.precision_column = 1.0 / (self.var * self.h)[:, None]
-        # cumulative log normalising constants: sum_{k<j} -d/2 log(2 pi s^2 h_k)
-        log_norm = -0.5 * dim * np.log(2 * math.pi * self.var * self.h)
-        self.log_norm_cumulative = np.concatenate([[0.0], np.cumsum(log_norm)]).tolist()
-
-    def log_density(self, increments: np.ndarray, drift: np.ndarray, a: int, b: int) -> float:
-        """``sum_{k=a}^{b-1} log N(dX_k; drift_k h_k, s^2 h_k I)``; drift [d] or [b-a, d]."""
-        resid = increments - drift * self.h_column[a:b]
-        quadratic = float((resid * resid * self.precision_column[a:b]).sum())
-        return self.log_norm_cumulative[b] - self.log_norm_cumulative[a] - 0.5 * quadratic
-
-    def draw(self, drift: np.ndarray, a: int, b: int) -> np.ndarray:
-        """Increments of steps ``a..b-1`` with the frozen drift: Tensor[b - a, d] (float64)."""
-        z = self.rng.standard_normal((b - a, self.dim))
-        return drift * self.h_column[a:b] + self.noise_column[a:b] * z
-
-
-def _adaptive_rho(size: int, log_ratio: float) -> float:
-    """Thread growth after a draft with log ratio ``log_ratio`` was rejected.
-
-    ``1 - exp(log_ratio)`` is the probability with which this draft was rejected: a one-sample
-    guess of ``TV(mu_S, nu_S)``, and residual tries succeed with probability about TV. The
-    first batch then holds about ``1 / TV`` tries (at most 4), so a small-TV block does not
-    pay one batch of rounds per doubling. Exact for any value (index-ordered acceptance).
-    """
-    reject = -math.expm1(log_ratio) if log_ratio < 0 else 1.0
-    return min(4.0, max(1.0, 1.0 / max(reject, 1e-12) - 1.0))
-
-
-def _checked_rho(rho: Callable[[int, float], float]) -> Callable[[int, float], float]:
-    def growth(size: int, log_ratio: float) -> float:
-        value = float(rho(size, log_ratio))
-        if not (value > 0 and math.isfinite(value)):
-            raise ValueError(f"rho({size}, {log_ratio}) returned {value}; it must be positive")
-        return value
-
-    return growth
-
-
-# Every node returns (increments [n, d], states X_{a+1..b} [n, d], log mu_S, next drift row or
-# None): the next row is the drift at X_b when a verification prefetched it.
-
-
-def _node(chain: _Chain, sample: int, a: int, b: int, x_a: np.ndarray, f_a) -> Generator:
-    """Exact draw of the increments of steps ``[a, b)`` given ``X_a`` (and maybe ``f_a``)."""
-    if f_a is None:
-        (f_a,) = yield Call((chain.times[a : a + 1], x_a[None]), 1, sample)
-    n = b - a
-    if n == 1:  # leaf: the target itself is the frozen-drift Gaussian
-        inc = chain.draw(f_a, a, b)
-        return inc, x_a + inc, chain.log_density(inc, f_a, a, b), None
-    if chain.max_block is not None and n > chain.max_block:
-        return (yield from _split(chain, sample, a, b, x_a, f_a))
-    incs = chain.draw(f_a, a, b)
-    states = x_a + np.cumsum(incs, axis=0)  # X_{a+1}, ..., X_b
-    prefetch = b < chain.num_steps  # the drift at X_b seeds the next block's draft
-    stop = n if prefetch else n - 1
-    rows = yield Call((chain.times[a + 1 : a + 1 + stop], states[:stop]), stop, sample)
-    f_k = rows[: n - 1]  # drifts at X_{a+1}, ..., X_{b-1}
-    next_row = rows[n - 1] if prefetch else None
-    h = chain.h[a + 1 : b]
-    log_ratio = (
-        float(((f_k - f_a) * incs[1:]).sum())
-        - 0.5 * float((((f_k * f_k).sum(1) - f_a @ f_a) * h).sum())
-    ) / chain.var
-    if accept_draft(log_ratio, chain.rng):
-        drifts = np.concatenate([f_a[None], f_k])
-        return incs, states, chain.log_density(incs, drifts, a, b), next_row
-
-    def make_thread(index: int) -> Generator:
-        return _residual_try(chain, sample, a, b, x_a, f_a)
-
-    return (yield FirstAccepted(make_thread, chain.thread_growth(n, log_ratio)))
-
-
-def _split(chain: _Chain, sample: int, a: int, b: int, x_a: np.ndarray, f_a) -> Generator:
-    """Exact draw of ``[a, b)`` as the left half, then the right half given the left."""
-    m = (a + b) // 2
-    left = yield from _node(chain, sample, a, m, x_a, f_a)
-    right = yield from _node(chain, sample, m, b, left[1][-1], left[3])
-    return (
-        np.concatenate([left[0], right[0]]),
-        np.concatenate([left[1], right[1]]),
-        left[2] + right[2],
-        right[3],
-    )
-
-
-def _residual_try(chain: _Chain, sample: int, a: int, b: int, x_a: np.ndarray, f_a) -> Generator:
-    """One thread of the residual step: ``y ~ mu_S``, accepted w.p. ``max(0, 1 - nu/mu)``."""
-    result = yield from _split(chain, sample, a, b, x_a, f_a)
-    log_nu = chain.log_density(result[0], f_a, a, b)
-    return accept_residual(result[2] - log_nu, chain.rng), result
-
-
-def _autospec_root(chain: _Chain, sample: int, x0: np.ndarray) -> Generator:
-    _, states, log_mu, _ = yield from _node(chain, sample, 0, chain.num_steps, x0, None)
-    return states, log_mu
-
-
-def _sequential_root(chain: _Chain, sample: int, x0: np.ndarray) -> Generator:
-    states = np.empty((chain.num_steps, chain.dim))
-    x, log_mu = x0, 0.0
-    for k in range(chain.num_steps):
-        (f,) = yield Call((chain.times[k : k + 1], x[None]), 1, sample)
-        inc = chain.draw(f, k, k + 1)
-        log_mu += chain.log_density(inc, f, k, k + 1)
-        x = x + inc[0]
-        states[k] = x
-    return states, log_mu
-
-
-def _picard_root(
-    chain: _Chain, sample: int, x0: np.ndarray, noise: np.ndarray, window: int, tolerance: float
-) -> Generator:
-    """ParaDiGMS-style sliding-window Picard iteration with pre-drawn noise ``[N, d]``."""
-    n, d = chain.num_steps, chain.dim
-    path = np.empty((n + 1, d))
-    path[0] = x0
-    path[1:] = x0 + np.cumsum(noise, axis=0)  # initial guess: zero drift
-    h = chain.h
-    begin, end = 0, min(n, window)
-    while begin < n:
-        drifts = yield Call((chain.times[begin:end], path[begin:end]), end - begin, sample)
-        new = path[begin] + np.cumsum(drifts * h[begin:end, None] + noise[begin:end], axis=0)
-        error = np.sum((new - path[begin + 1 : end + 1]) ** 2, axis=1) / (
-            d * chain.var * h[begin:end]
-        )
-        path[begin + 1 : end + 1] = new
-        bad = np.flatnonzero(error > tolerance * tolerance)
-        converged = int(bad[0]) if bad.size else end - begin
-        new_begin = min(begin + converged + 1, end)
-        new_end = min(n, new_begin + window)
-        if new_end > end:  # extend the window with the last drift frozen
-            extra = drifts[-1] * h[end:new_end, None] + noise[end:new_end]
-            path[end + 1 : new_end + 1] = path[end] + np.cumsum(extra, axis=0)
-        begin, end = new_begin, new_end
-    return path[1:], 0.0  # log_prob is computed afterwards on the final path
-
-
-# ---------------------------------------------------------------------------------- helpers
 def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
     """Device and dtype of oracle inputs: explicit, else the oracle's, else ``like``'s."""
     params = None
@@ -386,15 +120,12 @@ def _float64_on(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 
-def _check_common(num_samples, method, rho, max_block, window, tolerance, scale) -> None:
-    if (
-        not isinstance(num_samples, (int, np.integer))
-        or isinstance(num_samples, bool)
-        or num_samples < 1
-    ):
-        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+def _knobs(method, rho, max_block, window, tolerance, scale, given: dict) -> dict:
+    """Validated knobs of ``method`` (the diffusion defaults of ``rho`` and ``max_block``)."""
+    if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+        raise ValueError(
+            f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
+        )
     if not (
         rho == "adaptive"
         or callable(rho)
@@ -410,27 +141,154 @@ def _check_common(num_samples, method, rho, max_block, window, tolerance, scale)
         raise ValueError(f"window must be a positive int (picard window of steps), got {window!r}")
     if not (tolerance >= 0 and math.isfinite(tolerance)):
         raise ValueError(f"tolerance must be a non-negative float, got {tolerance!r}")
-    if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
-        raise ValueError(
-            f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
+    knobs = resolve_knobs(method, DIFFUSION, {"rho": rho, "max_block": max_block}, given)
+    if method == "picard":
+        knobs.update(window=int(window), tolerance=float(tolerance))
+    for name in ("max_rows_per_round", "max_rows_per_call", "max_concurrent_draws"):
+        value = knobs.get(name)
+        if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None; got {value!r}")
+    return knobs
+
+
+def _check_num_samples(num_samples) -> int:
+    if (
+        not isinstance(num_samples, (int, np.integer))
+        or isinstance(num_samples, bool)
+        or num_samples < 1
+    ):
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    return int(num_samples)
+
+
+def _run(s: _Settings) -> SampleResult:
+    num, dim = s.x0.shape
+    start_time = time.perf_counter()
+    root = keys.seed_key(s.seed) if s.root_key is None else s.root_key
+    draw_ids = torch.arange(num) if s.draw_ids is None else s.draw_ids
+    evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name)
+    times = torch.as_tensor(s.grid, dtype=torch.float64)
+    chain = Chain(times, s.scale, dim, s.device)
+    x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
+    draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
+    n = chain.num_steps
+    cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
+    error = None
+    if s.engine == "reference":
+        from pyro_autospec.engine.reference import run_euler
+
+        paths, log_prob, noise, rounds, rows, sample_rounds = run_euler(
+            chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress
         )
+    elif s.method == "autospec":
+        max_block = s.knobs["max_block"] or n
+        problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)
+        recursion = Recursion(
+            problem,
+            draw_keys,
+            max_block=max_block,
+            rho=1.0 if not isinstance(s.knobs["rho"], (int, float)) else s.knobs["rho"],
+            max_rows_per_round=cap,
+            max_concurrent_draws=concurrent,
+            progress=s.progress,
+            desc="autospec",
+        )
+        counts = recursion.run()
+        rounds, rows, sample_rounds = counts.rounds, counts.rows, counts.sample_rounds
+        log_prob, paths, noise = recursion.log_prob, None, None
+        if s.return_paths:
+            paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + problem.paths.cumsum(1)], 1)
+            paths[:, -1] = problem.final
+        else:
+            final = problem.final
+    elif s.method == "sequential":
+        final, incs, log_prob, rounds, rows, sample_rounds = sequential(
+            chain, evaluate, x0, draw_keys, s.return_paths, concurrent, cap, s.progress
+        )
+        paths = None
+        if incs is not None:
+            paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + incs.cumsum(1)], 1)
+            paths[:, -1] = final
+        noise = None
+    else:
+        paths, noise, rounds, rows, sample_rounds = picard(
+            chain,
+            evaluate,
+            x0,
+            draw_keys,
+            s.knobs["window"],
+            s.knobs["tolerance"],
+            concurrent,
+            cap,
+            s.progress,
+        )
+        log_prob = None
+    wall_time = time.perf_counter() - start_time
+    if paths is not None:
+        final = paths[:, -1]
+    if s.method == "picard":
+        with torch.no_grad():
+            log_prob = euler_maruyama_log_prob(
+                s.drift,
+                s.grid,
+                paths,
+                scale=s.scale,
+                device=s.device,
+                dtype=s.dtype,
+                max_rows_per_call=s.knobs["max_rows_per_call"] or 65536,
+            )
+        reference = _sequential_with_noise(evaluate, chain, x0, noise)
+        error = (final - reference).norm(dim=-1)
+    if s.divide_by_time:
+        final = final / float(s.grid[-1])
+        if error is not None:
+            error = error / float(s.grid[-1])
+    stats = _float64_on(s.device)
+    return SampleResult(
+        samples=final.to(device=s.device, dtype=s.dtype),
+        paths=paths.to(device=s.device, dtype=s.dtype) if s.return_paths else None,
+        log_prob=log_prob.to(device=stats, dtype=torch.float64),
+        rounds=int(rounds),
+        sample_rounds=sample_rounds.cpu().long(),
+        oracle_rows=int(rows),
+        method=s.method,
+        wall_time=wall_time,
+        times=torch.as_tensor(s.grid, dtype=torch.float64, device=stats),
+        error=None if error is None else error.to(device=stats, dtype=torch.float64),
+        engine=s.engine,
+        timing={"oracle": evaluate.seconds},
+    )
 
 
-def _sequential_with_noise(
-    evaluate: _Evaluator, times: np.ndarray, x0: np.ndarray, noise: np.ndarray
-) -> np.ndarray:
-    """The sequential chain driven by given noise [M, N, d], batched over M: paths [M, N + 1, d]."""
-    m, n, d = noise.shape
-    paths = np.empty((m, n + 1, d))
-    paths[:, 0] = x0
-    h = np.diff(times)
-    for k in range(n):
-        f = evaluate(np.full(m, times[k]), paths[:, k])
-        paths[:, k + 1] = paths[:, k] + f * h[k] + noise[:, k]
-    return paths
+def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
+    """Run ``s`` here, or (hook) spread its draws over the ranks of a process group."""
+    if not distributed:
+        return _run(s)
+    from pyro_autospec.engine.distributed import spread_draws
+
+    return spread_draws(
+        s.x0.shape[0],
+        s.seed,
+        lambda draw_ids, root_key, where: _run(
+            replace(
+                s, x0=s.x0[draw_ids.numpy()], draw_ids=draw_ids, root_key=root_key, device=where
+            )
+        ),
+        device=s.device,
+        signature=(s.grid.tolist(), s.scale, s.method, s.knobs, str(s.dtype), s.engine, s.name),
+        oracle=s.drift,
+    )
 
 
-# ---------------------------------------------------------------------------------- public API
+def _sequential_with_noise(evaluate, chain: Chain, x0: torch.Tensor, noise: torch.Tensor):
+    """Final states of the sequential chain driven by given noise [M, N, d]: [M, d]."""
+    x = x0.clone()
+    for k in range(chain.num_steps):
+        f = evaluate(chain.times[k].expand(x.shape[0]), x)
+        x = x + f * chain.h[k] + noise[:, k]
+    return x
+
+
 def sample_sde(
     drift: Drift,
     times,
@@ -446,11 +304,12 @@ def sample_sde(
     progress: bool = False,
     rho: float = 1.0,
     max_block: int | None = None,
-    max_rows_per_round: int | None = None,
-    max_rows_per_call: int | None = None,
     window: int = 16,
     tolerance: float = 0.1,
-) -> DiffusionResult:
+    engine: str = "fast",
+    distributed: bool = False,
+    **schedule: Any,
+) -> SampleResult:
     r"""Euler-Maruyama paths of ``dX = b(t, X) dt + scale dB``, exactly in law, in few rounds.
 
     Parameters
@@ -471,7 +330,8 @@ def sample_sde(
         chain, one step per round. ``"picard"``: ParaDiGMS-style sliding-window fixed-point
         iteration with pre-drawn noise; APPROXIMATE, see ``error`` in the result.
     seed : int, numpy.random.Generator or torch.Generator, optional
-        Source of all randomness (float64 NumPy draws); the same seed gives the same output.
+        Root of all randomness (keyed by draw, block and try, in float64); the same seed gives
+        the same output whatever the engine, batch or schedule.
     device, dtype : optional
         Where and in which dtype the drift is called. Default: the drift's own ``device`` /
         ``dtype`` attributes (or its parameters for an ``nn.Module``), else those of ``x0``,
@@ -490,17 +350,25 @@ def sample_sde(
     max_block : int, optional
         Blocks with more steps than this are split without drafting (saves the verification
         of drafts that would almost surely be rejected). Exact for any value.
-    max_rows_per_round : int, optional
-        Cap on the rows of one round (calls beyond wait for the next round). Exact for any value.
-    max_rows_per_call : int, optional
-        Cut each round into oracle calls of at most this many rows (memory); still one round.
     window, tolerance :
         Picard only: the window of steps updated per iteration, and the tolerance: a step is
         converged when ``|X_new - X_old|^2 / (d s^2 h_k) <= tolerance^2`` (as in ParaDiGMS).
+    engine : {"fast", "reference"}
+        The vectorised engine or the generator reference; the same draws either way.
+    distributed : bool
+        Inside an initialised ``torch.distributed`` process group, every rank makes this same
+        call; each simulates a contiguous share of the paths on its own device and every rank
+        returns them all, the same as one process with the same seed, plus ``per_rank``
+        counts (:mod:`pyro_autospec.engine.distributed`).
+    **schedule
+        ``max_rows_per_round`` (a cap on the rows of one round; the oldest requests go
+        first), ``max_rows_per_call`` (cut each round into oracle calls of at most this many
+        rows, for memory; still one round) and ``max_concurrent_draws`` (continuous
+        batching: new draws start as earlier ones finish). None changes the output.
 
     Returns
     -------
-    DiffusionResult
+    SampleResult
         ``samples`` Tensor[num_samples, d] (the final states ``X_{t_N}``), ``paths``,
         ``log_prob``, ``rounds``, ``sample_rounds``, ``oracle_rows``, ...
 
@@ -519,7 +387,7 @@ def sample_sde(
     ``log dmu_S/dnu_S = sum_{a<k<b} [<b_k - b_a, dX_k> - (|b_k|^2 - |b_a|^2) h_k / 2] / s^2``.
 
     On rejection, exact tries (left half, then right half) race as threads and the smallest
-    accepted index wins (ALGORITHM.md section 4). ``log_prob`` is the chain's log density of
+    accepted index wins (:doc:`/algorithm`). ``log_prob`` is the chain's log density of
     the returned increments; for ``"picard"`` it is computed on the returned path with an
     extra, uncounted, oracle pass.
 
@@ -533,9 +401,9 @@ def sample_sde(
     >>> bool(result.sample_rounds.double().median() < 32)
     True
     """
-    _check_common(num_samples, method, rho, max_block, window, tolerance, scale)
     grid = check_times(times)
     like = x0 if isinstance(x0, torch.Tensor) else None
+    num_samples = _check_num_samples(num_samples)
     x0_array = (
         x0.detach().to("cpu", torch.float64).numpy()
         if isinstance(x0, torch.Tensor)
@@ -555,29 +423,34 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
+    knobs = _knobs(method, rho, max_block, window, tolerance, scale, schedule)
+    _check_engine(engine)
     device, dtype = _oracle_placement(drift, device, dtype, like)
-    return _run(
-        drift,
-        grid,
-        x0_array,
-        num_samples,
-        dim,
-        scale=scale,
-        method=method,
-        seed=seed,
-        device=device,
-        dtype=dtype,
-        return_paths=return_paths,
-        progress=progress,
-        rho=rho,
-        max_block=max_block,
-        max_rows_per_round=max_rows_per_round,
-        max_rows_per_call=max_rows_per_call,
-        window=window,
-        tolerance=tolerance,
-        name="drift",
-        divide_by_time=False,
+    starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
+    return _dispatch(
+        distributed,
+        _Settings(
+            drift,
+            grid,
+            starts,
+            float(scale),
+            method,
+            knobs,
+            seed,
+            device,
+            dtype,
+            engine,
+            return_paths,
+            progress,
+            "drift",
+            False,
+        ),
     )
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ("fast", "reference"):
+        raise ValueError(f"engine must be 'fast' or 'reference'; got {engine!r}")
 
 
 def sample_diffusion(
@@ -595,12 +468,12 @@ def sample_diffusion(
     progress: bool = False,
     rho: float = 1.0,
     max_block: int | None = None,
-    max_rows_per_round: int | None = None,
-    max_rows_per_call: int | None = None,
     window: int = 16,
     tolerance: float = 0.1,
+    engine: str = "fast",
+    distributed: bool = False,
     **schedule: Any,
-) -> DiffusionResult:
+) -> SampleResult:
     r"""Sample ``mu`` through stochastic localization with a conditional-mean oracle.
 
     Simulates the Euler-Maruyama chain of ``dX_t = f(t, X_t) dt + dB_t``, ``X_0 = 0``, with
@@ -622,14 +495,16 @@ def sample_diffusion(
     delta : float, optional
         Final noise variance of the default grid, ``T = 1 / delta`` (1e-3 if not given).
     **schedule
-        Further options of :func:`diffusion_times` (``t_switch``).
-    method, seed, device, dtype, return_paths, progress, rho, max_block, max_rows_per_round,
-    max_rows_per_call, window, tolerance :
+        ``t_switch`` (an option of :func:`diffusion_times`) and the schedule knobs of
+        :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
+        ``max_concurrent_draws``).
+    method, seed, device, dtype, return_paths, progress, rho, max_block, window, tolerance,
+    engine, distributed :
         As in :func:`sample_sde` (``scale = 1``).
 
     Returns
     -------
-    DiffusionResult
+    SampleResult
         ``samples`` Tensor[num_samples, d] = ``X_T / T``; ``paths`` (unscaled ``X_t``) when
         ``return_paths``; ``log_prob``, ``rounds``, ``sample_rounds``, ``oracle_rows``,
         ``times``; ``error`` for picard.
@@ -644,7 +519,7 @@ def sample_diffusion(
 
     Notes
     -----
-    See :func:`sample_sde` for the algorithm and ALGORITHM.md sections 2, 4 and 8. For a
+    See :func:`sample_sde` and :doc:`/diffusion` for the algorithm. For a
     target with bounded support, ``f(t, X_t)`` is a martingale whose total quadratic variation
     is at most ``tr Cov(Y)``: drafts with a frozen drift are then rarely rejected outside a
     few blocks, which is where the ``O~(sqrt N)`` rounds come from.
@@ -666,16 +541,17 @@ def sample_diffusion(
             f"oracle must have an integer attribute `dim` (d >= 1, the MeanOracle protocol), "
             f"got {dim!r}"
         )
+    grid_options = {k: schedule.pop(k) for k in ("t_switch",) if k in schedule}
     if times is None:
         grid = check_times(
             diffusion_times(
                 256 if num_steps is None else num_steps,
                 1e-3 if delta is None else delta,
-                **schedule,
+                **grid_options,
             )
         )
     else:
-        if num_steps is not None or delta is not None or schedule:
+        if num_steps is not None or delta is not None or grid_options:
             raise ValueError(
                 "pass either `times` or the default grid's options (num_steps, delta, "
                 "t_switch), not both"
@@ -687,120 +563,29 @@ def sample_diffusion(
                 f"got {grid[0]:.6g}; "
                 f"use sample_sde for chains starting elsewhere"
             )
-    _check_common(num_samples, method, rho, max_block, window, tolerance, 1.0)
+    num_samples = _check_num_samples(num_samples)
+    knobs = _knobs(method, rho, max_block, window, tolerance, 1.0, schedule)
+    _check_engine(engine)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
-    return _run(
-        oracle,
-        grid,
-        np.zeros(int(dim)),
-        num_samples,
-        int(dim),
-        scale=1.0,
-        method=method,
-        seed=seed,
-        device=device,
-        dtype=dtype,
-        return_paths=return_paths,
-        progress=progress,
-        rho=rho,
-        max_block=max_block,
-        max_rows_per_round=max_rows_per_round,
-        max_rows_per_call=max_rows_per_call,
-        window=window,
-        tolerance=tolerance,
-        name="oracle",
-        divide_by_time=True,
-    )
-
-
-def _run(
-    drift,
-    grid,
-    x0,
-    num_samples,
-    dim,
-    *,
-    scale,
-    method,
-    seed,
-    device,
-    dtype,
-    return_paths,
-    progress,
-    rho,
-    max_block,
-    max_rows_per_round,
-    max_rows_per_call,
-    window,
-    tolerance,
-    name,
-    divide_by_time,
-) -> DiffusionResult:
-    rng = make_rng(seed)
-    evaluate = _Evaluator(drift, dim, device, dtype, max_rows_per_call, name)
-    chain = _Chain(
-        grid,
-        float(scale),
-        dim,
-        rng,
-        rho if isinstance(rho, str) or callable(rho) else float(rho),
-        max_block,
-    )
-    starts = np.broadcast_to(x0, (num_samples, dim)).astype(np.float64)
-    scheduler = Scheduler(
-        evaluate.dispatch, max_rows_per_round=max_rows_per_round, progress=progress, desc=method
-    )
-    start_time = time.perf_counter()
-    noise = None
-    if method == "autospec":
-        roots = [_autospec_root(chain, k, starts[k]) for k in range(num_samples)]
-    elif method == "sequential":
-        roots = [_sequential_root(chain, k, starts[k]) for k in range(num_samples)]
-    else:
-        noise = chain.noise_sd[None, :, None] * rng.standard_normal(
-            (num_samples, chain.num_steps, dim)
-        )
-        roots = [
-            _picard_root(chain, k, starts[k], noise[k], int(window), float(tolerance))
-            for k in range(num_samples)
-        ]
-    results = scheduler.run(roots)
-    wall_time = time.perf_counter() - start_time
-    paths = np.empty((num_samples, chain.num_steps + 1, dim))
-    paths[:, 0] = starts
-    for k, (states, _) in enumerate(results):
-        paths[k, 1:] = states
-    error = None
-    if method == "picard":
-        with torch.no_grad():
-            log_prob = euler_maruyama_log_prob(
-                drift,
-                grid,
-                torch.from_numpy(paths),
-                scale=float(scale),
-                device=device,
-                dtype=dtype,
-                max_rows_per_call=max_rows_per_call or 65536,
-            ).numpy()
-        reference = _sequential_with_noise(evaluate, grid, starts, noise)
-        error = np.linalg.norm(paths[:, -1] - reference[:, -1], axis=-1)
-    else:
-        log_prob = np.array([lp for _, lp in results], dtype=np.float64)
-    final = paths[:, -1] / grid[-1] if divide_by_time else paths[:, -1]
-    if error is not None and divide_by_time:
-        error = error / grid[-1]
-    stats_device = _float64_on(device)
-    return DiffusionResult(
-        samples=torch.from_numpy(final).to(device=device, dtype=dtype),
-        paths=torch.from_numpy(paths).to(device=device, dtype=dtype) if return_paths else None,
-        log_prob=torch.from_numpy(log_prob).to(stats_device),
-        rounds=scheduler.stats.rounds,
-        sample_rounds=torch.tensor(scheduler.stats.sample_rounds[:num_samples], dtype=torch.long),
-        oracle_rows=scheduler.stats.rows,
-        method=method,
-        wall_time=wall_time,
-        times=torch.from_numpy(grid).to(stats_device),
-        error=None if error is None else torch.from_numpy(error).to(stats_device),
+    starts = np.zeros((num_samples, int(dim)))
+    return _dispatch(
+        distributed,
+        _Settings(
+            oracle,
+            grid,
+            starts,
+            1.0,
+            method,
+            knobs,
+            seed,
+            device,
+            dtype,
+            engine,
+            return_paths,
+            progress,
+            "oracle",
+            True,
+        ),
     )
 
 
@@ -884,7 +669,7 @@ def euler_maruyama_log_prob(
     pieces = []
     for i in range(0, rows, chunk):
         out = drift(t[i : i + chunk], x[i : i + chunk])
-        _check_drift_output(out, t[i : i + chunk], x[i : i + chunk], dim, "drift", i)
+        check_drift_output(out, t[i : i + chunk], x[i : i + chunk], dim, "drift", i)
         pieces.append(out.to(device=out_device, dtype=wide))
     drifts = torch.cat(pieces) if pieces else torch.zeros(0, dim, device=out_device, dtype=wide)
     drifts = drifts.reshape(flat.shape[0], num_steps, dim)

@@ -1,8 +1,8 @@
-"""What a sampler run returns."""
+"""What a sampler run returns: one result type for every method and setting."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -11,48 +11,86 @@ __all__ = ["SampleResult"]
 
 @dataclass
 class SampleResult:
-    """Samples of a distribution on ``[q]^n`` and what they cost.
+    """Draws and what they cost.
 
     Attributes
     ----------
-    samples : LongTensor[N, n]
-        The draws, in the oracle's original coordinate indexing.
+    samples : Tensor[N, n] or Tensor[N, d]
+        The draws: LongTensor[N, n] on ``[q]^n`` (in the oracle's coordinate indexing);
+        ``X_T / T`` for :func:`~pyro_autospec.engine.diffusion.sample_diffusion`, ``X_T`` for
+        :func:`~pyro_autospec.engine.diffusion.sample_sde`.
     log_prob : DoubleTensor[N]
-        ``log mu_sigma(x)``: the log probability of each draw under the oracle's chain rule in
-        the order used to draw it (for an exact, consistent oracle: ``log mu(x)``).
-    orders : LongTensor[N, n]
-        ``orders[k, j]`` is the coordinate visited ``j``-th by draw ``k``.
+        On ``[q]^n``: ``log mu_sigma(x)``, the log probability of each draw under the oracle's
+        chain rule in the order used (for an exact, consistent oracle: ``log mu(x)``). For a
+        diffusion: the log density of the path's increments under the discretised chain.
     rounds : int
-        Batched oracle calls the whole run made (the latency on parallel hardware).
+        Batched oracle calls of the whole run (its latency on parallel hardware).
     sample_rounds : LongTensor[N]
         Rounds in which draw ``k`` had a query in flight: its own latency in rounds.
     oracle_rows : int
-        Rows (conditionings) queried by the whole run, cancelled work included.
+        Rows (conditionings, or ``(t, x)`` pairs) of the whole run, cancelled work included.
     method : str
         The sampler that produced the draws.
     wall_time : float
         Seconds the run took.
+    orders : LongTensor[N, n] or None
+        On ``[q]^n``: ``orders[k, j]`` is the coordinate visited ``j``-th by draw ``k``.
+    paths : Tensor[N, num_steps + 1, d] or None
+        Diffusions with ``return_paths=True``: the whole chains ``X_{t_0}, ..., X_{t_N}``.
+    times : DoubleTensor[num_steps + 1] or None
+        Diffusions: the time grid.
+    error : DoubleTensor[N] or None
+        ``"picard"`` only: distance between each sample and the sample of the sequential chain
+        driven by the same noise (``None`` for the exact methods).
+    engine : str
+        ``"fast"`` or ``"reference"``.
+    per_rank : dict or None
+        Runs spread over processes (``distributed=True``): per rank, ``num_draws``,
+        ``first_draw``, ``rounds``, ``oracle_rows`` and ``wall_time`` (lists by rank).
+    timing : dict
+        Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
+        ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
+        engine's own bookkeeping is ``wall_time`` minus these. On a GPU these are launch
+        times, not device times.
     """
 
     samples: torch.Tensor
     log_prob: torch.Tensor
-    orders: torch.Tensor
     rounds: int
     sample_rounds: torch.Tensor
     oracle_rows: int
     method: str
     wall_time: float
+    orders: torch.Tensor | None = None
+    paths: torch.Tensor | None = None
+    times: torch.Tensor | None = None
+    error: torch.Tensor | None = None
+    engine: str = "fast"
+    timing: dict = field(default_factory=dict)
+    per_rank: dict | None = None
 
     @property
     def num_samples(self) -> int:
         """``N``, the number of draws."""
         return int(self.samples.shape[0])
 
+    @property
+    def num_steps(self) -> int | None:
+        """The number of Euler-Maruyama steps of a diffusion (``None`` on ``[q]^n``)."""
+        return None if self.times is None else int(self.times.shape[0]) - 1
+
     def __repr__(self) -> str:
-        n = self.samples.shape[1] if self.samples.dim() == 2 else 0
         mean_rounds = self.sample_rounds.double().mean().item() if self.num_samples else 0.0
-        return (
-            f"SampleResult(method={self.method!r}, num_samples={self.num_samples}, num_coords={n}, "
-            f"rounds={self.rounds}, mean sample_rounds={mean_rounds:.1f}, "
-            f"oracle_rows={self.oracle_rows}, wall_time={self.wall_time:.3f}s)"
+        size = (
+            f"num_steps={self.num_steps}"
+            if self.times is not None
+            else f"num_coords={self.samples.shape[1] if self.samples.dim() == 2 else 0}"
         )
+        text = (
+            f"SampleResult(method={self.method!r}, num_samples={self.num_samples}, {size}, "
+            f"rounds={self.rounds}, mean sample_rounds={mean_rounds:.1f}, "
+            f"oracle_rows={self.oracle_rows}, wall_time={self.wall_time:.3f}s"
+        )
+        if self.error is not None:
+            text += f", max error={self.error.max().item():.3g}"
+        return text + ")"

@@ -1,100 +1,55 @@
-"""Rows of a :class:`~pyro_autospec.oracles.base.MarginalOracle`: requesting, batching, checking.
+"""Asking a :class:`~pyro_autospec.oracles.base.MarginalOracle` for rows, in batches, checked.
 
-A sampler asks for rows with a :class:`RowRequest`: one assignment ``values`` of one sample,
-several *cuts* (row ``j`` conditions on the first ``cuts[j]`` coordinates of that sample's
-order) and, per row, a contiguous range of *target* positions of the order whose marginals it
-needs. :class:`RowDispatcher` answers every request of a round with one batched oracle call
-(cut into memory-sized chunks, which still count as one round), checks every returned row and
-normalises it in float64.
+The samplers ask for two kinds of conditionings of a draw's partial sample, always along the
+draw's visiting order ``sigma``:
+
+* a **targeted row** conditions on ``sigma[:cut]`` and needs the marginals of the positions
+  ``start .. start + width - 1`` (a block's draft row, or the prefetch of the next block's);
+* a **chain** conditions on ``sigma[:cut]`` and needs, for ``j < length``, the marginal of
+  position ``cut + j`` given ``sigma[:cut + j]``: the verification of a drafted block, one
+  values vector, one order, a range of cuts.
+
+:class:`OracleRows` answers every request of a round with as few oracle calls as the memory
+budget allows (still one round). Chains go to ``log_marginals_chain`` when the oracle has it,
+else they are expanded into targeted rows. Every returned row is checked and normalised in
+float64; a row that is NaN, ``+inf``, massless or far from summing to one is flagged ``bad``
+(an error only if its conditioning is possible, which the sampler decides, see
+:meth:`OracleRows.raise_bad`).
+
+The dense ``[rows, n]`` inputs of the protocol are built in buffers reused from call to call:
+on a CPU a fresh allocation of that size costs more than filling it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.oracles.base import has_targeted_marginals, oracle_num_draws
+from pyro_autospec.oracles.base import (
+    has_chain_marginals,
+    has_targeted_marginals,
+    oracle_num_draws,
+)
 
-__all__ = ["RowRequest", "RowAnswer", "RowDispatcher"]
-
-
-@dataclass
-class RowRequest:
-    """Rows conditioned on prefixes of one assignment of one sample.
-
-    Parameters
-    ----------
-    sample : int
-        Which sample (selects its order).
-    values : ndarray int64[n]
-        The assignment; only the first ``cuts[j]`` coordinates of the order are read by row ``j``.
-    cuts : ndarray int64[r]
-        Row ``j`` conditions on the coordinates ``order[:cuts[j]]``.
-    starts, stops : ndarray int64[r]
-        Row ``j`` returns the marginals of the coordinates ``order[starts[j]:stops[j]]``.
-    """
-
-    sample: int
-    values: np.ndarray
-    cuts: np.ndarray
-    starts: np.ndarray
-    stops: np.ndarray
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.cuts)
+__all__ = ["OracleRows", "Answer"]
 
 
 @dataclass
-class RowAnswer:
-    """Checked rows for one :class:`RowRequest`.
+class Answer:
+    """Checked rows: ``log_probs`` DoubleTensor[R, W, q] (normalised), ``bad`` BoolTensor[R, W]
+    and ``log_mass`` DoubleTensor[R, W] (the oracle's own total, for messages). Entries past a
+    request's width are padding (``bad`` False)."""
 
-    Attributes
-    ----------
-    log_probs : ndarray float64[sum(stops - starts), q]
-        Normalised log marginals, row after row, each row's targets in order.
-    bad : ndarray bool[sum(stops - starts)]
-        True where the oracle's row was unusable (NaN, ``+inf``, no mass, or not summing to
-        one). Such a row is an error only if its conditioning is possible; the sampler decides.
-    log_mass : ndarray float64[sum(stops - starts)]
-        The log of the total mass the oracle returned (0 for a normalised row), for messages.
-    offsets : ndarray int64[r + 1]
-        Row ``j`` occupies ``log_probs[offsets[j]:offsets[j + 1]]``.
-    """
+    log_probs: torch.Tensor
+    bad: torch.Tensor
+    log_mass: torch.Tensor
 
-    log_probs: np.ndarray
-    bad: np.ndarray
-    log_mass: np.ndarray
-    offsets: np.ndarray
-
-    def row(self, j: int) -> np.ndarray:
-        return self.log_probs[self.offsets[j] : self.offsets[j + 1]]
-
-    def check(self, j: int, what: str) -> np.ndarray:
-        """Return row ``j``, raising :class:`OracleError` if any of its targets is bad."""
-        lo, hi = self.offsets[j], self.offsets[j + 1]
-        bad = self.bad[lo:hi]
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            mass = self.log_mass[lo + k]
-            if np.isnan(mass):
-                problem = "contains NaN"
-            elif mass == -np.inf:
-                problem = "gives zero mass to every value"
-            elif mass == np.inf:
-                problem = "contains +inf"
-            else:
-                problem = f"sums to {np.exp(mass):.6g} instead of 1"
-            raise OracleError(
-                f"The oracle's {what} (target {k} of that row) {problem}, although it is "
-                "conditioned on an assignment of positive probability. log_marginals must return "
-                "log probabilities normalised over the values of each coordinate (use "
-                "torch.log_softmax on logits; -inf only for impossible values)."
-            )
-        return self.log_probs[lo:hi]
+    def part(self, index) -> Answer:
+        """The requests ``index`` (a slice or an index tensor) of this answer."""
+        return Answer(self.log_probs[index], self.bad[index], self.log_mass[index])
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -103,136 +58,368 @@ def _tolerance(dtype: torch.dtype) -> float:
     return float(min(0.05, max(1e-9, 1000.0 * eps)))
 
 
-class RowDispatcher:
-    """Answer all row requests of one round with batched oracle calls.
+class OracleRows:
+    """Batched, checked oracle queries along the draws' orders.
 
     Parameters
     ----------
     oracle : MarginalOracle
-    orders : ndarray int64[N, n]
-        The visiting order of every sample.
+    orders : LongTensor[D, n]
+        ``orders[s, j]``: the coordinate visited ``j``-th by draw ``s``.
     device : torch.device
-        Where query tensors are built for the oracle.
+        Where queries are built (the oracle's device).
     max_elements : int
-        Largest ``rows x targets x q`` (or ``rows x n x q`` for full-row oracles) per oracle
-        call; larger rounds are chunked. Chunks of one round count as one round.
+        Largest number of entries (inputs ``n`` plus outputs ``width * q`` per row) of one
+        oracle call; larger rounds are cut into several calls (one round all the same).
+    draw_ids : LongTensor[D], optional
+        Global numbers of the draws (what a family oracle receives as ``draws``); default
+        ``0 .. D - 1``.
     """
 
     def __init__(
         self,
         oracle,
-        orders: np.ndarray,
+        orders: torch.Tensor,
         device: torch.device,
-        max_elements: int = 2**24,
+        max_elements: int,
+        draw_ids: torch.Tensor | None = None,
     ):
         self.oracle = oracle
-        self.orders = orders
-        self.ranks = np.empty_like(orders)
-        np.put_along_axis(self.ranks, orders, np.arange(orders.shape[1])[None, :], axis=1)
         self.device = device
-        self.max_elements = int(max_elements)
+        self.orders = orders.to(device)
         self.n = int(oracle.num_coords)
         self.q = int(oracle.num_values)
+        rank_dtype = torch.int16 if self.n < 2**15 else torch.int32
+        ranks = torch.empty_like(self.orders)
+        ranks.scatter_(1, self.orders, torch.arange(self.n, device=device).expand_as(self.orders))
+        self.ranks = ranks.to(rank_dtype)
+        self.max_elements = int(max_elements)
         self.targeted = has_targeted_marginals(oracle)
+        self.native_chains = has_chain_marginals(oracle)
         self.family = oracle_num_draws(oracle) is not None
+        self.draw_ids = (
+            torch.arange(self.orders.shape[0], device=device)
+            if draw_ids is None
+            else draw_ids.to(device)
+        )
         self.calls = 0
+        #: Host seconds spent building the protocol's dense inputs, inside the oracle's
+        #: methods, and checking its answers (for benchmarks; without GPU synchronisation).
+        self.seconds = {"inputs": 0.0, "oracle": 0.0}
+        # The engine runs without autograd; the oracle runs in the grad mode of the caller of
+        # the sampler (an oracle may differentiate internally, e.g. the compiled EnumOracle).
+        self.grad_enabled = torch.is_grad_enabled()
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def __call__(self, requests: list[RowRequest]) -> list[RowAnswer]:
-        n, q = self.n, self.q
-        num_rows = np.array([r.num_rows for r in requests])
-        row_req = np.repeat(np.arange(len(requests)), num_rows)
-        cuts = np.concatenate([r.cuts for r in requests])
-        starts = np.concatenate([r.starts for r in requests])
-        stops = np.concatenate([r.stops for r in requests])
-        widths = stops - starts
-        samples = np.array([r.sample for r in requests])
-        values = np.stack([r.values for r in requests])
-        # Sort rows by width so that padding targets to the widest row of a chunk wastes little.
-        perm = np.argsort(widths, kind="stable")
-        per_row = n * q if not self.targeted else None
-        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        lo = 0
-        total = len(perm)
-        while lo < total:
-            # Grow the chunk while it fits in the element budget.
-            hi = lo + 1
-            if self.targeted:
-                while hi < total and (hi + 1 - lo) * int(widths[perm[hi]]) * q <= self.max_elements:
-                    hi += 1
-            else:
-                hi = min(total, lo + max(1, self.max_elements // per_row))
-            idx = perm[lo:hi]
-            pieces.append((idx, *self._call(idx, row_req, cuts, starts, widths, samples, values)))
-            lo = hi
+    # ------------------------------------------------------------------------ buffers
+    def _buffer(self, name: str, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        key = (name, dtype)
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape[0] < rows:
+            buf = torch.empty(
+                max(rows, 2 * (0 if buf is None else buf.shape[0])),
+                self.n,
+                dtype=dtype,
+                device=self.device,
+            )
+            self._buffers[key] = buf
+        return buf[:rows]
+
+    def _inputs(
+        self, values: torch.Tensor, frame: torch.Tensor, draw: torch.Tensor, cut: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] of ``R`` rows."""
+        start = time.perf_counter()
+        rows = frame.numel()
+        out = self._buffer("values", rows, torch.long)
+        if values.dtype == torch.long:
+            torch.index_select(values, 0, frame, out=out)
+        else:
+            out.copy_(torch.index_select(values, 0, frame))
+        mask = self._buffer("mask", rows, torch.bool)
+        ranks = torch.index_select(self.ranks, 0, draw)
+        torch.lt(ranks, cut.to(ranks.dtype).unsqueeze(1), out=mask)
+        self.seconds["inputs"] += time.perf_counter() - start
+        return out, mask
+
+    # ------------------------------------------------------------------------ queries
+    def ask(
+        self,
+        values: torch.Tensor,
+        rows: tuple[torch.Tensor, ...] | None = None,
+        chains: tuple[torch.Tensor, ...] | None = None,
+    ) -> tuple[Answer | None, Answer | None]:
+        """Answer targeted rows and chains of one round.
+
+        Parameters
+        ----------
+        values : IntTensor[F, n]
+            Partial samples (frames), in coordinate indexing; unpinned entries are ignored.
+        rows : (frame, draw, cut, start, width), each LongTensor[R], optional
+            Targeted rows: conditioning on ``orders[draw, :cut]`` of ``values[frame]``, the
+            marginals of positions ``start .. start + width - 1`` of ``orders[draw]``.
+        chains : (frame, draw, cut, length), each LongTensor[C], optional
+            Chains: for ``j < length``, the marginal of position ``cut + j`` given
+            ``orders[draw, :cut + j]``.
+
+        Returns
+        -------
+        row_answer, chain_answer : Answer or None
+            ``[R, max width, q]`` and ``[C, max length, q]``.
+        """
         self.calls += 1
-        # Scatter back: each row's unpadded targets, in the requests' own order.
-        offsets_all = np.zeros(len(widths) + 1, dtype=np.int64)
-        np.cumsum(widths, out=offsets_all[1:])
-        log_probs = np.empty((offsets_all[-1], q))
-        bad = np.empty(offsets_all[-1], dtype=bool)
-        log_mass = np.empty(offsets_all[-1])
-        for idx, lp, bd, lm in pieces:
-            w = widths[idx]
-            keep = np.arange(lp.shape[1])[None, :] < w[:, None]
-            dest = (offsets_all[idx][:, None] + np.arange(lp.shape[1])[None, :])[keep]
-            log_probs[dest] = lp[keep]
-            bad[dest] = bd[keep]
-            log_mass[dest] = lm[keep]
-        answers = []
-        row_lo = 0
-        for r in range(len(requests)):
-            row_hi = row_lo + num_rows[r]
-            a, b = offsets_all[row_lo], offsets_all[row_hi]
-            answers.append(
-                RowAnswer(
-                    log_probs[a:b], bad[a:b], log_mass[a:b], offsets_all[row_lo : row_hi + 1] - a
+        row_answer = chain_answer = None
+        if chains is not None and chains[0].numel() and not self.native_chains:
+            frame, draw, cut, length = chains
+            c = torch.repeat_interleave(torch.arange(frame.numel(), device=self.device), length)
+            offset = torch.arange(c.numel(), device=self.device) - torch.repeat_interleave(
+                torch.cumsum(length, 0) - length, length
+            )
+            step = cut[c] + offset
+            expanded = (frame[c], draw[c], step, step, torch.ones_like(step))
+            if rows is not None and rows[0].numel():
+                merged = tuple(torch.cat([r, e]) for r, e in zip(rows, expanded))
+                answer = self._targeted(values, *merged)
+                split = rows[0].numel()
+                row_answer = answer.part(slice(0, split))
+                flat = answer.part(slice(split, None))
+            else:
+                flat = self._targeted(values, *expanded)
+            chain_answer = _regroup(flat, c, offset, frame.numel(), int(length.max()))
+            return row_answer, chain_answer
+        if rows is not None and rows[0].numel():
+            row_answer = self._targeted(values, *rows)
+        if chains is not None and chains[0].numel():
+            chain_answer = self._chains(values, *chains)
+        return row_answer, chain_answer
+
+    def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
+        """Targeted rows, in as few calls as padding allows (see :func:`width_groups`)."""
+        groups = width_groups(width)
+        if len(groups) == 1:
+            return self._bucket(values, frame, draw, cut, start, width)
+        return _scatter_groups(
+            groups,
+            width,
+            self.q,
+            lambda idx: self._bucket(
+                values, frame[idx], draw[idx], cut[idx], start[idx], width[idx]
+            ),
+        )
+
+    def _bucket(self, values, frame, draw, cut, start, width) -> Answer:
+        total = frame.numel()
+        max_width = int(width.max())
+        per_row = self.n + (max_width if self.targeted else self.n) * self.q
+        step = max(1, self.max_elements // per_row)
+        pieces = []
+        for lo in range(0, total, step):
+            hi = min(total, lo + step)
+            pieces.append(
+                self._targeted_call(
+                    values,
+                    frame[lo:hi],
+                    draw[lo:hi],
+                    cut[lo:hi],
+                    start[lo:hi],
+                    width[lo:hi],
+                    max_width,
                 )
             )
-            row_lo = row_hi
-        return answers
+        return _cat(pieces)
 
-    def _call(self, idx, row_req, cuts, starts, widths, samples, values):
-        n, q = self.n, self.q
-        req = row_req[idx]
-        smp = samples[req]
-        width = int(widths[idx].max())
-        vals = torch.from_numpy(values[req]).to(self.device)
-        mask = torch.from_numpy(self.ranks[smp] < cuts[idx][:, None]).to(self.device)
-        # Padded target positions repeat each row's last target.
-        pos = starts[idx][:, None] + np.minimum(np.arange(width)[None, :], widths[idx][:, None] - 1)
-        targets_np = np.take_along_axis(self.orders[smp], pos, axis=1)
-        targets = torch.from_numpy(targets_np).to(self.device)
-        extra = {"draws": torch.from_numpy(smp).to(self.device)} if self.family else {}
+    def _targeted_call(self, values, frame, draw, cut, start, width, max_width) -> Answer:
+        vals, mask = self._inputs(values, frame, draw, cut)
+        offsets = torch.arange(max_width, device=self.device)
+        pos = start.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (width - 1).unsqueeze(1))
+        targets = self.orders[draw.unsqueeze(1), pos]
+        extra = {"draws": self.draw_ids[draw]} if self.family else {}
+        start = time.perf_counter()
         if self.targeted:
-            out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
-            expected = (len(idx), width, q)
-            name = "log_marginals_at"
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
+            self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
         else:
-            out = self.oracle.log_marginals(vals, mask, **extra)
-            expected = (len(idx), n, q)
-            name = "log_marginals"
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals(vals, mask, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
+            self._check_output(out, (frame.numel(), self.n, self.q), "log_marginals")
+            out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
+        return _checked(out, offsets.unsqueeze(0) < width.unsqueeze(1))
+
+    def _chains(self, values, frame, draw, cut, length) -> Answer:
+        """Chains, in as few calls as padding allows (see :func:`width_groups`)."""
+        groups = width_groups(length)
+        if len(groups) == 1:
+            return self._chain_group(values, frame, draw, cut, length)
+        return _scatter_groups(
+            groups,
+            length,
+            self.q,
+            lambda idx: self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx]),
+        )
+
+    def _chain_group(self, values, frame, draw, cut, length) -> Answer:
+        total = frame.numel()
+        max_length = int(length.max())
+        per_chain = self.n + max_length * self.q
+        step = max(1, self.max_elements // per_chain)
+        pieces = []
+        offsets = torch.arange(max_length, device=self.device)
+        for lo in range(0, total, step):
+            hi = min(total, lo + step)
+            f, d, c, ln = frame[lo:hi], draw[lo:hi], cut[lo:hi], length[lo:hi]
+            vals, mask = self._inputs(values, f, d, c)
+            pos = c.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (ln - 1).unsqueeze(1))
+            chain = self.orders[d.unsqueeze(1), pos]
+            extra = {"draws": self.draw_ids[d]} if self.family else {}
+            start = time.perf_counter()
+            with torch.set_grad_enabled(self.grad_enabled):
+                out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
+            self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
+            pieces.append(_checked(out, offsets.unsqueeze(0) < ln.unsqueeze(1)))
+        return _cat(pieces)
+
+    def _check_output(self, out, expected: tuple, name: str) -> None:
         if not isinstance(out, torch.Tensor):
             raise OracleError(f"oracle.{name} must return a torch.Tensor, got {type(out).__name__}")
         if tuple(out.shape) != expected:
+            what = "num_coords" if name == "log_marginals" else "targets"
             raise OracleError(
-                f"oracle.{name} returned shape {tuple(out.shape)} for {len(idx)} rows; expected "
-                f"{expected} = (rows, {'targets' if self.targeted else 'num_coords'}, num_values). "
-                "Check the oracle's num_coords and num_values attributes."
+                f"oracle.{name} returned shape {tuple(out.shape)} for {expected[0]} rows; "
+                f"expected {expected} = (rows, {what}, num_values). Check the oracle's "
+                "num_coords and num_values attributes."
             )
         if not out.dtype.is_floating_point:
             raise OracleError(
                 f"oracle.{name} must return floating point log probabilities, got {out.dtype}"
             )
-        tol = _tolerance(out.dtype)
-        if not self.targeted:
-            out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, q))
-        out = out.detach().to(torch.float64)
-        log_mass = torch.logsumexp(out, dim=-1)
-        bad = (
-            torch.isnan(out).any(-1)
-            | (out == float("inf")).any(-1)
-            | ~torch.isfinite(log_mass)
-            | (log_mass.abs() > tol)
+
+    @staticmethod
+    def raise_bad(answer: Answer, error: torch.Tensor, what: str) -> None:
+        """Raise :class:`OracleError` for the first True entry of ``error`` (BoolTensor[R, W]).
+
+        ``what`` describes the rows, e.g. ``"row {row} of the verification"``.
+        """
+        if not bool(error.any()):
+            return
+        r, k = (int(i) for i in torch.nonzero(error)[0])
+        mass = float(answer.log_mass[r, k])
+        if mass != mass:
+            problem = "contains NaN"
+        elif mass == -float("inf"):
+            problem = "gives zero mass to every value"
+        elif mass == float("inf"):
+            problem = "contains +inf"
+        else:
+            problem = f"sums to {torch.tensor(mass).exp().item():.6g} instead of 1"
+        raise OracleError(
+            f"The oracle's {what.format(row=r, target=k)} {problem}, although it is conditioned "
+            "on an assignment of positive probability. The oracle must return log probabilities "
+            "normalised over the values of each coordinate (use torch.log_softmax on logits; "
+            "-inf only for impossible values)."
         )
-        normalised = out - log_mass.unsqueeze(-1)
-        return normalised.cpu().numpy(), bad.cpu().numpy(), log_mass.cpu().numpy()
+
+
+#: What one more oracle call costs, in padded entries (a call has a fixed cost of some tens of
+#: small tensor operations, about what a few thousand entries of work cost on a CPU).
+CALL_COST = 4096
+
+
+def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
+    """Split requests of widths ``width`` into groups, each asked in one call padded to its
+    widest, minimising ``sum over groups (CALL_COST + count * widest)``.
+
+    Requests are first binned by powers of two (widths 1, 2, 3-4, 5-8, ...), then adjacent
+    bins are merged by dynamic programming over the bins (at most ~20 of them).
+
+    Returns
+    -------
+    list of LongTensor
+        Indices of the requests of each group.
+    """
+    bins = torch.ceil(torch.log2(width.double())).long()
+    labels, counts = torch.unique(bins, return_counts=True)
+    if labels.numel() == 1:
+        return [torch.arange(width.numel(), device=width.device)]
+    widest = [int(2**label) for label in labels.tolist()]  # bound on a bin's widest request
+    counts = counts.tolist()
+    m = len(widest)
+    best = [0.0] + [float("inf")] * m
+    cut = [0] * (m + 1)
+    for end in range(1, m + 1):  # best[end]: bins [0, end) grouped; the last group [s, end)
+        for s in range(end):
+            cost = best[s] + CALL_COST + sum(counts[s:end]) * widest[end - 1]
+            if cost < best[end]:
+                best[end], cut[end] = cost, s
+    bounds, end = [], m
+    while end > 0:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    groups = []
+    for s, e in reversed(bounds):
+        member = (bins >= labels[s]) & (bins <= labels[e - 1])
+        groups.append(torch.nonzero(member).flatten())
+    return groups
+
+
+def _scatter_groups(groups, width: torch.Tensor, q: int, ask) -> Answer:
+    """Ask every group and place the answers back in request order, padded to the widest."""
+    total, max_width = width.numel(), int(width.max())
+    device = width.device
+    log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=device)
+    bad = torch.zeros(total, max_width, dtype=torch.bool, device=device)
+    log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=device)
+    for idx in groups:
+        part = ask(idx)
+        w = part.log_probs.shape[1]
+        log_probs[idx, :w] = part.log_probs
+        bad[idx, :w] = part.bad
+        log_mass[idx, :w] = part.log_mass
+    return Answer(log_probs, bad, log_mass)
+
+
+def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:
+    tol = _tolerance(out.dtype)
+    out = out.detach().to(torch.float64)
+    log_mass = torch.logsumexp(out, dim=-1)
+    bad = (
+        torch.isnan(out).any(-1)
+        | (out == float("inf")).any(-1)
+        | ~torch.isfinite(log_mass)
+        | (log_mass.abs() > tol)
+    )
+    return Answer(out - log_mass.unsqueeze(-1), bad & valid, log_mass)
+
+
+def _cat(pieces: list[Answer]) -> Answer:
+    if len(pieces) == 1:
+        return pieces[0]
+    width = max(p.log_probs.shape[1] for p in pieces)
+
+    def pad(t: torch.Tensor, fill) -> torch.Tensor:
+        extra = width - t.shape[1]
+        if extra == 0:
+            return t
+        shape = (t.shape[0], extra, *t.shape[2:])
+        return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], 1)
+
+    return Answer(
+        torch.cat([pad(p.log_probs, 0.0) for p in pieces]),
+        torch.cat([pad(p.bad, False) for p in pieces]),
+        torch.cat([pad(p.log_mass, 0.0) for p in pieces]),
+    )
+
+
+def _regroup(flat: Answer, c: torch.Tensor, offset: torch.Tensor, num: int, width: int) -> Answer:
+    """Width-1 rows ``flat`` of chain ``c`` at ``offset`` into ``[num, width, q]``."""
+    q = flat.log_probs.shape[-1]
+    lp = torch.zeros(num, width, q, dtype=torch.float64, device=flat.log_probs.device)
+    bad = torch.zeros(num, width, dtype=torch.bool, device=lp.device)
+    mass = torch.zeros(num, width, dtype=torch.float64, device=lp.device)
+    lp[c, offset] = flat.log_probs[:, 0]
+    bad[c, offset] = flat.bad[:, 0]
+    mass[c, offset] = flat.log_mass[:, 0]
+    return Answer(lp, bad, mass)

@@ -741,7 +741,8 @@ class AnyOrderGuide(PyroModule):
         context: GuideContext | None = None,
         index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The any-order negative log likelihood: one network pass per draw [1]_.
+        """The any-order negative log likelihood, one random order and cut per draw
+        (the order-agnostic NADE objective of Uria, Murray and Larochelle, ICML 2014).
 
         For each draw a uniformly random order ``sigma`` and a cut ``t`` give the pinned set
         ``S = sigma_{1..t}``; the estimate ``-(n / (n - t)) sum_{i not in S} log q(x_i | x_S)``

@@ -165,7 +165,7 @@ class DiffusionGuide(PyroModule):
 
     Notes
     -----
-    Preconditioning (after Karras et al. [2]_, in stochastic-localization time): with ``m`` and
+    Preconditioning (after Karras et al., NeurIPS 2022, in stochastic-localization time): with ``m`` and
     ``s^2`` the per-coordinate mean and variance of the training latents,
 
     ``f_theta(t, x) = m + s^2 (x - t m) / (1 + t s^2)

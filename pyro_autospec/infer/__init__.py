@@ -1,15 +1,22 @@
-"""The Pyro front end: ``AutoSpec(model)`` and ``AutoSpecKernel`` for discrete latent sites.
+"""The Pyro front end: ``AutoSpec(model)`` and ``AutoSpecKernel``.
 
-This package imports Pyro; the engine (:mod:`pyro_autospec.engine`) never does.
+``AutoSpec`` is a thin facade over one run object per kind of model (discrete sites only,
+continuous and discrete sites, continuous sites with a diffusion guide). The Pyro-model
+plumbing (site discovery, tracing, batched log joint) lives in :mod:`pyro_autospec.model`;
+the names below are re-exported from there. This package imports Pyro; the engine
+(:mod:`pyro_autospec.engine`) never does.
 """
 
 from pyro_autospec.infer.autospec import AutoSpec
+from pyro_autospec.infer.common import SelfCheckError
 from pyro_autospec.infer.kernel import AutoSpecKernel
-from pyro_autospec.infer.sites import (
+from pyro_autospec.model import (
     AutoSpecModelError,
     DiscreteSite,
     DynamicStructureError,
+    IntractableEnumerationError,
     SiteLayout,
+    SubsamplingError,
     UnsupportedSiteError,
     discover_sites,
     log_joint,
@@ -21,7 +28,10 @@ __all__ = [
     "AutoSpecModelError",
     "DiscreteSite",
     "DynamicStructureError",
+    "IntractableEnumerationError",
+    "SelfCheckError",
     "SiteLayout",
+    "SubsamplingError",
     "UnsupportedSiteError",
     "discover_sites",
     "log_joint",

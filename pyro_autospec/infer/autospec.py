@@ -1,9 +1,15 @@
-"""``AutoSpec(model)``: exact draws of a Pyro model's latent sites, used like ``MCMC``.
+"""``AutoSpec(model)``: draws of a Pyro model's latent sites, used like ``MCMC``.
 
-Discrete sites are drawn by autospeculation from a ``MarginalOracle`` (exact enumeration by
-default, or a learned :class:`~pyro_autospec.guides.AnyOrderGuide`); continuous sites from a
-:class:`~pyro_autospec.guides.diffusion.DiffusionGuide`, exactly in the law of its discretised
-diffusion.
+A thin facade: it checks the arguments, looks at the model once, and hands the work to one run
+object per kind of model:
+
+* discrete latent sites only: :class:`~pyro_autospec.infer.discrete_run.DiscreteRun` (exact
+  draws by autospeculation from an exact oracle, or a learned guide with a correction);
+* continuous AND discrete latent sites:
+  :class:`~pyro_autospec.infer.mixed_run.MixedRun` (NUTS on the continuous sites, exact
+  draws of the discrete sites given each continuous draw);
+* continuous sites only, with a diffusion guide:
+  :class:`~pyro_autospec.infer.diffusion_run.DiffusionRun`.
 
 References
 ----------
@@ -13,69 +19,27 @@ References
 
 from __future__ import annotations
 
-import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from pyro import poutine
-from pyro.infer.mcmc.util import diagnostics as _mcmc_diagnostics
-from pyro.infer.mcmc.util import print_summary, select_samples
 
-from pyro_autospec.infer.sites import SiteLayout, discover_sites, log_joint
+from pyro_autospec.infer.common import (
+    CORRECTIONS,
+    METHODS,
+    build_oracle,
+    chain_seeds,
+    check_schedule,
+)
+from pyro_autospec.infer.discrete_run import DiscreteRun, warn_scales
+from pyro_autospec.model.discrete import discover_sites
+from pyro_autospec.model.errors import UnsupportedSiteError
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
-_SCHEDULE_KNOBS = ("rho", "max_block", "max_rows_per_round", "max_elements")
-CORRECTIONS = (None, "importance", "imh")
-METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
-
-
-def check_schedule(schedule: dict) -> dict:
-    """Reject unknown schedule keywords early, naming the accepted ones."""
-    unknown = sorted(set(schedule) - set(_SCHEDULE_KNOBS))
-    if unknown:
-        raise TypeError(
-            f"unknown keyword(s) {unknown}; the schedule knobs passed to the engine are "
-            f"{list(_SCHEDULE_KNOBS)}"
-        )
-    return dict(schedule)
-
-
-def chain_seeds(seed: int | torch.Generator | None, num: int) -> list[int]:
-    """``num`` engine seeds from ``seed``; ``None`` draws them from torch's global RNG.
-
-    With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler.
-    """
-    if seed is None:
-        gen = None
-    elif isinstance(seed, torch.Generator):
-        gen = seed
-    elif isinstance(seed, (int, np.integer)):
-        gen = torch.Generator().manual_seed(int(seed))
-    else:
-        raise TypeError(
-            f"seed must be an int, a torch.Generator or None; got {type(seed).__name__}"
-        )
-    draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
-    return [int(s) for s in draws.tolist()]
-
-
-def build_oracle(oracle: Any, model: Callable, args: tuple, kwargs: dict, layout: SiteLayout):
-    """``"enum"``: an :class:`~pyro_autospec.oracles.enum.EnumOracle`; else check the oracle."""
-    if isinstance(oracle, str):
-        if oracle != "enum":
-            raise ValueError(
-                f"oracle must be 'enum' or a MarginalOracle instance; got the string {oracle!r}"
-            )
-        from pyro_autospec.oracles.enum import EnumOracle
-
-        return EnumOracle(model, args, kwargs, layout=layout)
-    layout.check_oracle(oracle)
-    return oracle
+_DISCRETE_METHODS = ("autospec", "sequential", "speculative", "agr24")
 
 
 def _is_diffusion_guide(guide: Any) -> bool:
@@ -89,76 +53,82 @@ def _is_diffusion_guide(guide: Any) -> bool:
     )
 
 
-@dataclass
-class _ContinuousView:
-    """What the summaries need of a continuous model: its sites, steps and data."""
-
-    names: list
-    num_coords: int  # steps of the diffusion: the sequential sampler's rounds per draw
-    observed: dict
-
-
-def _integer_dtype(value: torch.Tensor) -> bool:
-    return not value.is_floating_point() or bool((value == value.round()).all())
-
-
 class AutoSpec:
-    """Exact, independent draws of a Pyro model's discrete latent sites given its data.
+    """Draws of a Pyro model's latent sites given its data, with the interface of ``MCMC``.
 
     ``AutoSpec`` has the interface of :class:`pyro.infer.MCMC` (``run``, ``get_samples``,
-    ``diagnostics``, ``summary``) but its draws are exact and independent: every draw follows
-    the chain rule of the posterior ``p(x | data)`` over the model's discrete latent sites in
-    a uniformly random order, and autospeculation [1]_ samples ``n`` coordinates in about
-    ``sqrt(n)`` batched oracle calls ("rounds") instead of ``n``.
+    ``diagnostics``, ``summary``) and picks a sampler by the model's latent sites:
+
+    * **Discrete sites only**: exact, independent draws of ``p(x | data)``. Every draw follows
+      the chain rule of the posterior in a uniformly random order, and autospeculation [1]
+      samples ``n`` coordinates in about ``sqrt(n)`` batched oracle calls ("rounds") instead
+      of ``n``. The default oracle is exact enumeration, compiled once
+      (:class:`~pyro_autospec.oracles.enum.EnumOracle`).
+    * **Continuous and discrete sites**: Pyro's ``NUTS`` samples the continuous sites with the
+      discrete ones enumerated out; then the discrete sites are drawn exactly given each
+      continuous draw (one batched engine run for all draws). ``get_samples()`` returns both.
+    * **Continuous sites only** with ``guide=DiffusionGuide(...)``: draws of the guide's
+      discretised diffusion.
 
     Parameters
     ----------
     model : callable
-        A Pyro model whose latent sites are all enumerable discrete sites (Bernoulli,
-        Categorical, OneHotCategorical, Binomial, BetaBinomial), inside plates or not.
-        Continuous latent sites must be conditioned (``poutine.condition``) first.
+        A Pyro model. Discrete latent sites must be enumerable (Bernoulli, Categorical,
+        OneHotCategorical, Binomial, BetaBinomial), inside plates or not; ``poutine.mask``,
+        ``obs_mask``, ``poutine.scale``, ``pyro.markov``, ``Vindex``, ``pyro.deterministic``
+        and fixed plate subsamples are supported.
     num_samples : int
         Draws per chain.
     num_chains : int
-        Chains: independent batches of exact draws (one engine run each, seeded separately).
+        Chains. For exact draws: independent batches (one engine run each, seeded
+        separately); with continuous sites: NUTS chains, run one after the other.
     oracle : "enum" or MarginalOracle
-        ``"enum"``: exact conditional marginals by Pyro's enumeration
-        (:class:`~pyro_autospec.oracles.enum.EnumOracle`). Or any object with ``num_coords``,
-        ``num_values`` and ``log_marginals(values, mask)`` that follows the coordinate mapping
-        of :mod:`pyro_autospec.infer.sites`: sites in trace order, each site's values
-        flattened in C order over its batch shape (``OneHotCategorical``: one coordinate per
-        event), values as indices into ``enumerate_support``, ``num_values`` the largest
-        support. The mapping is checked by one probe query before sampling.
+        ``"enum"``: exact conditional marginals by enumeration, compiled once. Or any object
+        with ``num_coords``, ``num_values`` and ``log_marginals(values, mask)`` that follows
+        the coordinate mapping of :mod:`pyro_autospec.model.discrete` (discrete-only models):
+        sites in trace order, each site's values flattened in C order over its batch shape
+        (``OneHotCategorical``: one coordinate per event), values as indices into
+        ``enumerate_support``, ``num_values`` the largest support. The mapping is checked by
+        one probe query before sampling, and the draws by the self-check below.
     method : {"autospec", "sequential", "speculative", "agr24"}
-        ``"sequential"`` is the chain-rule reference (``n`` rounds per draw); the last two are
-        the baselines of :mod:`pyro_autospec.engine.baselines` (all exact). With a diffusion
-        guide: ``"autospec"``, ``"sequential"`` or ``"picard"`` (approximate).
-    guide : MarginalOracle, optional
+        The engine's method for discrete sites. ``"sequential"`` is the chain-rule reference
+        (``n`` rounds per draw); the last two are the baselines of
+        :mod:`pyro_autospec.engine.baselines` (all exact). With a diffusion guide:
+        ``"autospec"``, ``"sequential"`` or ``"picard"`` (approximate).
+    guide : MarginalOracle or DiffusionGuide, optional
         An approximate oracle, typically a trained
-        :class:`~pyro_autospec.guides.AnyOrderGuide`; replaces ``oracle``. Its draws are exact
-        for the guide's own random-order law ``Uniform(sigma) q_sigma(x)``; every draw records
-        ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics` reports the
-        weights' Pareto k-hat (PSIS) and ESS.
+        :class:`~pyro_autospec.guides.AnyOrderGuide` (discrete-only models); replaces
+        ``oracle``. Its draws are exact for the guide's own random-order law; every draw
+        records ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics`
+        reports the weights' Pareto k-hat (PSIS) and ESS. A
+        :class:`~pyro_autospec.guides.DiffusionGuide` samples continuous-only models.
     correction : {None, "importance", "imh"}
-        ``None``: return the guide's draws as they are (a warning says so if a guide is
-        given). ``"importance"``: resample ``num_samples`` draws per chain, with replacement,
-        from ``num_samples`` guide draws by PSIS-smoothed importance weights (consistent, not
-        exact at finite size; duplicates make the MCMC ESS of :meth:`diagnostics` optimistic:
-        the weights' ESS bounds the information). ``"imh"``: each chain is an independent
-        Metropolis-Hastings chain with the guide as proposal (exact MCMC; R-hat and ESS mean
-        what they mean for MCMC); it draws ``warmup_steps + num_samples`` proposals.
+        For a guide. ``None``: return the guide's draws as they are (a warning says so).
+        ``"importance"``: resample ``num_samples`` draws per chain by PSIS-smoothed importance
+        weights (consistent, not exact at finite size). ``"imh"``: each chain is an
+        independent Metropolis-Hastings chain with the guide as proposal (exact MCMC).
     warmup_steps : int, optional
-        Discarded steps of each ``"imh"`` chain (default ``num_samples // 10``).
+        NUTS warm-up steps per chain for models with continuous sites (default
+        ``num_samples``, as ``MCMC``), or discarded steps of each ``"imh"`` chain (default
+        ``num_samples // 10``). Exact draws of a discrete model need none.
     max_plate_nesting : int, optional
         Found from the model when ``None``.
     seed : int, torch.Generator or None
         ``None`` follows torch's global RNG (``pyro.set_rng_seed``).
     disable_progbar : bool
-        Hide the ``tqdm`` bar over rounds.
+        Hide the progress bars.
     save_params : list of str, optional
-        Sites to keep in :meth:`get_samples` (default: all discrete latent sites).
+        Sites to keep in :meth:`get_samples` (default: every latent and deterministic site).
+    device : str or torch.device, optional
+        Where the oracle answers queries and the draws are evaluated (``"cuda"`` for a GPU);
+        the model's own tensors (its data) must live there too. Default: where the model's
+        tensors are.
+    nuts_kwargs : dict, optional
+        Keywords of :class:`pyro.infer.NUTS` for models with continuous sites
+        (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...).
     **schedule
-        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``; they
+        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws`` (continuous batching); they
         move rounds against rows and never change the law of the draws.
 
     Attributes
@@ -166,16 +136,30 @@ class AutoSpec:
     layout : SiteLayout
         The coordinate mapping (after :meth:`run`).
     results : list of SampleResult
-        The engine's result for every chain (after :meth:`run`).
+        The engine's results (one per chain; one for all draws of a mixed model).
+    run_kind : str
+        ``"discrete"``, ``"mixed"`` or ``"diffusion"`` (after :meth:`run`).
+
+    Raises
+    ------
+    SelfCheckError
+        (from :meth:`run`) When ``log p(x, data) - log q(x)`` is not the same for every draw of
+        an exact oracle: the oracle does not match the model's density, and the draws would
+        not be exact.
 
     Notes
     -----
-    With an exact oracle every draw is an exact, independent draw of ``p(x | data)``; with an
-    approximate oracle ``q``, each draw is exact for ``q``'s chain rule in its order, and
-    ``lp - oracle_log_prob`` (with ``guide=``: ``get_extra_fields()["log_weight"]``) are log
-    importance weights on the space of (draw, order) pairs (ALGORITHM.md section 6); ``correction=``
-    uses them. A Pareto k-hat of 0.7 or more means the weights' tail is too heavy for either
-    correction to be trusted (a warning is raised); train the guide longer or make it wider.
+    **The self-check.** For an exact oracle ``q(x) = p(x, data) / Z``, so every draw has the
+    same ``lp - oracle_log_prob = log Z``. Every run checks this within float tolerance (see
+    :func:`~pyro_autospec.infer.common.check_exact_draws`) and raises otherwise: a handler
+    that the enumeration oracle did not reproduce would show up here. **Scales.** Under
+    ``poutine.scale`` (or a plate with a fixed subsample) the draws follow the scaled density
+    ``exp(sum scale * log p)``, as ``MCMC`` does; ``lp`` includes the scales (a warning says
+    so), the pointwise log likelihood does not. **Masks** (``poutine.mask``, ``obs_mask``):
+    masked terms are left out of the density, so a masked latent element is uniform on its
+    support. With an approximate oracle ``q``, ``lp - oracle_log_prob`` are log importance
+    weights on the space of (draw, order) pairs (see :doc:`/guides`); a Pareto k-hat of 0.7
+    or more means the weights' tail is too heavy for a correction to be trusted.
 
     Examples
     --------
@@ -192,6 +176,19 @@ class AutoSpec:
     (torch.Size([100, 4]), torch.float32)
     >>> autospec.get_samples(group_by_chain=True)["z"].shape
     torch.Size([2, 50, 4])
+
+    A model with a continuous site (NUTS, then exact draws of ``z`` given each ``loc``):
+
+    >>> def mixture(data):
+    ...     loc = pyro.sample("loc", dist.Normal(0.0, 3.0))
+    ...     with pyro.plate("data", len(data)):
+    ...         z = pyro.sample("z", dist.Bernoulli(0.5))
+    ...         pyro.sample("y", dist.Normal(loc * (2 * z - 1), 1.0), obs=data)
+    >>> fit = AutoSpec(mixture, num_samples=20, warmup_steps=20, seed=0, disable_progbar=True)
+    >>> fit.run(torch.tensor([2.1, -1.9, 2.4]))
+    AutoSpec(method='autospec', num_samples=20, num_chains=1, sites=['loc', 'z'])
+    >>> {k: tuple(v.shape) for k, v in fit.get_samples().items()}
+    {'loc': (20,), 'z': (20, 3)}
     """
 
     def __init__(
@@ -209,6 +206,8 @@ class AutoSpec:
         seed: int | torch.Generator | None = None,
         disable_progbar: bool = False,
         save_params: Sequence[str] | None = None,
+        device: str | torch.device | None = None,
+        nuts_kwargs: dict | None = None,
         **schedule: Any,
     ):
         if not callable(model):
@@ -229,39 +228,40 @@ class AutoSpec:
             not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0
         ):
             raise ValueError(f"warmup_steps must be a non-negative int; got {warmup_steps!r}")
-        if warmup_steps and correction != "imh":
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError) as e:
             raise ValueError(
-                "warmup_steps only applies to correction='imh' (independent Metropolis-Hastings "
-                "chains); exact draws and importance resampling need no warm-up"
-            )
-        self.guide = guide
-        self.correction = correction
-        self.warmup_steps = (
-            (int(num_samples) // 10 if correction == "imh" else 0)
-            if warmup_steps is None
-            else int(warmup_steps)
-        )
+                f"device must name a torch device ('cpu', 'cuda', 'cuda:1', ...); got {device!r}"
+            ) from e
         self.model = model
         self.num_samples = int(num_samples)
         self.num_chains = int(num_chains)
         self.oracle = oracle
         self.method = method
+        self.guide = guide
+        self.correction = correction
+        self._warmup_steps = None if warmup_steps is None else int(warmup_steps)
         self.max_plate_nesting = max_plate_nesting
         self.seed = seed
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
+        self.nuts_kwargs = dict(nuts_kwargs or {})
         self.schedule = check_schedule(schedule)
-        self.layout: SiteLayout | None = None
-        self.results: list = []
-        self._samples: dict[str, torch.Tensor] | None = None
-        self._extra: dict[str, torch.Tensor] = {}
-        self._pointwise: dict[str, torch.Tensor] = {}
+        self.run_kind: str | None = None
+        self._run = None
         self._args: tuple = ()
         self._kwargs: dict = {}
-        self._guide_log_weight: torch.Tensor | None = None
 
     def __repr__(self) -> str:
-        sites = self.layout.names if self.layout is not None else None
+        sites = None
+        if self._run is not None and self.run_kind != "diffusion":
+            layout = self._run.layout
+            continuous = [s.name for s in layout.continuous]
+            order = [s[0] for s in layout.signature if s[0] in set(continuous + layout.names)]
+            sites = order
+        elif self._run is not None:
+            sites = self._run.layout.names
         extra = ""
         if self.guide is not None or self.correction is not None:
             extra = f", guide={type(self.guide).__name__}, correction={self.correction!r}"
@@ -270,9 +270,21 @@ class AutoSpec:
             f"num_chains={self.num_chains}, sites={sites}{extra})"
         )
 
+    # -------------------------------------------------------------------------------- run
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up steps: NUTS's (mixed models), the IMH chains' (``"imh"``), else 0."""
+        if self._warmup_steps is not None:
+            return self._warmup_steps
+        if self.run_kind == "mixed":
+            return self.num_samples
+        if self.correction == "imh":
+            return self.num_samples // 10
+        return 0
+
     @poutine.block
     def run(self, *args: Any, **kwargs: Any) -> AutoSpec:
-        """Draw ``num_chains * num_samples`` exact samples of the discrete latent sites.
+        """Draw ``num_chains * num_samples`` samples of the model's latent sites.
 
         Parameters
         ----------
@@ -284,221 +296,131 @@ class AutoSpec:
         AutoSpec
             ``self``.
         """
-        from pyro_autospec.engine import sample_any_order
-
         self._args, self._kwargs = args, kwargs
+        progress = not self.disable_progbar
         if _is_diffusion_guide(self.guide):
-            return self._run_continuous(args, kwargs)
-        layout = discover_sites(self.model, args, kwargs, max_plate_nesting=self.max_plate_nesting)
-        if self.save_params is not None:
-            unknown = sorted(set(self.save_params) - set(layout.names))
-            if unknown:
-                raise ValueError(
-                    f"save_params names {unknown}, which are not discrete latent sites of the "
-                    f"model ({layout.names})"
-                )
-        oracle = self.oracle if self.guide is None else self.guide
-        oracle = build_oracle(oracle, self.model, args, kwargs, layout)
-        self.layout = layout
-        self.results = []
-        per_chain = {name: [] for name in layout.names}
-        extra = {
-            "n_rounds": [],
-            "oracle_rows": [],
-            "lp": [],
-            "oracle_log_prob": [],
-        }
-        if self._weights_tracked():
-            extra["log_weight"] = []
-        if self.correction == "imh":
-            extra["accepted"], extra["acceptance_rate"] = [], []
-        pointwise = {name: [] for name in layout.observed}
-        guide_log_weight = []
-        num_draws = self.num_samples + self.warmup_steps
-        for seed in chain_seeds(self.seed, self.num_chains):
-            result = sample_any_order(
-                oracle,
-                num_draws,
-                method=self.method,
-                seed=seed,
-                progress=not self.disable_progbar,
-                **self.schedule,
-            )
-            self.results.append(result)
-            values = layout.from_coords(result.samples.cpu())
-            lp, pw = log_joint(self.model, args, kwargs, layout, values, pointwise=True)
-            oracle_lp = result.log_prob.cpu().double()
-            log_weight = lp - oracle_lp
-            guide_log_weight.append(log_weight)
-            keep = self._correct(log_weight, seed, extra)
-            for name in layout.names:
-                per_chain[name].append(values[name][keep])
-            for name in pointwise:
-                pointwise[name].append(pw[name][keep])
-            extra["n_rounds"].append(result.sample_rounds.cpu().long()[keep])
-            extra["oracle_rows"].append(
-                torch.full((self.num_samples,), result.oracle_rows / num_draws, dtype=torch.float64)
-            )
-            extra["lp"].append(lp[keep])
-            extra["oracle_log_prob"].append(oracle_lp[keep])
-            if "log_weight" in extra:
-                extra["log_weight"].append(log_weight[keep])
-        self._samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
-        self._extra = {k: torch.stack(v) for k, v in extra.items()}
-        self._pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
-        self._guide_log_weight = torch.stack(guide_log_weight)
-        self._warn_weights()
-        return self
+            from pyro_autospec.infer.diffusion_run import DiffusionRun
 
-    def _run_continuous(self, args: tuple, kwargs: dict) -> AutoSpec:
-        """Draw the continuous latent sites from a diffusion guide (one engine run per chain)."""
-        from pyro_autospec.infer.continuous import sample_continuous
-
-        if self.correction is not None:
-            raise ValueError(
-                "correction= needs the guide's density of each draw; a DiffusionGuide's draws "
-                "X_T / T have no tractable density, so use correction=None and check the guide "
-                "with pyro_autospec.diagnostics.sbc"
-            )
-        guide_layout = self.guide.layout
-        if self.save_params is not None:
-            unknown = sorted(set(self.save_params) - set(guide_layout.names))
-            if unknown:
+            if self.correction is not None:
                 raise ValueError(
-                    f"save_params names {unknown}, which are not continuous latent sites of the "
-                    f"model ({guide_layout.names})"
+                    "correction= needs the guide's density of each draw; a DiffusionGuide's "
+                    "draws X_T / T have no tractable density, so use correction=None and check "
+                    "the guide with pyro_autospec.diagnostics.sbc"
                 )
-        trace = poutine.trace(self.model).get_trace(*args, **kwargs)
-        observed = {site.name: trace.nodes[site.name]["value"] for site in guide_layout.data}
-        self.layout = _ContinuousView(
-            names=guide_layout.names,
-            num_coords=int(self.guide.times.shape[0]) - 1,
-            observed=observed,
-        )
-        self.results = []
-        per_chain = {name: [] for name in guide_layout.names}
-        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
-        pointwise = {name: [] for name in observed}
-        schedule = {k: v for k, v in self.schedule.items() if k != "max_elements"}
-        for seed in chain_seeds(self.seed, self.num_chains):
-            out = sample_continuous(
+            self._check_warmup("diffusion")
+            self.run_kind = "diffusion"
+            self._run = DiffusionRun(
+                self.model,
                 self.guide,
-                self.num_samples,
-                *args,
-                model_kwargs=kwargs,
                 method=self.method,
-                seed=seed,
-                progress=not self.disable_progbar,
-                **schedule,
+                num_samples=self.num_samples,
+                num_chains=self.num_chains,
+                seed=self.seed,
+                progress=progress,
+                save_params=self.save_params,
+                schedule=self.schedule,
+            ).run(args, kwargs)
+            return self
+        if self.method not in _DISCRETE_METHODS:
+            raise ValueError(
+                f"method={self.method!r} is for diffusion guides; discrete sites take one of "
+                f"{_DISCRETE_METHODS}"
             )
-            self.results.append(out.diffusion)
-            for name in guide_layout.names:
-                per_chain[name].append(out.samples[name])
-            for name in pointwise:
-                pointwise[name].append(out.pointwise[name])
-            extra["n_rounds"].append(out.sample_rounds.cpu().long())
-            extra["oracle_rows"].append(
-                torch.full(
-                    (self.num_samples,), out.oracle_rows / self.num_samples, dtype=torch.float64
-                )
-            )
-            extra["lp"].append(out.lp)
-            # the density of the sampling path, not of the draw: no importance weight
-            extra["oracle_log_prob"].append(out.diffusion.log_prob.cpu().double())
-        self._samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
-        self._extra = {k: torch.stack(v) for k, v in extra.items()}
-        self._pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
-        self._guide_log_weight = None
+        layout = discover_sites(
+            self.model,
+            args,
+            kwargs,
+            max_plate_nesting=self.max_plate_nesting,
+            continuous="allow",
+        )
+        self._check_save_params(layout)
+        warn_scales(layout, stacklevel=4)
+        if layout.continuous:
+            self._run_mixed(layout, args, kwargs, progress)
+            return self
+        self._check_warmup("discrete")
+        self.run_kind = "discrete"
+        self._run = DiscreteRun(
+            self.model,
+            layout,
+            oracle=self.oracle,
+            guide=self.guide,
+            correction=self.correction,
+            method=self.method,
+            num_samples=self.num_samples,
+            num_chains=self.num_chains,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+            progress=progress,
+            device=self.device,
+            save_params=self.save_params,
+            schedule=self.schedule,
+        ).run(args, kwargs)
         return self
 
-    def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
-        """Indices of the draws a chain returns, after the correction."""
-        from pyro_autospec.guides.correction import (
-            importance_resample,
-            independent_metropolis_hastings,
-        )
+    def _run_mixed(self, layout, args, kwargs, progress) -> None:
+        from pyro_autospec.infer.mixed_run import MixedRun
 
-        if self.correction is None:
-            return torch.arange(self.num_samples)
-        if not bool(torch.isfinite(log_weight).any()):
+        names = [s.name for s in layout.continuous]
+        if self.guide is not None or not isinstance(self.oracle, str) or self.correction:
+            raise UnsupportedSiteError(
+                f"The model has continuous latent sites {names}. Guides, custom oracles and "
+                f"corrections serve models whose latent sites are all discrete; for this model "
+                f"AutoSpec samples the continuous sites by NUTS and the discrete ones exactly "
+                f"by enumeration (leave oracle='enum', guide=None, correction=None), or "
+                f"condition the continuous sites with poutine.condition."
+            )
+        self.run_kind = "mixed"
+        self._run = MixedRun(
+            self.model,
+            layout,
+            method=self.method,
+            num_samples=self.num_samples,
+            num_chains=self.num_chains,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+            progress=progress,
+            device=self.device,
+            save_params=self.save_params,
+            schedule=self.schedule,
+            nuts_kwargs=self.nuts_kwargs,
+        ).run(args, kwargs)
+
+    def _check_warmup(self, kind: str) -> None:
+        if self._warmup_steps and self.correction != "imh":
             raise ValueError(
-                "every guide draw has zero probability under the model (log p(x, data) = -inf): "
-                "the guide cannot be corrected; train it (fit_posterior) or check the model"
-            )
-        # A stream of its own: the engine's generator for this chain is default_rng(seed).
-        rng = np.random.default_rng([seed, 1])
-        if self.correction == "importance":
-            index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
-            return index
-        index, accepted, accept_prob = independent_metropolis_hastings(log_weight, seed=rng)
-        warm = self.warmup_steps
-        extra["accepted"].append(accepted[warm:])
-        extra["acceptance_rate"].append(accept_prob[warm:])
-        return index[warm:]
-
-    def _weights_tracked(self) -> bool:
-        # A diffusion guide's draws have no tractable density, hence no importance weights.
-        if _is_diffusion_guide(self.guide):
-            return False
-        return self.guide is not None or self.correction is not None
-
-    def weight_diagnostics(self) -> dict[str, Any]:
-        """Pareto k-hat and ESS of the guide draws' importance weights, per chain and pooled.
-
-        Computed on all draws the guide made (before any correction).
-
-        Returns
-        -------
-        dict
-            ``"khat"`` and ``"weights_ess"``: ``{"chain i": float, ..., "all": float}``;
-            ``"num_draws"``: guide draws per chain.
-        """
-        from pyro_autospec.diagnostics.weights import pareto_khat, weights_ess
-
-        self._check_run()
-        lw = self._guide_log_weight
-        chains = [f"chain {i}" for i in range(lw.shape[0])]
-        khat = {c: pareto_khat(w) for c, w in zip(chains, lw, strict=True)}
-        ess = {c: weights_ess(w) for c, w in zip(chains, lw, strict=True)}
-        khat["all"] = pareto_khat(lw.reshape(-1))
-        ess["all"] = weights_ess(lw.reshape(-1))
-        return {"khat": khat, "weights_ess": ess, "num_draws": int(lw.shape[1])}
-
-    def _warn_weights(self) -> None:
-        from pyro_autospec.diagnostics.weights import KHAT_BAD
-
-        if not self._weights_tracked():
-            return
-        diag = self.weight_diagnostics()
-        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
-        total = diag["num_draws"] * self.num_chains
-        if self.correction is None:
-            warnings.warn(
-                f"AutoSpec with a guide and correction=None returns the guide's draws, which are "
-                f"exact for the guide, not for the model's posterior (Pareto k-hat {khat:.2f}, "
-                f"weights' ESS {ess:.0f} of {total}); use correction='importance' or 'imh'",
-                UserWarning,
-                stacklevel=3,
-            )
-        elif not khat < KHAT_BAD:
-            warnings.warn(
-                f"Pareto k-hat of the guide's importance weights is {khat:.2f} (>= {KHAT_BAD}; "
-                f"weights' ESS {ess:.0f} of {total}): the weights have a heavy tail and the "
-                f"'{self.correction}' correction cannot be trusted. Train the guide longer "
-                f"(fit_posterior), make it larger, or draw more samples.",
-                UserWarning,
-                stacklevel=3,
+                "warmup_steps applies to models with continuous latent sites (NUTS warm-up) and "
+                "to correction='imh' (independent Metropolis-Hastings chains); exact draws of "
+                f"{'a discrete' if kind == 'discrete' else 'this'} model need no warm-up"
             )
 
-    def _check_run(self) -> None:
-        if self._samples is None:
-            raise RuntimeError("call AutoSpec.run(*args, **kwargs) first")
-
-    def _saved(self) -> dict[str, torch.Tensor]:
-        self._check_run()
+    def _check_save_params(self, layout) -> None:
         if self.save_params is None:
-            return dict(self._samples)
-        return {k: v for k, v in self._samples.items() if k in self.save_params}
+            return
+        known = set(layout.names) | set(layout.continuous_names) | set(layout.deterministic)
+        unknown = sorted(set(self.save_params) - known)
+        if unknown:
+            raise ValueError(
+                f"save_params names {unknown}, which are not latent or deterministic sites of "
+                f"the model (discrete latent sites: {layout.names}; continuous: "
+                f"{layout.continuous_names}; deterministic: {list(layout.deterministic)})"
+            )
+
+    # ---------------------------------------------------------------------------- reading
+    def _check_run(self):
+        if self._run is None:
+            raise RuntimeError("call AutoSpec.run(*args, **kwargs) first")
+        return self._run
+
+    @property
+    def layout(self):
+        """The coordinate mapping of the discrete sites (after :meth:`run`)."""
+        return None if self._run is None else self._run.layout
+
+    @property
+    def results(self) -> list:
+        """The engine's results (after :meth:`run`)."""
+        return [] if self._run is None else self._run.results
 
     def get_samples(
         self,
@@ -516,19 +438,16 @@ class AutoSpec:
             Keep the chain dimension: ``Tensor[num_chains, num_samples, *shape]``; otherwise
             ``Tensor[num_chains * num_samples, *shape]``.
         include_discrete : bool
-            ``False`` drops discrete sites; every site AutoSpec samples is discrete, so the
-            result is then empty (the keyword matches ``MCMC``'s).
+            ``False`` drops the discrete latent sites (the keyword matches ``MCMC``'s).
 
         Returns
         -------
         dict
-            ``name -> Tensor``; Categorical sites are long, Bernoulli sites float, as the model
-            samples them.
+            ``name -> Tensor`` for every latent site (continuous and discrete) and every
+            ``pyro.deterministic`` site (as ``Predictive`` returns them); Categorical sites
+            are long, Bernoulli sites float, as the model samples them.
         """
-        samples = self._saved() if include_discrete else {}
-        if not samples:
-            return {}
-        return select_samples(samples, num_samples, group_by_chain)
+        return self._check_run().get_samples(num_samples, group_by_chain, include_discrete)
 
     def get_extra_fields(self, group_by_chain: bool = False) -> dict[str, torch.Tensor]:
         """Per-draw statistics of the run.
@@ -538,121 +457,65 @@ class AutoSpec:
         dict
             Each ``Tensor[num_chains, num_samples]`` (``group_by_chain``) or flattened:
 
-            * ``n_rounds`` (long): rounds in which the draw had an oracle query in flight (its
-              latency; the sequential sampler takes ``n`` per draw);
-            * ``oracle_rows`` (float64): the chain's oracle rows divided by its draws (the
-              engine counts rows per run, not per draw);
-            * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw;
+            * ``n_rounds`` (long): rounds in which the draw's discrete sites had an oracle
+              query in flight (its latency; the sequential sampler takes ``n`` per draw);
+            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws;
+            * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw (every
+              site's scaled, masked log density: the density the draws follow);
             * ``oracle_log_prob`` (float64): the draw's log probability under the oracle's
-              chain rule (for an exact oracle ``log p(x | data)``);
+              chain rule (for an exact oracle ``log p(x | data)``; for a mixed model, of the
+              discrete sites given the continuous ones);
             * with a ``guide`` or a ``correction``: ``log_weight`` (float64):
               ``lp - oracle_log_prob``, the draw's log importance weight;
-            * with ``correction="imh"``: ``accepted`` (bool: the step moved) and
-              ``acceptance_rate`` (float64: its acceptance probability).
+            * with ``correction="imh"``: ``accepted`` (bool) and ``acceptance_rate``.
 
             The fields describe the returned draws (after any correction).
         """
-        self._check_run()
-        if group_by_chain:
-            return dict(self._extra)
-        return {k: v.reshape(-1) for k, v in self._extra.items()}
-
-    def _float_samples(self) -> dict[str, torch.Tensor]:
-        return {k: v.double() for k, v in self._saved().items()}
+        return self._check_run().get_extra_fields(group_by_chain)
 
     def diagnostics(self) -> dict[str, Any]:
         """ESS and split R-hat per site (on float copies), divergences and engine counts.
+
+        Works for any number of draws: with fewer than 4 draws per chain ``n_eff`` and
+        ``r_hat`` are NaN and ``"unavailable"`` says why.
 
         Returns
         -------
         dict
             ``site -> {"n_eff": Tensor, "r_hat": Tensor}`` as ``MCMC.diagnostics``, plus
-            ``"divergences"`` (``{"chain i": []}``: exact draws never diverge), ``"rounds"``,
-            ``"oracle_rows"``, ``"mean rounds per draw"`` and ``"wall_time"`` per chain.
-            With a guide or a correction also ``"khat"`` and ``"weights_ess"`` (see
-            :meth:`weight_diagnostics`) and, for ``"imh"``, ``"acceptance rate"`` per chain.
+            ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
+            model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
+            ``"wall_time"``. With a guide or a correction also ``"khat"`` and
+            ``"weights_ess"`` (and for ``"imh"`` the ``"acceptance rate"``); for a mixed model
+            NUTS's ``"acceptance rate"`` and the ``"seconds"`` of each stage.
         """
-        self._check_run()
-        diag = _mcmc_diagnostics(self._float_samples(), group_by_chain=True)
-        chains = [f"chain {i}" for i in range(self.num_chains)]
-        diag["divergences"] = {c: [] for c in chains}
-        diag["rounds"] = {c: r.rounds for c, r in zip(chains, self.results, strict=True)}
-        diag["oracle_rows"] = {c: r.oracle_rows for c, r in zip(chains, self.results, strict=True)}
-        diag["mean rounds per draw"] = {
-            c: float(r.sample_rounds.double().mean())
-            for c, r in zip(chains, self.results, strict=True)
-        }
-        diag["wall_time"] = {c: r.wall_time for c, r in zip(chains, self.results, strict=True)}
-        if self._weights_tracked():
-            weights = self.weight_diagnostics()
-            diag["khat"] = weights["khat"]
-            diag["weights_ess"] = weights["weights_ess"]
-        if self.correction == "imh":
-            rate = self._extra["accepted"].double().mean(-1)
-            diag["acceptance rate"] = {c: float(r) for c, r in zip(chains, rate, strict=True)}
-        return diag
-
-    def rounds_summary(self) -> str:
-        """One paragraph: rounds per draw against the sequential sampler's ``n``."""
-        self._check_run()
-        n = self.layout.num_coords
-        per_draw = torch.cat([r.sample_rounds.double() for r in self.results])
-        mean = float(per_draw.mean())
-        whole = max(r.rounds for r in self.results)
-        rows = sum(r.oracle_rows for r in self.results) / (self.num_samples * self.num_chains)
-        change = 1.0 - mean / n
-        verdict = (
-            f"{100 * change:.0f}% fewer rounds than sequential"
-            if change >= 0
-            else f"{100 * -change:.0f}% MORE rounds than sequential"
-        )
-        return (
-            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
-            f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
-            f"{'diffusion steps' if _is_diffusion_guide(self.guide) else 'coordinates'}): "
-            f"{verdict}.\n"
-            f"Whole run: {whole} rounds per chain of {self.num_samples} draws (sequential: {n}); "
-            f"{rows:.1f} oracle rows per draw (sequential: {n})."
-        )
+        return self._check_run().diagnostics()
 
     def summary(self, prob: float = 0.9) -> None:
-        """Print a table like ``MCMC.summary``, discrete sites included, and the rounds saved.
+        """Print a table like ``MCMC.summary`` (every site), the rounds saved and checks.
 
         Parameters
         ----------
         prob : float
             Mass of the credible interval.
         """
-        self._check_run()
-        print_summary(self._float_samples(), prob=prob, group_by_chain=True)
-        print("Number of divergences: 0")
-        print(self.rounds_summary())
-        if self._weights_tracked():
-            print(self.weights_summary())
+        self._check_run().summary(prob)
+
+    def rounds_summary(self) -> str:
+        """One paragraph: rounds per draw against the sequential sampler's ``n``."""
+        return self._check_run().rounds_summary()
+
+    def weight_diagnostics(self) -> dict[str, Any]:
+        """Pareto k-hat and ESS of the guide draws' importance weights (guide runs only)."""
+        run = self._check_run()
+        if not isinstance(run, DiscreteRun):
+            raise RuntimeError("weight diagnostics exist for guides on discrete models only")
+        return run.weight_diagnostics()
 
     def weights_summary(self) -> str:
         """One paragraph: Pareto k-hat and ESS of the guide's importance weights."""
-        from pyro_autospec.diagnostics.weights import KHAT_BAD, KHAT_GOOD
-
-        diag = self.weight_diagnostics()
-        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
-        total = diag["num_draws"] * self.num_chains
-        if khat < KHAT_GOOD:
-            verdict = "reliable"
-        elif khat < KHAT_BAD:
-            verdict = "usable with caution (slow convergence)"
-        else:
-            verdict = "NOT reliable: the correction cannot be trusted"
-        per_chain = ", ".join(f"{v:.2f}" for c, v in diag["khat"].items() if c != "all")
-        text = (
-            f"Importance weights log p(x, data) - log q_sigma(x) of {total} guide draws: Pareto "
-            f"k-hat {khat:.2f} ({verdict}; per chain {per_chain}), weights' ESS {ess:.1f} "
-            f"({100 * ess / total:.1f}%). Correction: {self.correction}."
-        )
-        if self.correction == "imh":
-            rate = float(self._extra["accepted"].double().mean())
-            text += f" IMH acceptance rate {rate:.2f}."
-        return text
+        run = self._check_run()
+        return run.weights_summary() if isinstance(run, DiscreteRun) else ""
 
     def to_inference_data(
         self,
@@ -662,9 +525,10 @@ class AutoSpec:
     ):
         """ArviZ data: posterior, sample_stats, observed_data and the pointwise log likelihood.
 
-        The log likelihood of every observed site is computed by the project from one batched
-        conditioned trace per chain (not ``Predictive``). Integer-valued sites (Bernoulli,
-        Binomial, OneHotCategorical) are stored as int64 so ArviZ plots them as histograms.
+        The log likelihood of every observed site (given every latent site of the draw,
+        discrete ones included; masked, not scaled) is computed from batched conditioned
+        traces, not ``Predictive``. Integer-valued discrete sites are stored as int64 so that
+        ArviZ plots them as histograms; deterministic sites are in the posterior group.
 
         Parameters
         ----------
@@ -677,36 +541,4 @@ class AutoSpec:
         -------
         arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
         """
-        from pyro_autospec.diagnostics.arviz import to_inference_data
-
-        self._check_run()
-        posterior = {}
-        for name, value in self._saved().items():
-            posterior[name] = value.long() if _integer_dtype(value) else value
-        extra = self._extra
-        sample_stats = {
-            "lp": extra["lp"],
-            "n_rounds": extra["n_rounds"],
-            "oracle_rows": extra["oracle_rows"],
-            "oracle_log_prob": extra["oracle_log_prob"],
-            "diverging": torch.zeros(extra["lp"].shape, dtype=torch.bool),
-        }
-        if "log_weight" in extra:
-            sample_stats["log_weight"] = extra["log_weight"]
-        if "acceptance_rate" in extra:
-            sample_stats["acceptance_rate"] = extra["acceptance_rate"]
-        attrs = {"inference_library": "pyro_autospec", "method": self.method}
-        if self._weights_tracked():
-            weights = self.weight_diagnostics()
-            attrs["correction"] = str(self.correction)
-            attrs["pareto_khat"] = weights["khat"]["all"]
-            attrs["weights_ess"] = weights["weights_ess"]["all"]
-        return to_inference_data(
-            posterior,
-            sample_stats=sample_stats,
-            log_likelihood=dict(self._pointwise) if log_likelihood else None,
-            observed_data=dict(self.layout.observed),
-            coords=coords,
-            dims=dims,
-            attrs=attrs,
-        )
+        return self._check_run().to_inference_data(coords, dims, log_likelihood, method=self.method)

@@ -8,12 +8,59 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from pyro_autospec.infer.autospec import build_oracle, chain_seeds, check_schedule
-from pyro_autospec.infer.sites import SiteLayout, discover_sites
+from pyro_autospec.infer.common import build_oracle, chain_seeds, check_schedule
+from pyro_autospec.model.discrete import SiteLayout, discover_sites
 
 __all__ = ["AutoSpecKernel"]
+
+
+class _NativeDtypes(poutine.messenger.Messenger):
+    """Hands the model each discrete site's value in the site's own dtype.
+
+    ``MCMC`` stores every draw as floats, and ``Predictive`` (which ``az.from_pyro`` uses for
+    the log likelihood) conditions the model on them: a Categorical value would reach the model
+    as a float and break indexing such as ``probs[z]``.
+    """
+
+    def __init__(self, dtypes: dict):
+        super().__init__()
+        self.dtypes = dtypes
+
+    def _pyro_post_sample(self, msg):
+        dtype = self.dtypes.get(msg["name"])
+        value = msg["value"]
+        if dtype is not None and torch.is_tensor(value) and value.dtype != dtype:
+            msg["value"] = value.to(dtype)
+
+
+class _ModelWithNativeDtypes:
+    """The user's model, called under :class:`_NativeDtypes` once the sites are known."""
+
+    def __init__(self, model: Callable):
+        self.model = model
+        self.dtypes: dict = {}
+        self.__name__ = getattr(model, "__name__", type(model).__name__)
+        self.__doc__ = getattr(model, "__doc__", None)
+
+    def __call__(self, *args, **kwargs):
+        with _NativeDtypes(self.dtypes):
+            return self.model(*args, **kwargs)
+
+
+class _Cast:
+    """A ``transforms`` entry of ``MCMC``: ``inv`` casts the stored floats to ``dtype``."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+
+    def inv(self, value: torch.Tensor) -> torch.Tensor:
+        return value.to(self.dtype)
+
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        return value.to(torch.get_default_dtype())
 
 
 class AutoSpecKernel(MCMCKernel):
@@ -22,9 +69,17 @@ class AutoSpecKernel(MCMCKernel):
     ``MCMC(AutoSpecKernel(model), num_samples=..., warmup_steps=0).run(*args)`` runs the
     autospeculation engine on batches of ``draws_per_run`` independent exact draws and hands
     them out one per ``sample`` call; warmup steps are unnecessary (and only waste draws).
-    ``MCMC`` concatenates sites into one float vector, so the values it stores are floats
-    (Categorical sites included); :class:`~pyro_autospec.infer.autospec.AutoSpec` keeps native
-    dtypes and is the richer interface.
+
+    *Dtypes.* ``MCMC`` concatenates the sites of a draw into one float vector. Sites whose
+    native dtype is floating (Bernoulli, Binomial, OneHotCategorical) come back from
+    ``mcmc.get_samples()`` in it (``kernel.transforms`` casts them back). Categorical sites stay
+    float in ``MCMC``'s store: Pyro 1.9's ``MCMC.diagnostics`` / ``summary`` (and so
+    ``az.from_pyro``, which calls them) fail on integer tensors. ``kernel.model``, which
+    ``az.from_pyro`` and ``Predictive`` run, hands the model every discrete value in its native
+    dtype, so models that index with a Categorical value (``probs[z]``) work and
+    ``az.from_pyro(mcmc)`` gets a correct ``log_likelihood`` group.
+    :class:`~pyro_autospec.infer.autospec.AutoSpec` keeps native dtypes everywhere and is the
+    richer interface.
 
     Parameters
     ----------
@@ -44,7 +99,8 @@ class AutoSpecKernel(MCMCKernel):
     disable_progbar : bool
         Hide the engine's own bar (``MCMC`` shows its bar over steps). Default True.
     **schedule
-        Engine knobs (``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``).
+        Engine knobs (``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws``).
 
     Examples
     --------
@@ -76,7 +132,8 @@ class AutoSpecKernel(MCMCKernel):
     ):
         if draws_per_run < 1:
             raise ValueError(f"draws_per_run must be >= 1; got {draws_per_run}")
-        self.model = model
+        self.user_model = model
+        self.model = _ModelWithNativeDtypes(model)
         self.oracle = oracle
         if method not in ("autospec", "sequential", "speculative", "agr24"):
             raise ValueError(
@@ -109,17 +166,20 @@ class AutoSpecKernel(MCMCKernel):
                 (self._seed * 1_000_003 + torch.initial_seed()) % 2**63
             )
         self.layout = discover_sites(
-            self.model, args, kwargs, max_plate_nesting=self.max_plate_nesting
+            self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
-        self._oracle = build_oracle(self.oracle, self.model, args, kwargs, self.layout)
+        self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
+        self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
 
     @property
     def transforms(self) -> dict:
-        """No transforms: discrete values are sampled as they are."""
-        return {}
+        """Casts back to each site's native floating dtype (Categorical sites stay float)."""
+        if self.layout is None:
+            return {}
+        return {s.name: _Cast(s.dtype) for s in self.layout.sites if s.dtype.is_floating_point}
 
     @property
     def initial_params(self) -> dict[str, torch.Tensor]:
@@ -162,6 +222,7 @@ class AutoSpecKernel(MCMCKernel):
             self.draws_per_run,
             method=self.method,
             seed=seed,
+            device=getattr(self._oracle, "device", None),
             progress=not self.disable_progbar,
             **self.schedule,
         )
@@ -170,7 +231,10 @@ class AutoSpecKernel(MCMCKernel):
         values = self.layout.from_coords(result.samples.cpu())
         rounds = result.sample_rounds.tolist()
         self._buffer = [
-            ({name: v[i].to(torch.get_default_dtype()) for name, v in values.items()}, rounds[i])
+            (
+                {name: v[i].cpu().to(torch.get_default_dtype()) for name, v in values.items()},
+                rounds[i],
+            )
             for i in range(self.draws_per_run - 1, -1, -1)
         ]
 

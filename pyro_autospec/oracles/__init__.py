@@ -46,3 +46,8 @@ def __getattr__(name: str):
 
         return EnumOracle
     raise AttributeError(f"module 'pyro_autospec.oracles' has no attribute {name!r}")
+
+
+from .sharded import ShardedOracle  # noqa: E402
+
+__all__ += ["ShardedOracle"]

@@ -15,11 +15,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
     "ExactOracle",
+    "numpy_generator",
     "as_float64",
+    "chain_repeats",
     "check_query",
     "check_targets",
     "log_matmul",
@@ -29,13 +32,18 @@ __all__ = [
     "work_entries",
 ]
 
+# Largest number of mask entries of one chunk of rows of the generic chain queries.
+_MAX_CHAIN_ROW_ENTRIES = 1 << 22
+
 
 class ExactOracle:
     """Base class: device handling and the ``log_marginals`` / ``log_marginals_at`` pair.
 
     Subclasses set ``num_coords`` and ``num_values``, keep their parameters as tensor
     attributes, and implement ``_log_marginals_at(values, mask, targets)`` (with inputs already
-    validated, on the parameters' device) and optionally ``_log_marginals(values, mask)``.
+    validated, on the parameters' device) and optionally ``_log_marginals(values, mask)`` and
+    ``_log_marginals_chain(values, mask, chain)`` (native chain queries; the default here
+    expands a chain into rows).
     """
 
     num_coords: int
@@ -119,6 +127,53 @@ class ExactOracle:
         oracle = self._on(values.device)
         return oracle._log_marginals_at(values, mask, targets.to(values.device))
 
+    def log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        """Chain query: the conditional of every chain coordinate given the pins before it.
+
+        The verification of a drafted block in one call (see :doc:`/oracles`).
+
+        Parameters
+        ----------
+        values : LongTensor[C, n]
+            One values vector per chain: the pinned prefix and the chain's values (entries
+            pinned by neither are ignored and may be anything).
+        mask : BoolTensor[C, n]
+            The pinned prefix of each chain.
+        chain : LongTensor[C, L]
+            Coordinate indices, in the order they are pinned. A chain shorter than ``L`` is
+            padded by repeating its last coordinate; such rows (a coordinate already pinned by
+            ``mask`` or earlier in its chain) get a point mass at its value and cost next to
+            nothing.
+
+        Returns
+        -------
+        DoubleTensor[C, L, q]
+            ``out[c, j] = log mu(X_{chain[c, j]} = . | X_S = values_S)`` with
+            ``S = mask[c] + chain[c, :j]``. Rows conditioned on an impossible assignment may
+            hold NaN.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from pyro_autospec.oracles import MarkovChainOracle
+        >>> oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], n=4)
+        >>> values = torch.tensor([[1, 0, 1, 1]])
+        >>> mask = torch.tensor([[True, False, False, False]])
+        >>> chain = torch.tensor([[3, 1, 2, 2]])  # the last row is padding
+        >>> out = oracle.log_marginals_chain(values, mask, chain)  # [1, 4, 2]
+        >>> at = oracle.log_marginals_at(values, mask | (torch.arange(4) == 3), torch.tensor([[1]]))
+        >>> torch.allclose(out[0, 1], at[0, 0])  # x_1 given x_0 and x_3
+        True
+        >>> out[0, 3].exp()  # padding: a point mass at values[2]
+        tensor([0., 1.], dtype=torch.float64)
+        """
+        values, mask = check_query(values, mask, self.num_coords)
+        chain = check_targets(chain, values.shape[0], self.num_coords, name="chain")
+        oracle = self._on(values.device)
+        return oracle._log_marginals_chain(values, mask, chain.to(values.device))
+
     def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         batch = values.shape[0]
         targets = torch.arange(self.num_coords, device=values.device).expand(batch, -1)
@@ -129,11 +184,60 @@ class ExactOracle:
     ) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        """Generic chain queries: one row per chain coordinate not pinned yet, in chunks of
+        at most ``2^22`` mask entries; rows already pinned get their point mass directly."""
+        num_chains, length = chain.shape
+        n, q = self.num_coords, self.num_values
+        device = values.device
+        pinned = mask.gather(1, chain) | chain_repeats(chain)
+        out = point_mass(
+            torch.zeros(num_chains, length, q, dtype=torch.float64, device=device),
+            torch.ones_like(pinned),
+            values.gather(1, chain),
+        )
+        live_chain, live_step = (~pinned).nonzero(as_tuple=True)
+        step = max(1, _MAX_CHAIN_ROW_ENTRIES // n)
+        positions = torch.arange(length, device=device)
+        for s in range(0, len(live_chain), step):
+            rows, cuts = live_chain[s : s + step], live_step[s : s + step]
+            row_mask = mask.index_select(0, rows)
+            before = positions < cuts.unsqueeze(1)  # chain coordinates pinned in this row
+            coords = chain.index_select(0, rows)
+            flat = (torch.arange(len(rows), device=device).unsqueeze(1) * n + coords)[before]
+            row_mask.view(-1).index_fill_(0, flat, True)
+            targets = coords.gather(1, cuts.unsqueeze(1))
+            answer = self._log_marginals_at(values.index_select(0, rows), row_mask, targets)
+            out[rows, cuts] = answer[:, 0]
+        return out
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(num_coords={self.num_coords}, "
             f"num_values={self.num_values}, device={self.device})"
         )
+
+
+# -- randomness of the oracles' own helpers ----------------------------------------------------
+def numpy_generator(seed) -> np.random.Generator:
+    """A NumPy generator from an int, ``None``, a NumPy or a torch generator.
+
+    Only for the oracles' own exact samplers and random targets (``sample``, ``unit_sphere``);
+    the engine's randomness is keyed (:mod:`pyro_autospec.engine.keys`).
+    """
+    if isinstance(seed, np.random.Generator):
+        return seed
+    if isinstance(seed, torch.Generator):
+        return np.random.default_rng(
+            int(torch.randint(0, 2**62, (), generator=seed, device=seed.device).item())
+        )
+    if seed is None or isinstance(seed, (int, np.integer)):
+        return np.random.default_rng(None if seed is None else int(seed))
+    raise TypeError(
+        f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}"
+    )
 
 
 # -- memory budgets ---------------------------------------------------------------------------
@@ -218,15 +322,36 @@ def check_query(
     return values.long(), mask.to(device=values.device, dtype=torch.bool)
 
 
-def check_targets(targets: torch.Tensor, batch: int, num_coords: int) -> torch.Tensor:
-    """Check ``targets`` (LongTensor[B, k] of coordinate indices)."""
+def check_targets(
+    targets: torch.Tensor, batch: int, num_coords: int, name: str = "targets"
+) -> torch.Tensor:
+    """Check ``targets`` (LongTensor[B, k] of coordinate indices); ``name`` for messages."""
     if not isinstance(targets, torch.Tensor) or targets.dim() != 2 or targets.shape[0] != batch:
         shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets)
-        raise ValueError(f"targets must be a LongTensor of shape [{batch}, k]; got {shape}")
+        width = "L" if name == "chain" else "k"
+        raise ValueError(
+            f"{name} must be a LongTensor of shape [{batch}, {width}] (one row per row of "
+            f"values); got {shape}"
+        )
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer coordinate indices; got {targets.dtype}")
     targets = targets.long()
     if targets.numel() and (targets.min() < 0 or targets.max() >= num_coords):
-        raise ValueError(f"targets must hold coordinate indices in [0, {num_coords})")
+        raise ValueError(f"{name} must hold coordinate indices in [0, {num_coords})")
     return targets
+
+
+def chain_repeats(chain: torch.Tensor) -> torch.Tensor:
+    """BoolTensor[C, L]: whether ``chain[c, j]`` occurs in ``chain[c, :j]`` (padding).
+
+    ``O(L log L)`` per chain: a stable sort puts equal coordinates next to each other in the
+    order of the chain, so every one but the first of a run is a repeat.
+    """
+    repeated = torch.zeros(chain.shape, dtype=torch.bool, device=chain.device)
+    if chain.shape[1] > 1:
+        ordered, perm = chain.sort(dim=1, stable=True)
+        repeated.scatter_(1, perm[:, 1:], ordered[:, 1:] == ordered[:, :-1])
+    return repeated
 
 
 # -- log-space algebra ---------------------------------------------------------------------------

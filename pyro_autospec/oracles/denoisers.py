@@ -3,7 +3,7 @@
 For ``Y ~ mu`` on ``R^d`` and a standard Brownian motion ``B``, stochastic localization observes
 ``X_t = t Y + B_t``. Given ``X_t = x`` the likelihood of ``Y = y`` is proportional to
 ``exp(<x, y> - t |y|^2 / 2)``, so the posterior mean ``f(t, x) = E[Y | X_t = x]`` has a closed
-form for three families of targets (ALGORITHM.md section 8):
+form for three families of targets (see :doc:`/diffusion`):
 
 * :class:`GaussianDenoiser`: ``Y ~ N(m, C)``, ``f(t, x) = m + C (t C + I)^{-1} (x - t m)``;
 * :class:`GaussianMixtureDenoiser`: responsibilities times the per-component Gaussian formula;
@@ -31,7 +31,7 @@ import math
 import numpy as np
 import torch
 
-from pyro_autospec.engine.random import make_rng
+from ._util import numpy_generator
 
 __all__ = ["GaussianDenoiser", "GaussianMixtureDenoiser", "FiniteSupportDenoiser"]
 
@@ -199,7 +199,7 @@ class GaussianMixtureDenoiser(_Denoiser):
 
     def sample(self, num_samples: int, seed=None) -> torch.Tensor:
         """Exact draws of ``Y``: Tensor[num_samples, d] (float64 NumPy randomness)."""
-        rng = make_rng(seed)
+        rng = numpy_generator(seed)
         weights = self.weights.detach().cpu().double().numpy()
         comps = rng.choice(self.num_components, size=num_samples, p=weights / weights.sum())
         z = torch.from_numpy(rng.standard_normal((num_samples, self.dim))).to(self.means)
@@ -315,7 +315,7 @@ class FiniteSupportDenoiser(_Denoiser):
 
     def sample(self, num_samples: int, seed=None) -> torch.Tensor:
         """Exact draws of ``Y``: Tensor[num_samples, d]."""
-        rng = make_rng(seed)
+        rng = numpy_generator(seed)
         weights = self.weights.detach().cpu().double().numpy()
         index = rng.choice(self.num_points, size=num_samples, p=weights / weights.sum())
         return self.points[torch.from_numpy(index).to(self.points.device)]
@@ -332,7 +332,7 @@ class FiniteSupportDenoiser(_Denoiser):
         >>> oracle.points.norm(dim=-1).allclose(torch.ones(8, dtype=torch.float64))
         True
         """
-        rng = make_rng(seed)
+        rng = numpy_generator(seed)
         if dim == 2:  # spread the angles, jittered, so that no two points nearly coincide
             angles = (
                 2 * math.pi * (np.arange(num_points) + rng.random(num_points) * 0.5) / num_points

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, point_mass, work_entries
+from ._util import ExactOracle, as_float64, chain_repeats, point_mass, work_entries
 
 __all__ = ["DPPOracle"]
 
@@ -18,8 +18,10 @@ _MAX_WORK_ENTRIES = 1 << 23
 _TOLERANCE = 1e-9
 # Eigenvalues of K at most this are zero (the numerical rank); at least 1 - this are one.
 _RANK_TOLERANCE = 1e-12
-# Conditional probabilities closer than this to 0 or 1 are set to 0 or 1.
-_SNAP = 1e-12
+# Conditional probabilities closer than this to 0 or 1 are set to 0 or 1. The Schur complements
+# of a projection kernel leave a true 0 at up to a few 1e-12 (4.2e-12 seen at n = 12, rank 4):
+# below this, a pin of probability "4e-12" is one the next conditioning finds impossible.
+_SNAP = 1e-9
 _PATHS = ("auto", "lowrank", "block", "free")
 
 
@@ -168,12 +170,23 @@ class DPPOracle(ExactOracle):
     Impossible pin sets give NaN rows: a singular system (zero pivot; ``|det|`` of the pinned
     block is the probability of the pins), more in-pins than the rank, or fewer items left
     free or in than the number of unit eigenvalues (``|X|`` is at least that). Against
-    rounding, probabilities are clipped to ``[0, 1]`` and those within ``1e-12`` of 0 or 1 are
+    rounding, probabilities are clipped to ``[0, 1]`` and those within ``1e-9`` of 0 or 1 are
     set to 0 or 1, so that the support is exact (a projection DPP never draws more items than
-    its rank); eigenvalues of ``K`` below ``1e-12`` are dropped. The law moves by at most
-    about ``1e-12`` per coordinate. On a CPU with several torch threads the LU factorisations
+    its rank; its Schur complements leave true zeros at a few ``1e-12``); eigenvalues of ``K``
+    below ``1e-12`` are dropped. The law moves by at most about ``1e-9`` per coordinate. On a
+    CPU with several torch threads the LU factorisations
     run one system at a time (PyTorch's batched LU with MKL can return wrong factors silently
     there, pytorch/pytorch#141358); chunks of rows are sized by ``max_work_entries``.
+
+    *Chain queries* (:meth:`log_marginals_chain`). One conditioning per chain on its prefix,
+    by the cheapest formulation above, gives the conditional kernel ``K'`` on the ``L`` chain
+    items (an ``[L, L]`` block instead of its diagonal). Pinning the chain items one after the
+    other is then Gaussian elimination without pivoting of ``K' - diag(out)``, whose ``j``-th
+    pivot is ``P(chain[j] in X | prefix, chain[:j]) - out_j``: ``O(L^3)`` per chain after one
+    conditioning, instead of ``L`` conditionings. The elimination is written out (``L``
+    batched rank-one updates), so no batched LU is involved. A pivot of 0 is a pin of
+    probability 0: the rows after it hold NaN or garbage, as rows conditioned on an
+    impossible assignment may.
 
     Examples
     --------
@@ -298,11 +311,14 @@ class DPPOracle(ExactOracle):
         k = v @ v.T
         return (k + k.T) / 2
 
-    # -- the two formulations ---------------------------------------------------------------
+    # -- the three formulations -------------------------------------------------------------
+    # Each returns P(t in X | pins) for its targets, [B, k], or with ``full`` the conditional
+    # kernel on its targets K'_TT, [B, k, k] (diagonal: those probabilities), and a BoolTensor
+    # [B] of the singular rows.
     def _lowrank(
-        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor, full: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``P(targets in X | pins)`` [B, k] by the ``[r, r]`` form; and the singular rows."""
+        """The ``[r, r]`` form."""
         n = self.num_coords
         vz = self._factor_padded
         r = vz.shape[1]
@@ -322,27 +338,40 @@ class DPPOracle(ExactOracle):
         k = targets.shape[1]
         y, singular = _solve(system, torch.cat([v_t, v_a], 1).transpose(1, 2))  # C [v_t, v_A]
         y_t, y_a = y[..., :k], y[..., k:]
-        prob = (v_t * y_t.transpose(1, 2)).sum(-1)  # v_t^T C v_t
+        if full:
+            result = v_t @ y_t  # V_T C V_T^T
+        else:
+            result = (v_t * y_t.transpose(1, 2)).sum(-1)  # v_t^T C v_t
         if a_max:
             k_ta = v_t @ y_a  # [B, k, a]
             padding = torch.arange(a_max, device=a.device) >= a[:, None]
             k_aa = v_a @ y_a + torch.diag_embed(padding.to(vz.dtype))  # identity on padding
             z, singular_a = _solve(k_aa, k_ta.transpose(1, 2))
-            prob = prob - (k_ta.transpose(1, 2) * z).sum(1)
+            if full:
+                result = result - k_ta @ z
+            else:
+                result = result - (k_ta.transpose(1, 2) * z).sum(1)
             singular = singular | singular_a
-        return prob, singular
+        return result, singular
 
     def _block(
-        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor, full: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``P(targets in X | pins)`` [B, k] by the ``[s, s]`` pinned block; singular rows."""
+        """The ``[s, s]`` pinned block."""
         n = self.num_coords
         pinned = out_pins | in_pins
         s = pinned.sum(1)
         s_max = int(s.max())
-        diagonal = self._diagonal[targets]
+        if full:
+            if self._kernel_padded is not None:
+                base = self._kernel_padded[targets[:, :, None], targets[:, None, :]]
+            else:
+                v_t = self._factor_padded[targets]
+                base = v_t @ v_t.transpose(1, 2)
+        else:
+            base = self._diagonal[targets]
         if s_max == 0:
-            return diagonal.clone(), torch.zeros(len(s), dtype=torch.bool, device=s.device)
+            return base.clone(), torch.zeros(len(s), dtype=torch.bool, device=s.device)
         index = _padded_indices(pinned, s_max, n)  # [B, s]
         if self._kernel_padded is not None:
             kz = self._kernel_padded
@@ -360,13 +389,16 @@ class DPPOracle(ExactOracle):
             + torch.diag_embed(padding.to(k_ss.dtype))
         )
         solution, singular = _solve(system, k_st)
-        return diagonal - (k_st * solution).sum(1), singular
+        if full:
+            return base - k_st.transpose(1, 2) @ solution, singular
+        return base - (k_st * solution).sum(1), singular
 
     def _free(
-        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor, full: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``P(targets in X | pins)`` [B, k] from ``L`` on the items not pinned out (``U``):
-        ``1 - (L_UU + diag(1_F))^-1_tt`` for free ``t``; singular rows. Pinned targets get 0."""
+        """``L`` on the items not pinned out (``U``): ``K'_FF = I - [(L_UU + diag(1_F))^-1]_FF``
+        for the free items ``F``. Pinned targets get 0 (their entries of ``K'_TT`` are
+        meaningless)."""
         n = self.num_coords
         kept = ~out_pins  # U = A ∪ F
         u = kept.sum(1)
@@ -380,43 +412,50 @@ class DPPOracle(ExactOracle):
         )
         rhs = (index[:, :, None] == targets[:, None, :]).to(ez.dtype)  # e_t, zero if t not in U
         solution, singular = _solve(system, rhs)
+        if full:
+            eye = torch.eye(targets.shape[1], dtype=ez.dtype, device=ez.device)
+            return eye - rhs.transpose(1, 2) @ solution, singular
         free_target = ~(out_pins | in_pins).gather(1, targets)
         prob = torch.where(free_target, 1 - (rhs * solution).sum(1), 0.0)
         return prob, singular
 
-    def _costs(self, out_pins, in_pins, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rough flop counts per row of the two formulations (float64 tensors [B])."""
+    def _costs(self, out_pins, in_pins, k: int, full: bool) -> tuple[torch.Tensor, ...]:
+        """Rough flop counts per row of the three formulations (float64 tensors [B])."""
         n, r = self.num_coords, self._factor_padded.shape[1]
         b = out_pins.sum(1).double()
         a = in_pins.sum(1).double()
         s = a + b
         g = torch.minimum(b, n - b)
+        square = k * k if full else 0  # the [k, k] products of a full block
         low = 2 * g * r**2 + r**3 + 2 * (k + a) * r**2 + 2 * a * r * (k + a) + a**3
-        block = s**3 + 2 * s**2 * k
+        low = low + 2 * square * (r + a)
+        block = s**3 + 2 * s**2 * k + 2 * s * square
         if self._kernel_padded is None:
             block = block + 2 * s**2 * r + 2 * s * k * r
         u = n - b
-        free = u**3 + 2 * u**2 * k if self._ell_padded is not None else torch.full_like(u, inf)
+        if self._ell_padded is not None:
+            free = u**3 + 2 * u**2 * k + 2 * u * square
+        else:
+            free = torch.full_like(u, inf)
         return low, block, free
 
-    def _in_probability(
-        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
-    ) -> torch.Tensor:
-        """``P(targets in X | pins)``: DoubleTensor[B, k] (NaN on impossible rows)."""
+    def _conditioned(
+        self, out_pins: torch.Tensor, in_pins: torch.Tensor, targets: torch.Tensor, full: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row by its cheapest formulation, grouped and chunked: ``P(targets in X)``
+        [B, k] (or ``K'_TT`` [B, k, k] with ``full``) and the singular rows [B]."""
         n, k = self.num_coords, targets.shape[1]
         r = self._factor_padded.shape[1]
-        out_pins = mask & (values == 0)
-        in_pins = mask & ~out_pins
-        # |X| <= rank, and |X| >= the number of unit eigenvalues: count-impossible rows.
-        impossible = (in_pins.sum(1) > self.rank) | (n - out_pins.sum(1) < self.num_unit)
-        in_pins = in_pins & ~impossible[:, None]  # keep their systems small; NaN below
+        batch = out_pins.shape[0]
         if self.path == "auto":
-            choice = torch.stack(self._costs(out_pins, in_pins, k)).argmin(0)
+            choice = torch.stack(self._costs(out_pins, in_pins, k, full)).argmin(0)
         else:
-            choice = torch.full_like(values[:, 0], _PATHS.index(self.path) - 1)
-        prob = torch.empty(values.shape[0], k, dtype=torch.float64, device=values.device)
-        singular = impossible.clone()
-        limit = self.max_work_entries or work_entries(values.device, _MAX_WORK_ENTRIES)
+            choice = torch.full((batch,), _PATHS.index(self.path) - 1, device=out_pins.device)
+        shape = (batch, k, k) if full else (batch, k)
+        result = torch.empty(shape, dtype=torch.float64, device=out_pins.device)
+        singular = torch.zeros(batch, dtype=torch.bool, device=out_pins.device)
+        limit = self.max_work_entries or work_entries(out_pins.device, _MAX_WORK_ENTRIES)
+        square = 3 * k * k if full else 0
         for path in range(3):
             rows = (choice == path).nonzero().flatten()
             if not len(rows):
@@ -426,18 +465,18 @@ class DPPOracle(ExactOracle):
                 size = torch.maximum(torch.minimum(b, n - b), in_pins[rows].sum(1))
 
                 def entries(m: int) -> int:
-                    return m * r + r * r + 3 * r * (k + r) + r * r + 4 * k * r
+                    return m * r + r * r + 3 * r * (k + r) + r * r + 4 * k * r + square
             elif path == 1:
                 size = (out_pins | in_pins)[rows].sum(1)
 
                 def entries(m: int) -> int:
                     extra = 0 if self._kernel_padded is not None else m * r + k * r
-                    return 4 * m * m + 3 * m * k + extra + 2 * k
+                    return 4 * m * m + 3 * m * k + extra + 2 * k + square
             else:
                 size = n - out_pins[rows].sum(1)
 
                 def entries(m: int) -> int:
-                    return 4 * m * m + 3 * m * k + 2 * k
+                    return 4 * m * m + 3 * m * k + 2 * k + square
 
             order = torch.argsort(size, stable=True)
             rows = rows[order]
@@ -445,15 +484,30 @@ class DPPOracle(ExactOracle):
             method = (self._lowrank, self._block, self._free)[path]
             for start, stop in _chunks(sizes, entries, limit):
                 chunk = rows[start:stop]
-                p, bad = method(out_pins[chunk], in_pins[chunk], targets[chunk])
-                prob[chunk] = p
+                part, bad = method(out_pins[chunk], in_pins[chunk], targets[chunk], full)
+                result[chunk] = part
                 singular[chunk] |= bad
-        prob = prob.clamp(0.0, 1.0)
-        # rounding of the Schur complement is ~1e-15: keep exact zeros and ones exact
-        prob = torch.where(prob < _SNAP, 0.0, torch.where(prob > 1 - _SNAP, 1.0, prob))
-        if singular.any():
-            prob = torch.where(singular.unsqueeze(-1), float("nan"), prob)
-        return prob
+        return result, singular
+
+    def _pins(
+        self, values: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Out-pins, in-pins (emptied on impossible rows) and the count-impossible rows: an
+        ``|X|`` above the rank, or below the number of unit eigenvalues."""
+        out_pins = mask & (values == 0)
+        in_pins = mask & ~out_pins
+        impossible = (in_pins.sum(1) > self.rank) | (
+            self.num_coords - out_pins.sum(1) < self.num_unit
+        )
+        return out_pins, in_pins & ~impossible[:, None], impossible
+
+    def _in_probability(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        """``P(targets in X | pins)``: DoubleTensor[B, k] (NaN on impossible rows)."""
+        out_pins, in_pins, impossible = self._pins(values, mask)
+        prob, singular = self._conditioned(out_pins, in_pins, targets, full=False)
+        return _snap(prob, singular | impossible)
 
     def _log_marginals_at(
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
@@ -465,3 +519,69 @@ class DPPOracle(ExactOracle):
             prob = torch.empty(0, k, dtype=torch.float64, device=values.device)
         out = torch.stack([torch.log1p(-prob), torch.log(prob)], -1)
         return point_mass(out, mask.gather(1, targets), values.gather(1, targets).clamp(0, 1))
+
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        """One conditioning per chain on its ``[L, L]`` block, then an elimination."""
+        num_chains, length = chain.shape
+        x = values.gather(1, chain).clamp(0, 1)
+        inert = mask.gather(1, chain) | chain_repeats(chain)  # point masses
+        if num_chains == 0 or length == 0:
+            prob = torch.empty(num_chains, length, dtype=torch.float64, device=values.device)
+        else:
+            out_pins, in_pins, impossible = self._pins(values, mask)
+            block, singular = self._conditioned(out_pins, in_pins, chain, full=True)
+            prob = _chain_probabilities(block, x, inert)
+            # |X| <= rank and |X| >= the number of unit eigenvalues, row by row
+            new_in = (~inert & (x == 1)).long()
+            new_out = (~inert & (x == 0)).long()
+            ins = in_pins.sum(1, keepdim=True) + new_in.cumsum(1) - new_in
+            outs = out_pins.sum(1, keepdim=True) + new_out.cumsum(1) - new_out
+            bad = (ins > self.rank) | (self.num_coords - outs < self.num_unit)
+            prob = _snap(prob, (singular | impossible).unsqueeze(1) | bad)
+        out = torch.stack([torch.log1p(-prob), torch.log(prob)], -1)
+        return point_mass(out, inert, x)
+
+
+def _chain_probabilities(block: torch.Tensor, x: torch.Tensor, inert: torch.Tensor) -> torch.Tensor:
+    """``P(chain[j] in X | prefix, chain[:j])`` [C, L] from the conditional kernel ``K'``
+    [C, L, L] of the chain given its prefix, and the chain's values ``x`` [C, L].
+
+    Pinning item ``i`` in is ``K <- K - K[:, i] K[i, :] / K_ii`` and pinning it out
+    ``K <- K - K[:, i] K[i, :] / (K_ii - 1)``: Gaussian elimination without pivoting of
+    ``A = K' - diag(out)``, whose ``j``-th pivot is ``P(chain[j] in X | ...) - out_j``. A
+    right-looking elimination, ``O(L^3)`` per chain. A zero pivot is a pin of probability 0:
+    the rows after it hold inf or NaN (they are conditioned on an impossible assignment).
+    ``inert`` coordinates (already pinned) are removed: identity rows and columns.
+    """
+    num_chains, length, _ = block.shape
+    out_flag = ((x == 0) & ~inert).to(block.dtype)
+    keep = ~(inert.unsqueeze(1) | inert.unsqueeze(2))
+    a = (
+        torch.where(keep, block, 0.0)
+        - torch.diag_embed(out_flag)
+        + torch.diag_embed(inert.to(block.dtype))
+    )
+    pivots = torch.empty(num_chains, length, dtype=block.dtype, device=block.device)
+    for j in range(length):
+        pivot = a[:, j, j].clone()
+        pivots[:, j] = pivot
+        if j + 1 < length:
+            column = a[:, j + 1 :, j] / pivot.unsqueeze(1)  # [C, m]
+            trailing = a[:, j + 1 :, j + 1 :]
+            trailing.baddbmm_(column.unsqueeze(2), a[:, j : j + 1, j + 1 :], alpha=-1.0)
+    return pivots + out_flag
+
+
+def _snap(prob: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    """Clip probabilities to ``[0, 1]``, set those within ``1e-9`` of 0 or 1 to 0 or 1 (so
+    that the support is exact despite the rounding of the Schur complements), and put
+    NaN on the rows ``bad`` ([B] or the shape of ``prob``)."""
+    prob = prob.clamp(0.0, 1.0)
+    prob = torch.where(prob < _SNAP, 0.0, torch.where(prob > 1 - _SNAP, 1.0, prob))
+    if bad.any():
+        if bad.dim() < prob.dim():
+            bad = bad.unsqueeze(-1)
+        prob = torch.where(bad, float("nan"), prob)
+    return prob

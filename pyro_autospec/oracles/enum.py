@@ -1,98 +1,156 @@
-"""An exact conditional-marginal oracle from a Pyro model, by Pyro's parallel enumeration.
+"""An exact conditional-marginal oracle from a Pyro model, compiled once by enumeration.
 
-Each query row ``b`` conditions the model's discrete latent sites on its own evidence
-``X_S = values_S`` (``S = mask[b]``). All rows of a call go into ONE enumerated trace and ONE
-tensor contraction: the model runs inside a query plate of size ``B`` at
-``dim = -(max_plate_nesting + 1)``, and right after every discrete site a factor adds
-``-inf`` where row ``b`` pins the site and the enumerated value differs from the pinned one.
-Pyro's ``TraceEnum_ELBO`` machinery then contracts the factor graph once and reads off every
-site's marginal (``pyro.infer.traceenum_elbo._compute_marginals``, reimplemented here to
-return log-probability tables for every enumerable family, Binomial included).
+:class:`EnumOracle` traces the model ONCE under Pyro's parallel enumeration and keeps its
+factor graph: every site's scaled, masked log-density tensor with its plate and enumeration
+dims (Pyro's packed form). A query row ``b`` pins some coordinates ``X_S = values_S``; that
+evidence enters as one log-factor per site, ``0`` where allowed and ``-inf`` where a pinned
+coordinate takes another value. Every round is then one batched contraction of the factor graph
+with the evidence of all rows (:func:`pyro.ops.contract.contract_to_tensor` with
+:class:`~pyro_autospec.oracles.enum_contract.PlannedLogRing`, whose elimination plans are cached
+per shape), giving ``log Z_b`` for every row, and one backward pass: the gradient of
+``sum_b log Z_b`` with respect to the evidence is every coordinate's conditional marginal
+``P(X_i = v | X_S = values_S, data)``. The model never runs again after compilation.
 
-This is the exact reference oracle for tractable models (cost exponential in treewidth), not
-the scalable path: see ``PYRO_NOTES.md``.
+Because the factors are the ones ``trace.log_prob_sum()`` adds up (``poutine.mask``,
+``obs_mask``, ``poutine.scale`` and plates included), the oracle's target is exactly the density
+``pyro.infer.MCMC`` samples. Unlike ``TraceEnum_ELBO``, masks on enumerated sites are applied.
+
+*Families.* With ``continuous_values`` (``M`` draws of the model's continuous sites), the oracle
+is a family of ``M`` targets, the discrete sites given each draw (``num_draws = M``, every
+method takes ``draws``): the model is traced once with the draws in a plate, and each query row
+reads its draw's slice of the factors.
+
+Cost: ``O(rows x (sum of the elimination's intermediate sizes))`` per round, e.g. linear in the
+length of a hidden Markov chain; exponential in treewidth. See :doc:`/oracles`.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import pyro
 import torch
-from opt_einsum import shared_intermediates
 from pyro import poutine
-from pyro.infer import TraceEnum_ELBO
-from pyro.infer.traceenum_elbo import _compute_model_factors, _find_ordinal
-from pyro.ops import packed
 from pyro.ops.contract import contract_to_tensor
-from pyro.ops.rings import LogRing
-from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import prune_subsample_sites
 
-from pyro_autospec.infer.sites import (
+from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.errors import (
     AutoSpecModelError,
     DynamicStructureError,
-    SiteLayout,
-    discover_sites,
+    IntractableEnumerationError,
+    UnsupportedSiteError,
+)
+from pyro_autospec.model.tracing import (
+    DRAWS_PLATE,
+    SiteRecorder,
+    parallel_enumeration,
+    quiet_warnings,
+    site_role,
+    structure_error,
+)
+from pyro_autospec.oracles.enum_contract import (
+    PlannedLogRing,
+    _align,
+    constant_factor,
+    linear_factor,
 )
 
 __all__ = ["EnumOracle"]
 
-_QUERY_PLATE = "_autospec_queries"
+
+def _unique_rows(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Distinct rows of ``keys`` [B, m] and each row's index among them (None: all distinct).
+
+    Rows are hashed to one int64 each (``torch.unique`` over rows sorts them row by row, which
+    is slow for long rows); a hash collision is detected and falls back to the exact method.
+    """
+    weights = torch.randint(1, 2**61, (keys.shape[1],), generator=_HASH_SEED, dtype=torch.long).to(
+        keys.device
+    )
+    hashes = (keys * weights).sum(1)
+    unique_hashes, inverse = torch.unique(hashes, return_inverse=True)
+    if unique_hashes.shape[0] == keys.shape[0]:
+        return keys, None
+    first = torch.full_like(unique_hashes, keys.shape[0]).scatter_reduce(
+        0, inverse, torch.arange(keys.shape[0], device=keys.device), reduce="amin"
+    )
+    unique = keys[first]
+    if not bool((unique[inverse] == keys).all()):  # a collision: sort the rows instead
+        return torch.unique(keys, dim=0, return_inverse=True)
+    return unique, inverse
 
 
-def _empty_guide(*args, **kwargs):
-    pass
+_HASH_SEED = torch.Generator().manual_seed(20260415)
 
 
-class _Evidence(poutine.messenger.Messenger):
-    """After each discrete site, a factor that is ``-inf`` where a query pins another value."""
-
-    def __init__(self, layout: SiteLayout, index: dict, mask: dict):
-        super().__init__()
-        self.layout = layout
-        self.index = index  # name -> LongTensor[B, 1.., *batch]
-        self.mask = mask  # name -> BoolTensor[B, 1.., *batch]
-        self.seen: list[str] = []
-
-    def _pyro_post_sample(self, msg):
-        name = msg["name"]
-        if name.startswith("_autospec") or msg["is_observed"] or isinstance(msg["fn"], _Subsample):
-            return
-        self.seen.append(name)
-        if name not in self.index:
-            raise DynamicStructureError(
-                f"Site '{name}' is latent under enumeration but was not found when the model "
-                f"was first traced; AutoSpec needs a fixed set of sites."
-            )
-        site = self.layout[name]
-        value_index = site.value_to_index(msg["value"])  # enumerated: [K, 1, ..., 1]
-        differs = value_index != self.index[name]
-        dtype = msg["fn"].log_prob(msg["value"]).dtype
-        log_factor = torch.zeros(differs.shape, dtype=dtype, device=differs.device)
-        log_factor = log_factor.masked_fill(differs & self.mask[name], -math.inf)
-        pyro.factor(f"_autospec_evidence_{name}", log_factor)
+def _log(probs: torch.Tensor) -> torch.Tensor:
+    """``log`` of marginals read off a gradient: 0 (or NaN, an impossible row) becomes -inf."""
+    return probs.log().nan_to_num_(nan=-math.inf, neginf=-math.inf)
 
 
-def _parallel_enumeration(msg: dict) -> dict:
-    """``infer_config`` rule: enumerate every unobserved enumerable site in parallel."""
-    fn = msg["fn"]
-    if msg["is_observed"] or type(fn).__name__ == "_Subsample":
-        return {}
-    if getattr(fn, "has_enumerate_support", False):
-        return {"enumerate": "parallel"}
-    return {}
+# Largest product of a single elimination step, per query row, before the model is refused.
+_MAX_STEP_ENTRIES_PER_ROW = 2**26
+
+
+@dataclass
+class _Evidence:
+    """Where one discrete site's evidence goes: its coordinates and packed dims."""
+
+    name: str
+    coords: slice
+    support_size: int
+    view_shape: tuple  # (sizes of the site's non-unit batch dims)
+    dims: str  # plate symbols + enumeration symbol + draws symbol
+    ordinal: frozenset
+
+
+def _non_tree_error(error: Exception, symbol_to_plate: dict, evidence: list):
+    listed = str(error).rsplit("[", 1)[-1].split("]")[0]
+    symbols = [s.strip() for s in listed.split(",") if s.strip()]
+    symbols = [s for s in symbols if symbol_to_plate.get(s) != DRAWS_PLATE]
+    parts = []
+    for symbol in symbols:
+        sites = [spec.name for spec in evidence if symbol in spec.ordinal]
+        plate = symbol_to_plate.get(symbol, symbol)
+        parts.append(f"plate '{plate}'" + (f" (sites {sites})" if sites else ""))
+    where = " and ".join(parts) if parts else "two independent plates"
+    return IntractableEnumerationError(
+        f"Exact enumeration needs plates that nest as a tree, but a factor of the model couples "
+        f"enumerated sites of the independent {where} (Pyro's TraceEnum_ELBO has the same "
+        f"rule: every pair of their elements would become dependent). Ways out: put the coupled "
+        f"sites in one plate (or sample one of them outside its plate), make one of the plates "
+        f"sequential (`for i in pyro.plate(...)`, at a cost exponential in its size), or use a "
+        f"learned guide (AnyOrderGuide with a correction), which has no such rule. A "
+        f"guide-based Metropolis-within-Gibbs step may follow in a later release."
+    )
+
+
+def _intractable_error(entries: float) -> IntractableEnumerationError:
+    return IntractableEnumerationError(
+        f"Exact enumeration of the model's discrete sites is intractable: one elimination step "
+        f"has {entries:.3g} entries per query (about 2^{math.log2(max(entries, 1)):.0f}; the "
+        f"limit is 2^{int(math.log2(_MAX_STEP_ENTRIES_PER_ROW))}). The cost of enumeration is "
+        f"exponential in the treewidth of the model's discrete sites. Ways out: declare "
+        f"independence with pyro.plate and chains with pyro.markov so that variables are "
+        f"eliminated locally, use a learned guide (AnyOrderGuide with a correction), or "
+        f"NumPyro's DiscreteHMCGibbs / MixedHMC. A guide-based Metropolis-within-Gibbs step may "
+        f"follow in a later release."
+    )
 
 
 class EnumOracle:
-    """Exact conditional marginals of a Pyro model's discrete latent sites, by enumeration.
+    """Exact conditional marginals of a Pyro model's discrete latent sites, compiled once.
 
-    Implements :class:`~pyro_autospec.oracles.base.MarginalOracle` for the posterior
-    ``p(x | data)`` of a model whose latent sites are all enumerable discrete sites
-    (Bernoulli, Categorical, OneHotCategorical, Binomial, BetaBinomial), with the coordinate
-    mapping of :mod:`pyro_autospec.infer.sites` (sites in trace order, C order within a site,
-    values as support indices, ``num_values`` the largest support).
+    Implements :class:`~pyro_autospec.oracles.base.MarginalOracle` (with ``log_marginals_at``
+    and ``log_marginals_chain``) for the posterior ``p(x | data)`` of the model's discrete
+    latent sites (Bernoulli, Categorical, OneHotCategorical, Binomial, BetaBinomial), with the
+    coordinate mapping of :mod:`pyro_autospec.model.discrete` (sites in trace order, C order
+    within a site, values as support indices, ``num_values`` the largest support).
 
     Parameters
     ----------
@@ -105,19 +163,28 @@ class EnumOracle:
     max_plate_nesting : int, optional
         Found from the model when ``None``.
     batch_size : int
-        Query rows per contraction. Larger batches amortise Pyro's ~100 ms of tracing per
-        contraction; memory grows as ``batch_size * 2^treewidth``.
+        Most query rows per contraction (at least 2).
     layout : SiteLayout, optional
-        A layout from :func:`~pyro_autospec.infer.sites.discover_sites` (found when ``None``).
+        A layout from :func:`~pyro_autospec.model.discrete.discover_sites` (found when
+        ``None``).
     num_threads : int or None
         torch intra-op threads during a contraction (restored afterwards). Enumeration runs
-        many tiny tensor ops, for which extra threads only add synchronisation: on a loaded
-        2-core machine one thread was 10x faster than two. ``None`` leaves torch's setting.
-        Any call of ``torch.set_num_threads``, this one included, switches MKL's dynamic
-        threading off for the rest of the process; with more than one thread, PyTorch's batched
-        LU on a CPU (``torch.linalg.solve`` or ``inv`` of stacks of matrices larger than about
-        14 x 14) can then return wrong results silently (pytorch/pytorch#141358). This
-        package's own solves are guarded; pass ``None`` to leave your process's threads alone.
+        many small tensor ops, for which extra threads mostly add synchronisation. ``None``
+        leaves torch's setting. Any call of ``torch.set_num_threads``, this one included,
+        switches MKL's dynamic threading off for the rest of the process; with more than one
+        thread, PyTorch's batched LU on a CPU (``torch.linalg.solve`` or ``inv`` of stacks of
+        matrices larger than about 14 x 14) can then return wrong results silently
+        (pytorch/pytorch#141358). Pass ``None`` to leave your process's threads alone.
+    device : str or torch.device, optional
+        Where the factors live and queries are answered (default: where the model's tensors
+        are).
+    continuous_values : dict, optional
+        ``name -> Tensor[M, *shape]``: ``M`` draws of every continuous latent site. The oracle
+        is then a family of ``M`` targets (``num_draws = M``), the discrete sites given each
+        draw, and every method takes ``draws`` (LongTensor[B]).
+    max_elements : int
+        Budget of tensor entries per contraction (with its backward pass); larger rounds are
+        answered in several contractions.
 
     Attributes
     ----------
@@ -125,17 +192,33 @@ class EnumOracle:
         ``n``, the number of discrete coordinates.
     num_values : int
         ``q``, the largest support size.
+    num_draws : int or None
+        ``M`` for a family (``continuous_values``), else ``None``.
     layout : SiteLayout
         The coordinate mapping.
     num_calls : int
         Contractions made so far.
+    device : torch.device
+
+    Raises
+    ------
+    UnsupportedSiteError
+        For a continuous latent site without ``continuous_values``.
+    IntractableEnumerationError
+        When plates do not nest as a tree, or the elimination is too large.
+    DynamicStructureError
+        When the model branches on a sampled value with Python control flow.
 
     Notes
     -----
-    For query row ``b`` with pinned set ``S``, the enumerated joint is
-    ``p(x, data) * prod_{i in S} 1[x_i = values_{b,i}]``; contracting every site but ``i``
-    and normalising gives ``mu(X_i = v | X_S = values_S, data)``. A query plate of size 1 hits
-    Pyro issue 3102, so batches of one row are padded with an unconditioned row.
+    For row ``b`` with pinned set ``S``, the enumerated joint is
+    ``p(x, data) prod_{i in S} 1[x_i = values_{b,i}]``. Writing the pins as additive log
+    factors ``log e_i(v)`` (``0`` or ``-inf``), ``log Z_b = log sum_x p(x, data) prod_i
+    e_i(x_i)`` and ``d log Z_b / d log e_i(v) = P(x_i = v | X_S = values_S, data)``: one
+    forward contraction and one backward pass give all ``n q`` marginals of every row (the
+    forward-backward algorithm on a chain). Rows with identical conditionings are computed
+    once. A pinned coordinate gets a point mass; a row conditioned on an impossible assignment
+    gets ``-inf`` everywhere.
 
     Examples
     --------
@@ -164,34 +247,363 @@ class EnumOracle:
         batch_size: int = 4096,
         layout: SiteLayout | None = None,
         num_threads: int | None = 1,
+        device: str | torch.device | None = None,
+        continuous_values: Mapping[str, torch.Tensor] | None = None,
+        max_elements: int = 2**27,
     ):
         if batch_size < 2:
-            raise ValueError(f"batch_size must be >= 2 (Pyro issue 3102), got {batch_size}")
+            raise ValueError(f"batch_size must be >= 2, got {batch_size}")
         self.model = model
         self.args = tuple(args)
         self.kwargs = {} if kwargs is None else dict(kwargs)
         if layout is None:
             layout = discover_sites(
-                model, self.args, self.kwargs, max_plate_nesting=max_plate_nesting
+                model,
+                self.args,
+                self.kwargs,
+                max_plate_nesting=max_plate_nesting,
+                continuous="allow" if continuous_values is not None else "error",
             )
         self.layout = layout
         self.batch_size = int(batch_size)
+        self.max_elements = int(max_elements)
         self.num_coords = layout.num_coords
         self.num_values = layout.num_values
         self.num_calls = 0
         self.num_threads = num_threads
-        self._elbo = TraceEnum_ELBO(max_plate_nesting=layout.max_plate_nesting + 1)
-        # Parallel enumeration of every latent discrete site, overriding a user's
-        # infer={"enumerate": "sequential"} (which the contraction cannot use).
-        self._enumerated = poutine.infer_config(model, _parallel_enumeration)
+        self._continuous = self._check_continuous(continuous_values)
+        self.num_draws = None if self._continuous is None else self._num_continuous
+        self.device = None if device is None else torch.device(device)
+        self._compile()
 
     def __repr__(self) -> str:
+        family = "" if self.num_draws is None else f", num_draws={self.num_draws}"
         return (
             f"EnumOracle(num_coords={self.num_coords}, num_values={self.num_values}, "
-            f"sites={self.layout.names})"
+            f"sites={self.layout.names}{family})"
         )
 
-    def log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # ------------------------------------------------------------------------- compilation
+    def _check_continuous(self, values):
+        names = self.layout.continuous_names
+        if values is None:
+            if names:
+                raise UnsupportedSiteError(
+                    f"The model has continuous latent sites {names}; EnumOracle enumerates "
+                    f"discrete sites given values of the continuous ones: pass "
+                    f"continuous_values={{name: Tensor[M, *shape]}} (a family of M targets), or "
+                    f"use AutoSpec(model), which samples them by NUTS."
+                )
+            return None
+        missing = sorted(set(names) - set(values))
+        extra = sorted(set(values) - set(names))
+        if missing or extra:
+            raise ValueError(
+                f"continuous_values must give every continuous latent site {names} and nothing "
+                f"else; missing {missing}, unknown {extra}"
+            )
+        shapes = self.layout.latent_shapes()
+        num = None
+        out = OrderedDict()
+        for name in names:
+            value = torch.as_tensor(values[name])
+            batch, event = shapes[name]
+            if tuple(value.shape[1:]) != tuple(batch + event):
+                raise ValueError(
+                    f"continuous_values['{name}'] has shape {tuple(value.shape)}, expected "
+                    f"(M,) + {tuple(batch + event)}"
+                )
+            if num is not None and value.shape[0] != num:
+                raise ValueError("every continuous_values tensor needs the same number of draws")
+            num = value.shape[0]
+            out[name] = value
+        if not num:
+            raise ValueError("continuous_values needs at least one draw")
+        self._num_continuous = int(num)
+        return out
+
+    def _trace(self, draw: int | None = None):
+        """The model's trace under enumeration, continuous draws in the draws plate.
+
+        ``draw=None``: all ``M`` continuous draws batched in the plate (one trace). ``draw=m``:
+        draw ``m`` alone, unbatched, in a plate of size 1 (for models that do not broadcast
+        over an extra batch dimension of their continuous sites).
+        """
+        mpn = self.layout.max_plate_nesting
+        model = self.model
+        num = 1 if self._continuous is None or draw is not None else self._num_continuous
+        if self._continuous is not None:
+            shapes = self.layout.latent_shapes()
+            data = {}
+            for name, value in self._continuous.items():
+                batch, event = shapes[name]
+                if draw is None:
+                    pad = (1,) * (mpn - len(batch))
+                    data[name] = value.reshape((num,) + pad + tuple(batch) + tuple(event))
+                else:
+                    data[name] = value[draw]
+            model = poutine.condition(model, data=data)
+        enumerated = poutine.infer_config(model, parallel_enumeration)
+
+        def with_draws(*args, **kwargs):
+            with pyro.plate(DRAWS_PLATE, num, dim=-(mpn + 1)):
+                return enumerated(*args, **kwargs)
+
+        recorder = SiteRecorder()
+        try:
+            with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
+                enum_model = poutine.enum(with_draws, first_available_dim=-(mpn + 2))
+                trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
+                trace = prune_subsample_sites(trace)
+                trace.compute_log_prob()
+                trace.pack_tensors()
+        except AutoSpecModelError:
+            raise
+        except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
+            if "memory" in str(e) or "allocate" in str(e):
+                raise _intractable_error(float("inf")) from e
+            raise structure_error(e, recorder.names, "under enumeration") from e
+        return trace
+
+    def _traces(self) -> list:
+        """One batched trace, or one trace per continuous draw if the model cannot batch them."""
+        if self._continuous is None:
+            return [self._trace()]
+        try:
+            batched = self._trace()
+            reason = None if self._num_continuous == 1 else self._batch_mismatch(batched)
+        except DynamicStructureError as error:
+            reason = str(error).split(": ", 1)[-1].split(". ")[0]
+        if reason is None:
+            return [batched]
+        traces = [self._trace(m) for m in range(self._num_continuous)]
+        if self._num_continuous > 1:
+            warnings.warn(
+                f"The model does not broadcast over a batch of draws of its continuous sites "
+                f"({reason}), so EnumOracle traced it once per draw ({self._num_continuous} "
+                f"traces). To trace it once, index with Vindex (pyro.ops.indexing) or "
+                f"ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+                UserWarning,
+                stacklevel=5,
+            )
+        return traces
+
+    def _batch_mismatch(self, batched) -> str | None:
+        """Compare draw 0 of the batched trace with draw 0 traced alone; None if they agree.
+
+        A model can broadcast without error and still mix draws (a batch of ``M`` continuous
+        draws landing on a plate of the same size): its factors then differ from draw 0's.
+        """
+        alone = self._trace(0)
+        draws = batched.plate_to_symbol[DRAWS_PLATE]
+        for name, node in alone.nodes.items():
+            if node["type"] != "sample" or site_role(node) in ("deterministic", "subsample"):
+                continue
+            one = node["packed"]["log_prob"]
+            many = batched.nodes[name]["packed"]["log_prob"] if name in batched.nodes else None
+            if not torch.is_tensor(one) or many is None:
+                continue
+            dims = many._pyro_dims
+            if draws in dims:
+                many = many.select(dims.index(draws), 0)
+                dims = dims.replace(draws, "")
+            if dims != one._pyro_dims or many.shape != one.shape:
+                return f"site '{name}' changes shape in a batch of draws"
+            tolerance = 1e-5 * (1.0 + float(one.abs().max())) if one.numel() else 0.0
+            if not torch.allclose(many.double(), one.double(), atol=tolerance, rtol=1e-5):
+                return f"site '{name}' mixes draws in a batch"
+        return None
+
+    def _compile(self) -> None:
+        traces = self._traces()
+        trace = traces[0]
+        layout = self.layout
+        plate_to_symbol = trace.plate_to_symbol
+        self._symbol_to_plate = {s: p for p, s in plate_to_symbol.items()}
+        draws = plate_to_symbol[DRAWS_PLATE]
+        self._draws_symbol = draws
+        known = set(layout.names)
+        dim_to_size: dict[str, int] = {}
+        for node in trace.nodes.values():
+            for frame in node.get("cond_indep_stack", ()):
+                if frame.vectorized and frame.name in plate_to_symbol:
+                    dim_to_size[plate_to_symbol[frame.name]] = int(frame.size)
+
+        # evidence: where each discrete site's pins go
+        evidence, enum_symbols = [], set()
+        for site in layout.sites:
+            node = trace.nodes.get(site.name)
+            if node is None or node["infer"].get("_enumerate_dim") is None:
+                raise AutoSpecModelError(
+                    f"Site '{site.name}' was not enumerated when the model was traced under "
+                    f"enumeration; AutoSpec needs a fixed set of enumerable sites."
+                )
+            symbol = node["infer"]["_enumerate_symbol"]
+            enum_symbols.add(symbol)
+            dim_to_symbol = node["infer"]["_dim_to_symbol"]
+            plates, view = "", []
+            for i, size in enumerate(site.batch_shape):
+                if size > 1:
+                    plates += dim_to_symbol[i - len(site.batch_shape)]
+                    view.append(int(size))
+            ordinal = frozenset(
+                plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
+            )
+            dim_to_size[symbol] = site.support_size
+            evidence.append(
+                _Evidence(
+                    site.name,
+                    site.coords,
+                    site.support_size,
+                    tuple(view),
+                    plates + symbol + draws,
+                    ordinal | {draws},
+                )
+            )
+
+        # model factors: every site's scaled, masked log density
+        device = self.device
+        terms, constant = [], None
+        for name, node in trace.nodes.items():
+            if node["type"] != "sample" or site_role(node) in ("deterministic", "subsample"):
+                continue
+            if not node["is_observed"] and name not in known:
+                kind = type(node["fn"]).__name__
+                raise UnsupportedSiteError(
+                    f"Site '{name}' ({kind}) is latent but neither an enumerated discrete site nor "
+                    f"given in continuous_values; EnumOracle cannot sum it out."
+                )
+            packed = node["packed"]["log_prob"]
+            if not torch.is_tensor(packed):
+                continue
+            if device is None:
+                device = packed.device
+            dims = packed._pyro_dims
+            tensor = packed.detach().to(device=device, dtype=torch.float64)
+            if len(traces) > 1:  # one trace per continuous draw: stack them on the draws dim
+                parts = [t.nodes[name]["packed"]["log_prob"] for t in traces]
+                if any(p._pyro_dims != dims for p in parts):
+                    raise DynamicStructureError(
+                        f"Site '{name}' has different dims for different continuous draws; "
+                        f"AutoSpec needs a fixed model structure."
+                    )
+                tensor = torch.stack([p.detach().to(device, torch.float64) for p in parts])
+                dims = draws + dims
+            ordinal = frozenset(
+                plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
+            )
+            if not set(dims) & enum_symbols:  # no discrete site in it: a constant per draw
+                keep = [i for i, d in enumerate(dims) if d != draws]
+                part = tensor.sum(keep) if keep else tensor
+                constant = part if constant is None else constant + part
+                continue
+            terms.append([tensor, dims, ordinal | {draws}])
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        num = 1 if self._continuous is None else self._num_continuous
+        if constant is None:
+            constant = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._constant = constant.expand(num) if constant.dim() == 0 else constant
+        self._terms = self._simplify(terms, evidence, draws, enum_symbols)
+        self._evidence = evidence
+        self._sum_dims = enum_symbols
+        self._dim_to_size = dim_to_size
+        self._family = self._continuous is not None and num > 1
+        self._row_entries = self._measure()
+        self._log_normalizer = None
+
+    def _simplify(self, terms, evidence, draws, enum_symbols):
+        """Contract plates that no enumerated site lives in, and fold factors into supersets.
+
+        Both are what the contraction would do first on every round; done once here.
+        """
+        home: dict[str, frozenset] = {}
+        for _, dims, ordinal in terms:
+            for d in set(dims) & enum_symbols:
+                home[d] = home.get(d, ordinal) & ordinal
+        for spec in evidence:
+            for d in set(spec.dims) & enum_symbols:
+                home[d] = home.get(d, spec.ordinal) & spec.ordinal
+        for term in terms:
+            tensor, dims, ordinal = term
+            needed = frozenset({draws}).union(*(home[d] for d in set(dims) & enum_symbols))
+            for plate in ordinal - needed:
+                if plate in dims:
+                    tensor = tensor.sum(dims.index(plate))
+                    dims = dims.replace(plate, "")
+            term[:] = [tensor, dims, ordinal & needed]
+        # fold each factor into a factor of the same plates whose dims contain its own
+        terms.sort(key=lambda t: -len(t[1]))
+        kept: list[list] = []
+        for tensor, dims, ordinal in terms:
+            for other in kept:
+                if other[2] == ordinal and set(dims) <= set(other[1]):
+                    other[0] = other[0] + _align(tensor, dims, other[1]).expand_as(other[0])
+                    break
+            else:
+                kept.append([tensor.contiguous(), dims, ordinal])
+        for term in kept:  # the same tensor objects every round: exponentials cached on them
+            term[0] = constant_factor(term[0], term[1])
+        return kept
+
+    def _tree(self, leaves: list, draws: torch.Tensor | None) -> OrderedDict:
+        tree = OrderedDict()
+        symbol = self._draws_symbol
+        for tensor, dims, ordinal in self._terms:
+            if self._family and symbol in dims:
+                tensor = tensor.index_select(dims.index(symbol), draws)
+                tensor._pyro_dims = dims
+            elif getattr(tensor, "_pyro_dims", None) != dims:
+                tensor = constant_factor(tensor.view(tensor.shape), dims)
+            tree.setdefault(ordinal, []).append(tensor)
+        for spec, leaf in zip(self._evidence, leaves, strict=True):
+            part = linear_factor(leaf.view(leaf.shape), spec.dims)  # 0/1 evidence, linear
+            tree.setdefault(spec.ordinal, []).append(part)
+        return tree
+
+    def _leaves(self, ev: torch.Tensor) -> list:
+        """One evidence tensor per site, ``[*plate sizes, K, rows]``: views of ``ev`` [n, q, rows].
+
+        Coordinates come first in ``ev`` so that every site's block is a view, and gradients
+        are taken with respect to the views: the backward pass never materialises ``ev``.
+        """
+        rows = ev.shape[2]
+        return [
+            ev[spec.coords, : spec.support_size].reshape(
+                spec.view_shape + (spec.support_size, rows)
+            )
+            for spec in self._evidence
+        ]
+
+    def _measure(self) -> int:
+        """Entries per query row of one contraction; refuse an intractable elimination."""
+        rows = 2
+        ev = torch.zeros(self.num_coords, self.num_values, rows, device="meta")
+        ev = ev.to(torch.float64)
+        draws = torch.zeros(rows, dtype=torch.long, device="meta") if self._family else None
+        saved = self._terms
+        self._terms = [[t.to("meta"), d, o] for t, d, o in saved]
+        ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: rows})
+        ring.step_entries = []
+        try:
+            contract_to_tensor(
+                self._tree(self._leaves(ev), draws),
+                set(self._sum_dims),
+                target_ordinal=frozenset({self._draws_symbol}),
+                ring=ring,
+            )
+        except NotImplementedError as e:  # Pyro: "Expected tree-structured plate nesting"
+            raise _non_tree_error(e, self._symbol_to_plate, self._evidence) from e
+        finally:
+            self._terms = saved
+        largest = max(ring.step_entries, default=1) / rows
+        if largest > _MAX_STEP_ENTRIES_PER_ROW:
+            raise _intractable_error(largest)
+        return max(1, int(2 * sum(ring.step_entries) / rows))
+
+    # ------------------------------------------------------------------------------ queries
+    def log_marginals(
+        self, values: torch.Tensor, mask: torch.Tensor, draws: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Conditional log marginals of every coordinate.
 
         Parameters
@@ -200,30 +612,52 @@ class EnumOracle:
             Support indices; read only where ``mask`` is True.
         mask : BoolTensor[B, n]
             True where the coordinate is pinned.
+        draws : LongTensor[B], optional
+            For a family (``num_draws``): the draw each row conditions on.
 
         Returns
         -------
         DoubleTensor[B, n, q]
-            ``log mu(X_i = v | X_S = values_S, data)``; ``-inf`` outside each site's support.
+            ``log P(X_i = v | X_S = values_S, data)``; ``-inf`` outside each site's support.
         """
-        values, mask = self._check(values, mask)
+        values, mask, draws = self._check(values, mask, draws)
         if values.shape[0] == 0:
-            return torch.empty(0, self.num_coords, self.num_values, dtype=torch.float64)
+            return torch.empty(
+                0, self.num_coords, self.num_values, dtype=torch.float64, device=self.device
+            )
+        probs, inverse = self._probabilities(values, mask, draws)
+        if inverse is not None:
+            probs = probs[:, inverse]
+        return _log(probs.transpose(0, 1))
+
+    def _probabilities(self, values, mask, draws):
+        """Linear marginals ``[n, U, q]`` of the ``U`` distinct rows, and the rows' index."""
+        per_call = max(2, min(self.batch_size, self.max_elements // self._row_entries))
         # Identical conditionings (common: every draw starts unconditioned) are computed once.
-        keys = torch.cat([torch.where(mask, values, -1), mask.long()], dim=1)
-        unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
-        values_u, mask_u = (
-            unique[:, : self.num_coords].clamp(min=0),
-            unique[:, self.num_coords :].bool(),
-        )
-        chunks = [
-            self._call(values_u[i : i + self.batch_size], mask_u[i : i + self.batch_size])
-            for i in range(0, values_u.shape[0], self.batch_size)
-        ]
-        return torch.cat(chunks)[inverse.to(chunks[0].device)]
+        keys = torch.where(mask, values, -1)
+        if draws is not None:
+            keys = torch.cat([draws[:, None], keys], dim=1)
+        unique, inverse = _unique_rows(keys)
+        if draws is not None:
+            draws_u, unique = unique[:, 0], unique[:, 1:]
+        else:
+            draws_u = None
+        mask_u = unique >= 0
+        values_u = unique.clamp(min=0)
+        parts = []
+        for start in range(0, values_u.shape[0], per_call):
+            stop = start + per_call
+            part_draws = None if draws_u is None else draws_u[start:stop]
+            probs, _ = self._call(values_u[start:stop], mask_u[start:stop], part_draws, per_call)
+            parts.append(probs)
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)), inverse
 
     def log_marginals_at(
-        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        targets: torch.Tensor,
+        draws: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Conditional log marginals of the coordinates ``targets`` only.
 
@@ -233,112 +667,176 @@ class EnumOracle:
         mask : BoolTensor[B, n]
         targets : LongTensor[B, k]
             Coordinate indices (may repeat).
+        draws : LongTensor[B], optional
+            For a family: the draw each row conditions on.
 
         Returns
         -------
         DoubleTensor[B, k, q]
         """
-        targets = torch.as_tensor(targets, dtype=torch.long)
-        full = self.log_marginals(values, mask)
-        index = targets.to(full.device)[:, :, None].expand(-1, -1, self.num_values)
-        return full.gather(1, index)
+        values, mask, draws = self._check(values, mask, draws)
+        targets = torch.as_tensor(targets, dtype=torch.long, device=self.device)
+        if values.shape[0] == 0:
+            return torch.empty(
+                0, targets.shape[1], self.num_values, dtype=torch.float64, device=self.device
+            )
+        probs, inverse = self._probabilities(values, mask, draws)
+        rows = torch.arange(values.shape[0], device=self.device)
+        rows = rows if inverse is None else inverse
+        return _log(probs[targets, rows[:, None]])
 
-    def _check(self, values, mask):
-        values = torch.as_tensor(values)
-        mask = torch.as_tensor(mask, dtype=torch.bool)
+    def log_marginals_chain(
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        chain: torch.Tensor,
+        draws: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Chain queries: each chain coordinate given the prefix and the chain before it.
+
+        ``out[c, j] = log P(X_{chain[c, j]} = . | X_S = values_S)`` with
+        ``S = mask[c] + chain[c, :j]`` (see :class:`~pyro_autospec.oracles.base.MarginalOracle`).
+        For enumeration each of the ``L`` conditionings costs one contraction row, so this is
+        no cheaper than ``L`` rows; it answers all of them in one batched call (identical
+        conditionings, such as the padding of short chains, once).
+
+        Parameters
+        ----------
+        values : LongTensor[C, n]
+        mask : BoolTensor[C, n]
+        chain : LongTensor[C, L]
+        draws : LongTensor[C], optional
+
+        Returns
+        -------
+        DoubleTensor[C, L, q]
+        """
+        values, mask, draws = self._check(values, mask, draws)
+        chain = torch.as_tensor(chain, dtype=torch.long, device=values.device)
+        num, length = chain.shape
+        n = self.num_coords
+        before = torch.zeros(num, length, n, dtype=torch.bool, device=values.device)
+        if length > 1:
+            hits = torch.zeros(num, length, n, dtype=torch.bool, device=values.device)
+            hits.scatter_(2, chain[:, :, None], True)
+            before[:, 1:] = hits[:, :-1].cumsum(1).bool()
+        rows_mask = (mask[:, None, :] | before).reshape(num * length, n)
+        rows_values = values[:, None, :].expand(num, length, n).reshape(num * length, n)
+        rows_draws = None if draws is None else draws.repeat_interleave(length)
+        out = self.log_marginals_at(
+            rows_values, rows_mask, chain.reshape(num * length, 1), rows_draws
+        )
+        return out.reshape(num, length, self.num_values)
+
+    def log_normalizer(self, draws: torch.Tensor | None = None) -> torch.Tensor:
+        """``log sum_x p(x, data)`` (given each draw's continuous values, for a family).
+
+        Parameters
+        ----------
+        draws : LongTensor[B], optional
+            For a family: which draws (default: all of them).
+
+        Returns
+        -------
+        DoubleTensor[B] (family) or a 0-dim DoubleTensor
+        """
+        if self._log_normalizer is None:
+            num = 1 if self._continuous is None else self._num_continuous
+            everything = torch.arange(num, device=self.device)
+            logz = []
+            for start in range(0, num, self.batch_size):
+                part = everything[start : start + self.batch_size]
+                values = torch.zeros(len(part), self.num_coords, dtype=torch.long)
+                mask = torch.zeros_like(values, dtype=torch.bool)
+                _, z = self._call(
+                    values.to(self.device),
+                    mask.to(self.device),
+                    part if self._family else None,
+                    self.batch_size,
+                )
+                logz.append(z)
+            self._log_normalizer = torch.cat(logz) + self._constant
+        if self._continuous is None:
+            return self._log_normalizer[0]
+        if draws is None:
+            return self._log_normalizer
+        return self._log_normalizer[torch.as_tensor(draws, device=self.device)]
+
+    def _check(self, values, mask, draws):
+        values = torch.as_tensor(values, device=self.device)
+        mask = torch.as_tensor(mask, dtype=torch.bool, device=self.device)
         if values.dim() != 2 or values.shape[1] != self.num_coords or mask.shape != values.shape:
             raise ValueError(
                 f"values and mask must have shape [B, {self.num_coords}]; got "
                 f"{tuple(values.shape)} and {tuple(mask.shape)}"
             )
-        return values.long(), mask
+        if self.num_draws is None:
+            if draws is not None:
+                raise ValueError("draws= is only for a family oracle (continuous_values=...)")
+        else:
+            if draws is None:
+                raise ValueError(
+                    f"this EnumOracle is a family of {self.num_draws} targets (one per draw of "
+                    f"the continuous sites): pass draws=LongTensor[B]"
+                )
+            draws = torch.as_tensor(draws, dtype=torch.long, device=self.device).reshape(-1)
+            if draws.shape[0] != values.shape[0]:
+                raise ValueError(f"draws has {draws.shape[0]} entries for {values.shape[0]} rows")
+            if bool(((draws < 0) | (draws >= self.num_draws)).any()):
+                raise ValueError(f"draws must lie in [0, {self.num_draws})")
+        return values.long(), mask, draws
 
-    def _call(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _call(self, values, mask, draws, limit):
         if self.num_threads is None:
-            return self._contract(values, mask)
+            return self._contract(values, mask, draws, limit)
         previous = torch.get_num_threads()
         torch.set_num_threads(self.num_threads)
         try:
-            return self._contract(values, mask)
+            return self._contract(values, mask, draws, limit)
         finally:
             torch.set_num_threads(previous)
 
-    def _contract(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        num_rows = values.shape[0]
-        if num_rows < 2:  # Pyro issue 3102: a query plate of size 1 fails
-            pad = 2 - num_rows
-            values = torch.cat([values, values.new_zeros(pad, self.num_coords)])
-            mask = torch.cat([mask, mask.new_zeros(pad, self.num_coords)])
-        batch = values.shape[0]
-        mpn = self.layout.max_plate_nesting
-        index, pinned = {}, {}
-        for site in self.layout.sites:
-            shape = (batch,) + (1,) * (mpn - len(site.batch_shape)) + tuple(site.batch_shape)
-            index[site.name] = values[:, site.coords].reshape(shape)
-            pinned[site.name] = mask[:, site.coords].reshape(shape)
-        evidence = _Evidence(self.layout, index, pinned)
-
-        def queried(*args, **kwargs):
-            with pyro.plate(_QUERY_PLATE, batch, dim=-(mpn + 1)), evidence:
-                return self._enumerated(*args, **kwargs)
-
-        try:
-            with poutine.block(), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*not in guide.*")
-                warnings.filterwarnings("ignore", message=".*plate.*guide.*")
-                model_trace, guide_trace = next(
-                    self._elbo._get_traces(queried, _empty_guide, self.args, self.kwargs)
-                )
-                logits = self._marginals(model_trace, guide_trace, batch)
-        except AutoSpecModelError:
-            raise
-        except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
-            last = f" (after site '{evidence.seen[-1]}')" if evidence.seen else ""
-            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise DynamicStructureError(
-                f"Enumerating the model failed{last}: {reason}. EnumOracle runs the model on "
-                f"enumerated, batched values of its discrete sites, so the model must not branch "
-                f"on their values with Python control flow (if/int()/.item()); use tensor "
-                f"operations (torch.where, Vindex, poutine.mask) so its structure is fixed."
-            ) from e
+    def _contract(self, values, mask, draws, limit):
+        """Marginals [n, b, q] (linear, coordinates first) and log Z [b] of ``b`` rows."""
+        rows = values.shape[0]
+        # pad to a power of two (at least 2) so that cached plans are reused across rounds
+        padded = 2
+        while padded < rows:
+            padded *= 2
+        padded = max(rows, min(padded, max(limit, 2)))
+        if padded > rows:
+            extra = padded - rows
+            values = torch.cat([values, values[:1].expand(extra, -1)])
+            mask = torch.cat([mask, mask[:1].expand(extra, -1)])
+            if draws is not None:
+                draws = torch.cat([draws, draws[:1].expand(extra)])
+        q = self.num_values
+        values_t, mask_t = values.t(), mask.t()  # [n, rows]: coordinates first
+        other = torch.arange(q, device=values.device)[:, None] != values_t[:, None, :]
+        # linear evidence e_i(v) in {0, 1}: d log Z / d e_i(v) * e_i(v) = P(X_i = v | pins)
+        ev = (~(mask_t[:, None, :] & other)).to(torch.float64).requires_grad_(True)  # [n, q, B]
+        leaves = self._leaves(ev)
+        ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: padded})
+        with torch.enable_grad():
+            logz = contract_to_tensor(
+                self._tree(leaves, draws),
+                set(self._sum_dims),
+                target_ordinal=frozenset({self._draws_symbol}),
+                ring=ring,
+            )
+            logz = logz.expand(padded) if logz.dim() == 0 else logz
+            grads = torch.autograd.grad(logz.sum(), leaves)
         self.num_calls += 1
-        return logits[:num_rows]
-
-    def _marginals(self, model_trace, guide_trace, batch: int) -> torch.Tensor:
-        mpn = self.layout.max_plate_nesting
-        _, log_factors, _, sum_dims, _ = _compute_model_factors(model_trace, guide_trace)
-        out = torch.full((batch, self.num_coords, self.num_values), -math.inf, dtype=torch.float64)
-        # Sizes of every plate symbol: Pyro's ring forgets plates a marginal does not vary over
-        # and then fails to broadcast to them (a KeyError, as in Pyro issue 3102).
-        plate_to_symbol = model_trace.plate_to_symbol
-        dim_to_size = {}
-        for node in model_trace.nodes.values():
-            for f in node.get("cond_indep_stack", ()):
-                if f.vectorized and f.name in plate_to_symbol:
-                    dim_to_size[plate_to_symbol[f.name]] = f.size
-        with shared_intermediates() as cache:
-            ring = LogRing(cache, dim_to_size=dim_to_size)
-            for site in self.layout.sites:
-                node = model_trace.nodes[site.name]
-                enum_dim = node["infer"].get("_enumerate_dim")
-                if enum_dim is None:
-                    raise AutoSpecModelError(f"Site '{site.name}' was not enumerated by Pyro.")
-                logits = contract_to_tensor(
-                    log_factors,
-                    sum_dims,
-                    target_ordinal=_find_ordinal(model_trace, node),
-                    target_dims={node["infer"]["_enumerate_symbol"]},
-                    ring=ring,
-                )
-                logits = packed.unpack(logits, model_trace.symbol_to_dim)
-                # move the enumeration dim to the end, keep the query + plate dims
-                logits = logits.unsqueeze(-1).transpose(-1, enum_dim - 1).squeeze(enum_dim - 1)
-                k = site.support_size
-                lead = logits.dim() - 1 - (mpn + 1)
-                if lead > 0:
-                    logits = logits.reshape(logits.shape[lead:])
-                shape = (batch,) + (1,) * (mpn - len(site.batch_shape)) + tuple(site.batch_shape)
-                logits = logits.expand(shape + (k,)).reshape(batch, site.num_coords, k)
-                logits = logits.to(torch.float64)
-                out[:, site.coords, :k] = logits - logits.logsumexp(-1, keepdim=True)
-        return out
+        with torch.no_grad():
+            blocks = [
+                (grad * leaf).reshape(-1, grad.shape[-2], padded)
+                for grad, leaf in zip(grads, leaves, strict=True)
+            ]
+            if all(block.shape[1] == q for block in blocks):
+                probs = torch.cat(blocks)
+            else:
+                probs = torch.zeros_like(ev)
+                for spec, block in zip(self._evidence, blocks, strict=True):
+                    probs[spec.coords, : spec.support_size] = block
+            probs = probs.transpose(1, 2)  # [n, rows, q]
+        return probs[:, :rows], logz.detach()[:rows]

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 
 from ._util import ExactOracle, as_float64, log_matmul, log_normalize, point_mass
 
-__all__ = ["MarkovChainOracle", "nearest_pins", "nearest_pins_at"]
+__all__ = ["MarkovChainOracle", "chain_nearest_pins", "nearest_pins", "nearest_pins_at"]
+
+# Largest number of (chain coordinate, earlier chain coordinate) pairs compared at once.
+_MAX_PAIRS = 1 << 22
 
 
 def nearest_pins(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,14 +48,35 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     Returns
     -------
     left, right : LongTensor[B, k]
-        ``nearest_pins(mask)[0].gather(1, targets)`` and likewise for ``right``. For long rows
-        and few targets they are found by a binary search in the running count of pins
-        (``O(n + k log n)`` per row, with a cheap integer ``cumsum`` as the only full pass).
+        ``nearest_pins(mask)[0].gather(1, targets)`` and likewise for ``right``.
+
+    Notes
+    -----
+    For long rows and few targets (``n > 256`` and ``8 k < n``) in large calls (more than
+    ``2^19`` mask entries) nothing of size ``[B, n]`` is allocated when ``n`` is a multiple of
+    8 (on a little-endian machine): the mask is read
+    as 64-bit words of 8 flags, and words as groups of 8, so that only a running count of the
+    non-empty groups (``n / 64`` int32 per row) is formed and binary-searched; the nearest
+    flag inside a group or a word comes from the exponent of a float. ``O(n / 8 + k log n)``
+    per row, most of it one reading of the mask. Otherwise a running count of pins
+    (``O(n + k log n)``) or a scan of the whole row.
     """
     n, k = mask.shape[1], targets.shape[1]
     if n <= 256 or 8 * k >= n:  # a scan of the whole row is cheaper
         left, right = nearest_pins(mask)
         return left.gather(1, targets), right.gather(1, targets)
+    # The word search has a fixed cost of some fifty small operations; below about half a
+    # million mask entries the running count's one allocation is cheaper.
+    if mask.shape[0] * n > 2**19 and n % 8 == 0 and sys.byteorder == "little":
+        return _nearest_pins_by_words(mask, targets)
+    return _nearest_pins_by_count(mask, targets)
+
+
+def _nearest_pins_by_count(
+    mask: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nearest_pins_at` by a binary search in the running count of pins (``[B, n]``
+    int32): any ``n``."""
     count = mask.to(torch.int32).cumsum(dim=1, dtype=torch.int32)  # pins at or before i
     rank = count.gather(1, targets)  # rank of the nearest pin at or before the target
     pinned = mask.gather(1, targets)
@@ -62,24 +87,203 @@ def nearest_pins_at(mask: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Te
     return left.long(), right.long()
 
 
+def _byte_masks(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Int64 masks keeping the bytes ``<= o`` (first) and ``>= o`` (second), ``o < 8``."""
+    low = [(1 << (8 * (o + 1))) - 1 if o < 7 else -1 for o in range(8)]
+    high = [-(1 << (8 * o)) for o in range(8)]
+    return (
+        torch.tensor(low, dtype=torch.int64, device=device),
+        torch.tensor(high, dtype=torch.int64, device=device),
+    )
+
+
+def _top_byte(words: torch.Tensor) -> torch.Tensor:
+    """Index of the highest non-zero byte of positive int64 ``words`` whose bytes are 0 or 1.
+
+    The float conversion may round, but never up to the next power of two: the bytes below
+    the top one add less than ``2^-7`` of it. So the exponent is exact.
+    """
+    return (torch.frexp(words.double()).exponent.long() - 1) >> 3
+
+
+def _nearest_pins_by_words(
+    mask: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nearest_pins_at` for ``n`` a multiple of 8 on a little-endian machine.
+
+    Two levels of 64-bit words: ``words`` holds 8 flags each (a view of the mask, no copy),
+    ``groups`` the 8 flags "word is non-empty" of 8 consecutive words. Only the groups get a
+    running count (``n / 64`` int32 per row), binary-searched for the nearest non-empty group;
+    inside a group or a word the nearest flag comes from :func:`_top_byte`.
+    """
+    batch, n = mask.shape
+    num_words = n // 8
+    num_groups = (num_words + 7) // 8
+    words = mask.contiguous().view(torch.uint8).view(torch.int64)  # [B, n / 8], byte i = flag
+    nonempty = torch.zeros(batch, 8 * num_groups, dtype=torch.bool, device=mask.device)
+    nonempty[:, :num_words] = words != 0
+    groups = nonempty.view(torch.uint8).view(torch.int64)  # [B, groups], byte i = word 8 g + i
+    count = (groups != 0).to(torch.int32).cumsum(dim=1, dtype=torch.int32)  # non-empty groups
+    low_bytes, high_bytes = _byte_masks(mask.device)
+    word, offset = targets >> 3, targets & 7
+    group, slot = word >> 3, word & 7  # the target's word is byte `slot` of `group`
+    own = words.gather(1, word)
+    own_group = groups.gather(1, group)
+    # left: in the target's word; else the last non-empty word before it in its group; else
+    # the last word of the last non-empty group before it
+    earlier = own_group & torch.where(slot > 0, low_bytes[(slot - 1).clamp(min=0)], 0)
+    rank = torch.where(group > 0, count.gather(1, (group - 1).clamp(min=0)), 0)
+    previous = torch.searchsorted(count, rank.clamp(min=1))  # first group with count >= rank
+    found = groups.gather(1, previous.clamp(max=num_groups - 1))
+    left_word = torch.where(rank > 0, 8 * previous + _top_byte(found), -1)
+    left_word = torch.where(earlier != 0, 8 * group + _top_byte(earlier), left_word)
+    found = words.gather(1, left_word.clamp(min=0))
+    left = torch.where(left_word >= 0, 8 * left_word + _top_byte(found), -1)
+    below = own & low_bytes[offset]  # flags at or before the target in its word
+    left = torch.where(below != 0, 8 * word + _top_byte(below), left)
+    # right: the mirror image, with the lowest byte (x & -x isolates the lowest set bit)
+    later = own_group & torch.where(slot < 7, high_bytes[(slot + 1).clamp(max=7)], 0)
+    following = torch.searchsorted(count, count.gather(1, group) + 1)  # the next group
+    found = groups.gather(1, following.clamp(max=num_groups - 1))
+    right_word = torch.where(
+        following < num_groups, 8 * following + _top_byte(found & -found), num_words
+    )
+    right_word = torch.where(later != 0, 8 * group + _top_byte(later & -later), right_word)
+    found = words.gather(1, right_word.clamp(max=num_words - 1))
+    right = torch.where(right_word < num_words, 8 * right_word + _top_byte(found & -found), n)
+    above = own & high_bytes[offset]  # at or after
+    right = torch.where(above != 0, 8 * word + _top_byte(above & -above), right)
+    return left, right
+
+
+def chain_nearest_pins(
+    chain: torch.Tensor, left: torch.Tensor, right: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nearest pins of chain coordinates once the chain coordinates before them are pinned.
+
+    Parameters
+    ----------
+    chain : LongTensor[C, L]
+    left, right : LongTensor[C, L]
+        The nearest pins of ``chain`` in the prefix (:func:`nearest_pins_at`).
+    n : int
+        The number of coordinates.
+
+    Returns
+    -------
+    left, right : LongTensor[C, L]
+        The nearest pins of ``chain[c, j]`` among the prefix and ``chain[c, :j]``.
+    repeated : BoolTensor[C, L]
+        Whether ``chain[c, j]`` is in ``chain[c, :j]`` (then ``left = right = chain[c, j]``).
+
+    Notes
+    -----
+    Sort each chain by coordinate and write ``t[p]`` for the step at which the ``p``-th
+    smallest coordinate is pinned. The chain pin left of the ``p``-th coordinate, among those
+    pinned before it, is the previous smaller element of ``t`` at ``p`` (the nearest
+    ``p' < p`` with ``t[p'] < t[p]``), and the one right of it the next smaller element.
+    Both come from a table of running minima over windows of ``2^k`` and a descent over
+    ``k``: ``O(L log L)`` per chain in ``O(log L)`` batched steps.
+    """
+    num_chains, length = chain.shape
+    if num_chains == 0 or length == 0:
+        return left, right, torch.zeros_like(chain, dtype=torch.bool)
+    device = chain.device
+    coords, perm = chain.sort(dim=1, stable=True)  # equal coordinates keep their chain order
+    steps = perm  # t[p]: the step that pins the p-th smallest coordinate
+    # a repeat is a coordinate equal to the one before it in sorted order
+    repeat_sorted = torch.zeros_like(coords, dtype=torch.bool)
+    repeat_sorted[:, 1:] = coords[:, 1:] == coords[:, :-1]
+    # repeats never pin anything new: give them the latest step so they are never chosen
+    t = torch.where(repeat_sorted, length, steps)
+    previous = _nearest_smaller(t, reverse=False)  # [C, L] sorted positions, -1 if none
+    following = _nearest_smaller(t, reverse=True)  # length if none
+    chain_left = torch.where(previous >= 0, coords.gather(1, previous.clamp(min=0)), -1)
+    chain_right = torch.where(
+        following < length, coords.gather(1, following.clamp(max=length - 1)), n
+    )
+    # back to chain order
+    inverse = torch.empty_like(perm)
+    inverse.scatter_(1, perm, torch.arange(length, device=device).expand(num_chains, length))
+    repeated = repeat_sorted.gather(1, inverse)
+    chain_left = chain_left.gather(1, inverse)
+    chain_right = chain_right.gather(1, inverse)
+    left = torch.where(repeated, chain, torch.maximum(left, chain_left))
+    right = torch.where(repeated, chain, torch.minimum(right, chain_right))
+    return left, right, repeated
+
+
+def _nearest_smaller(t: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """For every ``p``, the nearest ``p' < p`` (``p' > p`` if ``reverse``) with
+    ``t[p'] < t[p]``: LongTensor of the shape of ``t`` [C, L], ``-1`` (``L``) if none."""
+    num_chains, length = t.shape
+    if reverse:
+        found = _nearest_smaller(t.flip(1), reverse=False)
+        return torch.where(found >= 0, length - 1 - found, length).flip(1)
+    # minima[k][:, p] = min(t[p - 2^k + 1 .. p]) (windows cut at 0)
+    minima = [t]
+    width = 1
+    while 2 * width <= length:
+        last = minima[-1]
+        shifted = torch.cat([last[:, :1].expand(-1, width), last[:, :-width]], 1)
+        minima.append(torch.minimum(last, shifted))
+        width *= 2
+    position = torch.arange(length, device=t.device).expand(num_chains, length)
+    current = position - 1  # the search starts just left of p
+    for k in range(len(minima) - 1, -1, -1):
+        size = 1 << k
+        start = current - size + 1
+        window = minima[k].gather(1, current.clamp(min=0))
+        # no smaller value in (start .. current]: jump over the window
+        jump = (start >= 0) & (window >= t)
+        current = torch.where(jump, current - size, current)
+    # current is now -1 or the nearest position whose value may be smaller
+    found = (current >= 0) & (t.gather(1, current.clamp(min=0)) < t)
+    return torch.where(found, current, -1)
+
+
 class SeparatorOracle(ExactOracle):
     """Oracles whose pins are separators: a row needs only the nearest pins of each target.
 
-    Subclasses implement ``_combine(values, mask, sites, left, right)``: the log marginals
-    [B, k, q] of ``sites`` [B, k] given their nearest pins ``left`` / ``right`` [B, k].
+    Subclasses implement ``_combine(values, sites, left, right, pinned)``: the log marginals
+    [B, k, q] of ``sites`` [B, k] given their nearest pins ``left`` / ``right`` [B, k] (read
+    at ``values`` [B, n]), with a point mass where ``pinned`` [B, k].
+
+    Chain queries are native: the nearest pins of the chain coordinates in the prefix come
+    once per chain (:func:`nearest_pins_at` with ``L`` targets), the chain coordinates before
+    each one add pins (:func:`chain_nearest_pins`, ``O(L^2)``), and the rows are then
+    combined like any rows. ``O(n / 8 + L log n + L^2)`` per chain beyond the combine, instead
+    of ``L`` rows of ``O(n / 8)`` each plus ``L`` copies of the values and mask.
     """
 
     def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         left, right = nearest_pins(mask)
         batch, n = values.shape
         sites = torch.arange(n, device=values.device).expand(batch, n)
-        return self._combine(values, mask, sites, left, right)
+        return self._combine(values, sites, left, right, mask)
 
     def _log_marginals_at(
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
         left, right = nearest_pins_at(mask, targets)
-        return self._combine(values, mask, targets, left, right)
+        return self._combine(values, targets, left, right, mask.gather(1, targets))
+
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        left, right = nearest_pins_at(mask, chain)
+        left, right, repeated = chain_nearest_pins(chain, left, right, self.num_coords)
+        return self._combine(values, chain, left, right, mask.gather(1, chain) | repeated)
+
+    def _combine(
+        self,
+        values: torch.Tensor,
+        sites: torch.Tensor,
+        left: torch.Tensor,
+        right: torch.Tensor,
+        pinned: torch.Tensor,
+    ) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
 
 
 class MarkovChainOracle(SeparatorOracle):
@@ -116,11 +320,18 @@ class MarkovChainOracle(SeparatorOracle):
 
     where the left factor is ``P(x_i = v)`` when no pin lies left of ``i`` and the right factor
     is 1 when no pin lies right of it. The nearest pins of all coordinates come from one
-    ``cummax`` per direction (for ``k`` targets: a running count of pins and a binary search),
-    and each row then costs ``O(n q)`` (``O(k q)`` for ``k`` targets) gathers from the
-    precomputed powers (memory ``n q^2``). Powers are computed exactly in log space
-    (``logsumexp`` products) by doubling, so tiny transition probabilities stay exact. Pinned
-    coordinates get a point mass; rows conditioned on an impossible assignment are NaN.
+    ``cummax`` per direction (for ``k`` targets: a binary search over words of the mask, see
+    :func:`nearest_pins_at`), and each row then costs ``O(n q)`` (``O(k q)`` for ``k``
+    targets) gathers from the precomputed powers (memory ``n q^2``). Powers are computed
+    exactly in log space (``logsumexp`` products) by doubling, so tiny transition
+    probabilities stay exact. Pinned coordinates get a point mass; rows conditioned on an
+    impossible assignment are NaN.
+
+    Chain queries (:meth:`log_marginals_chain`) are native: the prefix's nearest pins of the
+    ``L`` chain coordinates come from one search per chain, the chain coordinates pinned
+    before each one from a sort of the chain (:func:`chain_nearest_pins`), then the rows are
+    combined as above: ``O(n / 8 + L log n + L q)`` per chain, against ``L`` rows of
+    ``O(n / 8 + q)`` (see :doc:`/oracles`).
 
     Examples
     --------
@@ -167,10 +378,10 @@ class MarkovChainOracle(SeparatorOracle):
     def _combine(
         self,
         values: torch.Tensor,
-        mask: torch.Tensor,
         sites: torch.Tensor,
         left: torch.Tensor,
         right: torch.Tensor,
+        pinned: torch.Tensor,
     ) -> torch.Tensor:
         """Log marginals [B, k, q] of ``sites`` [B, k] with nearest pins ``left``/``right``."""
         n = self.num_coords
@@ -188,7 +399,6 @@ class MarkovChainOracle(SeparatorOracle):
         backward = self.log_powers[d_right, :, x_right]  # [B, k, q]
         backward = torch.where(has_right.unsqueeze(-1), backward, 0.0)
         out = log_normalize(forward + backward)
-        pinned = mask.gather(1, sites)
         return point_mass(out, pinned, values.gather(1, sites))
 
 

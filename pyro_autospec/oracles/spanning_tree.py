@@ -86,8 +86,10 @@ class SpanningTreeOracle(ExactOracle):
     an edge in (contraction) and out (deletion) are exactly the DPP Schur updates, so the
     conditionals are those of :class:`DPPOracle` with this kernel. ``Lap^+`` is computed by
     grounding node 0 (a Cholesky solve of the reduced Laplacian). Rows pinning a cycle in,
-    or a cut out, are impossible (NaN or arbitrary). Probabilities within ``1e-12`` of 0 or 1
-    are set to 0 or 1, so every draw has exactly ``N - 1`` edges.
+    or a cut out, are impossible (NaN or arbitrary). Probabilities within ``1e-9`` of 0 or 1
+    are set to 0 or 1, so every draw has exactly ``N - 1`` edges. Chain queries
+    (:meth:`log_marginals_chain`) are those of :class:`DPPOracle`: one conditioning per chain
+    and a sequence of rank-one updates.
 
     Examples
     --------
@@ -144,3 +146,8 @@ class SpanningTreeOracle(ExactOracle):
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
         return self._dpp._log_marginals_at(values, mask, targets)
+
+    def _log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+    ) -> torch.Tensor:
+        return self._dpp._log_marginals_chain(values, mask, chain)

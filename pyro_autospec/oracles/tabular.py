@@ -48,7 +48,9 @@ class TabularOracle(ExactOracle):
     most ``2^22`` entries. Rows in which some value has a marginal below ``1e-250`` times the
     most likely compatible state (or exactly zero) are redone with an exact ``logsumexp``, so
     no probability is lost to underflow. Pinned coordinates get a point mass at their value;
-    rows conditioned on an impossible assignment are NaN.
+    rows conditioned on an impossible assignment are NaN. Chain queries
+    (:meth:`log_marginals_chain`) are answered row by row (a row is the oracle's whole work
+    anyway); padding rows cost nothing.
 
     Examples
     --------

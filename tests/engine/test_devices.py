@@ -1,7 +1,8 @@
 """Same code, same seed, same samples on every device.
 
-The engine draws all its randomness in float64 on the CPU (NumPy), and the oracles compute in
-float64 on their own device, so a GPU run must reproduce the CPU run draw for draw. These tests
+The engine's randomness is keyed (seed, draw, block, thread) and computed with the same integer
+arithmetic on every device, and the oracles compute in float64 on their own device, so a GPU
+run must reproduce the CPU run draw for draw. These tests
 run only where CUDA is available (the device machine); CI has no GPU and skips them. One
 test needs no GPU: rows perturbed by rounding noise must give the same samples.
 """
@@ -89,9 +90,9 @@ class _Rounded:
 @pytest.mark.parametrize("method", ["autospec", "speculative", "agr24"])
 @pytest.mark.parametrize("name", ["markov", "hmm", "spanning_tree", "curie_weiss"])
 def test_rounding_noise_does_not_shift_the_random_stream(name, method):
-    """Rows 1e-14 apart give the same samples: the acceptance rules draw their uniform on every
-    call, so a log ratio that is exactly 0 on one device and -1e-16 on another cannot change
-    which random numbers later draws get (it did before, on four of these cases)."""
+    """Rows 1e-14 apart give the same samples: every random number is keyed, so a log ratio
+    that is exactly 0 on one device and -1e-16 on another cannot change which random numbers
+    later decisions read."""
     oracle = _oracles("cpu")[name]
     a = sample_any_order(oracle, 16, seed=5, method=method)
     b = sample_any_order(_Rounded(oracle, 1e-14), 16, seed=5, method=method)

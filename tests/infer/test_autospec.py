@@ -92,7 +92,7 @@ def test_to_inference_data_log_likelihood_is_exact(fitted):
 def test_save_params():
     fit = AutoSpec(model, num_samples=5, save_params=["g"], seed=1, disable_progbar=True).run(DATA)
     assert list(fit.get_samples()) == ["g"]
-    with pytest.raises(ValueError, match="not discrete latent sites"):
+    with pytest.raises(ValueError, match="not latent or deterministic sites"):
         AutoSpec(model, num_samples=5, save_params=["nope"], disable_progbar=True).run(DATA)
 
 

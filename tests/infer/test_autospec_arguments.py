@@ -11,11 +11,19 @@ def model():
     pyro.sample("z", dist.Bernoulli(0.5))
 
 
-@pytest.mark.parametrize("correction", [None, "importance"])
-def test_warmup_only_with_imh(correction):
-    with pytest.raises(ValueError, match="warmup_steps only applies"):
-        AutoSpec(model, num_samples=10, warmup_steps=5, correction=correction)
+def test_warmup_only_with_imh_or_continuous_sites():
+    """A discrete model's exact draws need no warm-up: the run says so (the model's kind is
+    known only then; models with continuous sites use warmup_steps for NUTS)."""
+    with pytest.raises(ValueError, match="warmup_steps applies to models with continuous"):
+        AutoSpec(model, num_samples=10, warmup_steps=5, disable_progbar=True).run()
     AutoSpec(model, num_samples=10, warmup_steps=5, correction="imh")
+
+
+def test_bad_device_and_schedule_knob():
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        AutoSpec(model, num_samples=2, device="gpu please")
+    with pytest.raises(TypeError, match="schedule knobs"):
+        AutoSpec(model, num_samples=2, devcie="cpu")
 
 
 def test_method_list_is_consistent():

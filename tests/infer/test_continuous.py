@@ -62,7 +62,7 @@ def test_log_joint_matches_per_draw_trace():
         conditioned = pyro.poutine.condition(model, {k: v[i] for k, v in values.items()})
         trace = pyro.poutine.trace(conditioned).get_trace(DATA)
         torch.testing.assert_close(lp[i], trace.log_prob_sum().double(), rtol=1e-5, atol=1e-5)
-    assert pointwise["y"].shape == (3, 8)
+    assert pointwise["y"].shape == (3, 4, 2)  # [draws, *batch_shape]
 
 
 def test_sample_continuous_result_fields():

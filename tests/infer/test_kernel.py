@@ -1,6 +1,7 @@
 """AutoSpecKernel inside pyro.infer.MCMC, and az.from_pyro on it."""
 
 import arviz as az
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -10,30 +11,66 @@ from pyro.infer import MCMC
 from pyro_autospec.infer import AutoSpecKernel
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
+LOCS = torch.tensor([-1.0, 0.5, 2.0])
 
 
 def model(y):
     g = pyro.sample("g", dist.Categorical(torch.tensor([0.3, 0.3, 0.4])))
     with pyro.plate("data", len(y)):
         z = pyro.sample("z", dist.Bernoulli(0.5))
-        pyro.sample("y", dist.Normal(z + g.float(), 0.8), obs=y)
+        pyro.sample("y", dist.Normal(z + LOCS[g], 0.8), obs=y)  # indexes with a Categorical
 
 
-def test_mcmc_driver_and_from_pyro():
+def test_mcmc_driver_and_from_pyro_log_likelihood():
     kernel = AutoSpecKernel(model, seed=0, draws_per_run=16)
     mcmc = MCMC(kernel, num_samples=30, warmup_steps=0, num_chains=1, disable_progbar=True)
     mcmc.run(DATA)
     samples = mcmc.get_samples()
     assert samples["g"].shape == (30,) and samples["z"].shape == (30, 3)
-    assert samples["g"].is_floating_point()  # MCMC stores one float vector per draw
+    assert samples["z"].dtype == torch.float32  # Bernoulli: its native dtype
     assert set(samples["g"].tolist()) <= {0.0, 1.0, 2.0}
     diag = mcmc.diagnostics()
     assert diag["divergences"] == {"chain 0": []}
     assert diag["rounds"]["chain 0"] > 0
     mcmc.summary()
-    idata = az.from_pyro(mcmc)
+    with _no_vectorized_trace_warning():
+        idata = az.from_pyro(mcmc)
     assert idata.posterior["z"].shape == (1, 30, 3)
     assert not idata.sample_stats["diverging"].values.any()
+    # the log likelihood group is there and correct: the model saw g as a long index
+    ll = idata.log_likelihood["y"].values
+    g = samples["g"].long()
+    direct = dist.Normal(samples["z"] + LOCS[g][:, None], 0.8).log_prob(DATA)
+    np.testing.assert_allclose(ll.reshape(30, 3), direct.numpy(), atol=1e-5)
+
+
+class _no_vectorized_trace_warning:
+    """Fail if ArviZ falls back to 'Could not get vectorized trace' (it drops the group)."""
+
+    def __enter__(self):
+        import warnings
+
+        self._context = warnings.catch_warnings()
+        self._context.__enter__()
+        warnings.filterwarnings("error", message=".*Could not get vectorized trace.*")
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+
+def test_kernel_model_hands_native_dtypes_to_the_model():
+    kernel = AutoSpecKernel(model, seed=0, draws_per_run=4)
+    kernel.setup(0, DATA)
+    seen = {}
+
+    def spy(y):
+        value = pyro.sample("g", dist.Categorical(torch.tensor([0.3, 0.3, 0.4])))
+        seen["dtype"] = value.dtype
+
+    kernel.model.model = spy
+    conditioned = pyro.poutine.condition(kernel.model, data={"g": torch.tensor(2.0)})
+    conditioned(DATA)
+    assert seen["dtype"] == torch.long
 
 
 @pytest.mark.filterwarnings("ignore:num_chains=2 is more than available_cpu")

@@ -80,3 +80,97 @@ def _close(got: torch.Tensor, expected: torch.Tensor, atol: float, exact_zeros: 
 def tabular_reference(log_prob, n: int, q: int) -> TabularOracle:
     """The TabularOracle of the enumerated joint."""
     return TabularOracle(enumerate_joint(log_prob, n, q), log=True)
+
+
+# -- chain queries -------------------------------------------------------------------------------
+def random_chains(
+    n: int,
+    q: int,
+    num_chains: int,
+    length: int,
+    seed: int,
+    pin_probability: float = 0.4,
+    values: torch.Tensor | None = None,
+):
+    """Random chain queries ``(values, mask, chain)`` as the engine makes them.
+
+    Chains have random lengths in ``1..length`` (the first has length 1 and the second the
+    full length), are made of distinct coordinates outside the prefix, and are padded by
+    repeating their last coordinate. Values are valid at pinned and chain coordinates (random,
+    or taken from ``values`` [C, n], e.g. exact samples) and garbage elsewhere. Masks have every
+    density; a prefix too full for a chain lends the chain pinned coordinates (then a point
+    mass), which the protocol allows.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    if values is None:
+        values = torch.randint(0, q, (num_chains, n), generator=gen)
+    density = torch.rand(num_chains, 1, generator=gen) * 2 * pin_probability
+    mask = torch.rand(num_chains, n, generator=gen) < density
+    mask[0] = False
+    lengths = torch.randint(1, length + 1, (num_chains,), generator=gen)
+    lengths[0] = 1
+    if num_chains > 1:
+        lengths[1] = length
+    # distinct coordinates, unpinned ones first, in random order
+    keys = torch.rand(num_chains, n, generator=gen) + mask.double()
+    order = keys.argsort(dim=1)[:, :length]
+    if length > n:
+        order = torch.cat([order, order[:, -1:].expand(-1, length - n)], 1)
+    slots = torch.arange(length)
+    last = order.gather(1, (lengths.clamp(max=n) - 1).unsqueeze(1))
+    chain = torch.where(slots < lengths.unsqueeze(1), order, last)
+    on_chain = torch.zeros_like(mask).scatter_(1, chain, True)
+    junk = torch.randint(-5, 5 + q, (num_chains, n), generator=gen)
+    values = torch.where(mask | on_chain, values, junk)
+    return values, mask, chain
+
+
+def chain_by_rows(oracle, values, mask, chain) -> torch.Tensor:
+    """The answer to a chain query by ``L`` calls of ``log_marginals_at`` (the definition)."""
+    out = []
+    grown = mask.clone()
+    for j in range(chain.shape[1]):
+        out.append(oracle.log_marginals_at(values, grown, chain[:, j : j + 1])[:, 0])
+        grown = grown.scatter(1, chain[:, j : j + 1], True)
+    return torch.stack(out, 1)
+
+
+def assert_chain_matches_rows(
+    oracle, values, mask, chain, atol: float = 1e-10, reference=None, exact_zeros: bool = True
+) -> int:
+    """Native chain answers equal the row-by-row ones on rows conditioned on a possible
+    assignment (``reference``'s rows, default the oracle's own, are not NaN); returns how
+    many rows were compared. Rows conditioned on impossible assignments may be NaN. With
+    ``exact_zeros`` the zero probabilities must agree exactly (off for linear algebra)."""
+    got = oracle.log_marginals_chain(values, mask, chain)
+    expected = chain_by_rows(oracle, values, mask, chain)
+    assert got.dtype == torch.float64
+    assert got.shape == expected.shape == (*chain.shape, oracle.num_values)
+    if reference is not None:
+        possible = ~torch.isnan(chain_by_rows(reference, values, mask, chain)).any(-1)
+    else:
+        possible = ~torch.isnan(expected).any(-1)
+    assert not torch.isnan(got[possible]).any(), "NaN on a row conditioned on a possible prefix"
+    torch.testing.assert_close(got[possible].exp(), expected[possible].exp(), atol=atol, rtol=0)
+    if not exact_zeros:
+        return int(possible.sum())
+    # zero probabilities agree exactly, log probabilities where they are not tiny
+    assert torch.equal(got[possible] == float("-inf"), expected[possible] == float("-inf"))
+    big = expected[possible] > -20
+    torch.testing.assert_close(got[possible][big], expected[possible][big], atol=atol, rtol=0)
+    return int(possible.sum())
+
+
+def exact_samples(oracle, num_samples: int, seed: int) -> torch.Tensor:
+    """LongTensor[N, n] of exact draws by the chain rule in index order (``n`` calls of
+    ``log_marginals_at``), for queries whose pins must all be possible."""
+    gen = torch.Generator().manual_seed(seed)
+    n = oracle.num_coords
+    values = torch.zeros(num_samples, n, dtype=torch.long)
+    mask = torch.zeros(num_samples, n, dtype=torch.bool)
+    for i in range(n):
+        target = torch.full((num_samples, 1), i)
+        probs = oracle.log_marginals_at(values, mask, target)[:, 0].exp()
+        values[:, i] = torch.multinomial(probs, 1, generator=gen)[:, 0]
+        mask[:, i] = True
+    return values

@@ -5,8 +5,10 @@ import torch
 
 from pyro_autospec.oracles.curie_weiss import CurieWeissOracle
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
     enumerate_joint,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -65,3 +67,13 @@ def test_batch_of_one_and_large_n():
 def test_constructor_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         CurieWeissOracle(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "n,beta,h,length", [(1, 0.7, 0.3, 2), (6, 1.5, 0.0, 6), (300, 1.0, -0.2, 17)]
+)
+def test_chain_queries_match_rows(n, beta, h, length):
+    oracle = CurieWeissOracle(n, beta, h)
+    values, mask, chain = random_chains(n, 2, 40, length, seed=n)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain)
+    assert compared == 40 * length

@@ -8,8 +8,10 @@ from pyro_autospec.engine import sample_any_order
 from pyro_autospec.oracles._util import work_entries
 from pyro_autospec.oracles.dpp import DPPOracle
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
     enumerate_joint,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -89,7 +91,7 @@ def test_l_ensemble_matches_brute_force():
 
 
 def test_sequential_schur_updates_agree():
-    # the closed form equals the chain of rank-one Schur updates of ALGORITHM.md section 8
+    # the closed form equals the chain of rank-one Schur updates (the DPP oracle's Notes)
     kernel = random_kernel(6, seed=11)
     oracle = DPPOracle(kernel=kernel)
     values = torch.tensor([[1, 0, 0, 1, 0, 0]])
@@ -342,3 +344,70 @@ def test_batched_solve_with_several_threads():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+def _chain_oracles(n):
+    gen = torch.Generator().manual_seed(n)
+    return {
+        "kernel": DPPOracle(kernel=random_kernel(n, seed=n)),
+        "L": DPPOracle(L=_random_l(n, seed=n)),
+        "features": DPPOracle(features=torch.randn(n, 6, generator=gen, dtype=torch.float64)),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind,path",
+    [(kind, path) for kind in ("kernel", "L", "features") for path in PATHS] + [("L", "free")],
+)
+def test_chain_queries_match_rows(kind, path):
+    # Full-rank kernels make every pin possible; 6 generic features make exactly the rows
+    # with more than 6 items in impossible (the oracle's count rule, NaN both ways).
+    n = 150
+    oracle = _chain_oracles(n)[kind]
+    oracle.path = path
+    values, mask, chain = random_chains(n, 2, 40, 17, seed=1, pin_probability=0.2)
+    if kind == "features":  # few items in, so that most rows are possible
+        values = torch.where(torch.rand(values.shape) < 0.02, values, 0)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain, exact_zeros=False)
+    assert compared > 40 * 17 // 4
+    if kind == "features":  # more items in than the rank (6): NaN, as for rows
+        values = torch.ones(1, n, dtype=torch.long)
+        out = oracle.log_marginals_chain(values, mask[:1] & False, torch.arange(9)[None])
+        assert not torch.isnan(out[0, :7]).any() and torch.isnan(out[0, 7:]).all()
+        assert out[0, 6, 1] == -math.inf  # the seventh item has no room
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rank,projection", [(3, False), (3, True)])
+def test_chain_queries_with_impossible_pins(rank, projection, path):
+    # Low-rank and projection kernels: pins of probability 0 inside the chain make the rows
+    # after them impossible (zero pivots); possibility is decided by enumeration.
+    n = 7
+    if projection:
+        kernel = random_kernel(n, seed=3, projection_rank=rank)
+    else:
+        kernel = random_kernel(n, seed=3, rank=rank)
+    oracle = DPPOracle(kernel=kernel)
+    oracle.path = path
+    reference = tabular_reference(dpp_log_prob(oracle.kernel), n, 2)
+    values, mask, chain = random_chains(n, 2, 150, 5, seed=rank, pin_probability=0.2)
+    compared = assert_chain_matches_rows(
+        oracle, values, mask, chain, reference=reference, exact_zeros=False
+    )
+    assert compared > 150
+
+
+def test_chain_elimination_by_hand():
+    # in, out, in on a 3 x 3 kernel: the chain rule of rank-one Schur updates
+    kernel = random_kernel(3, seed=4)
+    oracle = DPPOracle(kernel=kernel)
+    values = torch.tensor([[1, 0, 1]])
+    chain = torch.tensor([[0, 1, 2]])
+    out = oracle.log_marginals_chain(values, torch.zeros(1, 3, dtype=torch.bool), chain)
+    k = oracle.kernel.clone()
+    expected = []
+    for i in range(3):
+        expected.append(float(k[i, i]))
+        pivot = k[i, i] if values[0, i] == 1 else k[i, i] - 1
+        k = k - torch.outer(k[:, i], k[i, :]) / pivot
+    torch.testing.assert_close(out[0, :, 1].exp(), torch.tensor(expected, dtype=torch.float64))

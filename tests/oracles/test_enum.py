@@ -125,8 +125,124 @@ def test_value_dependent_control_flow_is_reported():
         loc = z if w.item() == 1 else -z  # Python control flow on a sampled value
         pyro.sample("x", dist.Normal(loc, 1.0), obs=torch.tensor(0.0))
 
-    oracle = EnumOracle(model)  # the set of sites is fixed, so discovery passes
+    # discovery passes (the set of sites is fixed); compiling under enumeration does not
     with pytest.raises(DynamicStructureError, match="after site 'w'.*Python control flow"):
-        oracle.log_marginals(
-            torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 2, dtype=torch.bool)
+        EnumOracle(model)
+
+
+# ------------------------------------------------------------- the compiled oracle's extras
+def test_model_runs_once_not_per_round():
+    calls = {"n": 0}
+
+    def counted(y):
+        calls["n"] += 1
+        return mixed_model(y)
+
+    oracle = EnumOracle(counted, (torch.tensor([1.0, 2.5]),))
+    after_compile = calls["n"]
+    values = torch.zeros(5, oracle.num_coords, dtype=torch.long)
+    mask = torch.rand(5, oracle.num_coords, generator=torch.Generator().manual_seed(0)) < 0.5
+    for _ in range(3):
+        oracle.log_marginals(values, mask)
+    assert calls["n"] == after_compile and oracle.num_calls == 3
+
+
+def test_log_normalizer_is_the_evidence():
+    model, args = CASES[0]
+    oracle = EnumOracle(model, args)
+    layout = oracle.layout
+    from pyro_autospec.model import log_joint
+
+    grids = torch.meshgrid(*[torch.arange(int(k)) for k in layout.support_sizes], indexing="ij")
+    states = torch.stack([g.reshape(-1) for g in grids], -1)
+    lp = log_joint(model, args, {}, layout, layout.from_coords(states))
+    torch.testing.assert_close(oracle.log_normalizer(), lp.logsumexp(0), atol=1e-5, rtol=0)
+
+
+def test_chain_queries_equal_rows():
+    model, args = CASES[1]
+    oracle = EnumOracle(model, args)
+    states, log_prob = enumerate_posterior(model, args, layout=oracle.layout)
+    generator = torch.Generator().manual_seed(3)
+    values, mask = random_queries(states, log_prob, 4, generator)
+    mask[:, 0] = False  # every chain starts at a free coordinate
+    free = [torch.nonzero(~m).flatten() for m in mask]
+    chain = torch.stack([torch.cat([f, f[-1:].repeat(4)])[:3] for f in free])
+    out = oracle.log_marginals_chain(values, mask, chain)
+    assert out.shape == (4, 3, oracle.num_values)
+    for c in range(4):
+        pinned = mask[c].clone()
+        for j in range(3):
+            row = oracle.log_marginals(values[c : c + 1], pinned[None])[0, chain[c, j]]
+            torch.testing.assert_close(out[c, j], row)
+            pinned[chain[c, j]] = True
+
+
+def test_family_of_targets_matches_one_oracle_per_draw():
+    def model(y):
+        loc = pyro.sample("loc", dist.Normal(0.0, 2.0))
+        with pyro.plate("d", 3):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Normal(loc * (2 * z - 1), 1.0), obs=y)
+
+    y = torch.tensor([1.5, -0.3, 0.8])
+    locs = torch.tensor([-1.0, 0.5, 2.0])
+    family = EnumOracle(model, (y,), continuous_values={"loc": locs})
+    assert family.num_draws == 3
+    values = torch.tensor([[1, 0, 0]] * 6)
+    mask = torch.tensor([[True, False, False]] * 3 + [[False, False, False]] * 3)
+    draws = torch.tensor([0, 1, 2, 2, 1, 0])
+    out = family.log_marginals(values, mask, draws=draws)
+    normalizers = family.log_normalizer()
+    for b in range(6):
+        conditioned = pyro.poutine.condition(model, data={"loc": locs[draws[b]]})
+        single = EnumOracle(conditioned, (y,))
+        torch.testing.assert_close(
+            out[b], single.log_marginals(values[b : b + 1], mask[b : b + 1])[0]
         )
+        torch.testing.assert_close(
+            normalizers[draws[b]], single.log_normalizer(), atol=1e-4, rtol=0
+        )
+    with pytest.raises(ValueError, match="pass draws="):
+        family.log_marginals(values, mask)
+
+
+def test_strong_evidence_stays_exact():
+    """Log ratios far beyond float64's exp range: the shifted product would underflow, so the
+    contraction falls back to an exact logsumexp (checked against brute force)."""
+
+    def model(y):
+        a = pyro.sample("a", dist.Categorical(torch.ones(3) / 3))
+        b = pyro.sample("b", dist.Categorical(torch.ones(3) / 3))
+        pyro.sample("ya", dist.Normal(a.float(), 0.02), obs=y[0])
+        pyro.sample("yb", dist.Normal(b.float(), 0.02), obs=y[1])
+        pyro.factor("ab", -400.0 * (a - b).abs().float())
+
+    args = (torch.tensor([0.0, 2.0]),)
+    oracle = EnumOracle(model, args)
+    states, log_prob = enumerate_posterior(model, args, layout=oracle.layout)
+    values, mask = states[[0, 0]], torch.tensor([[False, False], [True, False]])
+    out = oracle.log_marginals(values, mask)
+    expected = brute_conditionals(states, log_prob, oracle.layout.support_sizes, values, mask)
+    finite = torch.isfinite(expected)
+    assert torch.isfinite(out[finite]).all()
+    torch.testing.assert_close(out[finite], expected[finite], atol=1e-6, rtol=1e-9)
+
+
+def test_masked_and_scaled_factors_are_the_model_density():
+    """The oracle's target is exp(trace.log_prob_sum()): masks applied, scales multiplied."""
+
+    def model(y):
+        with pyro.plate("p", 2), pyro.poutine.mask(mask=torch.tensor([True, False])):
+            z = pyro.sample("z", dist.Bernoulli(0.9))
+            with pyro.poutine.scale(scale=2.5):
+                pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    args = (torch.tensor([0.4, -0.3]),)
+    oracle = EnumOracle(model, args)
+    states, log_prob = enumerate_posterior(model, args, layout=oracle.layout)
+    values = torch.zeros(2, 2, dtype=torch.long)
+    mask = torch.tensor([[False, False], [True, False]])
+    out = oracle.log_marginals(values, mask)
+    expected = brute_conditionals(states, log_prob, oracle.layout.support_sizes, values, mask)
+    torch.testing.assert_close(out.exp(), expected.exp(), atol=1e-6, rtol=0)

@@ -7,7 +7,9 @@ import torch
 from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -130,3 +132,13 @@ def test_impossible_observations_rejected():
     emissions = torch.tensor([[0.0, -math.inf], [-math.inf, 0.0]])
     with pytest.raises(ValueError, match="impossible"):
         HMMOracle([0.5, 0.5], [[1.0, 0.0], [0.0, 1.0]], emissions)
+
+
+@pytest.mark.parametrize(
+    "n,q,zeros,length", [(1, 2, False, 2), (5, 3, True, 4), (304, 3, True, 20), (301, 2, False, 20)]
+)
+def test_chain_queries_match_rows(n, q, zeros, length):
+    oracle = HMMOracle(*random_hmm(n, q, seed=n, zeros=zeros))
+    values, mask, chain = random_chains(n, q, 50, length, seed=n)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain)
+    assert compared > 50 * min(length, n) // 4

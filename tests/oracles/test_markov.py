@@ -4,9 +4,13 @@ import time
 import pytest
 import torch
 
+import pyro_autospec.oracles.markov as markov_module
+from pyro_autospec.oracles._util import ExactOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -60,14 +64,34 @@ def test_nearest_pins():
     assert torch.equal(left_at, left.gather(1, targets))
     assert torch.equal(right_at, right.gather(1, targets))
     gen = torch.Generator().manual_seed(0)
-    for n, density in [(40, 0.2), (1000, 0.01), (1000, 0.0)]:  # scan and binary search paths
+    # scan (n <= 256), 64-bit words (n % 8 == 0) and running count (n % 8 != 0) paths
+    # (two levels of words: n = 1000 has 125 words, a last group of 5; n = 4096 has 64 groups)
+    for n, density in [
+        (40, 0.2),
+        (1000, 0.01),
+        (1000, 0.0),
+        (1000, 0.3),
+        (1001, 0.01),
+        (4096, 0.0005),
+        (4096, 0.02),
+    ]:
         mask = torch.rand(50, n, generator=gen) < density
         mask[1] = True
+        mask[2, :8] = True  # pins only in the first word, or only in the last one
+        mask[3, -8:] = True
         targets = torch.randint(0, n, (50, 9), generator=gen)
         left, right = nearest_pins(mask)
         left_at, right_at = nearest_pins_at(mask, targets)
         assert torch.equal(left_at, left.gather(1, targets))
         assert torch.equal(right_at, right.gather(1, targets))
+        # both searches directly: large calls take the words, small ones the running count
+        searches = [markov_module._nearest_pins_by_count]
+        if n % 8 == 0:
+            searches.append(markov_module._nearest_pins_by_words)
+        for search in searches:
+            left_at, right_at = search(mask, targets)
+            assert torch.equal(left_at, left.gather(1, targets))
+            assert torch.equal(right_at, right.gather(1, targets))
 
 
 def test_batch_of_one_and_point_masses():
@@ -134,3 +158,43 @@ def test_stationary_marginals_without_pins():
 def test_constructor_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         MarkovChainOracle(**kwargs)
+
+
+def random_chain_oracle(n, q, seed):
+    gen = torch.Generator().manual_seed(seed)
+    initial = torch.rand(q, generator=gen, dtype=torch.float64)
+    transition = torch.rand(q, q, generator=gen, dtype=torch.float64)
+    transition[0, 1] = 0.0  # impossible prefixes
+    return MarkovChainOracle(initial, transition, n)
+
+
+# n = 200: scan; 304: 64-bit words; 301: running count. Chains up to ~sqrt(n).
+@pytest.mark.parametrize(
+    "n,q,length", [(1, 2, 3), (7, 3, 5), (200, 3, 15), (304, 3, 20), (301, 2, 20)]
+)
+def test_chain_queries_match_rows(n, q, length):
+    oracle = random_chain_oracle(n, q, seed=n)
+    values, mask, chain = random_chains(n, q, 60, length, seed=n)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain)
+    assert compared > 60 * min(length, n) // 4
+    # the generic default (rows) gives the same answers
+    generic = ExactOracle._log_marginals_chain(oracle, values, mask, chain)
+    native = oracle.log_marginals_chain(values, mask, chain)
+    possible = ~torch.isnan(generic).any(-1)
+    torch.testing.assert_close(native[possible], generic[possible], atol=1e-12, rtol=0)
+
+
+def test_chain_query_by_hand():
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], n=5)
+    values = torch.tensor([[0, 1, 1, 0, 7]])  # x_4 is neither pinned nor on the chain
+    mask = torch.tensor([[True, False, False, False, False]])
+    chain = torch.tensor([[3, 1, 2, 2]])
+    out = oracle.log_marginals_chain(values, mask, chain).exp()[0]
+    t = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=torch.float64)
+    t3 = torch.linalg.matrix_power(t, 3)
+    torch.testing.assert_close(out[0], t3[0])  # x_3 | x_0 = 0
+    row1 = t[0] * (t @ t)[:, 0]  # x_1 | x_0 = 0, x_3 = 0
+    torch.testing.assert_close(out[1], row1 / row1.sum())
+    row2 = t[1] * t[:, 0]  # x_2 | x_1 = 1, x_3 = 0
+    torch.testing.assert_close(out[2], row2 / row2.sum())
+    assert out[3].tolist() == [0.0, 1.0]  # padding: x_2 is pinned at 1

@@ -5,7 +5,10 @@ import torch
 
 from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
+    exact_samples,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -95,3 +98,26 @@ def test_batch_of_one_contract_and_delete():
 def test_constructor_errors(args, message):
     with pytest.raises(ValueError, match=message):
         SpanningTreeOracle(*args)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+def test_chain_queries_match_rows(name):
+    num_nodes, edges = GRAPHS[name]
+    m = len(edges)
+    oracle = SpanningTreeOracle(num_nodes, edges)
+    reference = tabular_reference(spanning_tree_log_prob(num_nodes, edges, [1.0] * m), m, 2)
+    values, mask, chain = random_chains(m, 2, 100, m, seed=m)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain, reference=reference)
+    assert compared > 20
+
+
+def test_chain_queries_on_a_grid():
+    # a 6 x 6 grid (60 edges): pins taken from exact spanning trees, so every row is possible
+    side = 6
+    edges = [(r * side + c, r * side + c + 1) for r in range(side) for c in range(side - 1)]
+    edges += [(r * side + c, (r + 1) * side + c) for r in range(side - 1) for c in range(side)]
+    oracle = SpanningTreeOracle(side * side, edges)
+    trees = exact_samples(oracle, 30, seed=0)
+    assert (trees.sum(1) == side * side - 1).all()
+    values, mask, chain = random_chains(len(edges), 2, 30, 12, seed=1, values=trees)
+    assert assert_chain_matches_rows(oracle, values, mask, chain) == 30 * 12

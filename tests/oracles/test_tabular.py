@@ -6,7 +6,12 @@ import torch
 from pyro_autospec.oracles import MarginalOracle
 from pyro_autospec.oracles.base import has_targeted_marginals
 from pyro_autospec.oracles.tabular import TabularOracle
-from tests.oracles._oracle_reference import naive_conditionals, random_queries
+from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
+    naive_conditionals,
+    random_chains,
+    random_queries,
+)
 
 
 @pytest.mark.parametrize("n,q", [(1, 3), (3, 2), (4, 3), (5, 2)])
@@ -143,3 +148,27 @@ def test_every_structured_oracle_moves_to_a_device():
         out = moved.log_marginals(values, mask)
         assert out.shape == (1, 3, moved.num_values) and out.dtype == torch.float64
         torch.testing.assert_close(out, oracle.log_marginals(values, mask))
+
+
+def test_chain_queries_by_rows(monkeypatch):
+    # the generic chain queries of ExactOracle: rows only where the coordinate is not pinned yet
+    gen = torch.Generator().manual_seed(2)
+    log_table = torch.randn([3] * 5, generator=gen, dtype=torch.float64)
+    log_table.view(-1)[::4] = float("-inf")  # impossible prefixes
+    oracle = TabularOracle(log_table)
+    values, mask, chain = random_chains(5, 3, 80, 7, seed=3)  # chains longer than n: padding
+    assert assert_chain_matches_rows(oracle, values, mask, chain) > 80
+    asked = []
+    original = TabularOracle._log_marginals_at
+
+    def spy(self, values, mask, targets):
+        asked.append(values.shape[0])
+        return original(self, values, mask, targets)
+
+    monkeypatch.setattr(TabularOracle, "_log_marginals_at", spy)
+    oracle.log_marginals_chain(values, mask, chain)
+    repeated = torch.zeros_like(chain, dtype=torch.bool)
+    for j in range(1, chain.shape[1]):
+        repeated[:, j] = (chain[:, :j] == chain[:, j : j + 1]).any(1)
+    live = ~(mask.gather(1, chain) | repeated)
+    assert sum(asked) == int(live.sum())  # padding rows cost no row

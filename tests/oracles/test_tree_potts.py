@@ -5,7 +5,9 @@ import torch
 
 from pyro_autospec.oracles.tree_potts import TreePottsOracle
 from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
     assert_same_marginals,
+    random_chains,
     random_queries,
     tabular_reference,
 )
@@ -106,3 +108,49 @@ def test_batch_of_one_and_deep_tree():
 def test_constructor_errors(args, message):
     with pytest.raises(ValueError, match=message):
         TreePottsOracle(*args)
+
+
+def random_forest(n, seed, q, hard, forest=False):
+    """A random recursive tree (or forest) with random tables, ``-inf`` entries if ``hard``."""
+    gen = torch.Generator().manual_seed(seed)
+    edges = []
+    for i in range(1, n):
+        if forest and float(torch.rand(1, generator=gen)) < 0.1:
+            continue
+        edges.append((int(torch.randint(0, i, (), generator=gen)), i))
+    table = torch.randn(len(edges), q, q, generator=gen, dtype=torch.float64)
+    if hard:
+        table[:, 0, 1] = -math.inf
+    fields = torch.randn(n, q, generator=gen, dtype=torch.float64)
+    edges = torch.tensor(edges, dtype=torch.long).reshape(-1, 2)
+    return TreePottsOracle(edges, table, fields, num_values=q)
+
+
+@pytest.mark.parametrize(
+    "n,q,hard,forest,length",
+    [
+        (1, 2, False, False, 2),
+        (7, 3, True, True, 5),
+        (300, 2, False, False, 17),
+        (300, 3, True, True, 17),
+    ],
+)
+def test_chain_queries_match_rows(n, q, hard, forest, length):
+    oracle = random_forest(n, seed=n + q, q=q, hard=hard, forest=forest)
+    values, mask, chain = random_chains(n, q, 40, length, seed=n)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain)
+    assert compared > 40 * min(length, n) // 4
+
+
+@pytest.mark.parametrize("name", ["path", "star"])
+def test_chain_queries_on_deep_and_wide_trees(name):
+    n = 120
+    if name == "path":  # depth n - 1: the walks to the root are long
+        edges = [(i, i + 1) for i in range(n - 1)]
+    else:  # one level of n - 1 leaves
+        edges = [(0, i) for i in range(1, n)]
+    gen = torch.Generator().manual_seed(5)
+    fields = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    oracle = TreePottsOracle(edges, 0.7, fields, num_values=3)
+    values, mask, chain = random_chains(n, 3, 30, 12, seed=6, pin_probability=0.1)
+    assert assert_chain_matches_rows(oracle, values, mask, chain) > 30 * 3

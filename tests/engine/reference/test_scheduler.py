@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pyro_autospec.engine.scheduler import Call, FirstAccepted, Scheduler
+from pyro_autospec.engine.reference.scheduler import Call, FirstAccepted, Scheduler
 
 
 def run_race(rho, accept, delays):

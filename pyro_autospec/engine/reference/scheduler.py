@@ -1,4 +1,4 @@
-"""The round scheduler: many samplers, one batched oracle call per round.
+"""The reference engine's round scheduler: many samplers, one batched oracle call per round.
 
 Samplers are written as plain Python generators that ``yield`` commands:
 
@@ -8,21 +8,26 @@ Samplers are written as plain Python generators that ``yield`` commands:
   round still count as one round).
 * :class:`FirstAccepted` -- "run exact tries of a residual step as parallel threads and give
   me the accepted try with the smallest thread index". This is the index-ordered rule of
-  ALGORITHM.md section 4: a try is returned only once every try with a smaller index has
+  :doc:`/algorithm`: a try is returned only once every try with a smaller index has
   finished and rejected; tries with larger indices are cancelled. Running time never decides
   the winner, so the schedule (batch growth ``rho``, the rows-per-round cap) moves rounds
   against rows and never changes the output law.
 
-The scheduler knows nothing about what the rows mean: the any-order engine and the diffusion
-engine both run on it.
+The scheduler knows nothing about what the rows mean: the reference recursion runs on it for
+both settings. It is the slow, obviously correct twin of
+:class:`~pyro_autospec.engine.recursion.Recursion`; both launch their batches with
+:func:`~pyro_autospec.engine.recursion.next_batch`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+from pyro_autospec.engine.recursion import next_batch
 
 __all__ = ["Call", "FirstAccepted", "Scheduler", "RunStats"]
 
@@ -107,6 +112,8 @@ class Scheduler:
     max_rows_per_round : int, optional
         Cap on the rows sent in one round. Calls beyond it wait for the next round (first
         come, first served; at least one call always goes). Never changes the output law.
+    max_concurrent : int, optional
+        Roots in flight at once; the next root starts when one finishes.
     progress : bool
         Show a tqdm progress bar over finished samples, with rounds and rows.
     desc : str
@@ -129,6 +136,7 @@ class Scheduler:
         dispatch: Callable[[list], Sequence],
         *,
         max_rows_per_round: int | None = None,
+        max_concurrent: int | None = None,
         progress: bool = False,
         desc: str = "autospec",
     ):
@@ -136,6 +144,7 @@ class Scheduler:
             raise ValueError(f"max_rows_per_round must be >= 1 or None, got {max_rows_per_round}")
         self.dispatch = dispatch
         self.max_rows_per_round = max_rows_per_round
+        self.max_concurrent = max_concurrent
         self.progress = progress
         self.desc = desc
         self.stats = RunStats()
@@ -159,8 +168,12 @@ class Scheduler:
 
             bar = tqdm(total=len(roots), desc=self.desc, unit="sample")
         try:
-            for k, gen in enumerate(roots):
-                self._advance(_Task(gen, None, k, samples[k]), None)
+            self._roots = list(roots)
+            self._samples = samples
+            self._next_root = 0
+            first = len(roots) if self.max_concurrent is None else self.max_concurrent
+            for _ in range(min(first, len(roots))):
+                self._start_root()
             while self._pending:
                 self._round()
                 if bar is not None:
@@ -196,6 +209,11 @@ class Scheduler:
                 self._advance(task, response)
 
     # ------------------------------------------------------------------ tasks
+    def _start_root(self) -> None:
+        k = self._next_root
+        self._next_root += 1
+        self._advance(_Task(self._roots[k], None, k, self._samples[k]), None)
+
     def _advance(self, task: _Task, value: Any) -> None:
         """Resume ``task`` with ``value`` until it waits for a call or a race, or ends."""
         try:
@@ -220,6 +238,8 @@ class Scheduler:
         if race is None:
             self._results[task.index] = result
             self._finished += 1
+            if self._next_root < len(self._roots):
+                self._start_root()
             return
         del race.live[task.index]
         race.results[task.index] = result
@@ -227,14 +247,13 @@ class Scheduler:
 
     def _launch_batch(self, race: _Race) -> None:
         """Launch the next non-empty batch of threads of ``race``."""
-        # Batch r ends at ceil((1 + rho)^(r + 1)); skip the empty batches in closed form.
-        growth = math.log1p(race.spec.rho)
-        r = max(race.batch, math.floor(math.log(race.next_index) / growth))
-        stop = math.ceil(math.exp(growth * (r + 1)))
-        while stop <= race.next_index:  # rounding of the closed form
-            r += 1
-            stop = math.ceil(math.exp(growth * (r + 1)))
-        race.batch = r + 1
+        stop, batch = next_batch(
+            torch.tensor([race.next_index]),
+            torch.tensor([race.batch]),
+            torch.tensor([float(race.spec.rho)], dtype=torch.float64),
+        )
+        stop = int(stop)
+        race.batch = int(batch)
         start, race.next_index = race.next_index, stop
         owner = race.owner
         for index in range(start, stop):

@@ -1,0 +1,181 @@
+"""The engine's own cost, and wall time against the baselines on a CPU, side by side in one run.
+
+Three parts (``--parts``), each printing a markdown table:
+
+* ``overhead``: engine overhead per row with an oracle that implements only
+  ``log_marginals_at`` (a Markov chain wrapped so that the engine sees no chain queries), at
+  each ``--sizes`` n, for the fast engine and (at the smallest n) the generator reference.
+  ``wall - oracle`` is everything outside the oracle's methods; the protocol's dense inputs
+  (``values`` and ``mask``, ``O(n)`` per row) are reported apart from the engine's own
+  bookkeeping, since an oracle that answers chain queries natively needs them once per chain.
+* ``race``: wall time of ``autospec``, ``speculative``, ``agr24`` and ``sequential`` on the
+  Markov chain, the HMM posterior and the tree Potts model of ``benchmarks/rounds.py``, with
+  the oracles as shipped (native chain queries where they have them), at ``--race-n``.
+* ``batching``: continuous batching (``max_concurrent_draws``) on many draws of the noisy
+  Ising grid of ``benchmarks/pyro_models.py`` (AutoSpec with exact enumeration): whole-run
+  rounds and rows at several concurrencies against all draws at once and sequential sampling.
+
+Every timing is one run on a shared machine: read the ratios within a table, not the absolute
+seconds. ``uptime``'s load is printed with each part.
+
+Usage::
+
+    python benchmarks/engine.py                 # all parts (minutes on 2 CPU cores)
+    python benchmarks/engine.py --smoke         # seconds, for CI
+    python benchmarks/engine.py --parts race --race-n 4096 --num-samples 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rounds import hmm, markov, tree_potts  # noqa: E402
+
+from pyro_autospec.engine import sample_any_order  # noqa: E402
+
+FAMILIES = {"markov": markov, "hmm": hmm, "tree_potts": tree_potts}
+METHODS = ["autospec", "speculative", "agr24", "sequential"]
+
+
+class RowsOnly:
+    """A third-party oracle: the protocol's ``log_marginals_at`` and nothing else."""
+
+    def __init__(self, oracle):
+        self.inner = oracle
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+
+    def log_marginals_at(self, values, mask, targets):
+        return self.inner.log_marginals_at(values, mask, targets)
+
+
+def load() -> str:
+    try:
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - not on every platform
+        return "load average unknown"
+
+
+def overhead(args) -> None:
+    print(f"\n## Engine overhead per row ({args.num_samples} draws, one torch thread; {load()})\n")
+    print(
+        "| n | engine | rounds | rows/draw | wall (s) | oracle (s) | dense inputs (s) "
+        "| (wall - oracle) / row (us) | bookkeeping / row (us) |"
+    )
+    print("|" + "---|" * 9)
+    for k, n in enumerate(args.sizes):
+        oracle = RowsOnly(markov(n))
+        engines = ["fast", "reference"] if k == 0 and not args.no_reference else ["fast"]
+        for engine in engines:
+            r = sample_any_order(oracle, args.num_samples, seed=args.seed, engine=engine)
+            outside = r.wall_time - r.timing["oracle"]
+            own = outside - r.timing["inputs"]
+            print(
+                f"| {n} | {engine} | {r.rounds} | {r.oracle_rows / r.num_samples:.0f} | "
+                f"{r.wall_time:.2f} | {r.timing['oracle']:.2f} | {r.timing['inputs']:.2f} | "
+                f"{1e6 * outside / r.oracle_rows:.2f} | {1e6 * own / r.oracle_rows:.2f} |",
+                flush=True,
+            )
+
+
+def race(args) -> None:
+    n = args.race_n
+    print(
+        f"\n## Wall time against the baselines, n = {n}, {args.num_samples} draws, one torch "
+        f"thread ({load()})\n"
+    )
+    print(
+        "| family | method | rounds (whole run) | rounds/draw | rows/draw | wall (s) "
+        "| wall / draw (s) | sequential / this | this / fastest baseline |"
+    )
+    print("|" + "---|" * 9)
+    for family in args.families:
+        oracle = FAMILIES[family](n)
+        results = {
+            m: sample_any_order(oracle, args.num_samples, seed=args.seed, method=m) for m in METHODS
+        }
+        fastest = min(results[m].wall_time for m in METHODS if m not in ("autospec",))
+        for m in METHODS:
+            r = results[m]
+            print(
+                f"| {family} | {m} | {r.rounds} | {r.sample_rounds.double().mean():.1f} | "
+                f"{r.oracle_rows / r.num_samples:.0f} | {r.wall_time:.2f} | "
+                f"{r.wall_time / r.num_samples:.3f} | "
+                f"{results['sequential'].wall_time / r.wall_time:.1f} | "
+                f"{r.wall_time / fastest:.2f} |",
+                flush=True,
+            )
+
+
+def batching(args) -> None:
+    """Whole-run rounds of many draws of the noisy Ising grid of ``pyro_models.py``."""
+    from pyro_models import ising, ising_data
+
+    from pyro_autospec.infer import AutoSpec
+
+    rows, cols = args.grid
+    draws = args.batching_draws
+    y = ising_data(rows, cols)
+    print(
+        f"\n## Continuous batching: {draws} draws of the noisy {rows}x{cols} Ising grid "
+        f"(AutoSpec, exact enumeration; {load()})\n"
+    )
+    print(
+        "| method | max_concurrent_draws | rounds (whole run) | mean rounds/draw "
+        "| rows/draw | wall (s) |"
+    )
+    print("|---|---|---|---|---|---|")
+    runs = [("autospec", None)] + [("autospec", c) for c in args.concurrency]
+    runs.append(("sequential", None))
+    for method, concurrency in runs:
+        knobs = {} if concurrency is None else {"max_concurrent_draws": concurrency}
+        fit = AutoSpec(
+            ising, num_samples=draws, method=method, seed=args.seed, disable_progbar=True, **knobs
+        )
+        start = time.perf_counter()
+        fit.run(y)
+        wall = time.perf_counter() - start
+        r = fit.results[0]
+        print(
+            f"| {method} | {concurrency or 'all'} | {r.rounds} | "
+            f"{r.sample_rounds.double().mean():.2f} | {r.oracle_rows / draws:.0f} | {wall:.2f} |",
+            flush=True,
+        )
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
+    parser.add_argument("--parts", nargs="+", default=["overhead", "race", "batching"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 4096])
+    parser.add_argument("--num-samples", type=int, default=16)
+    parser.add_argument("--race-n", type=int, default=4096)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--grid", nargs=2, type=int, default=[4, 5], help="Ising grid rows cols")
+    parser.add_argument("--batching-draws", type=int, default=1000)
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[400, 250, 100])
+    parser.add_argument("--no-reference", action="store_true", help="skip the reference engine")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.num_samples, args.race_n = [64], 4, 64
+        args.grid, args.batching_draws, args.concurrency = [2, 3], 40, [10]
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s))")
+    for part in args.parts:
+        {"overhead": overhead, "race": race, "batching": batching}[part](args)
+    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,445 @@
+"""Spreading a run's draws over the processes (ranks) of a ``torch.distributed`` group.
+
+Randomness is keyed by (seed, draw, block, thread) (:mod:`pyro_autospec.engine.keys`), so a draw
+is a function of the run's seed and its global number only. ``sample_any_order``,
+``sample_diffusion`` and ``sample_sde`` with ``distributed=True`` therefore split the global
+draw numbers ``0 .. N - 1`` into contiguous shares, one per rank (rank ``r`` of ``W`` takes
+``N // W`` draws, plus one if ``r < N % W``), run each share on the rank's own device, and
+all-gather the results: every rank returns the full result, identical draw for draw to a
+single-process run with the same seed, whatever the world size (:doc:`/benchmarks`).
+
+The contract. Every rank of the group makes the same call with the same arguments (oracle,
+``num_samples``, method, schedule, seed). The seed:
+
+* an int or a generator in the same state on every rank: each rank derives the run's key and
+  the ranks check, in one small collective, that they agree (a clear error otherwise);
+* ``None``: rank 0 draws fresh entropy and the other ranks use its key (documented, so that
+  ``seed=None`` does not silently give each rank a different run).
+
+Counts. ``rounds`` of the gathered result is the largest number of rounds of any rank (ranks
+run at the same time, so that is the run's latency in rounds; without ``max_rows_per_round``
+or ``max_concurrent_draws`` it equals the single-process run's); ``oracle_rows`` is the sum
+over ranks (all work, the single-process run's).
+``result.per_rank`` is a dict of lists indexed by rank: ``num_draws``, ``first_draw``,
+``rounds``, ``oracle_rows`` and ``wall_time`` (each rank's own engine time). ``wall_time`` of
+the gathered result is this rank's time for the whole call, the gathering included.
+
+With ``progress=True`` every rank shows a bar over its own share. One large oracle split over
+the ranks (every round's rows shared out) is :class:`pyro_autospec.oracles.sharded.ShardedOracle`,
+a different use of the same group. This module does not import Pyro.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.result import SampleResult
+
+__all__ = [
+    "broadcast_seeds",
+    "communication_device",
+    "draw_shares",
+    "local_device",
+    "require_process_group",
+    "setup_process_group",
+    "spread_draws",
+]
+
+#: Fields of a :class:`SampleResult` with one entry per draw (gathered along dim 0).
+_PER_DRAW = ("samples", "log_prob", "sample_rounds", "orders", "paths", "error")
+
+RunShare = Callable[[torch.Tensor, int, torch.device], SampleResult]
+
+
+def require_process_group(what: str = "distributed=True", group=None) -> tuple[int, int]:
+    """This process's rank and the world size of ``group``, or a clear error without a group.
+
+    Parameters
+    ----------
+    what : str
+        What needs the group, for the message (e.g. ``"sample_any_order(distributed=True)"``).
+    group : ProcessGroup, optional
+        Default: the whole world.
+
+    Returns
+    -------
+    rank, world_size : int
+
+    Raises
+    ------
+    RuntimeError
+        If ``torch.distributed`` is not available in this PyTorch build, or no process group is
+        initialised in this process.
+
+    Examples
+    --------
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> require_process_group()
+    (0, 1)
+    >>> dist.destroy_process_group()
+    """
+    if not dist.is_available():
+        raise RuntimeError(
+            f"{what} needs torch.distributed, which this PyTorch build does not have; "
+            "install a build with distributed support, or leave distributed=False"
+        )
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"{what} needs an initialised torch.distributed process group, and this process "
+            "has none. Launch the script with `torchrun --nproc-per-node K script.py` and call "
+            "pyro_autospec.engine.distributed.setup_process_group() (or "
+            "torch.distributed.init_process_group) before sampling; in a single process, "
+            "leave distributed=False."
+        )
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def setup_process_group(
+    backend: str | None = None, *, timeout: float | None = None
+) -> torch.device:
+    """Initialise the default process group from ``torchrun``'s environment; return the device.
+
+    With CUDA, rank ``LOCAL_RANK`` uses GPU ``LOCAL_RANK % device_count`` (set as the current
+    device) and the default backend is NCCL; without CUDA the backend is gloo and the device the
+    CPU. Several processes sharing one GPU need ``backend="gloo"`` (NCCL refuses two ranks on
+    one device). Does nothing to the group if one is already initialised.
+
+    Parameters
+    ----------
+    backend : {"nccl", "gloo"}, optional
+        Default: ``"nccl"`` with CUDA, else ``"gloo"``.
+    timeout : float, optional
+        Seconds a collective may wait before failing (default: PyTorch's).
+
+    Returns
+    -------
+    torch.device
+        Where this rank should build its oracle (:func:`local_device`).
+
+    Examples
+    --------
+    Under ``torchrun`` it reads ``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE``
+    from the environment. Here a one-process group already exists, so only the device is
+    returned (on a machine without CUDA):
+
+    >>> import torch, torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> setup_process_group() == (torch.device("cuda", 0) if torch.cuda.is_available() else
+    ...                           torch.device("cpu"))
+    True
+    >>> dist.destroy_process_group()
+    """
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = local_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        options = {} if timeout is None else {"timeout": timedelta(seconds=float(timeout))}
+        dist.init_process_group(backend, **options)
+    return device
+
+
+def local_device(device: str | torch.device | None = None) -> torch.device:
+    """This rank's device: ``cuda`` without an index becomes ``cuda:LOCAL_RANK``.
+
+    ``LOCAL_RANK`` (set by ``torchrun``) is taken modulo the number of visible GPUs, so several
+    processes per GPU share them round-robin; without it, the current CUDA device. A CPU, or a
+    CUDA device with an explicit index, is returned unchanged.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        Default: ``"cuda"`` when CUDA is available, else ``"cpu"``.
+
+    Returns
+    -------
+    torch.device
+
+    Examples
+    --------
+    >>> local_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cuda", int(local) % max(torch.cuda.device_count(), 1))
+
+
+def communication_device(group=None) -> torch.device:
+    """Where tensors must be for collectives of ``group``: this rank's GPU for NCCL, else CPU.
+
+    This rank's GPU is :func:`local_device`'s (``LOCAL_RANK``, else the current device).
+
+    Examples
+    --------
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> communication_device()
+    device(type='cpu')
+    >>> dist.destroy_process_group()
+    """
+    if dist.get_backend(group) == "nccl":
+        return local_device("cuda")
+    return torch.device("cpu")
+
+
+def draw_shares(num_draws: int, world_size: int) -> list[tuple[int, int]]:
+    """Contiguous shares ``[(first, stop), ...]`` of ``num_draws`` draws, one per rank.
+
+    Rank ``r`` takes ``num_draws // world_size`` draws, plus one if ``r < num_draws %
+    world_size``; rank 0's share is never empty. Ranks past ``num_draws`` get empty shares.
+
+    Examples
+    --------
+    >>> draw_shares(7, 3)
+    [(0, 3), (3, 5), (5, 7)]
+    >>> draw_shares(1, 2)
+    [(0, 1), (1, 1)]
+    """
+    base, extra = divmod(int(num_draws), int(world_size))
+    bounds = [r * base + min(r, extra) for r in range(world_size + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def broadcast_seeds(seeds: Sequence[int], group=None) -> list[int]:
+    """Rank 0's list of int seeds, on every rank (for front ends that draw seeds themselves).
+
+    A front end that turns ``seed=None`` into seeds from torch's global generator gets a
+    different list on every rank; broadcasting rank 0's makes the ranks run the same draws.
+
+    Parameters
+    ----------
+    seeds : sequence of int
+        This rank's seeds (same length on every rank).
+    group : ProcessGroup, optional
+
+    Returns
+    -------
+    list of int
+
+    Examples
+    --------
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> broadcast_seeds([3, 4])
+    [3, 4]
+    >>> dist.destroy_process_group()
+    """
+    require_process_group("broadcast_seeds", group)
+    values = torch.tensor([int(s) for s in seeds], dtype=torch.long)
+    values = values.to(communication_device(group))
+    dist.broadcast(values, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    return [int(v) for v in values.cpu().tolist()]
+
+
+def _canonical(value):
+    """A description of ``value`` that is the same in every process (no memory addresses)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _canonical(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_canonical(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
+        return repr(value)
+    if callable(value):
+        return getattr(value, "__qualname__", type(value).__name__)
+    return type(value).__name__
+
+
+def _agreed_root_key(seed, num_draws: int, signature, rank: int) -> int:
+    """The run's root key, checked (or, for ``seed=None``, taken from rank 0) across ranks."""
+    fresh = seed is None
+    key = keys.seed_key(seed)
+    check = zlib.crc32(repr(_canonical(signature)).encode())
+    mine = torch.tensor([int(fresh), key, int(num_draws), check], dtype=torch.long)
+    world = dist.get_world_size()
+    table = torch.stack([t.cpu() for t in _all_gather(mine, communication_device())])  # [W, 4]
+    first = table[0]
+    problems = []
+    if not bool((table[:, 0] == first[0]).all()):
+        problems.append("some ranks passed seed=None and others a seed")
+    elif not fresh and not bool((table[:, 1] == first[1]).all()):
+        problems.append("the seeds differ (pass the same int seed on every rank)")
+    if not bool((table[:, 2] == first[2]).all()):
+        problems.append(f"num_samples differs: {table[:, 2].tolist()}")
+    if not bool((table[:, 3] == first[3]).all()):
+        problems.append("the other arguments differ (oracle size, method, engine or schedule)")
+    if problems:
+        raise ValueError(
+            f"distributed=True: rank {rank} of {world} found that the ranks did not make the "
+            f"same call: {'; '.join(problems)}. Every rank must run the same sampling call "
+            "with the same arguments and seed; each then samples its share of the draws."
+        )
+    return int(first[1])
+
+
+def spread_draws(
+    num_draws: int,
+    seed,
+    run_share: RunShare,
+    *,
+    device: str | torch.device,
+    signature=(),
+    oracle=None,
+) -> SampleResult:
+    """Run a share of a run's draws on this rank and all-gather the full result on every rank.
+
+    The front ends call this for ``distributed=True``; it needs an initialised process group.
+
+    Parameters
+    ----------
+    num_draws : int
+        ``N``, the run's number of draws (global numbers ``0 .. N - 1``).
+    seed : int, generator or None
+        The run's seed (see the module docstring for ``None``).
+    run_share : callable
+        ``run_share(draw_ids: LongTensor[D], root_key: int, device) -> SampleResult``: runs the
+        draws ``draw_ids`` (global numbers) of the run with root key ``root_key`` on ``device``
+        (for example :func:`~pyro_autospec.engine.any_order.run_any_order`).
+    device : str or torch.device
+        Where the single-process run would run; ``cuda`` without an index becomes this rank's
+        GPU (:func:`local_device`).
+    signature : tuple, optional
+        The call's other arguments (numbers, strings, dicts of knobs); the ranks check that
+        theirs agree (callables compare by name, tensors by shape and dtype).
+    oracle : optional
+        The oracle, to refuse a :class:`~pyro_autospec.oracles.sharded.ShardedOracle` (whose
+        ranks must all run the same draws).
+
+    Returns
+    -------
+    SampleResult
+        The whole run's result, the same on every rank, with ``per_rank`` (module docstring).
+
+    Raises
+    ------
+    RuntimeError
+        Without an initialised process group.
+    ValueError
+        If the ranks' calls differ (seed, ``num_samples`` or ``signature``), or for a sharded
+        oracle.
+
+    Examples
+    --------
+    >>> import torch, torch.distributed as dist
+    >>> from pyro_autospec.engine.any_order import run_any_order
+    >>> from pyro_autospec.oracles import MarkovChainOracle
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> stay = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
+    >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 16)
+    >>> def run_share(draw_ids, root_key, device):
+    ...     return run_any_order(chain, draw_ids, root_key, method="sequential",
+    ...         knobs={"max_elements": 2**20, "max_rows_per_round": None,
+    ...                "max_concurrent_draws": None},
+    ...         order=None, device=device, engine="fast", progress=False)
+    >>> result = spread_draws(4, 0, run_share, device="cpu")
+    >>> result.samples.shape, result.per_rank["num_draws"]
+    (torch.Size([4, 16]), [4])
+    >>> dist.destroy_process_group()
+    """
+    start = time.perf_counter()
+    rank, world = require_process_group("distributed=True")
+    if getattr(oracle, "shards_rows", False):
+        raise ValueError(
+            "distributed=True spreads the draws over the ranks, but the oracle is a "
+            "ShardedOracle, which needs every rank to run the same draws. Use one or the "
+            "other: distributed=True with the plain oracle (many draws), or the ShardedOracle "
+            "with distributed=False (one large oracle, e.g. for one draw's latency)."
+        )
+    where = local_device(device)
+    root = _agreed_root_key(seed, num_draws, signature, rank)
+    shares = draw_shares(num_draws, world)
+    first, stop = shares[rank]
+    local = None
+    if stop > first:
+        local = run_share(torch.arange(first, stop), root, where)
+    schema = _schema(local)
+    if num_draws < world:  # some ranks ran nothing: they learn the fields from rank 0
+        box = [schema]
+        dist.broadcast_object_list(box, src=0)
+        schema = box[0]
+    comm = communication_device()
+    counts = torch.zeros(4, dtype=torch.float64)
+    if local is not None:
+        counts = torch.tensor(
+            [stop - first, local.rounds, local.oracle_rows, local.wall_time], dtype=torch.float64
+        )
+    table = torch.stack(_all_gather(counts, comm))  # [W, 4]
+    sizes = [b - a for a, b in shares]
+    largest = max(sizes)
+    fields = {}
+    for name, (dtype, tail, on_cpu) in schema["fields"].items():
+        home = torch.device("cpu") if on_cpu else where
+        if local is None:
+            mine = torch.zeros((largest, *tail), dtype=dtype, device=comm)
+        else:
+            mine = getattr(local, name).to(comm)
+            if mine.shape[0] < largest:
+                pad = torch.zeros((largest - mine.shape[0], *tail), dtype=dtype, device=comm)
+                mine = torch.cat([mine, pad])
+        parts = _all_gather(mine, comm)
+        fields[name] = torch.cat([p[:s] for p, s in zip(parts, sizes)]).to(home)
+    times = schema["times"]
+    if times is not None:
+        times = times.to(torch.device("cpu") if schema["times_on_cpu"] else where)
+    result = SampleResult(
+        rounds=int(table[:, 1].max()),
+        oracle_rows=int(table[:, 2].sum()),
+        method=schema["method"],
+        wall_time=time.perf_counter() - start,
+        engine=schema["engine"],
+        times=times,
+        **{name: fields.get(name) for name in _PER_DRAW},
+    )
+    result.per_rank = {
+        "num_draws": [int(v) for v in table[:, 0].tolist()],
+        "first_draw": [a for a, _ in shares],
+        "rounds": [int(v) for v in table[:, 1].tolist()],
+        "oracle_rows": [int(v) for v in table[:, 2].tolist()],
+        "wall_time": [float(v) for v in table[:, 3].tolist()],
+    }
+    return result
+
+
+def _schema(local: SampleResult | None) -> dict | None:
+    """What a rank needs to receive a result it did not compute: dtypes, shapes, places."""
+    if local is None:
+        return None
+    fields = {}
+    for name in _PER_DRAW:
+        value = getattr(local, name)
+        if value is not None:
+            fields[name] = (value.dtype, tuple(value.shape[1:]), value.device.type == "cpu")
+    times = local.times
+    return {
+        "fields": fields,
+        "times": None if times is None else times.cpu(),
+        "times_on_cpu": times is None or times.device.type == "cpu",
+        "method": local.method,
+        "engine": local.engine,
+    }
+
+
+def _all_gather(tensor: torch.Tensor, comm: torch.device) -> list[torch.Tensor]:
+    """``tensor`` (same shape on every rank) of every rank, in rank order."""
+    tensor = tensor.to(comm).contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return parts

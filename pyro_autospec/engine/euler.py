@@ -1,0 +1,626 @@
+"""Euler-Maruyama chains as tensor programs: the diffusion problem of the fast engine.
+
+The target is the law of the chain of ``dX = b(t, X) dt + s dB`` on ``t_0 < ... < t_N``
+(``h_k = t_{k+1} - t_k``)::
+
+    X_{k+1} = X_k + b(t_k, X_k) h_k + s sqrt(h_k) xi_k,    xi_k ~ N(0, I_d).
+
+The positions of autospeculation are the ``N`` steps, in time order (:doc:`/diffusion`):
+
+* the *draft row* of a block ``[a, b)`` is the drift ``b_a = b(t_a, X_a)`` at its start;
+* the *draft* draws every increment with that frozen drift (keyed normal noise, no oracle
+  call); it is regenerated from its key when the verification is sent, so nothing is stored;
+* the *verification* is one round: the drifts ``b_k`` at the drafted states for ``a < k < b``,
+  plus the prefetch ``b(t_b, X_b)`` (the next block's draft row), and
+  ``log dmu_S/dnu_S = sum_{a<k<b} [<b_k - b_a, dX_k> - (|b_k|^2 - |b_a|^2) h_k / 2] / s^2``;
+* a residual try's ``log nu`` (the frozen-drift density of its increments) needs only
+  ``sum_k |dX_k|^2 / h_k``, ``X_b - X_a`` and ``b_a``, which a frame carries.
+
+A frame is the current state ``X`` of a sequence, its start state and the running
+``sum |dX_k|^2 / h_k``; with ``return_paths`` it also keeps the increments of its steps.
+
+This module also holds the drift evaluator shared by both engines and the fast
+``"sequential"`` and ``"picard"`` samplers. It does not import Pyro.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.tables import Table
+
+__all__ = [
+    "Chain",
+    "DriftEvaluator",
+    "EulerBlocks",
+    "adaptive_rho",
+    "check_drift_output",
+    "picard",
+    "sequential",
+]
+
+
+def check_drift_output(
+    out, t: torch.Tensor, x: torch.Tensor, dim: int, name: str, offset: int = 0
+) -> None:
+    """Raise :class:`OracleError` unless ``out`` is a finite Tensor[B, d]."""
+    rows = t.shape[0]
+    if not isinstance(out, torch.Tensor):
+        raise OracleError(
+            f"{name} returned {type(out).__name__}; it must return a Tensor[B, d] "
+            f"for t: Tensor[B], x: Tensor[B, d]"
+        )
+    if out.shape != (rows, dim):
+        raise OracleError(
+            f"{name} returned shape {tuple(out.shape)} for {rows} rows of dimension "
+            f"d = {dim}; it must map t: Tensor[B], x: Tensor[B, d] to Tensor[B, d]. "
+            f"Check that it is batched over rows and that its `dim` matches x0 / the target"
+        )
+    finite = torch.isfinite(out.detach()).all(dim=1)
+    if not bool(finite.all()):
+        i = int(torch.nonzero(~finite)[0, 0])
+        raise OracleError(
+            f"{name} returned NaN or inf in row {offset + i} of a call "
+            f"(t = {float(t[i]):.6g}, |x| = {float(x[i].double().norm()):.6g}); the exact sampler "
+            f"cannot continue. Compute it in log space (logsumexp) / float64, or check the "
+            f"{name} at this time and state"
+        )
+
+
+class DriftEvaluator:
+    """Batched, validated drift calls: float64 tensors in and out, one round per call.
+
+    Parameters
+    ----------
+    drift : callable
+        ``b(t: Tensor[B], x: Tensor[B, d]) -> Tensor[B, d]``.
+    dim : int
+    device, dtype : torch.device, torch.dtype
+        Where and in which dtype the drift is called.
+    max_rows_per_call : int or None
+        Cut a round into calls of at most this many rows (memory); still one round.
+    name : str
+        ``"oracle"`` or ``"drift"``, for messages.
+    """
+
+    def __init__(self, drift, dim: int, device, dtype, max_rows_per_call, name: str):
+        self.drift = drift
+        self.dim = dim
+        self.device = device
+        self.dtype = dtype
+        self.max_rows_per_call = max_rows_per_call
+        self.name = name
+        self.wide = torch.float32 if device.type == "mps" else torch.float64
+        self.seconds = 0.0  # host seconds inside the drift
+
+    def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        rows = t.shape[0]
+        chunk = self.max_rows_per_call or max(rows, 1)
+        pieces = []
+        for i in range(0, rows, chunk):
+            tt = t[i : i + chunk].to(device=self.device, dtype=self.dtype)
+            xx = x[i : i + chunk].to(device=self.device, dtype=self.dtype)
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = self.drift(tt, xx)
+            self.seconds += time.perf_counter() - start
+            check_drift_output(out, tt, xx, self.dim, self.name, i)
+            pieces.append(out.detach().to(self.wide))
+        if not pieces:
+            return torch.zeros(0, self.dim, dtype=self.wide, device=self.device)
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+
+class Chain:
+    """The time grid and noise of the discretised chain, as float64 tensors on one device."""
+
+    def __init__(self, times: torch.Tensor, scale: float, dim: int, device: torch.device):
+        wide = torch.float32 if device.type == "mps" else torch.float64
+        self.times = times.to(device=device, dtype=wide)
+        self.num_steps = int(times.shape[0]) - 1
+        self.h = self.times.diff()
+        self.noise_sd = scale * self.h.sqrt()
+        self.var = float(scale) ** 2
+        self.dim = dim
+        self.device = device
+        self.wide = wide
+        log_norm = -0.5 * dim * torch.log(2 * math.pi * self.var * self.h)
+        self.log_norm = torch.cat([torch.zeros(1, dtype=wide, device=device), log_norm.cumsum(0)])
+
+    def increments(self, key: torch.Tensor, drift: torch.Tensor, a: torch.Tensor, width: int):
+        """Frozen-drift increments of steps ``a + j`` (``j < width``): [K, width, d].
+
+        ``key`` LongTensor[K] (a block's key; noise ``normal(key, DRAFT, j d + c)``),
+        ``drift`` [K, d] (the frozen drift), ``a`` LongTensor[K].
+        """
+        j = torch.arange(width, device=self.device)
+        step = (a.unsqueeze(1) + j).clamp(max=self.num_steps - 1)  # [K, W]
+        counter = j.view(1, width, 1) * self.dim + torch.arange(self.dim, device=self.device)
+        z = keys.normal(key.view(-1, 1, 1), keys.Tag.DRAFT, counter).to(self.wide)
+        return (
+            drift.unsqueeze(1) * self.h[step].unsqueeze(-1) + self.noise_sd[step].unsqueeze(-1) * z
+        )
+
+
+def adaptive_rho(size: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
+    """Thread growth after drafts with log ratios ``log_ratio`` were rejected.
+
+    ``1 - exp(log_ratio)`` is the probability with which a draft was rejected: a one-sample
+    guess of ``TV(mu_S, nu_S)``, and residual tries succeed with probability about TV. The
+    first batch then holds about ``1 / TV`` tries (between 1 and 4). Exact for any value.
+    """
+    reject = torch.where(log_ratio < 0, -torch.expm1(log_ratio.clamp(max=0)), 1.0)
+    return (1.0 / reject.clamp(min=1e-12) - 1.0).clamp(1.0, 4.0)
+
+
+class EulerBlocks:
+    """The diffusion problem for :class:`~pyro_autospec.engine.recursion.Recursion`.
+
+    Parameters
+    ----------
+    chain : Chain
+    evaluate : DriftEvaluator
+    x0 : Tensor[N, d]
+        Start state of every draw (float64).
+    rho : float, "adaptive" or callable
+        Batch growth of residual tries (a callable ``rho(size, log_ratio)`` is called once per
+        rejected block).
+    return_paths : bool
+        Keep the increments of every draw (``paths``).
+    """
+
+    def __init__(
+        self, chain: Chain, evaluate: DriftEvaluator, x0: torch.Tensor, rho, return_paths: bool
+    ):
+        self.chain = chain
+        self.evaluate = evaluate
+        self.device = chain.device
+        self.num_positions = chain.num_steps
+        self.d = chain.dim
+        self.x0 = x0.to(device=self.device, dtype=chain.wide)
+        self.rho = rho
+        self.return_paths = return_paths
+        num = x0.shape[0]
+        wide = chain.wide
+        self.final = torch.zeros(num, self.d, dtype=wide, device=self.device)
+        self.paths = (
+            torch.zeros(num, chain.num_steps, self.d, dtype=wide, device=self.device)
+            if return_paths
+            else None
+        )
+        self.slots = Table({"f": ((self.d,), wide, 0.0)}, self.device, capacity=256)
+        self._x = self._start = torch.zeros(0, self.d, dtype=wide, device=self.device)
+        self._q = torch.zeros(0, dtype=wide, device=self.device)
+        self._verified = None
+        self._one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        self.pool = _PathPool(self.d, wide, self.device) if return_paths else None
+
+    def bind(self, recursion) -> None:
+        self.rec = recursion
+
+    # --------------------------------------------------------------------------- frames
+    def _frames(self):
+        capacity = self.rec.seqs.capacity
+        if self._x.shape[0] < capacity:
+
+            def grow(t, shape):
+                new = torch.zeros((capacity, *shape), dtype=t.dtype, device=self.device)
+                new[: t.shape[0]] = t
+                return new
+
+            self._x = grow(self._x, (self.d,))
+            self._start = grow(self._start, (self.d,))
+            self._q = grow(self._q, ())
+            if self.pool is not None:
+                self.pool.reserve(capacity)
+        return self._x, self._start, self._q
+
+    def init_frames(self, seqs: torch.Tensor, draws: torch.Tensor) -> None:
+        x, start, q = self._frames()
+        x[seqs] = self.x0[draws]
+        start[seqs] = self.x0[draws]
+        q[seqs] = 0.0
+        if self.pool is not None:
+            self.pool.alloc(seqs, torch.zeros_like(seqs), torch.full_like(seqs, self.num_positions))
+
+    def spawn(self, threads, parents, lo, hi) -> None:
+        x, start, q = self._frames()
+        x[threads] = x[parents]
+        start[threads] = x[parents]
+        q[threads] = 0.0
+        if self.pool is not None:
+            self.pool.alloc(threads, lo, hi)
+
+    def commit(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
+        x, start, q = self._frames()
+        x[seqs] = x[winners]
+        q[seqs] += q[winners]
+        if self.pool is not None:
+            self.pool.copy(winners, seqs)
+
+    def free_frames(self, seqs: torch.Tensor) -> None:
+        if self.pool is not None:
+            self.pool.free(seqs)
+
+    def free_rows(self, slots: torch.Tensor) -> None:
+        self.slots.free(slots)
+
+    def finish(self, roots: torch.Tensor, draws: torch.Tensor) -> None:
+        self.final[draws] = self._frames()[0][roots]
+        if self.pool is not None:
+            self.paths[draws] = self.pool.read(roots, self.num_positions)
+
+    def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho) -> torch.Tensor:
+        if self.rho == "adaptive":
+            return adaptive_rho(None, log_ratio).to(torch.float64)
+        if callable(self.rho):
+            size = (view.b - view.a)[pick].tolist()
+            values = []
+            for s, lr in zip(size, log_ratio.tolist()):
+                value = float(self.rho(s, lr))
+                if not (value > 0 and math.isfinite(value)):
+                    raise ValueError(f"rho({s}, {lr}) returned {value}; it must be positive")
+                values.append(value)
+            return torch.tensor(values, dtype=torch.float64, device=self.device)
+        return torch.full((pick.numel(),), float(self.rho), dtype=torch.float64, device=self.device)
+
+    # ---------------------------------------------------------------------------- blocks
+    def draft(self, nodes: torch.Tensor) -> None:
+        pass  # drafts are regenerated from their keys when verified
+
+    def _write(self, seq, a, inc: torch.Tensor, valid: torch.Tensor) -> None:
+        """Store increments ``inc`` [K, W, d] of steps ``a + j`` in the sequences' paths."""
+        if self.pool is not None:
+            self.pool.write(seq, a, inc, valid)
+
+    def leaf(self, view) -> torch.Tensor:
+        chain = self.chain
+        a = view.a
+        f = self.slots["f"][view.row]
+        inc = chain.increments(view.key, f, a, 1)  # [K, 1, d]
+        x, _, q = self._frames()
+        x[view.seq] += inc[:, 0]
+        h = chain.h[a]
+        q[view.seq] += (inc[:, 0] ** 2).sum(1) / h
+        self._write(view.seq, a, inc, self._one.expand(len(view), 1))
+        resid = inc[:, 0] - f * h.unsqueeze(1)
+        return (chain.log_norm[a + 1] - chain.log_norm[a]) - 0.5 * (resid**2).sum(1) / (
+            chain.var * h
+        )
+
+    def accepted(self, view, pick: torch.Tensor) -> None:
+        if pick.numel() == 0:
+            return
+        end, q_block, inc, valid = self._verified
+        x, _, q = self._frames()
+        seq = view.seq[pick]
+        x[seq] = end[pick]
+        q[seq] += q_block[pick]
+        self._write(seq, view.a[pick], inc[pick], valid[pick])
+
+    def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
+        chain = self.chain
+        a, b = owners.a, owners.b
+        f = self.slots["f"][owners.row]
+        x, start, q = self._frames()
+        span = chain.times[b] - chain.times[a]
+        quad = q[threads] - 2 * (f * (x[threads] - start[threads])).sum(1) + (f * f).sum(1) * span
+        return (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
+
+    # ---------------------------------------------------------------------------- queries
+    def answer(self, row_view, verify_view):
+        """One round: drift rows of ``row_view``'s nodes, verification of ``verify_view``'s
+        (drafts regenerated from their keys); returns as
+        :meth:`~pyro_autospec.engine.discrete.DiscreteBlocks.answer`."""
+        chain = self.chain
+        x, _, _ = self._frames()
+        wide = chain.wide
+        vv = verify_view
+        nv = len(vv)
+        a, b, nxt = vv.a, vv.b, vv.nxt
+        size = b - a
+        width = int(size.max()) if nv else 1
+        f_a = self.slots["f"][vv.row]
+        inc = chain.increments(vv.key, f_a, a, width)
+        j = torch.arange(width, device=self.device)
+        valid = j.unsqueeze(0) < size.unsqueeze(1)
+        inc = torch.where(valid.unsqueeze(-1), inc, 0.0)
+        states = x[vv.seq].unsqueeze(1) + inc.cumsum(1)  # X_{a+1..a+width}
+        # rows: draft rows, then the states X_{a+1..b-1} and the prefetch X_b
+        asked = j.unsqueeze(0) < (size - 1 + (nxt > b).long()).unsqueeze(1)
+        step = (a.unsqueeze(1) + 1 + j).clamp(max=chain.num_steps)
+        t = torch.cat([chain.times[row_view.a], chain.times[step[asked]]])
+        xs = torch.cat([x[row_view.seq], states[asked]])
+        out = self.evaluate(t, xs)
+        nr = len(row_view)
+        row_slots = self.slots.alloc(nr)
+        self.slots["f"][row_slots] = out[:nr]
+        empty = torch.zeros(0, dtype=wide, device=self.device)
+        next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
+        if nv == 0:
+            self._verified = None
+            return row_slots, empty, empty, next_rows
+        drifts = torch.zeros(nv, width, self.d, dtype=wide, device=self.device)
+        drifts[asked] = out[nr:]
+        # drifts[:, j] is b at X_{a+1+j}; the step a+1+j uses it, step a uses f_a
+        f_k = torch.cat([f_a.unsqueeze(1), drifts[:, : width - 1]], 1)  # drift of step a+j
+        inner = valid & (j.unsqueeze(0) >= 1)
+        h = chain.h[(a.unsqueeze(1) + j).clamp(max=chain.num_steps - 1)]
+        cross = ((f_k - f_a.unsqueeze(1)) * inc).sum(-1)
+        sq = ((f_k * f_k).sum(-1) - (f_a * f_a).sum(-1).unsqueeze(1)) * h
+        log_ratio = torch.where(inner, cross - 0.5 * sq, 0.0).sum(1) / chain.var
+        resid = inc - f_k * h.unsqueeze(-1)
+        quad = torch.where(valid, (resid**2).sum(-1) / h, 0.0).sum(1)
+        log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
+        q_block = torch.where(valid, (inc**2).sum(-1) / h, 0.0).sum(1)
+        end = states[torch.arange(nv, device=self.device), size - 1]
+        has_next = nxt > b
+        if bool(has_next.any()):
+            slots = self.slots.alloc(int(has_next.sum()))
+            self.slots["f"][slots] = drifts[has_next, size[has_next] - 1]
+            next_rows[has_next] = slots
+        self._verified = (end, q_block, inc, valid)
+        return row_slots, log_ratio.double(), log_mu.double(), next_rows
+
+
+class _PathPool:
+    """Increments of the steps ``[lo, hi)`` of every live sequence, in one flat buffer.
+
+    Sequences get contiguous segments from a bump allocator; when the buffer is full the live
+    segments are packed to its front (amortised O(1) per stored increment).
+    """
+
+    def __init__(self, dim: int, dtype: torch.dtype, device: torch.device):
+        self.d, self.dtype, self.device = dim, dtype, device
+        self.data = torch.zeros(1024, dim, dtype=dtype, device=device)
+        self.top = 0
+        self.offset = torch.zeros(0, dtype=torch.long, device=device)
+        self.lo = torch.zeros(0, dtype=torch.long, device=device)
+        self.size = torch.zeros(0, dtype=torch.long, device=device)
+
+    def reserve(self, capacity: int) -> None:
+        def grow(t):
+            new = torch.zeros(capacity, dtype=t.dtype, device=self.device)
+            new[: t.shape[0]] = t
+            return new
+
+        self.offset, self.lo, self.size = grow(self.offset), grow(self.lo), grow(self.size)
+
+    def alloc(self, seqs: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:
+        size = hi - lo
+        total = int(size.sum())
+        if self.top + total > self.data.shape[0]:
+            self._pack(total)
+        self.offset[seqs] = self.top + torch.cumsum(size, 0) - size
+        self.lo[seqs] = lo
+        self.size[seqs] = size
+        self.top += total
+
+    def free(self, seqs: torch.Tensor) -> None:
+        self.size[seqs] = 0
+
+    def _pack(self, extra: int) -> None:
+        live = torch.nonzero(self.size > 0).flatten()
+        size = self.size[live]
+        total = int(size.sum())
+        capacity = max(self.data.shape[0], 2 * (total + extra))
+        new = torch.zeros(capacity, self.d, dtype=self.dtype, device=self.device)
+        if total:
+            src = torch.repeat_interleave(self.offset[live] - (torch.cumsum(size, 0) - size), size)
+            src = src + torch.arange(total, device=self.device)
+            new[:total] = self.data[src]
+            self.offset[live] = torch.cumsum(size, 0) - size
+        self.data, self.top = new, total
+
+    def _index(self, seqs: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        return self.offset[seqs].unsqueeze(1) + step - self.lo[seqs].unsqueeze(1)
+
+    def write(self, seqs, a, inc, valid) -> None:
+        width = inc.shape[1]
+        step = a.unsqueeze(1) + torch.arange(width, device=self.device)
+        index = self._index(seqs, step)
+        self.data[index[valid]] = inc[valid]
+
+    def copy(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
+        size = self.size[winners]
+        width = int(size.max())
+        j = torch.arange(width, device=self.device).unsqueeze(0)
+        valid = j < size.unsqueeze(1)
+        step = self.lo[winners].unsqueeze(1) + j
+        src = self._index(winners, step)[valid]
+        dst = self._index(seqs, step)[valid]
+        self.data[dst] = self.data[src]
+
+    def read(self, seqs: torch.Tensor, count: int) -> torch.Tensor:
+        index = self.offset[seqs].unsqueeze(1) + torch.arange(count, device=self.device)
+        return self.data[index]
+
+
+# ---------------------------------------------------------------------------------- baselines
+def _step_key(draw_keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    return keys.child(draw_keys, keys.Tag.LEAF, step)
+
+
+def sequential(
+    chain: Chain,
+    evaluate: DriftEvaluator,
+    x0: torch.Tensor,
+    draw_keys,
+    return_paths: bool,
+    max_concurrent: int | None,
+    max_rows_per_round: int | None,
+    progress: bool,
+):
+    """The reference chain, one step per round, every draw in flight advancing together.
+
+    Step ``k`` of draw ``s`` uses the noise of the one-step block starting at ``k``
+    (``normal(child(draw, LEAF, k), DRAFT, c)``).
+
+    Returns
+    -------
+    final [N, d], paths [N, steps, d] or None (increments), log_prob [N], rounds, rows,
+    sample_rounds [N]
+    """
+    num, d = x0.shape
+    n = chain.num_steps
+    dev, wide = chain.device, chain.wide
+    lanes = min(int(max_concurrent or num), num)
+    cap = max_rows_per_round
+    draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
+    k = torch.zeros(lanes, dtype=torch.long, device=dev)
+    x = torch.zeros(lanes, d, dtype=wide, device=dev)
+    log_mu = torch.zeros(lanes, dtype=wide, device=dev)
+    final = torch.zeros(num, d, dtype=wide, device=dev)
+    log_prob = torch.zeros(num, dtype=wide, device=dev)
+    paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
+    sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
+    started = finished = rounds = rows = 0
+    bar = _bar(progress, num, "sequential")
+    while finished < num:
+        free = torch.nonzero(draw < 0).flatten()[: num - started]
+        if free.numel():
+            draw[free] = torch.arange(started, started + free.numel(), device=dev)
+            started += free.numel()
+            k[free], x[free], log_mu[free] = 0, x0[draw[free]].to(wide), 0.0
+        active = torch.nonzero(draw >= 0).flatten()
+        if cap is not None:
+            active = active[torch.argsort(draw[active])][: max(1, cap)]
+        rounds += 1
+        rows += active.numel()
+        sample_rounds[draw[active]] += 1
+        f = evaluate(chain.times[k[active]], x[active])
+        inc = chain.increments(_step_key(draw_keys[draw[active]], k[active]), f, k[active], 1)[:, 0]
+        h = chain.h[k[active]]
+        resid = inc - f * h.unsqueeze(1)
+        log_mu[active] += (chain.log_norm[k[active] + 1] - chain.log_norm[k[active]]) - 0.5 * (
+            resid**2
+        ).sum(1) / (chain.var * h)
+        if paths is not None:
+            paths[draw[active], k[active]] = inc
+        x[active] += inc
+        k[active] += 1
+        done = active[k[active] >= n]
+        final[draw[done]] = x[done]
+        log_prob[draw[done]] = log_mu[done]
+        draw[done] = -1
+        finished += done.numel()
+        if bar is not None:
+            bar.update(done.numel())
+    if bar is not None:
+        bar.close()
+    return final, paths, log_prob, rounds, rows, sample_rounds
+
+
+def picard(
+    chain: Chain,
+    evaluate: DriftEvaluator,
+    x0: torch.Tensor,
+    draw_keys,
+    window: int,
+    tolerance: float,
+    max_concurrent: int | None,
+    max_rows_per_round: int | None,
+    progress: bool,
+):
+    """ParaDiGMS-style sliding-window Picard iteration, every draw in flight together.
+
+    Each draw has fixed noise ``s sqrt(h_k) normal(draw, NOISE, k d + c)``; a round evaluates
+    the drift on the current guess of the window ``[begin, end)``, rebuilds the window's path
+    by a cumulative sum, keeps the converged prefix (``|X_new - X_old|^2 / (d s^2 h_k) <=
+    tolerance^2``) and slides. APPROXIMATE: stops at the tolerance.
+
+    Returns
+    -------
+    paths [N, steps + 1, d], noise [N, steps, d], rounds, rows, sample_rounds [N]
+    """
+    num, d = x0.shape
+    n = chain.num_steps
+    dev, wide = chain.device, chain.wide
+    lanes = min(int(max_concurrent or num), num)
+    cap = max_rows_per_round
+    w = int(window)
+    steps = torch.arange(n, device=dev)
+    counter = steps.view(1, n, 1) * d + torch.arange(d, device=dev)
+    noise = chain.noise_sd.view(1, n, 1) * keys.normal(
+        draw_keys.view(-1, 1, 1), keys.Tag.NOISE, counter
+    ).to(wide)
+    out = torch.zeros(num, n + 1, d, dtype=wide, device=dev)
+    draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
+    path = torch.zeros(lanes, n + 1, d, dtype=wide, device=dev)
+    begin = torch.zeros(lanes, dtype=torch.long, device=dev)
+    end = torch.zeros(lanes, dtype=torch.long, device=dev)
+    sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
+    started = finished = rounds = rows = 0
+    bar = _bar(progress, num, "picard")
+    jj = torch.arange(w, device=dev)
+    while finished < num:
+        free = torch.nonzero(draw < 0).flatten()[: num - started]
+        if free.numel():
+            new = torch.arange(started, started + free.numel(), device=dev)
+            draw[free] = new
+            started += free.numel()
+            start = x0[new].to(wide)
+            path[free, 0] = start
+            path[free, 1:] = start.unsqueeze(1) + noise[new].cumsum(1)  # zero-drift guess
+            begin[free] = 0
+            end[free] = min(n, w)
+        active = torch.nonzero(draw >= 0).flatten()
+        if cap is not None:
+            active = active[torch.argsort(draw[active])][: max(1, cap // w)]
+        lo, hi = begin[active], end[active]
+        size = hi - lo
+        valid = jj.unsqueeze(0) < size.unsqueeze(1)
+        step = (lo.unsqueeze(1) + jj).clamp(max=n - 1)  # [A, w]
+        rounds += 1
+        rows += int(size.sum())
+        sample_rounds[draw[active]] += 1
+        lane_grid = active.unsqueeze(1).expand_as(step)
+        f = torch.zeros(active.numel(), w, d, dtype=wide, device=dev)
+        f[valid] = evaluate(chain.times[step[valid]], path[lane_grid[valid], step[valid]])
+        z = noise[draw[active].unsqueeze(1), step]
+        incr = torch.where(valid.unsqueeze(-1), f * chain.h[step].unsqueeze(-1) + z, 0.0)
+        new = path[active, lo].unsqueeze(1) + incr.cumsum(1)  # X_{lo+1..lo+w}
+        old = path[lane_grid, (step + 1).clamp(max=n)]
+        err = ((new - old) ** 2).sum(-1) / (d * chain.var * chain.h[step])
+        path[lane_grid[valid], (step + 1)[valid]] = new[valid]
+        bad = valid & (err > tolerance * tolerance)
+        converged = torch.where(bad.any(1), torch.argmax(bad.long(), 1), size)
+        new_begin = torch.minimum(lo + converged + 1, hi)
+        new_end = torch.clamp(new_begin + w, max=n)
+        # extend the window with the last drift frozen
+        grow = new_end > hi
+        if bool(grow.any()):
+            g = active[grow]
+            last = f[grow, (size[grow] - 1)]
+            ext = jj.unsqueeze(0) < (new_end[grow] - hi[grow]).unsqueeze(1)
+            est = (hi[grow].unsqueeze(1) + jj).clamp(max=n - 1)
+            zz = noise[draw[g].unsqueeze(1), est]
+            extra = torch.where(
+                ext.unsqueeze(-1), last.unsqueeze(1) * chain.h[est].unsqueeze(-1) + zz, 0.0
+            )
+            filled = path[g, hi[grow]].unsqueeze(1) + extra.cumsum(1)
+            g_grid = g.unsqueeze(1).expand_as(est)
+            path[g_grid[ext], (est + 1)[ext]] = filled[ext]
+        begin[active], end[active] = new_begin, new_end
+        done = active[new_begin >= n]
+        out[draw[done]] = path[done]
+        draw[done] = -1
+        finished += done.numel()
+        if bar is not None:
+            bar.update(done.numel())
+    if bar is not None:
+        bar.close()
+    return out, noise, rounds, rows, sample_rounds
+
+
+def _bar(progress: bool, total: int, desc: str):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="draw")

@@ -1,0 +1,250 @@
+"""The reference engine on ``[q]^n``: blocks of coordinates, and the token-level baselines.
+
+Frames are NumPy assignments ``int64[n]`` (copied whenever they change); rows are float64
+NumPy arrays. Every random number comes from the same keys as in the fast engine
+(:mod:`pyro_autospec.engine.discrete`, :mod:`pyro_autospec.engine.windows`), read one
+block or token at a time, so both engines give the same draws.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.reference.scheduler import Call
+from pyro_autospec.engine.rejection import accept_draft
+from pyro_autospec.engine.rows import Answer, OracleRows
+from pyro_autospec.engine.windows import agr24_window
+
+__all__ = ["Query", "ReferenceDiscrete", "token_draw"]
+
+
+@dataclass
+class Query:
+    """Rows of one draw's assignment: targeted rows ``(cut, width)`` and at most one chain."""
+
+    sample: int
+    values: np.ndarray
+    rows: list[tuple[int, int]] = field(default_factory=list)
+    chain: tuple[int, int] | None = None
+
+
+@dataclass
+class QueryAnswer:
+    rows: list[Answer]
+    chain: Answer | None
+
+
+def _gumbel(key: int, tag: int, counter) -> np.ndarray:
+    return keys.gumbel(torch.tensor(key), tag, torch.as_tensor(counter)).numpy()
+
+
+def _key(key: int, tag: int, index: int) -> int:
+    return int(keys.child(torch.tensor(key), tag, index))
+
+
+def _check(answer: Answer, index: int, what: str) -> np.ndarray:
+    """Row ``index`` of ``answer`` (float64 [q]), raising if it is bad."""
+    OracleRows.raise_bad(answer.part(slice(0, 1)), answer.bad[:1, index : index + 1], what)
+    return answer.log_probs[0, index].numpy()
+
+
+class ReferenceDiscrete:
+    """Reference problem on ``[q]^n`` for :func:`~pyro_autospec.engine.reference.recursion.node`.
+
+    Parameters
+    ----------
+    rows : OracleRows
+    rho : float
+        Batch growth of residual tries.
+    """
+
+    def __init__(self, rows: OracleRows, rho: float):
+        self.rows = rows
+        self.orders = rows.orders.cpu().numpy()
+        self.n, self.q = rows.n, rows.q
+        self.rho = rho
+
+    # ------------------------------------------------------------------------- dispatch
+    def dispatch(self, payloads: list[Query]) -> list[QueryAnswer]:
+        """Answer every query of a round with one batched :meth:`OracleRows.ask`."""
+        device = self.rows.device
+        values = torch.from_numpy(np.stack([p.values for p in payloads])).to(device)
+        row_spec = [(i, p.sample, c, w) for i, p in enumerate(payloads) for c, w in p.rows]
+        chain_spec = [(i, p.sample, *p.chain) for i, p in enumerate(payloads) if p.chain]
+
+        def columns(spec, width):
+            cols = list(zip(*spec)) if spec else [()] * width
+            return [torch.tensor(c, dtype=torch.long, device=device) for c in cols]
+
+        rows = chains = None
+        if row_spec:
+            frame, draw, cut, width = columns(row_spec, 4)
+            rows = (frame, draw, cut, cut, width)
+        if chain_spec:
+            chains = tuple(columns(chain_spec, 4))
+        row_answer, chain_answer = self.rows.ask(values, rows, chains)
+        answers, r, c = [], 0, 0
+        for p in payloads:
+            mine = []
+            for _ in p.rows:
+                mine.append(_cpu(row_answer.part(slice(r, r + 1))))
+                r += 1
+            chain = None
+            if p.chain:
+                chain = _cpu(chain_answer.part(slice(c, c + 1)))
+                c += 1
+            answers.append(QueryAnswer(mine, chain))
+        return answers
+
+    # --------------------------------------------------------------------------- frames
+    def initial_frame(self, s: int) -> np.ndarray:
+        return np.zeros(self.n, dtype=np.int64)
+
+    def row_request(self, s: int, frame: np.ndarray, a: int, b: int) -> Query:
+        return Query(s, frame, rows=[(a, b - a)])
+
+    def row_answer(self, s: int, a: int, answer: QueryAnswer) -> np.ndarray:
+        (row,) = answer.rows
+        what = f"draft row of draw {s} conditioned on its first {a} coordinates (target {{target}})"
+        OracleRows.raise_bad(row, row.bad, what)
+        width = int(row.log_probs.shape[1])
+        return row.log_probs[0, :width].numpy()
+
+    def leaf(self, s: int, key: int, frame, a: int, row: np.ndarray):
+        x = int(np.argmax(row[0] + _gumbel(key, keys.Tag.DRAFT, np.arange(self.q))))
+        frame = frame.copy()
+        frame[self.orders[s, a]] = x
+        return frame, float(row[0, x])
+
+    def draft(self, s: int, key: int, frame, a: int, b: int, row: np.ndarray):
+        k, q = b - a, self.q
+        counter = np.arange(k)[:, None] * q + np.arange(q)[None, :]
+        x = np.argmax(row[:k] + _gumbel(key, keys.Tag.DRAFT, counter), axis=1)
+        drafted = frame.copy()
+        drafted[self.orders[s, a:b]] = x
+        return drafted, float(row[np.arange(k), x].sum())
+
+    def verify_request(self, s: int, drafted, a: int, b: int, nxt: int) -> Query:
+        rows = [(b, nxt - b)] if nxt > b else []
+        return Query(s, drafted, rows=rows, chain=(a + 1, b - a - 1))
+
+    def verify(self, s, drafted, a, b, nxt, row, log_nu, answer: QueryAnswer):
+        x = drafted[self.orders[s, a:b]]
+        log_mu = float(row[0, x[0]])
+        for j in range(1, b - a):
+            if log_mu == -math.inf:  # later rows condition on an impossible prefix
+                break
+            what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
+            log_mu += float(_check(answer.chain, j - 1, what)[x[j]])
+        log_ratio = log_mu - log_nu if log_mu > -math.inf else -math.inf
+        next_row = None
+        if nxt > b and log_mu > -math.inf:
+            (pre,) = answer.rows
+            what = (
+                f"prefetched draft row of draw {s} conditioned on its first {b} coordinates "
+                "(target {target})"
+            )
+            OracleRows.raise_bad(pre, pre.bad, what)
+            next_row = pre.log_probs[0].numpy()
+        return log_ratio, log_mu, next_row
+
+    def try_log_nu(self, s: int, y, a: int, b: int, row: np.ndarray) -> float:
+        return float(row[np.arange(b - a), y[self.orders[s, a:b]]].sum())
+
+    def race_rho(self, size: int, log_ratio: float) -> float:
+        return self.rho
+
+
+def _cpu(answer: Answer) -> Answer:
+    return Answer(answer.log_probs.cpu(), answer.bad.cpu(), answer.log_mass.cpu())
+
+
+# ------------------------------------------------------------------------- token methods
+def token_draw(
+    problem: ReferenceDiscrete, method: str, s: int, draw_key: int, knobs: dict
+) -> Generator:
+    """One draw of a token-level method: returns ``(values int64[n], log_prob)``."""
+    n, q, order = problem.n, problem.q, problem.orders[s]
+    values = np.zeros(n, dtype=np.int64)
+    v = np.arange(q)
+
+    def size(t: int) -> int:
+        if method in ("sequential", "gumbel_sequential"):
+            return min(1, n - t)
+        if method == "speculative":
+            return min(int(knobs["window"]), n - t)
+        return min(int(agr24_window(torch.tensor([t]), q, knobs["window_scale"])), n - t)
+
+    def fixed_noise(pos: int) -> np.ndarray:
+        return _gumbel(draw_key, keys.Tag.NOISE, pos * q + v)
+
+    log_prob, t, row = 0.0, 0, None
+    while t < n:
+        k = size(t)
+        what = f"row of draw {s} conditioned on its first {t} coordinates (target {{target}})"
+        if row is None:
+            answer = yield Call(Query(s, values, rows=[(t, k)]), rows=1, sample=s)
+            OracleRows.raise_bad(answer.rows[0], answer.rows[0].bad, what)
+            row = answer.rows[0].log_probs[0].numpy()
+        window_key = _key(draw_key, keys.Tag.LEAF, t)
+        if method in ("gumbel_sequential", "agr24"):
+            x = np.array([int(np.argmax(row[j] + fixed_noise(t + j))) for j in range(k)])
+        else:
+            counter = np.arange(k)[:, None] * q + v[None, :]
+            x = np.argmax(row[:k] + _gumbel(window_key, keys.Tag.DRAFT, counter), axis=1)
+        drafted = values.copy()
+        drafted[order[t : t + k]] = x
+        nxt = size(t + k)
+        if method in ("sequential", "gumbel_sequential") or (k == 1 and nxt == 0):
+            values = drafted  # drawn from the exact row: nothing to verify
+            log_prob += float(row[0, x[0]])
+            t, row = t + 1, None
+            continue
+        rows = [(t + k, nxt)] if nxt > 0 else []
+        chain = (t + 1, k - 1) if k > 1 else None
+        answer = yield Call(
+            Query(s, drafted, rows=rows, chain=chain), rows=k - 1 + len(rows), sample=s
+        )
+        log_prob += float(row[0, x[0]])
+        stop = k  # first rejected (or disagreeing) token, k when all pass
+        recomputed = None
+        for j in range(1, k):
+            what_j = f"verification row of draw {s} conditioned on its first {t + j} coordinates"
+            target = _check(answer.chain, j - 1, what_j)
+            if method == "speculative":
+                u = keys.uniform(torch.tensor(window_key), keys.Tag.ACCEPT, j)
+                ok = bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u))
+            else:
+                recomputed = int(np.argmax(target + fixed_noise(t + j)))
+                ok = recomputed == x[j]
+            if not ok:
+                stop = j
+                break
+            log_prob += float(target[x[j]])
+        values = drafted
+        if stop == k:
+            t += k
+            row = None
+            if nxt > 0:
+                pre = answer.rows[0]
+                OracleRows.raise_bad(pre, pre.bad, what.replace(f" {t - k} ", f" {t} "))
+                row = pre.log_probs[0].numpy()
+            continue
+        if method == "speculative":  # resample from the residual (mu - nu)_+, in float64
+            residual = np.clip(np.exp(target) - np.exp(row[stop]), 0.0, None)
+            with np.errstate(divide="ignore"):
+                log_residual = np.log(residual / residual.sum())
+            y = int(np.argmax(log_residual + _gumbel(window_key, keys.Tag.RESAMPLE, v)))
+        else:
+            y = recomputed
+        values[order[t + stop]] = y
+        log_prob += float(target[y])
+        t += stop + 1
+        row = None
+    return values, log_prob

@@ -1,0 +1,151 @@
+"""Preallocated struct-of-arrays tables: the state of the vectorised engine.
+
+A :class:`Table` holds one tensor per field, all with the same first dimension (the capacity),
+and hands out row ids. Freed ids are reused; the capacity doubles when the table is full. Every
+operation is a handful of tensor calls whatever the number of rows involved, so the engine's
+bookkeeping costs no Python per node, thread or row.
+
+A :class:`Matrix` keeps many integer fields as the columns of one ``[capacity, fields]``
+tensor, so that reading or writing several fields of a set of rows is one gather or one
+scatter, not one per field.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["Matrix", "Table"]
+
+
+class Table:
+    """Rows of named fields with allocation and freeing by id.
+
+    Parameters
+    ----------
+    fields : dict
+        ``name -> (shape, dtype, fill)``: each field is a tensor ``[capacity, *shape]``; rows
+        never used hold ``fill``.
+    device : torch.device
+    capacity : int
+        Initial number of rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> table = Table({"x": ((), torch.int64, -1)}, torch.device("cpu"), capacity=2)
+    >>> ids = table.alloc(3)
+    >>> ids.tolist(), table.capacity
+    ([0, 1, 2], 4)
+    >>> table.free(ids[:1]); table.alloc(1).tolist()
+    [0]
+    """
+
+    def __init__(self, fields: dict, device: torch.device, capacity: int = 256):
+        self.device = device
+        self.spec = dict(fields)
+        self.capacity = int(capacity)
+        self.used = torch.zeros(self.capacity, dtype=torch.bool, device=device)
+        self.data: dict[str, torch.Tensor] = {}
+        for name, (shape, dtype, fill) in self.spec.items():
+            self.data[name] = torch.full((self.capacity, *shape), fill, dtype=dtype, device=device)
+        self.num_used = 0
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.data[name]
+
+    def _grow(self, needed: int) -> None:
+        new = max(2 * self.capacity, needed)
+        for name, (shape, dtype, fill) in self.spec.items():
+            grown = torch.full((new, *shape), fill, dtype=dtype, device=self.device)
+            grown[: self.capacity] = self.data[name]
+            self.data[name] = grown
+        used = torch.zeros(new, dtype=torch.bool, device=self.device)
+        used[: self.capacity] = self.used
+        self.used = used
+        self.capacity = new
+
+    def alloc(self, count: int) -> torch.Tensor:
+        """Ids of ``count`` free rows (LongTensor[count]); fields keep what the rows held."""
+        if count == 0:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        if self.num_used + count > self.capacity:
+            self._grow(self.num_used + count)
+        ids = torch.nonzero(~self.used).flatten()[:count]
+        self.used[ids] = True
+        self.num_used += count
+        return ids
+
+    def free(self, ids: torch.Tensor) -> None:
+        """Release rows (ids must be in use and distinct)."""
+        if ids.numel():
+            self.used[ids] = False
+            self.num_used -= int(ids.numel())
+
+
+class Matrix:
+    """Integer fields as the columns of one LongTensor[capacity, fields], and a float matrix.
+
+    Parameters
+    ----------
+    int_fields : dict
+        ``name -> fill`` of the integer columns, in order.
+    float_fields : dict
+        ``name -> fill`` of the float64 columns, in order.
+    device : torch.device
+    capacity : int
+
+    Attributes
+    ----------
+    i : LongTensor[capacity, len(int_fields)]
+    f : DoubleTensor[capacity, len(float_fields)]
+    used : BoolTensor[capacity]
+
+    Examples
+    --------
+    >>> import torch
+    >>> m = Matrix({"a": 0, "b": -1}, {"x": 0.0}, torch.device("cpu"), capacity=4)
+    >>> ids = m.alloc(2)
+    >>> m.i[ids, m.col["b"]].tolist()
+    [-1, -1]
+    """
+
+    def __init__(
+        self, int_fields: dict, float_fields: dict, device: torch.device, capacity: int
+    ) -> None:
+        self.device = device
+        self.col = {name: k for k, name in enumerate(int_fields)}
+        self.fcol = {name: k for k, name in enumerate(float_fields)}
+        self._ifill = torch.tensor(list(int_fields.values()), dtype=torch.long, device=device)
+        self._ffill = torch.tensor(list(float_fields.values()), dtype=torch.float64, device=device)
+        self.capacity = int(capacity)
+        self.i = self._ifill.repeat(self.capacity, 1)
+        self.f = self._ffill.repeat(self.capacity, 1)
+        self.used = torch.zeros(self.capacity, dtype=torch.bool, device=device)
+        self.num_used = 0
+
+    def _grow(self, needed: int) -> None:
+        new = max(2 * self.capacity, needed)
+        self.i = torch.cat([self.i, self._ifill.repeat(new - self.capacity, 1)])
+        self.f = torch.cat([self.f, self._ffill.repeat(new - self.capacity, 1)])
+        self.used = torch.cat(
+            [self.used, torch.zeros(new - self.capacity, dtype=torch.bool, device=self.device)]
+        )
+        self.capacity = new
+
+    def alloc(self, count: int) -> torch.Tensor:
+        """Ids of ``count`` free rows, reset to the fills."""
+        if count == 0:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        if self.num_used + count > self.capacity:
+            self._grow(self.num_used + count)
+        ids = torch.nonzero(~self.used).flatten()[:count]
+        self.used[ids] = True
+        self.num_used += count
+        self.i[ids] = self._ifill
+        self.f[ids] = self._ffill
+        return ids
+
+    def free(self, ids: torch.Tensor) -> None:
+        if ids.numel():
+            self.used[ids] = False
+            self.num_used -= int(ids.numel())

@@ -1,0 +1,129 @@
+"""The run of a model whose latent sites are all continuous, through a diffusion guide.
+
+The continuous sites are drawn from a :class:`~pyro_autospec.guides.DiffusionGuide` by
+stochastic localization, exactly in the law of its discretised diffusion (one engine run per
+chain, :func:`~pyro_autospec.infer.continuous.sample_continuous`). The draws have no tractable
+density, so there is no importance weight and no correction; check the guide with
+:mod:`pyro_autospec.diagnostics.sbc`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pyro_autospec.infer.common import chain_seeds
+from pyro_autospec.infer.run_base import RunBase
+from pyro_autospec.model.tracing import trace_model
+
+__all__ = ["DiffusionRun"]
+
+
+@dataclass
+class ContinuousView:
+    """What the summaries need of a continuous model: its sites, steps and data."""
+
+    names: list
+    num_coords: int  # steps of the diffusion: the sequential sampler's rounds per draw
+    observed: dict
+
+
+class DiffusionRun(RunBase):
+    """Draws of a continuous-only model's latent sites from a diffusion guide."""
+
+    def __init__(
+        self,
+        model: Callable,
+        guide: Any,
+        *,
+        method: str,
+        num_samples: int,
+        num_chains: int,
+        seed: Any,
+        progress: bool,
+        save_params: list | None,
+        schedule: dict,
+    ):
+        super().__init__(num_samples, num_chains, save_params)
+        self.model = model
+        self.guide = guide
+        self.method = method
+        self.seed = seed
+        self.progress = progress
+        self.schedule = {k: v for k, v in schedule.items() if k != "max_elements"}
+
+    def run(self, args: tuple, kwargs: dict) -> DiffusionRun:
+        from pyro_autospec.infer.continuous import sample_continuous
+
+        guide_layout = self.guide.layout
+        if self.save_params is not None:
+            unknown = sorted(set(self.save_params) - set(guide_layout.names))
+            if unknown:
+                raise ValueError(
+                    f"save_params names {unknown}, which are not continuous latent sites of the "
+                    f"model ({guide_layout.names})"
+                )
+        trace = trace_model(self.model, args, kwargs)
+        self.observed = {site.name: trace.nodes[site.name]["value"] for site in guide_layout.data}
+        self.layout = ContinuousView(
+            names=guide_layout.names,
+            num_coords=int(self.guide.times.shape[0]) - 1,
+            observed=self.observed,
+        )
+        per_chain = {name: [] for name in guide_layout.names}
+        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        pointwise = {name: [] for name in self.observed}
+        self.results = []
+        for seed in chain_seeds(self.seed, self.num_chains):
+            out = sample_continuous(
+                self.guide,
+                self.num_samples,
+                *args,
+                model_kwargs=kwargs,
+                method=self.method,
+                seed=seed,
+                progress=self.progress,
+                **self.schedule,
+            )
+            self.results.append(out.diffusion)
+            for name in guide_layout.names:
+                per_chain[name].append(out.samples[name])
+            for name in pointwise:
+                pointwise[name].append(out.pointwise[name])
+            extra["n_rounds"].append(out.sample_rounds.cpu().long())
+            extra["oracle_rows"].append(
+                torch.full(
+                    (self.num_samples,), out.oracle_rows / self.num_samples, dtype=torch.float64
+                )
+            )
+            extra["lp"].append(out.lp)
+            # the density of the sampling path, not of the draw: no importance weight
+            extra["oracle_log_prob"].append(out.diffusion.log_prob.cpu().double())
+        self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
+        self.extra = {k: torch.stack(v) for k, v in extra.items()}
+        self.pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
+        return self
+
+    def rounds_summary(self) -> str:
+        n = self.layout.num_coords
+        per_draw = torch.cat([r.sample_rounds.double() for r in self.results])
+        mean = float(per_draw.mean())
+        whole = max(r.rounds for r in self.results)
+        rows = sum(r.oracle_rows for r in self.results) / (self.num_samples * self.num_chains)
+        change = 1.0 - mean / n
+        verdict = (
+            f"{100 * change:.0f}% fewer rounds than sequential"
+            if change >= 0
+            else f"{100 * -change:.0f}% MORE rounds than sequential"
+        )
+        return (
+            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
+            f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
+            f"diffusion steps): {verdict}.\n"
+            f"Whole run: {whole} rounds per chain of {self.num_samples} draws (sequential: {n}); "
+            f"{rows:.1f} oracle rows per draw (sequential: {n})."
+        )

@@ -1,0 +1,356 @@
+"""The run of a model whose latent sites are all discrete: exact draws, or a guide corrected.
+
+With the default oracle (exact enumeration, compiled once) or a user's exact oracle, every draw
+is an exact, independent draw of ``p(x | data)``, and the run checks it: ``log p(x, data) -
+log q(x)`` must be the same for every draw (see
+:func:`~pyro_autospec.infer.common.check_exact_draws`). With a guide (an approximate oracle)
+each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
+``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
+(k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from pyro_autospec.infer.common import (
+    build_oracle,
+    chain_seeds,
+    check_exact_draws,
+)
+from pyro_autospec.infer.run_base import Extras, RunBase
+from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.log_joint import evaluate
+
+__all__ = ["DiscreteRun", "warn_scales"]
+
+# Fewer guide draws than this give no Pareto k-hat.
+_MIN_DRAWS_FOR_KHAT = 5
+
+
+def warn_scales(layout: SiteLayout, stacklevel: int = 4) -> None:
+    """Warn once per run that scaled sites make the target the scaled density."""
+    if not layout.scales:
+        return
+    sites = ", ".join(f"'{k}' (x{v:.3g})" for k, v in layout.scales.items())
+    warnings.warn(
+        f"Sites {sites} are scaled (poutine.scale, or a plate with a fixed subsample): the "
+        f"draws follow the scaled density exp(sum of scale * log p), as pyro.infer.MCMC does, "
+        f"and the recorded lp includes the scales; the pointwise log likelihood does not.",
+        UserWarning,
+        stacklevel=stacklevel,
+    )
+
+
+class DiscreteRun(RunBase):
+    """Draws of a discrete-only model's latent sites by the any-order engine.
+
+    Parameters
+    ----------
+    model : callable
+    layout : SiteLayout
+    oracle : "enum" or MarginalOracle
+    guide : MarginalOracle, optional
+        An approximate oracle (replaces ``oracle``).
+    correction : {None, "importance", "imh"}
+    method : str
+    num_samples, num_chains, warmup_steps : int
+    seed : int, Generator or None
+    progress : bool
+    device : torch.device or None
+    save_params : list of str or None
+    schedule : dict
+        Engine knobs.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        layout: SiteLayout,
+        *,
+        oracle: Any,
+        guide: Any,
+        correction: str | None,
+        method: str,
+        num_samples: int,
+        num_chains: int,
+        warmup_steps: int,
+        seed: Any,
+        progress: bool,
+        device: torch.device | None,
+        save_params: list | None,
+        schedule: dict,
+    ):
+        super().__init__(num_samples, num_chains, save_params)
+        self.model = model
+        self.layout = layout
+        self.oracle = oracle
+        self.guide = guide
+        self.correction = correction
+        self.method = method
+        self.warmup_steps = int(warmup_steps)
+        self.seed = seed
+        self.progress = progress
+        self.device = device
+        self.schedule = schedule
+        self.discrete_names = list(layout.names)
+        self.guide_log_weight: torch.Tensor | None = None
+        self.max_self_check_error: float | None = None
+
+    @property
+    def weights_tracked(self) -> bool:
+        return self.guide is not None or self.correction is not None
+
+    def run(self, args: tuple, kwargs: dict) -> DiscreteRun:
+        from pyro_autospec.engine import sample_any_order
+
+        layout = self.layout
+        source = self.oracle if self.guide is None else self.guide
+        oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+        exact = self.guide is None
+        custom = exact and not isinstance(self.oracle, str)
+        device = self.device or getattr(oracle, "device", None)
+        self.observed = dict(layout.observed)
+        per_chain = {name: [] for name in layout.names}
+        determ = {name: [] for name in layout.deterministic}
+        pointwise = {name: [] for name in layout.observed}
+        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        if self.weights_tracked:
+            extra["log_weight"] = []
+        if self.correction == "imh":
+            extra["accepted"], extra["acceptance_rate"] = [], []
+        all_weights, self_check = [], []
+        num_draws = self.num_samples + self.warmup_steps
+        shapes = layout.latent_shapes()
+        self.results = []
+        for seed in chain_seeds(self.seed, self.num_chains):
+            result = sample_any_order(
+                oracle,
+                num_draws,
+                method=self.method,
+                seed=seed,
+                device=device,
+                progress=self.progress,
+                **self.schedule,
+            )
+            self.results.append(result)
+            values = layout.from_coords(result.samples)
+            if device is not None:
+                values = {k: v.to(device) for k, v in values.items()}
+            joint = evaluate(
+                self.model,
+                args,
+                kwargs,
+                values,
+                shapes,
+                layout.max_plate_nesting,
+                observed_shapes=layout.observed_batch_shapes,
+                deterministic_shapes=layout.deterministic,
+            )
+            lp = joint.total
+            oracle_lp = result.log_prob.double().to(lp.device)
+            log_weight = lp - oracle_lp
+            if exact:
+                dtype = joint.dtype
+                normalizer = getattr(oracle, "log_normalizer", None)
+                self_check.append(
+                    check_exact_draws(
+                        lp,
+                        oracle_lp,
+                        joint.magnitude,
+                        dtype,
+                        log_normalizer=None if normalizer is None else normalizer().expand_as(lp),
+                        custom_oracle=custom,
+                    )
+                )
+            all_weights.append(log_weight.cpu())
+            keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
+            for name in layout.names:
+                per_chain[name].append(values[name][keep])
+            for name in determ:
+                determ[name].append(joint.deterministic[name][keep])
+            for name in pointwise:
+                pointwise[name].append(joint.pointwise[name][keep])
+            extra["n_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
+            extra["oracle_rows"].append(
+                torch.full(
+                    (self.num_samples,),
+                    result.oracle_rows / num_draws,
+                    dtype=torch.float64,
+                    device=lp.device,
+                )
+            )
+            extra["lp"].append(lp[keep])
+            extra["oracle_log_prob"].append(oracle_lp[keep])
+            if "log_weight" in extra:
+                extra["log_weight"].append(log_weight[keep])
+        if exact and self_check:
+            self.max_self_check_error = max(self_check)
+        self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
+        self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
+        self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
+        self.pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
+        self.guide_log_weight = torch.stack(all_weights)
+        self._warn_weights()
+        return self
+
+    def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
+        """Indices of the draws a chain returns, after the correction."""
+        from pyro_autospec.guides.correction import (
+            importance_resample,
+            independent_metropolis_hastings,
+        )
+
+        if self.correction is None:
+            return torch.arange(self.num_samples)
+        if not bool(torch.isfinite(log_weight).any()):
+            raise ValueError(
+                "every guide draw has zero probability under the model (log p(x, data) = -inf): "
+                "the guide cannot be corrected; train it (fit_posterior) or check the model"
+            )
+        # A stream of its own: the engine's generator for this chain is default_rng(seed).
+        rng = np.random.default_rng([seed, 1])
+        if self.correction == "importance":
+            index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
+            return index
+        index, accepted, accept_prob = independent_metropolis_hastings(log_weight, seed=rng)
+        warm = self.warmup_steps
+        extra["accepted"].append(accepted[warm:])
+        extra["acceptance_rate"].append(accept_prob[warm:])
+        return index[warm:]
+
+    # ------------------------------------------------------------------- guide diagnostics
+    def weight_diagnostics(self) -> dict[str, Any]:
+        """Pareto k-hat and ESS of the guide draws' importance weights, per chain and pooled.
+
+        With fewer than 5 draws per chain the k-hat is NaN (reported as unavailable).
+        """
+        from pyro_autospec.diagnostics.weights import pareto_khat, weights_ess
+
+        lw = self.guide_log_weight
+        chains = [f"chain {i}" for i in range(lw.shape[0])]
+
+        def khat(w):
+            return pareto_khat(w) if w.numel() >= _MIN_DRAWS_FOR_KHAT else float("nan")
+
+        out_khat = {c: khat(w) for c, w in zip(chains, lw, strict=True)}
+        ess = {c: weights_ess(w) for c, w in zip(chains, lw, strict=True)}
+        out_khat["all"] = khat(lw.reshape(-1))
+        ess["all"] = weights_ess(lw.reshape(-1))
+        return {"khat": out_khat, "weights_ess": ess, "num_draws": int(lw.shape[1])}
+
+    def guide_report(self) -> Extras:
+        """Everything the guide run adds to the summaries, from one place.
+
+        The guides' own diagnostics (Pareto k-hat, weights' ESS, IMH acceptance) are computed
+        here; a richer report from :mod:`pyro_autospec.guides` can replace this method's body.
+        """
+        from pyro_autospec.diagnostics.weights import KHAT_BAD, KHAT_GOOD
+
+        report = Extras()
+        if not self.weights_tracked:
+            return report
+        diag = self.weight_diagnostics()
+        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
+        total = diag["num_draws"] * self.num_chains
+        report.diagnostics["khat"] = diag["khat"]
+        report.diagnostics["weights_ess"] = diag["weights_ess"]
+        if "log_weight" in self.extra:
+            report.sample_stats["log_weight"] = self.extra["log_weight"]
+        if "acceptance_rate" in self.extra:
+            report.sample_stats["acceptance_rate"] = self.extra["acceptance_rate"]
+        report.attrs.update(
+            {"correction": str(self.correction), "pareto_khat": khat, "weights_ess": ess}
+        )
+        if khat != khat:  # NaN
+            verdict = f"unavailable: fewer than {_MIN_DRAWS_FOR_KHAT} draws"
+        elif khat < KHAT_GOOD:
+            verdict = "reliable"
+        elif khat < KHAT_BAD:
+            verdict = "usable with caution (slow convergence)"
+        else:
+            verdict = "NOT reliable: the correction cannot be trusted"
+        per_chain = ", ".join(f"{v:.2f}" for c, v in diag["khat"].items() if c != "all")
+        text = (
+            f"Importance weights log p(x, data) - log q_sigma(x) of {total} guide draws: Pareto "
+            f"k-hat {khat:.2f} ({verdict}; per chain {per_chain}), weights' ESS {ess:.1f} "
+            f"({100 * ess / total:.1f}%). Correction: {self.correction}."
+        )
+        if self.correction == "imh":
+            rate = self.extra["accepted"].double().mean(-1)
+            chains = [f"chain {i}" for i in range(self.num_chains)]
+            report.diagnostics["acceptance rate"] = {
+                c: float(r) for c, r in zip(chains, rate, strict=True)
+            }
+            text += f" IMH acceptance rate {float(rate.mean()):.2f}."
+        report.summary_lines.append(text)
+        return report
+
+    def weights_summary(self) -> str:
+        """One paragraph: Pareto k-hat and ESS of the guide's importance weights."""
+        lines = self.guide_report().summary_lines
+        return lines[0] if lines else ""
+
+    def _warn_weights(self) -> None:
+        from pyro_autospec.diagnostics.weights import KHAT_BAD
+
+        if not self.weights_tracked:
+            return
+        diag = self.weight_diagnostics()
+        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
+        total = diag["num_draws"] * self.num_chains
+        if self.correction is None:
+            warnings.warn(
+                f"AutoSpec with a guide and correction=None returns the guide's draws, which are "
+                f"exact for the guide, not for the model's posterior (Pareto k-hat {khat:.2f}, "
+                f"weights' ESS {ess:.0f} of {total}); use correction='importance' or 'imh'",
+                UserWarning,
+                stacklevel=4,
+            )
+        elif not khat < KHAT_BAD and khat == khat:
+            warnings.warn(
+                f"Pareto k-hat of the guide's importance weights is {khat:.2f} (>= {KHAT_BAD}; "
+                f"weights' ESS {ess:.0f} of {total}): the weights have a heavy tail and the "
+                f"'{self.correction}' correction cannot be trusted. Train the guide longer "
+                f"(fit_posterior), make it larger, or draw more samples.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    # ------------------------------------------------------------------------- summaries
+    def extras(self) -> Extras:
+        return self.guide_report()
+
+    def rounds_summary(self) -> str:
+        n = self.layout.num_coords
+        per_draw = torch.cat([r.sample_rounds.double() for r in self.results])
+        mean = float(per_draw.mean())
+        whole = max(r.rounds for r in self.results)
+        rows = sum(r.oracle_rows for r in self.results) / (
+            (self.num_samples + self.warmup_steps) * self.num_chains
+        )
+        change = 1.0 - mean / n
+        verdict = (
+            f"{100 * change:.0f}% fewer rounds than sequential"
+            if change >= 0
+            else f"{100 * -change:.0f}% MORE rounds than sequential"
+        )
+        text = (
+            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
+            f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
+            f"coordinates): {verdict}.\n"
+            f"Whole run: {whole} rounds per chain of {self.num_samples + self.warmup_steps} "
+            f"draws (sequential: {n}); {rows:.1f} oracle rows per draw (sequential: {n})."
+        )
+        if self.max_self_check_error is not None:
+            text += (
+                f"\nSelf-check passed: log p(x, data) - log q(x) is constant across draws "
+                f"(largest deviation {self.max_self_check_error:.2g})."
+            )
+        return text

@@ -1,0 +1,581 @@
+"""From a Pyro model's discrete latent sites to the engine's coordinates and back.
+
+A Pyro model's unobserved, enumerable discrete sample sites become the coordinates of a
+distribution on ``[q]^n``, the setting of the any-order engine:
+
+* sites are taken in **trace order** (the order the model samples them);
+* each site contributes one coordinate per element of its batch shape, flattened in **C order**
+  (``value.reshape(-1)``); a ``OneHotCategorical`` site contributes one coordinate per event
+  (its one-hot last dimension is the value, not a coordinate);
+* a coordinate's value is the **index** of the site's value in
+  ``fn.enumerate_support(expand=False)`` (for Bernoulli, Categorical, Binomial and
+  BetaBinomial this is the value itself; for OneHotCategorical it is the hot position);
+* ``num_values`` is the largest support size over all sites; a coordinate whose site has a
+  smaller support gives ``-inf`` to the values outside it.
+
+This is the mapping a custom :class:`~pyro_autospec.oracles.base.MarginalOracle` passed as
+``AutoSpec(model, oracle=...)`` must follow; :attr:`SiteLayout.coordinates` lists it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pyro.distributions as dist
+import torch
+from pyro.poutine.util import prune_subsample_sites
+from torch.distributions import biject_to
+
+from pyro_autospec.model.continuous import ContinuousSite
+from pyro_autospec.model.errors import (
+    AutoSpecModelError,
+    DynamicStructureError,
+    UnsupportedSiteError,
+)
+from pyro_autospec.model.tracing import (
+    check_subsampling,
+    plate_dims,
+    plate_nesting,
+    scaled_sites,
+    site_role,
+    trace_model,
+)
+
+__all__ = ["DiscreteSite", "SiteLayout", "discover_sites"]
+
+_NUM_STRUCTURE_CHECKS = 8
+
+
+@dataclass
+class DiscreteSite:
+    """One unobserved enumerable discrete sample site and its block of coordinates.
+
+    Attributes
+    ----------
+    name : str
+        The site's name.
+    distribution : str
+        The class name of the site's distribution (``"Bernoulli"``, ``"Categorical"``, ...).
+    batch_shape : torch.Size
+        The site's batch shape (plates included), e.g. ``(4, 5)`` for a 4x5 grid.
+    event_shape : torch.Size
+        ``()`` except for ``OneHotCategorical`` (``(K,)``).
+    support : ``Tensor[K, *event_shape]``
+        The site's support in ``enumerate_support`` order; coordinate value ``k`` means
+        ``support[k]``. Its dtype is the site's native dtype.
+    offset : int
+        Index of the site's first coordinate.
+    """
+
+    name: str
+    distribution: str
+    batch_shape: torch.Size
+    event_shape: torch.Size
+    support: torch.Tensor
+    offset: int = 0
+
+    @property
+    def shape(self) -> torch.Size:
+        """Shape of one value of the site: ``batch_shape + event_shape``."""
+        return self.batch_shape + self.event_shape
+
+    @property
+    def num_coords(self) -> int:
+        """Number of coordinates: ``prod(batch_shape)``."""
+        return math.prod(self.batch_shape)
+
+    @property
+    def support_size(self) -> int:
+        """``K``, the number of values one coordinate can take."""
+        return int(self.support.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The site's native dtype (long for Categorical, float for Bernoulli, ...)."""
+        return self.support.dtype
+
+    @property
+    def coords(self) -> slice:
+        """The site's slice of the engine's coordinates."""
+        return slice(self.offset, self.offset + self.num_coords)
+
+    def index_to_value(self, index: torch.Tensor) -> torch.Tensor:
+        """Map support indices ``LongTensor[...]`` to values ``Tensor[..., *event_shape]``."""
+        return self.support.to(index.device)[index]
+
+    def value_to_index(self, value: torch.Tensor) -> torch.Tensor:
+        """Map values ``Tensor[..., *event_shape]`` to support indices ``LongTensor[...]``.
+
+        Works for any broadcastable leading shape (also for enumerated values).
+        """
+        event_dim = len(self.event_shape)
+        support = self.support.to(value.device, value.dtype)
+        k = support.shape[0]
+        expanded = value.unsqueeze(-1 - event_dim)  # [..., 1, *event]
+        equal = expanded == support.reshape((k,) + self.event_shape)
+        if event_dim:
+            equal = equal.flatten(-event_dim).all(-1)
+        found = equal.any(-1)
+        if not bool(found.all()):
+            raise AutoSpecModelError(
+                f"Site '{self.name}': a value outside the site's enumerated support "
+                f"{self.support.tolist()} was given."
+            )
+        return equal.long().argmax(-1)
+
+
+@dataclass
+class SiteLayout:
+    """How a model's discrete latent sites map to the engine's ``[q]^n`` coordinates.
+
+    Attributes
+    ----------
+    sites : list of DiscreteSite
+        The unobserved enumerable discrete sites, in trace order.
+    max_plate_nesting : int
+        The model's plate nesting (largest ``-dim`` of any plate, or the value given).
+    observed : dict
+        ``name -> value`` of the observed sites (data), in trace order; ``pyro.factor`` and
+        ``pyro.deterministic`` sites excluded.
+    observed_batch_shapes : dict
+        ``name -> batch shape`` of each observed site (the shape of its pointwise log
+        likelihood).
+    signature : tuple
+        The structure (names, kinds, shapes) used to detect dynamic models.
+    continuous : list of ContinuousSite
+        The model's continuous latent sites (empty unless discovery allowed them), in trace
+        order; a mixed model samples them by NUTS.
+    deterministic : dict
+        ``name -> value shape`` of the ``pyro.deterministic`` sites, in trace order.
+    scales : dict
+        ``name -> mean scale`` of the sites under ``poutine.scale`` (or in a plate with a fixed
+        subsample); the posterior AutoSpec samples is the scaled one, as in ``MCMC``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     a = pyro.sample("a", dist.Bernoulli(0.3))
+    ...     with pyro.plate("p", 2):
+    ...         pyro.sample("b", dist.Categorical(torch.ones(3) / 3))
+    >>> layout = discover_sites(model)
+    >>> layout.num_coords, layout.num_values, layout.coordinates
+    (3, 3, [('a', ()), ('b', (0,)), ('b', (1,))])
+    """
+
+    sites: list[DiscreteSite]
+    max_plate_nesting: int
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)
+    observed_batch_shapes: dict[str, torch.Size] = field(default_factory=dict)
+    signature: tuple = ()
+    continuous: list[ContinuousSite] = field(default_factory=list)
+    deterministic: dict[str, torch.Size] = field(default_factory=dict)
+    scales: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_coords(self) -> int:
+        """``n``: total number of coordinates."""
+        return sum(site.num_coords for site in self.sites)
+
+    @property
+    def num_values(self) -> int:
+        """``q``: the largest support size."""
+        return max(site.support_size for site in self.sites)
+
+    @property
+    def names(self) -> list[str]:
+        """Site names in trace order."""
+        return [site.name for site in self.sites]
+
+    @property
+    def support_sizes(self) -> torch.Tensor:
+        """LongTensor[n]: the support size of every coordinate."""
+        return torch.cat(
+            [
+                torch.full((site.num_coords,), site.support_size, dtype=torch.long)
+                for site in self.sites
+            ]
+        )
+
+    @property
+    def coordinates(self) -> list[tuple[str, tuple[int, ...]]]:
+        """``(site name, index into the site's batch shape)`` for every coordinate, in order."""
+        out = []
+        for site in self.sites:
+            for flat in range(site.num_coords):
+                out.append((site.name, tuple(_unravel(flat, site.batch_shape))))
+        return out
+
+    @property
+    def continuous_names(self) -> list[str]:
+        """Continuous latent site names in trace order (empty for a discrete model)."""
+        return [site.name for site in self.continuous]
+
+    def latent_shapes(self) -> dict[str, tuple[torch.Size, torch.Size]]:
+        """``name -> (batch_shape, event_shape)`` of every latent site, discrete and continuous."""
+        out = {site.name: (site.batch_shape, site.event_shape) for site in self.sites}
+        for site in self.continuous:
+            rank = len(site.shape) - site.event_dim
+            out[site.name] = (torch.Size(site.shape[:rank]), torch.Size(site.shape[rank:]))
+        return out
+
+    def __getitem__(self, name: str) -> DiscreteSite:
+        for site in self.sites:
+            if site.name == name:
+                return site
+        raise KeyError(name)
+
+    def from_coords(self, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Map engine draws ``LongTensor[N, n]`` to ``{name: Tensor[N, *site.shape]}``.
+
+        Values have the sites' native dtypes (long for Categorical, float for Bernoulli).
+        """
+        if coords.dim() != 2 or coords.shape[1] != self.num_coords:
+            raise ValueError(
+                f"expected coords of shape [N, {self.num_coords}], got {tuple(coords.shape)}"
+            )
+        n = coords.shape[0]
+        out = OrderedDict()
+        for site in self.sites:
+            index = coords[:, site.coords].reshape((n,) + site.batch_shape)
+            out[site.name] = site.index_to_value(index)
+        return out
+
+    def to_coords(self, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Map ``{name: Tensor[N, *site.shape]}`` to ``LongTensor[N, n]`` (inverts from_coords)."""
+        blocks = []
+        n = None
+        for site in self.sites:
+            if site.name not in values:
+                raise KeyError(f"missing values for discrete site '{site.name}'")
+            value = torch.as_tensor(values[site.name])
+            n = value.shape[0] if n is None else n
+            index = site.value_to_index(value.reshape((n,) + site.shape))
+            blocks.append(index.reshape(n, site.num_coords))
+        return torch.cat(blocks, dim=1)
+
+    def check_oracle(self, oracle: object) -> None:
+        """Check that a user oracle's ``num_coords`` / ``num_values`` fit this layout.
+
+        Also makes one unconditioned query (two rows, see Pyro issue 3102) and checks that the
+        output has shape ``[2, n, q]`` and no mass outside each coordinate's support.
+        """
+        for attr in ("num_coords", "num_values", "log_marginals"):
+            if not hasattr(oracle, attr):
+                raise TypeError(
+                    f"oracle must be 'enum' or a MarginalOracle (with num_coords, num_values and "
+                    f"log_marginals); {type(oracle).__name__} has no '{attr}'"
+                )
+        expected = ", ".join(
+            f"'{s.name}': {s.num_coords} coords x {s.support_size} values" for s in self.sites
+        )
+        if int(oracle.num_coords) != self.num_coords or int(oracle.num_values) != self.num_values:
+            raise ValueError(
+                f"oracle has num_coords={oracle.num_coords}, num_values={oracle.num_values}, but "
+                f"the model's discrete sites need num_coords={self.num_coords}, "
+                f"num_values={self.num_values} ({expected}; sites in trace order, each site's "
+                f"values flattened in C order over its batch shape, values as support indices)"
+            )
+        device = getattr(oracle, "device", None) or "cpu"
+        values = torch.zeros(2, self.num_coords, dtype=torch.long, device=device)
+        mask = torch.zeros(2, self.num_coords, dtype=torch.bool, device=device)
+        extra = {}
+        if getattr(oracle, "num_draws", None) is not None:  # a family: ask about draw 0
+            extra["draws"] = torch.zeros(2, dtype=torch.long, device=device)
+        out = oracle.log_marginals(values, mask, **extra)
+        if tuple(out.shape) != (2, self.num_coords, self.num_values):
+            raise ValueError(
+                f"oracle.log_marginals returned shape {tuple(out.shape)}, expected "
+                f"(B, {self.num_coords}, {self.num_values})"
+            )
+        sizes = self.support_sizes.to(out.device)
+        outside = torch.arange(self.num_values, device=out.device) >= sizes[:, None]
+        if bool((out[:, outside] > -math.inf).any()):
+            bad = int(outside.nonzero()[0, 0])
+            name, idx = self.coordinates[bad]
+            raise ValueError(
+                f"oracle gives mass to values outside the support of site '{name}' (coordinate "
+                f"{bad}, element {idx}, support size {int(sizes[bad])}); it must return -inf there"
+            )
+
+
+def _unravel(flat: int, shape: torch.Size) -> list[int]:
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size)
+        flat //= size
+    return list(reversed(out))
+
+
+def _unravel(flat: int, shape: torch.Size) -> list[int]:
+    out = []
+    for size in reversed(shape):
+        out.append(flat % size)
+        flat //= size
+    return list(reversed(out))
+
+
+def _signature(trace) -> tuple:
+    out = []
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample":
+            continue
+        fn = site["fn"]
+        out.append(
+            (
+                name,
+                bool(site["is_observed"]),
+                type(fn).__name__,
+                tuple(fn.batch_shape),
+                tuple(fn.event_shape),
+            )
+        )
+    return tuple(out)
+
+
+def _continuous_site_error(name: str, kind: str) -> UnsupportedSiteError:
+    return UnsupportedSiteError(
+        f"Site '{name}' is a continuous latent site ({kind}), and this path enumerates discrete "
+        f"latent sites only. AutoSpec(model) without an oracle or guide samples models with "
+        f"continuous sites (NUTS on them with the discrete sites enumerated, then exact draws "
+        f"of the discrete sites given each continuous draw). Otherwise condition it on a value "
+        f"with `poutine.condition(model, data={{'{name}': value}})` (or observe it)."
+    )
+
+
+def _check_discrete_site(name: str, site: dict) -> None:
+    fn = site["fn"]
+    kind = type(fn).__name__
+    support_error = None
+    if getattr(fn, "has_enumerate_support", False):
+        try:
+            fn.enumerate_support(expand=False)
+        except (NotImplementedError, ValueError, RuntimeError) as e:
+            support_error = str(e)
+    else:
+        support_error = "it has no finite enumerable support"
+    if support_error is not None:
+        hint = ""
+        if isinstance(fn, dist.Independent) or (
+            isinstance(fn, dist.MaskedDistribution) and isinstance(fn.base_dist, dist.Independent)
+        ):
+            hint = " Declare its batch dimensions with `pyro.plate` instead of `.to_event()`."
+        raise UnsupportedSiteError(
+            f"Site '{name}' is a discrete latent site ({kind}) that AutoSpec cannot enumerate: "
+            f"{support_error}.{hint} Enumerable sites are Bernoulli, Categorical, "
+            f"OneHotCategorical, Binomial and BetaBinomial (with homogeneous total_count). "
+            f"Use one of those (for example a truncated Categorical in place of a Poisson or "
+            f"Geometric), or condition the site with `poutine.condition(model, data={{'{name}': "
+            f"value}})`. (A guide-based Metropolis-within-Gibbs step for such sites may follow "
+            f"in a later release.)"
+        )
+
+
+def _check_plates(name: str, site: dict, max_plate_nesting: int, latent: bool) -> None:
+    fn = site["fn"]
+    plates = plate_dims(site)
+    batch_shape = fn.batch_shape
+    for i, size in enumerate(batch_shape):
+        d = i - len(batch_shape)
+        if size > 1 and plates.get(d) != size:
+            where = "latent" if latent else "observed"
+            raise AutoSpecModelError(
+                f"Site '{name}' ({where}, batch shape {tuple(batch_shape)}) has a batch dimension "
+                f"{d} of size {size} that no `pyro.plate` declares. Exact enumeration needs every "
+                f"batch dimension inside a plate: wrap the site in `pyro.plate(..., {size}, "
+                f"dim={d})`" + ("." if latent else ", or move it to the event with `.to_event()`.")
+            )
+    if len(batch_shape) > max_plate_nesting and any(
+        s > 1 for s in batch_shape[: -max_plate_nesting or None]
+    ):
+        raise AutoSpecModelError(
+            f"Site '{name}' has batch shape {tuple(batch_shape)} but max_plate_nesting="
+            f"{max_plate_nesting}; increase max_plate_nesting."
+        )
+
+
+def _compare_signatures(expected: tuple, actual: tuple) -> None:
+    if expected == actual:
+        return
+    exp = {s[0]: s for s in expected}
+    act = {s[0]: s for s in actual}
+    for name in list(exp) + list(act):
+        if name not in act or name not in exp:
+            raise DynamicStructureError(
+                f"Site '{name}' appears in some runs of the model and not in others: the model's "
+                f"structure depends on random values. AutoSpec needs a fixed set of sites; sample "
+                f"'{name}' in every run and select with tensors (torch.where, Vindex, "
+                f"poutine.mask) instead of Python control flow."
+            )
+        if exp[name] != act[name]:
+            raise DynamicStructureError(
+                f"Site '{name}' changes between runs of the model (kind, distribution or shape: "
+                f"{exp[name][1:]} vs {act[name][1:]}). AutoSpec needs a fixed model structure; "
+                f"make the site's distribution and shape independent of random values."
+            )
+    raise DynamicStructureError("The order of the model's sample sites changes between runs.")
+
+
+def discover_sites(
+    model: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    max_plate_nesting: int | None = None,
+    continuous: str = "error",
+) -> SiteLayout:
+    """Find a model's discrete latent sites and check that AutoSpec can sample them exactly.
+
+    The model is traced under ``poutine.block`` a few times (with a forked torch RNG, so the
+    global random state is left unchanged) to check that its structure does not change.
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model.
+    args, kwargs
+        The model's arguments.
+    max_plate_nesting : int, optional
+        Found from the model's plates and batch shapes when ``None``.
+    continuous : {"error", "allow"}
+        What to do with continuous latent sites: raise :class:`UnsupportedSiteError`, or list
+        them in :attr:`SiteLayout.continuous` (a mixed model).
+
+    Returns
+    -------
+    SiteLayout
+
+    Raises
+    ------
+    UnsupportedSiteError
+        For a continuous latent site (unless allowed), or a discrete one without finite
+        enumerable support.
+    SubsamplingError
+        For a plate that draws a random subsample of its data on every run.
+    DynamicStructureError
+        When different runs give different sites, shapes or supports.
+    AutoSpecModelError
+        When there is no discrete latent site, or a batch dimension is not declared by a plate.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model(data):
+    ...     z = pyro.sample("z", dist.Bernoulli(0.5))
+    ...     pyro.sample("y", dist.Normal(z, 1.0), obs=data)
+    >>> layout = discover_sites(model, (torch.tensor(0.3),))
+    >>> layout.names, layout.num_coords, list(layout.observed)
+    (['z'], 1, ['y'])
+    """
+    if continuous not in ("error", "allow"):
+        raise ValueError(f"continuous must be 'error' or 'allow'; got {continuous!r}")
+    kwargs = {} if kwargs is None else kwargs
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(20260101)
+        raw = [trace_model(model, args, kwargs, prune=False) for _ in range(_NUM_STRUCTURE_CHECKS)]
+    check_subsampling(raw[0])
+    traces = [prune_subsample_sites(t) for t in raw]
+    trace = traces[0]
+    signature = _signature(trace)
+    for other in traces[1:]:
+        _compare_signatures(signature, _signature(other))
+
+    depth = plate_nesting(trace)
+    if max_plate_nesting is None:
+        max_plate_nesting = depth
+    elif max_plate_nesting < depth:
+        raise AutoSpecModelError(
+            f"max_plate_nesting={max_plate_nesting} but the model nests plates and batch "
+            f"dimensions {depth} deep; pass max_plate_nesting={depth} or leave it as None."
+        )
+
+    sites: list[DiscreteSite] = []
+    continuous_sites: list[ContinuousSite] = []
+    observed: dict[str, torch.Tensor] = OrderedDict()
+    observed_shapes: dict[str, torch.Size] = OrderedDict()
+    deterministic: dict[str, torch.Size] = OrderedDict()
+    offset, continuous_offset = 0, 0
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample":
+            continue
+        fn = site["fn"]
+        role = site_role(site)
+        if role == "deterministic":
+            deterministic[name] = torch.Size(site["value"].shape)
+            continue
+        if role in ("factor", "subsample"):
+            continue
+        if role == "data":
+            _check_plates(name, site, max_plate_nesting, latent=False)
+            observed[name] = site["value"].detach()
+            observed_shapes[name] = fn.batch_shape
+            continue
+        if not fn.support.is_discrete:
+            if continuous == "error":
+                raise _continuous_site_error(name, type(fn).__name__)
+            value = site["value"].detach()
+            unconstrained = biject_to(fn.support).inv(value)
+            block = ContinuousSite(
+                name,
+                torch.Size(value.shape),
+                int(fn.event_dim),
+                fn.support,
+                torch.Size(unconstrained.shape),
+                continuous_offset,
+            )
+            continuous_offset += block.numel
+            continuous_sites.append(block)
+            continue
+        _check_discrete_site(name, site)
+        _check_plates(name, site, max_plate_nesting, latent=True)
+        support = fn.enumerate_support(expand=False)
+        k = support.shape[0]
+        if support.shape[1 : 1 + len(fn.batch_shape)].numel() != 1:
+            raise UnsupportedSiteError(
+                f"Site '{name}' ({type(fn).__name__}) has a support that differs between its batch "
+                f"elements; AutoSpec needs one support per site. Split it into sites with equal "
+                f"supports."
+            )
+        support = support.reshape((k,) + fn.event_shape)
+        value = site["value"]
+        if tuple(value.shape) != tuple(fn.batch_shape + fn.event_shape):
+            raise AutoSpecModelError(
+                f"Site '{name}' has value shape {tuple(value.shape)} but batch + event shape "
+                f"{tuple(fn.batch_shape + fn.event_shape)}; declare its batch dimensions with "
+                f"plates."
+            )
+        block = DiscreteSite(
+            name=name,
+            distribution=type(fn).__name__,
+            batch_shape=fn.batch_shape,
+            event_shape=fn.event_shape,
+            support=support.detach().to(value.dtype),
+            offset=offset,
+        )
+        offset += block.num_coords
+        sites.append(block)
+    if not sites:
+        extra = (
+            f" Its latent sites {[s.name for s in continuous_sites]} are all continuous: use "
+            f"pyro.infer.MCMC(NUTS(model)), or AutoSpec(model, guide=DiffusionGuide(...))."
+            if continuous_sites
+            else ""
+        )
+        raise AutoSpecModelError(
+            "The model has no unobserved discrete sample site: there is nothing for AutoSpec to "
+            "sample (observed sites need `obs=`; latent ones Bernoulli, Categorical, "
+            "OneHotCategorical, Binomial or BetaBinomial)." + extra
+        )
+    return SiteLayout(
+        sites=sites,
+        max_plate_nesting=max_plate_nesting,
+        observed=observed,
+        observed_batch_shapes=observed_shapes,
+        signature=signature,
+        continuous=continuous_sites,
+        deterministic=deterministic,
+        scales=scaled_sites(trace),
+    )

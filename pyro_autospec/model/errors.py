@@ -1,0 +1,31 @@
+"""Errors for Pyro models that AutoSpec cannot sample; each message names the site and the fix."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutoSpecModelError",
+    "DynamicStructureError",
+    "IntractableEnumerationError",
+    "SubsamplingError",
+    "UnsupportedSiteError",
+]
+
+
+class AutoSpecModelError(ValueError):
+    """A Pyro model AutoSpec cannot sample exactly; the message names the site and the way out."""
+
+
+class UnsupportedSiteError(AutoSpecModelError):
+    """A latent site that is continuous, or discrete without finite enumerable support."""
+
+
+class DynamicStructureError(AutoSpecModelError):
+    """The set, shapes or supports of the model's sample sites change from run to run."""
+
+
+class SubsamplingError(AutoSpecModelError):
+    """A plate draws a random subsample of its data on every run of the model."""
+
+
+class IntractableEnumerationError(AutoSpecModelError):
+    """Exact enumeration of the discrete sites is impossible (plates) or too large (treewidth)."""

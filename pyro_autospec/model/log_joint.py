@@ -1,0 +1,552 @@
+"""The log joint ``log p(x, data)`` of a batch of draws of a model's latent sites, in one trace.
+
+One function, :func:`evaluate`, serves every kind of latent site (discrete, continuous, or
+both): the model runs inside a ``pyro.plate`` over draws at ``dim = -(max_plate_nesting + 1)``,
+conditioned on the draws reshaped to ``(N,) + (1,) * pad + batch_shape + event_shape``. It
+returns, per draw,
+
+* ``total``: the sum of every site's **scaled and masked** log density (latent sites, observed
+  sites and factors): the density the sampler targets, as ``pyro.infer.MCMC`` does;
+* ``pointwise``: the log likelihood of every observed site, **masked but not scaled**, shaped
+  like the site's batch (what ArviZ's ``log_likelihood`` group holds);
+* ``deterministic``: the values of the ``pyro.deterministic`` sites (as ``Predictive`` returns
+  them: ``[N, *value shape]``);
+* ``magnitude``: the sum of the absolute values of all terms, from which callers derive float
+  tolerances.
+
+It does not use ``Predictive``, which silently draws latent sites missing from the given
+samples from the prior and mis-reshapes the event dimensions of sites outside plates.
+:func:`log_joint` (discrete layouts) and :func:`continuous_log_joint` (continuous layouts) are
+thin wrappers; :func:`enumerate_posterior` is the brute-force reference of the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.distributions.util import scale_and_mask
+from pyro.poutine.util import prune_subsample_sites
+
+from pyro_autospec.model.continuous import ContinuousLayout
+from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
+from pyro_autospec.model.tracing import (
+    DRAWS_PLATE,
+    SiteRecorder,
+    quiet_warnings,
+    site_role,
+    structure_error,
+)
+
+__all__ = [
+    "LogJoint",
+    "continuous_log_joint",
+    "enumerate_posterior",
+    "evaluate",
+    "log_joint",
+]
+
+_MIXED_DRAWS = (
+    "The model cannot be evaluated on a batch of draws: a site's value loses the batch "
+    "dimensions the model is run with, so draws mix. Usually a pyro.factor or a distribution "
+    "parameter reduces over a plate dimension, as in (s[..., 1:] * s[..., :-1]).sum(-1): keep "
+    "the dimension with .sum(-1, keepdim=True) so every value keeps its leading batch dimensions."
+)
+
+
+@dataclass
+class LogJoint:
+    """The log joint of ``N`` draws, and what comes with it.
+
+    Attributes
+    ----------
+    total : DoubleTensor[N]
+        ``log p(x, data)``: every site's scaled, masked log density, summed.
+    pointwise : dict of str -> ``DoubleTensor[N, *batch_shape]``
+        Masked, unscaled log likelihood of every observed data site.
+    deterministic : dict of str -> ``Tensor[N, *shape]``
+        Values of the ``pyro.deterministic`` sites.
+    magnitude : DoubleTensor[N]
+        Sum of the absolute values of every term of ``total`` (for float tolerances).
+    dtype : torch.dtype
+        The lowest floating precision among the model's log densities.
+    """
+
+    total: torch.Tensor
+    pointwise: dict = field(default_factory=dict)
+    deterministic: dict = field(default_factory=dict)
+    magnitude: torch.Tensor | None = None
+    dtype: torch.dtype = torch.float64
+
+
+def _draw_shape(batch_shape, event_shape, num_draws: int, mpn: int) -> tuple[int, ...]:
+    pad = mpn - len(batch_shape)
+    return (num_draws,) + (1,) * pad + tuple(batch_shape) + tuple(event_shape)
+
+
+def _per_draw(value: torch.Tensor, shape: torch.Size, num_draws: int, name: str) -> torch.Tensor:
+    """A batched run's value of a deterministic site as ``[N, *shape]``."""
+    rank = len(shape)
+    lead = value.shape[: value.dim() - rank] if value.dim() >= rank else torch.Size()
+    if math.prod(lead) == num_draws:
+        value = value.reshape((num_draws,) + tuple(value.shape[value.dim() - rank :]))
+    elif math.prod(lead) == 1:
+        value = value.reshape(tuple(value.shape[value.dim() - rank :])).unsqueeze(0)
+    else:
+        raise AutoSpecModelError(
+            f"Deterministic site '{name}' has shape {tuple(value.shape)} in a batch of "
+            f"{num_draws} draws, which does not split into draws of shape {tuple(shape)}. "
+            + _MIXED_DRAWS
+        )
+    try:
+        return value.expand((num_draws,) + tuple(shape))
+    except RuntimeError as e:
+        raise AutoSpecModelError(
+            f"Deterministic site '{name}' has shape {tuple(value.shape[1:])} per draw in a batch "
+            f"but {tuple(shape)} alone. " + _MIXED_DRAWS
+        ) from e
+
+
+def _run_chunk(
+    model,
+    args,
+    kwargs,
+    values,
+    shapes,
+    mpn,
+    observed_shapes,
+    deterministic_shapes,
+    n,
+    unbatched=False,
+):
+    data = {}
+    for name, (batch_shape, event_shape) in shapes.items():
+        value = torch.as_tensor(values[name])
+        if tuple(value.shape[1:]) != tuple(batch_shape) + tuple(event_shape):
+            raise ValueError(
+                f"values['{name}'] has shape {tuple(value.shape)}, expected "
+                f"(N,) + {tuple(batch_shape) + tuple(event_shape)}"
+            )
+        if unbatched:  # one draw, in the model's own shapes (a plate of size 1 around it)
+            data[name] = value[0]
+        else:
+            data[name] = value.reshape(_draw_shape(batch_shape, event_shape, n, mpn))
+
+    def batched(*a, **k):
+        with pyro.plate(DRAWS_PLATE, n, dim=-(mpn + 1)):
+            return model(*a, **k)
+
+    recorder = SiteRecorder()
+    try:
+        with poutine.block(), recorder, quiet_warnings():
+            trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
+            trace = prune_subsample_sites(trace)
+            trace.compute_log_prob()
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise structure_error(e, recorder.names, "on a batch of draws") from e
+
+    device = None
+    total = magnitude = None
+    pointwise, deterministic = {}, {}
+    dtype = torch.float64
+    seen = set()
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample":
+            continue
+        role = site_role(site)
+        if role == "deterministic":
+            if name in deterministic_shapes:
+                deterministic[name] = _per_draw(
+                    site["value"].detach(), deterministic_shapes[name], n, name
+                )
+            continue
+        seen.add(name)
+        if not site["is_observed"] and name not in shapes:
+            raise DynamicStructureError(
+                f"Site '{name}' is latent in the batched run of the model but was not found when "
+                f"the model was first traced: the model's structure depends on random values. "
+                f"AutoSpec needs a fixed set of sites."
+            )
+        raw = site["log_prob"].detach()
+        if raw.is_floating_point() and torch.finfo(raw.dtype).eps > torch.finfo(dtype).eps:
+            dtype = raw.dtype
+        lp = raw.to(torch.float64)
+        if device is None:
+            device = lp.device
+            total = torch.zeros(n, dtype=torch.float64, device=device)
+            magnitude = torch.zeros(n, dtype=torch.float64, device=device)
+        try:
+            full = torch.broadcast_shapes(lp.shape, (n,) + (1,) * mpn)
+        except RuntimeError as e:
+            raise AutoSpecModelError(f"Site '{name}': " + _MIXED_DRAWS) from e
+        lp = lp.expand(full)
+        if lp.shape[0] != n:
+            raise AutoSpecModelError(f"Site '{name}': " + _MIXED_DRAWS)
+        total = total + lp.reshape(n, -1).sum(-1)
+        magnitude = magnitude + lp.abs().reshape(n, -1).sum(-1)
+        if name in observed_shapes:
+            unscaled = scale_and_mask(site["unscaled_log_prob"].detach(), mask=site["mask"])
+            unscaled = unscaled.to(torch.float64)
+            shape = tuple(observed_shapes[name])
+            target = (n,) + (1,) * (mpn - len(shape)) + shape
+            pointwise[name] = unscaled.expand(target).reshape((n,) + shape)
+    missing = set(shapes) - seen
+    if missing:
+        raise DynamicStructureError(
+            f"Site '{sorted(missing)[0]}' was not sampled in the batched run of the model: the "
+            f"model's structure depends on random values. AutoSpec needs a fixed set of sites."
+        )
+    if total is None:
+        total = torch.zeros(n, dtype=torch.float64)
+        magnitude = torch.zeros(n, dtype=torch.float64)
+    return LogJoint(total, pointwise, deterministic, magnitude, dtype)
+
+
+def evaluate(
+    model: Callable,
+    args: tuple,
+    kwargs: dict | None,
+    values: Mapping[str, torch.Tensor],
+    shapes: Mapping[str, tuple[torch.Size, torch.Size]],
+    max_plate_nesting: int,
+    *,
+    observed_shapes: Mapping[str, torch.Size] | None = None,
+    deterministic_shapes: Mapping[str, torch.Size] | None = None,
+    chunk_size: int = 4096,
+    check_mixing: bool = True,
+    per_draw_fallback: bool = False,
+) -> LogJoint:
+    """Evaluate the model on ``N`` draws of its latent sites in batched traces.
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments (data included).
+    values : dict
+        ``name -> Tensor[N, *batch_shape, *event_shape]`` for every latent site.
+    shapes : dict
+        ``name -> (batch_shape, event_shape)`` of every latent site (from one unbatched trace).
+    max_plate_nesting : int
+        The model's plate and batch depth; the draws go one dimension further left.
+    observed_shapes : dict, optional
+        ``name -> batch_shape`` of the observed sites whose pointwise log likelihood to return.
+    deterministic_shapes : dict, optional
+        ``name -> value shape`` of the deterministic sites to return.
+    chunk_size : int
+        Draws per trace.
+    check_mixing : bool
+        Re-evaluate the first draw alone and raise if the batch changed its log joint (a model
+        whose values lose the draws' dimension mixes draws; see the error message).
+    per_draw_fallback : bool
+        If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
+        batched), evaluate it one draw at a time, in its own shapes, with a warning.
+
+    Returns
+    -------
+    LogJoint
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     z = pyro.sample("z", dist.Bernoulli(0.25))
+    ...     pyro.deterministic("twice", 2 * z)
+    ...     pyro.sample("y", dist.Bernoulli(0.5 + 0.25 * z), obs=torch.tensor(1.0))
+    >>> out = evaluate(model, (), {}, {"z": torch.tensor([0.0, 1.0])},
+    ...                {"z": (torch.Size(), torch.Size())}, 0,
+    ...                observed_shapes={"y": torch.Size()}, deterministic_shapes={"twice": ()})
+    >>> out.total.exp()
+    tensor([0.3750, 0.1875], dtype=torch.float64)
+    >>> out.deterministic["twice"]
+    tensor([0., 2.])
+    """
+    kwargs = {} if kwargs is None else kwargs
+    observed_shapes = {} if observed_shapes is None else dict(observed_shapes)
+    deterministic_shapes = {} if deterministic_shapes is None else dict(deterministic_shapes)
+    shapes = OrderedDict((k, (torch.Size(b), torch.Size(e))) for k, (b, e) in shapes.items())
+    if not shapes:
+        raise ValueError("evaluate needs at least one latent site")
+    first = next(iter(shapes))
+    num_draws = int(torch.as_tensor(values[first]).shape[0])
+    try:
+        return _evaluate_batched(
+            model,
+            args,
+            kwargs,
+            values,
+            shapes,
+            max_plate_nesting,
+            observed_shapes,
+            deterministic_shapes,
+            chunk_size,
+            check_mixing,
+            num_draws,
+        )
+    except AutoSpecModelError as error:
+        if not per_draw_fallback:
+            raise
+        reason = str(error).split(". ")[0]
+    warnings.warn(
+        f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
+        f"one draw at a time ({num_draws} traces). To batch it, index with Vindex "
+        f"(pyro.ops.indexing) or ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+        UserWarning,
+        stacklevel=3,
+    )
+    parts = [
+        _run_chunk(
+            model,
+            args,
+            kwargs,
+            {name: torch.as_tensor(values[name])[i : i + 1] for name in shapes},
+            shapes,
+            max_plate_nesting,
+            observed_shapes,
+            deterministic_shapes,
+            1,
+            unbatched=True,
+        )
+        for i in range(num_draws)
+    ]
+    return _concatenate(parts)
+
+
+def _concatenate(parts: list) -> LogJoint:
+    return LogJoint(
+        total=torch.cat([p.total for p in parts]),
+        pointwise={k: torch.cat([p.pointwise[k] for p in parts]) for k in parts[0].pointwise},
+        deterministic={
+            k: torch.cat([p.deterministic[k] for p in parts]) for k in parts[0].deterministic
+        },
+        magnitude=torch.cat([p.magnitude for p in parts]),
+        dtype=min((p.dtype for p in parts), key=lambda d: -torch.finfo(d).eps),
+    )
+
+
+def _evaluate_batched(
+    model,
+    args,
+    kwargs,
+    values,
+    shapes,
+    max_plate_nesting,
+    observed_shapes,
+    deterministic_shapes,
+    chunk_size,
+    check_mixing,
+    num_draws,
+) -> LogJoint:
+    parts = []
+    for start in range(0, num_draws, chunk_size):
+        stop = min(start + chunk_size, num_draws)
+        chunk = {name: torch.as_tensor(values[name])[start:stop] for name in shapes}
+        try:
+            parts.append(
+                _run_chunk(
+                    model,
+                    args,
+                    kwargs,
+                    chunk,
+                    shapes,
+                    max_plate_nesting,
+                    observed_shapes,
+                    deterministic_shapes,
+                    stop - start,
+                )
+            )
+        except RuntimeError as e:  # shapes of the batched run do not line up
+            raise AutoSpecModelError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
+    out = _concatenate(parts)
+    if check_mixing and num_draws > 1:
+        one = {name: torch.as_tensor(values[name])[:1] for name in shapes}
+        alone = _run_chunk(model, args, kwargs, one, shapes, max_plate_nesting, {}, {}, 1)
+        tolerance = 64 * torch.finfo(out.dtype).eps * (1.0 + float(out.magnitude[0]))
+        a, b = float(alone.total[0]), float(out.total[0])
+        if not (abs(a - b) <= tolerance or (math.isinf(a) and a == b)):
+            raise AutoSpecModelError(
+                f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "
+                + _MIXED_DRAWS
+            )
+    return out
+
+
+def log_joint(
+    model: Callable,
+    args: tuple,
+    kwargs: dict | None,
+    layout: SiteLayout,
+    values: Mapping[str, torch.Tensor],
+    *,
+    pointwise: bool = False,
+    chunk_size: int = 4096,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``log p(x, data)`` of a batch of assignments of a layout's latent sites.
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments.
+    layout : SiteLayout
+        From :func:`~pyro_autospec.model.discrete.discover_sites`.
+    values : dict
+        ``name -> Tensor[N, *site.shape]`` for every discrete site of ``layout`` (and every
+        continuous one, for a mixed layout).
+    pointwise : bool
+        Also return the pointwise log likelihood of every observed site.
+    chunk_size : int
+        Draws per trace.
+
+    Returns
+    -------
+    log_prob : DoubleTensor[N]
+        The sum of every site's scaled, masked log prob (latent sites, observed sites and
+        factors).
+    pointwise : dict, only if ``pointwise=True``
+        ``name -> DoubleTensor[N, *batch_shape]`` for each observed site (masked, unscaled).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     z = pyro.sample("z", dist.Bernoulli(0.25))
+    ...     pyro.sample("y", dist.Bernoulli(0.5 + 0.25 * z), obs=torch.tensor(1.0))
+    >>> layout = discover_sites(model)
+    >>> lp = log_joint(model, (), {}, layout, {"z": torch.tensor([0.0, 1.0])})
+    >>> torch.allclose(lp.exp(), torch.tensor([0.75 * 0.5, 0.25 * 0.75], dtype=torch.float64))
+    True
+    """
+    shapes = layout.latent_shapes()
+    typed = {}
+    for name, value in values.items():
+        value = torch.as_tensor(value)
+        site = next((s for s in layout.sites if s.name == name), None)
+        typed[name] = value.to(site.dtype) if site is not None else value
+    out = evaluate(
+        model,
+        args,
+        kwargs,
+        typed,
+        shapes,
+        layout.max_plate_nesting,
+        observed_shapes=layout.observed_batch_shapes if pointwise else None,
+        chunk_size=chunk_size,
+    )
+    if not pointwise:
+        return out.total
+    return out.total, out.pointwise
+
+
+def continuous_log_joint(
+    model: Callable,
+    args: tuple,
+    kwargs: dict | None,
+    layout: ContinuousLayout,
+    values: Mapping[str, torch.Tensor],
+    *,
+    pointwise: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``log p(x, data)`` of a batch of draws of the continuous sites, in one trace.
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments (data included).
+    layout : ContinuousLayout
+    values : dict
+        ``name -> Tensor[N, *site.shape]`` for every latent site (constrained values).
+    pointwise : bool
+        Also return the pointwise log likelihood of every observed site.
+
+    Returns
+    -------
+    log_prob : DoubleTensor[N]
+        Sum of every site's scaled, masked log density (no Jacobian: constrained space).
+    pointwise : dict, only if ``pointwise=True``
+        ``name -> DoubleTensor[N, *batch_shape]`` for each observed site (masked, unscaled).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_autospec.model.continuous import discover_continuous_sites
+    >>> def model():
+    ...     pyro.sample("x", dist.Normal(0.0, 1.0))
+    >>> layout = discover_continuous_sites(model)
+    >>> continuous_log_joint(model, (), {}, layout, {"x": torch.zeros(2)})
+    tensor([-0.9189, -0.9189], dtype=torch.float64)
+    """
+    shapes = OrderedDict()
+    for site in layout.sites:
+        rank = len(site.shape) - site.event_dim
+        shapes[site.name] = (torch.Size(site.shape[:rank]), torch.Size(site.shape[rank:]))
+    observed = {}
+    if pointwise:
+        for site in layout.data:
+            observed[site.name] = (
+                site.batch_shape if site.batch_shape is not None else torch.Size(site.shape)
+            )
+    with torch.no_grad():
+        out = evaluate(
+            model,
+            args,
+            kwargs,
+            values,
+            shapes,
+            layout.max_plate_nesting,
+            observed_shapes=observed,
+            check_mixing=False,
+        )
+    if not pointwise:
+        return out.total
+    return out.total, out.pointwise
+
+
+def enumerate_posterior(
+    model: Callable,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    layout: SiteLayout | None = None,
+    max_states: int = 2**16,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact posterior over every assignment of the discrete sites, by brute force.
+
+    The obviously correct slow path that tests compare samplers and oracles against: it lists
+    all ``prod(support sizes)`` assignments and evaluates :func:`log_joint` on each.
+
+    Returns
+    -------
+    states : LongTensor[M, n]
+        Every assignment, as support indices (lexicographic order).
+    log_prob : DoubleTensor[M]
+        ``log p(x | data)``, normalised.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     pyro.sample("a", dist.Bernoulli(0.2))
+    ...     pyro.sample("b", dist.Categorical(torch.tensor([0.5, 0.25, 0.25])))
+    >>> states, log_prob = enumerate_posterior(model)
+    >>> states.shape, round(float(log_prob.exp()[0]), 3)
+    (torch.Size([6, 2]), 0.4)
+    """
+    kwargs = {} if kwargs is None else kwargs
+    if layout is None:
+        layout = discover_sites(model, args, kwargs)
+    sizes = layout.support_sizes.tolist()
+    if math.prod(sizes) > max_states:
+        raise ValueError(f"{math.prod(sizes)} states exceed max_states={max_states}")
+    grids = torch.meshgrid(*[torch.arange(k) for k in sizes], indexing="ij")
+    states = torch.stack([g.reshape(-1) for g in grids], dim=-1)
+    lp = log_joint(model, args, kwargs, layout, layout.from_coords(states))
+    return states, lp - lp.logsumexp(0)

@@ -1,0 +1,263 @@
+"""Tracing a Pyro model once, and reading its sites: the helpers every other module shares.
+
+* :func:`trace_model`: one trace under ``poutine.block`` (nothing leaks to an outer handler);
+* :func:`check_subsampling`: a clear error for plates that subsample their data at random;
+* :func:`site_role`: ``"latent"``, ``"data"``, ``"deterministic"``, ``"factor"`` or
+  ``"subsample"`` for every sample site;
+* :func:`plate_nesting`: the model's plate and batch depth (``max_plate_nesting``);
+* :func:`scaled_sites`: sites under ``poutine.scale`` (or a subsampled plate's scale);
+* :class:`SiteRecorder` and :func:`structure_error`: name the site where a batched or
+  enumerated run of the model failed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+from pyro import poutine
+from pyro.poutine.subsample_messenger import _Subsample
+from pyro.poutine.util import prune_subsample_sites
+
+from pyro_autospec.model.errors import DynamicStructureError, SubsamplingError
+
+__all__ = [
+    "DRAWS_PLATE",
+    "SiteRecorder",
+    "check_subsampling",
+    "parallel_enumeration",
+    "plate_dims",
+    "plate_nesting",
+    "scaled_sites",
+    "site_role",
+    "structure_error",
+    "trace_model",
+]
+
+#: Name of the plate over draws that batched runs of a model use (left of every model plate).
+DRAWS_PLATE = "_autospec_draws"
+
+
+def trace_model(model: Callable, args: tuple = (), kwargs: dict | None = None, *, prune=True):
+    """One trace of ``model(*args, **kwargs)`` under ``poutine.block``.
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments.
+    prune : bool
+        Drop the plates' internal subsample sites (:func:`check_subsampling` needs them).
+
+    Returns
+    -------
+    pyro.poutine.Trace
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> def model():
+    ...     pyro.sample("z", dist.Bernoulli(0.5))
+    >>> list(trace_model(model).nodes)
+    ['_INPUT', 'z', '_RETURN']
+    """
+    kwargs = {} if kwargs is None else kwargs
+    with poutine.block():
+        trace = poutine.trace(model).get_trace(*args, **kwargs)
+    return prune_subsample_sites(trace) if prune else trace
+
+
+def site_role(site: dict) -> str:
+    """What a sample site is to AutoSpec.
+
+    Returns
+    -------
+    str
+        ``"subsample"`` (a plate's index site), ``"deterministic"`` (``pyro.deterministic``),
+        ``"factor"`` (``pyro.factor``, or another auxiliary observed site), ``"data"`` (an
+        observed site) or ``"latent"``.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     z = pyro.sample("z", dist.Bernoulli(0.5))
+    ...     pyro.deterministic("twice", 2 * z)
+    ...     pyro.factor("f", z)
+    ...     pyro.sample("y", dist.Normal(z, 1.0), obs=torch.tensor(0.0))
+    >>> trace = trace_model(model)
+    >>> [site_role(trace.nodes[n]) for n in ("z", "twice", "f", "y")]
+    ['latent', 'deterministic', 'factor', 'data']
+    """
+    fn = site["fn"]
+    infer = site.get("infer") or {}
+    if isinstance(fn, _Subsample):
+        return "subsample"
+    if infer.get("_deterministic", False):
+        return "deterministic"
+    if site["is_observed"]:
+        if infer.get("is_auxiliary", False) or type(fn).__name__ == "Unit":
+            return "factor"
+        return "data"
+    return "latent"
+
+
+def plate_dims(site: dict) -> dict[int, int]:
+    """``dim -> size`` of the vectorized plates around a site."""
+    return {f.dim: f.size for f in site["cond_indep_stack"] if f.vectorized and f.dim is not None}
+
+
+def plate_nesting(trace) -> int:
+    """The depth of plates and batch dimensions of every site (``max_plate_nesting``).
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> def model():
+    ...     with pyro.plate("a", 2, dim=-2):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> plate_nesting(trace_model(model))
+    2
+    """
+    depth = 0
+    for site in trace.nodes.values():
+        if site["type"] != "sample" or site_role(site) == "subsample":
+            continue
+        for frame in site["cond_indep_stack"]:
+            if frame.vectorized and frame.dim is not None:
+                depth = max(depth, -frame.dim)
+        if site_role(site) != "deterministic":
+            depth = max(depth, len(site["fn"].batch_shape))
+    return depth
+
+
+def check_subsampling(trace) -> None:
+    """Raise :class:`SubsamplingError` if a plate draws a random subsample on every run.
+
+    ``trace`` must be unpruned (see :func:`trace_model` with ``prune=False``). A plate given a
+    fixed ``subsample=`` tensor is accepted: its sites are scaled by ``size / subsample_size``
+    (see :func:`scaled_sites`).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model():
+    ...     with pyro.plate("data", 10, subsample_size=3):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> check_subsampling(trace_model(model, prune=False))
+    Traceback (most recent call last):
+    ...
+    pyro_autospec.model.errors.SubsamplingError: Plate 'data' draws a random subsample of 3 ...
+    """
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not isinstance(site["fn"], _Subsample):
+            continue
+        fn = site["fn"]
+        size, sub = int(fn.size), fn.subsample_size
+        if sub is not None and int(sub) < size:
+            raise SubsamplingError(
+                f"Plate '{name}' draws a random subsample of {int(sub)} of its {size} elements on "
+                f"every run (subsample_size={int(sub)}): each run of the model sees different "
+                f"data, so there is no single posterior to sample exactly. Remove subsample_size "
+                f"(AutoSpec conditions on all the data in one batched pass), or pass a fixed "
+                f"subsample=torch.arange(...) to the plate (the model is then scaled by "
+                f"size / subsample_size, as under poutine.scale)."
+            )
+
+
+def scaled_sites(trace) -> dict[str, float]:
+    """``name -> scale`` of the sample sites whose log density is scaled (not 1).
+
+    Scales come from ``poutine.scale`` or from a plate with a fixed subsample.
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> from pyro import poutine
+    >>> def model():
+    ...     with poutine.scale(scale=4.0):
+    ...         pyro.sample("z", dist.Bernoulli(0.5))
+    >>> scaled_sites(trace_model(model))
+    {'z': 4.0}
+    """
+    out = {}
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or site_role(site) in ("subsample", "deterministic"):
+            continue
+        scale = site.get("scale", 1.0)
+        if isinstance(scale, torch.Tensor):
+            if scale.numel() == 1 and float(scale) == 1.0:
+                continue
+            out[name] = float(scale.double().mean())
+        elif scale != 1.0:
+            out[name] = float(scale)
+    return out
+
+
+def parallel_enumeration(msg: dict) -> dict:
+    """``poutine.infer_config`` rule: enumerate every unobserved enumerable site in parallel.
+
+    Overrides ``infer={"enumerate": "sequential"}`` (which a contraction cannot use) and marks
+    sites without an annotation (``config_enumerate``'s default).
+    """
+    fn = msg["fn"]
+    if msg["is_observed"] or isinstance(fn, _Subsample):
+        return {}
+    if getattr(fn, "has_enumerate_support", False):
+        return {"enumerate": "parallel"}
+    return {}
+
+
+class SiteRecorder(poutine.messenger.Messenger):
+    """Remembers the sample sites seen so far, to name the site where a run failed."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def _pyro_post_sample(self, msg):
+        if not msg["name"].startswith("_autospec") and not isinstance(msg["fn"], _Subsample):
+            self.names.append(msg["name"])
+
+
+def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStructureError:
+    """A :class:`DynamicStructureError` naming the last site reached before ``error``.
+
+    Parameters
+    ----------
+    error : Exception
+        What PyTorch or Pyro raised.
+    seen : list of str
+        Sites reached before the failure (from a :class:`SiteRecorder`).
+    what : str
+        The kind of run, e.g. ``"on a batch of draws"`` or ``"under enumeration"``.
+    """
+    last = f" (after site '{seen[-1]}')" if seen else ""
+    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return DynamicStructureError(
+        f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "
+        f"batched (and enumerated) values of its discrete sites, so the model must not branch "
+        f"on their values with Python control flow (if/int()/.item()), nor reduce a sampled "
+        f"value over a plate or batch dimension; use tensor operations (torch.where, Vindex, "
+        f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
+        f"structure is fixed."
+    )
+
+
+def quiet_warnings():
+    """A context that hides Pyro's harmless warnings about our internal plates."""
+    context = warnings.catch_warnings()
+
+    class _Quiet:
+        def __enter__(self):
+            context.__enter__()
+            warnings.filterwarnings("ignore", message=".*was not registered.*")
+            warnings.filterwarnings("ignore", message=".*not in guide.*")
+            warnings.filterwarnings("ignore", message=".*plate.*guide.*")
+            return self
+
+        def __exit__(self, *exc):
+            return context.__exit__(*exc)
+
+    return _Quiet()

@@ -1,0 +1,197 @@
+"""Models with continuous AND discrete latent sites: NUTS, then exact discrete draws.
+
+Tier 3: posterior means of every site within 5 standard errors (from the effective sample
+size of the chain) of the exact posterior computed by hand on a grid (tests/infer/
+_mixed_models.py). The change-point model is also run through Pyro's NUTS + infer_discrete
+and, when installed, NumPyro's DiscreteHMCGibbs: every method agrees with the exact answer.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC, NUTS, config_enumerate, infer_discrete
+from pyro.ops.stats import effective_sample_size
+
+from pyro_autospec.infer import AutoSpec, UnsupportedSiteError
+from tests.infer._mixed_models import (
+    CHANGE_DATA,
+    HMM_DATA,
+    MIXTURE_DATA,
+    change_point,
+    change_point_exact,
+    hmm_exact,
+    hmm_unknown_transition,
+    mixture,
+    mixture_exact,
+)
+
+K_SIGMA = 5.0
+
+
+def assert_means_match(
+    draws: torch.Tensor, exact: torch.Tensor, what: str, binary: bool = False
+) -> None:
+    """``draws`` [chains, samples, ...] against exact means, within K_SIGMA standard errors.
+
+    For 0/1 sites the standard deviation is the exact ``sqrt(p (1 - p))`` (a rare value may
+    not appear at all in a few hundred draws, leaving a sample deviation of 0).
+    """
+    draws = draws.double()
+    flat = draws.reshape(-1, *draws.shape[2:])
+    mean = flat.mean(0)
+    exact = exact.double()
+    sd = (exact * (1 - exact)).sqrt() if binary else flat.std(0)
+    ess = effective_sample_size(draws)
+    # nearly constant sites give NaN: count their draws
+    ess = torch.where(torch.isnan(ess), float(flat.shape[0]), ess).clamp(min=2.0)
+    se = sd / ess.sqrt()
+    error = (mean - exact).abs()
+    assert bool((error <= K_SIGMA * se + 1e-9).all()), (
+        f"{what}: mean {mean}, exact {exact}, se {se}"
+    )
+
+
+def run_autospec(model, data, num_samples=400, warmup_steps=300, seed=0):
+    return AutoSpec(
+        model,
+        num_samples=num_samples,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        disable_progbar=True,
+    ).run(data)
+
+
+@pytest.fixture(scope="module")
+def mixture_fit():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*broadcast over a batch.*")
+        warnings.filterwarnings("ignore", message=".*evaluate on a batch.*")
+        return run_autospec(mixture, MIXTURE_DATA)
+
+
+def test_gaussian_mixture_means(mixture_fit):
+    exact = mixture_exact()
+    samples = mixture_fit.get_samples(group_by_chain=True)
+    assert samples["assignment"].dtype == torch.long and samples["locs"].dtype == torch.float32
+    assert_means_match(samples["locs"], exact["locs"], "locs")
+    assert_means_match(samples["assignment"], exact["assignment"], "assignment", binary=True)
+
+
+def test_mixture_arviz_log_likelihood_is_given_every_latent_site(mixture_fit):
+    """The pointwise log likelihood uses the draw's own assignments, not prior draws."""
+    idata = mixture_fit.to_inference_data()
+    assert set(idata.posterior.data_vars) == {"locs", "assignment"}
+    samples = mixture_fit.get_samples(group_by_chain=True)
+    locs = samples["locs"].double()
+    chosen = locs.gather(-1, samples["assignment"])  # [chain, draw, N]
+    direct = dist.Normal(chosen, 1.0).log_prob(MIXTURE_DATA.double())
+    np.testing.assert_allclose(idata.log_likelihood["obs"].values, direct.numpy(), atol=1e-5)
+    assert idata.sample_stats["diverging"].shape == (1, 400)
+    diag = mixture_fit.diagnostics()
+    assert {"divergences", "acceptance rate", "seconds"} <= set(diag)
+
+
+@pytest.fixture(scope="module")
+def hmm_fit():
+    return run_autospec(hmm_unknown_transition, HMM_DATA, seed=1)
+
+
+def test_hmm_with_unknown_transition_means(hmm_fit):
+    exact = hmm_exact()
+    samples = hmm_fit.get_samples(group_by_chain=True)
+    assert_means_match(samples["stay"], exact["stay"], "stay")
+    x = torch.stack([samples[f"x_{t}"] for t in range(len(HMM_DATA))], -1)
+    assert_means_match(x, exact["x"], "x", binary=True)
+
+
+def test_summary_reports_both_stages(hmm_fit, capsys):
+    hmm_fit.summary()
+    out = capsys.readouterr().out
+    assert "stay" in out and "x_0" in out
+    assert "Pyro NUTS with the discrete sites enumerated out" in out
+    assert "Self-check passed" in out and "log normaliser" in out
+
+
+@pytest.fixture(scope="module")
+def change_fit():
+    return run_autospec(change_point, CHANGE_DATA, seed=2)
+
+
+def test_change_point_means(change_fit):
+    exact = change_point_exact()
+    samples = change_fit.get_samples(group_by_chain=True)
+    for name in ("early", "late", "tau"):
+        assert_means_match(samples[name], exact[name], name)
+
+
+def test_change_point_pyro_nuts_and_infer_discrete_agree():
+    """The reference a Pyro user would run: NUTS, then infer_discrete per draw."""
+    exact = change_point_exact()
+    pyro.set_rng_seed(3)
+    mcmc = MCMC(
+        NUTS(config_enumerate(change_point), max_plate_nesting=1),
+        num_samples=400,
+        warmup_steps=300,
+        disable_progbar=True,
+    )
+    mcmc.run(CHANGE_DATA)
+    draws = mcmc.get_samples()
+    taus = []
+    for i in range(400):
+        conditioned = pyro.poutine.condition(change_point, data={k: v[i] for k, v in draws.items()})
+        sampler = infer_discrete(config_enumerate(conditioned), first_available_dim=-2)
+        trace = pyro.poutine.trace(sampler).get_trace(CHANGE_DATA)
+        taus.append(trace.nodes["tau"]["value"])
+    assert_means_match(torch.stack(taus)[None], exact["tau"], "tau (infer_discrete)")
+    assert_means_match(draws["early"][None], exact["early"], "early (NUTS)")
+
+
+def test_change_point_numpyro_discrete_hmc_gibbs_agrees():
+    jax = pytest.importorskip("jax")
+    numpyro = pytest.importorskip("numpyro")
+    import numpyro.distributions as ndist
+    from numpyro.infer import MCMC as NMCMC
+    from numpyro.infer import NUTS as NNUTS
+    from numpyro.infer import DiscreteHMCGibbs
+
+    counts = jax.numpy.asarray(CHANGE_DATA.numpy())
+    T = len(CHANGE_DATA)
+
+    def numpyro_model():
+        early = numpyro.sample("early", ndist.Gamma(2.0, 0.5))
+        late = numpyro.sample("late", ndist.Gamma(2.0, 0.5))
+        tau = numpyro.sample("tau", ndist.Categorical(jax.numpy.ones(T) / T))
+        rate = jax.numpy.where(jax.numpy.arange(T) < tau, early, late)
+        numpyro.sample("counts", ndist.Poisson(rate), obs=counts)
+
+    mcmc = NMCMC(
+        DiscreteHMCGibbs(NNUTS(numpyro_model)),
+        num_warmup=500,
+        num_samples=2000,
+        progress_bar=False,
+    )
+    mcmc.run(jax.random.PRNGKey(0))
+    samples = mcmc.get_samples()
+    exact = change_point_exact()
+    for name in ("early", "late", "tau"):
+        value = torch.tensor(np.array(samples[name]), dtype=torch.float64)
+        assert_means_match(value[None], exact[name], f"{name} (DiscreteHMCGibbs)")
+
+
+def test_mixed_models_refuse_guides_and_custom_oracles():
+    class Oracle:
+        num_coords, num_values = 1, 10
+
+        def log_marginals(self, values, mask):
+            raise AssertionError("never called")
+
+    with pytest.raises(UnsupportedSiteError, match=r"continuous latent sites \['early', 'late'\]"):
+        AutoSpec(change_point, num_samples=2, oracle=Oracle(), disable_progbar=True).run(
+            CHANGE_DATA
+        )
