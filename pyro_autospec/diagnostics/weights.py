@@ -214,7 +214,10 @@ class WeightDiagnostics:
 
     @property
     def verdict(self) -> str:
-        """``"reliable"``, ``"usable with caution"`` or ``"not reliable"`` (from k-hat)."""
+        """``"reliable"``, ``"usable with caution"``, ``"not reliable"`` (from k-hat), or
+        ``"unavailable"`` (fewer than 5 draws: no k-hat)."""
+        if math.isnan(self.khat):
+            return "unavailable"
         if self.khat < KHAT_GOOD:
             return "reliable"
         if self.khat < KHAT_BAD:
@@ -225,12 +228,13 @@ class WeightDiagnostics:
         """The warning a user should see, naming the fix, or ``None``."""
         if self.correction is None:
             return (
-                f"the draws are exact for the guide, not for the model's posterior (Pareto "
+                f"with correction=None the draws are exact for the guide, not for the model's "
+                f"posterior (Pareto "
                 f"k-hat {self.khat:.2f}, weights' ESS {self.weights_ess:.0f} of "
                 f"{self.num_draws}); use correction='importance' or correction='imh'"
             )
         problems = []
-        if not self.khat < KHAT_BAD:
+        if self.khat >= KHAT_BAD:  # NaN (too few draws for a k-hat) is no evidence
             problems.append(
                 f"Pareto k-hat of the importance weights is {self.khat:.2f} (>= {KHAT_BAD}; "
                 f"weights' ESS {self.weights_ess:.0f} of {self.num_draws}): the weights have a "

@@ -165,8 +165,8 @@ class DiffusionGuide(PyroModule):
 
     Notes
     -----
-    Preconditioning (after Karras et al., NeurIPS 2022, in stochastic-localization time): with ``m`` and
-    ``s^2`` the per-coordinate mean and variance of the training latents,
+    Preconditioning (after Karras et al., NeurIPS 2022, in stochastic-localization time): with
+    ``m`` and ``s^2`` the per-coordinate mean and variance of the training latents,
 
     ``f_theta(t, x) = m + s^2 (x - t m) / (1 + t s^2)
     + s / sqrt(1 + t s^2) * F_theta(c_in (x - t m), t, e(data))``

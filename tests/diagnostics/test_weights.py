@@ -76,6 +76,12 @@ def test_warnings_name_the_fix():
         weight_diagnostics(rng.normal(0.0, 0.1, 100), correction="imh").warn()
 
 
+def test_too_few_draws_give_no_khat_and_no_khat_warning():
+    few = weight_diagnostics(np.array([0.0, 5.0, -5.0]), correction="importance")
+    assert np.isnan(few.khat) and few.verdict == "unavailable"
+    assert few.warning() is None
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="log_weight"):
         weight_diagnostics(torch.zeros(2, 2, 2))

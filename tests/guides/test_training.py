@@ -1,5 +1,6 @@
 """The shared Adam loop, fit_posterior and fit_simulation move guides towards posteriors."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -85,19 +86,23 @@ def test_fit_posterior_lowers_objective_and_tv(objective):
 
 
 def test_fit_posterior_corrects_belief_propagation_on_a_loop():
+    # One round of BP on a strongly coupled 5-ring (the centred potentials make BP with more
+    # rounds nearly exact here, TV 0.01, which leaves the network nothing to learn).
+    model = functools.partial(ising_cycle, coupling=1.5)
+    data = CYCLE_DATA[:5]
     torch.manual_seed(0)
-    guide = AnyOrderGuide(ising_cycle, (CYCLE_DATA,), bp_iterations=3, num_layers=1)
-    before = _mixture_tv(guide, ising_cycle, CYCLE_DATA)
+    guide = AnyOrderGuide(model, (data,), bp_iterations=1, num_layers=1)
+    before = _mixture_tv(guide, model, data)
     guide.fit_posterior(
-        num_steps=60,
+        num_steps=40,
         num_particles=128,
         objective="forward",
         lr=1e-2,
         seed=0,
         disable_progbar=True,
     )
-    after = _mixture_tv(guide, ising_cycle, CYCLE_DATA)
-    assert after < 0.7 * before, (before, after)
+    after = _mixture_tv(guide, model, data)
+    assert before > 0.1 and after < 0.7 * before, (before, after)
 
 
 def test_fit_posterior_checks_its_arguments():
