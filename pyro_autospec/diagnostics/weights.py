@@ -283,7 +283,9 @@ class WeightDiagnostics:
 
     def __str__(self) -> str:
         per_chain = ", ".join(f"{k:.2f}" for k in self.khat_per_chain)
-        source = "of the chains" if self.acceptance_source == "chains" else "estimated"
+        source = "estimated"
+        if self.acceptance_source == "chains":
+            source = "mean acceptance probability of the chains"
         return (
             f"Importance weights log p(x, data) - log q_sigma(x) of {self.num_draws} guide "
             f"draws: Pareto k-hat {self.khat:.2f} ({self.verdict}; per chain {per_chain}), "

@@ -292,7 +292,9 @@ class DiscreteRun(RunBase):
         elif verdict == "not reliable":
             verdict = "NOT reliable: the correction cannot be trusted"
         per = ", ".join(f"{k:.2f}" for k in diag.khat_per_chain)
-        source = "of the chains" if diag.acceptance_source == "chains" else "estimated"
+        source = "estimated"
+        if diag.acceptance_source == "chains":
+            source = "mean acceptance probability of the chains"
         text = (
             f"Importance weights log p(x, data) - log q_sigma(x) of {diag.num_draws} guide "
             f"draws: Pareto k-hat {diag.khat:.2f} ({verdict}; per chain {per}), weights' ESS "
@@ -305,7 +307,7 @@ class DiscreteRun(RunBase):
             report.diagnostics["acceptance rate"] = {
                 c: float(r) for c, r in zip(chains, rate, strict=True)
             }
-            text += f" IMH acceptance rate {float(rate.mean()):.2f}."
+            text += f" Realised IMH acceptance rate {float(rate.mean()):.2f}."
         warning = diag.warning()
         if warning is not None:
             text += f" Warning: {warning}"
