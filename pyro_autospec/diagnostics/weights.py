@@ -1,10 +1,15 @@
-"""Diagnostics of importance weights: Pareto k-hat (PSIS, via ArviZ) and the weights' ESS.
+"""Diagnostics of importance weights: Pareto k-hat (PSIS, via ArviZ), weights' ESS, IMH acceptance.
 
 For draws ``(x, sigma)`` of a guide and a target known up to a constant, the log weights are
 ``log w = log p(x, data) - log q_sigma(x)``. Pareto-smoothed importance sampling [1]_ fits a
 generalised Pareto distribution to the largest weights; its shape ``k-hat`` says whether
 self-normalised estimates can be trusted: ``k < 0.5`` good, ``0.5 <= k < 0.7`` usable with
 caution (slow convergence), ``k >= 0.7`` not trustworthy (variance may be infinite).
+
+:func:`weight_diagnostics` computes everything a user acts on in one call (k-hat, the weights'
+ESS, the acceptance rate of independent Metropolis-Hastings with the guide as proposal) and
+words the warning with the fix; :class:`~pyro_autospec.infer.AutoSpec` reports it in
+``summary()`` and in ArviZ's ``sample_stats``.
 
 References
 ----------
@@ -16,16 +21,29 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-__all__ = ["psis", "pareto_khat", "weights_ess", "KHAT_GOOD", "KHAT_BAD"]
+__all__ = [
+    "IMH_ACCEPTANCE_LOW",
+    "KHAT_BAD",
+    "KHAT_GOOD",
+    "WeightDiagnostics",
+    "imh_acceptance_estimate",
+    "pareto_khat",
+    "psis",
+    "weight_diagnostics",
+    "weights_ess",
+]
 
 #: Below this k-hat the smoothed weights are reliable.
 KHAT_GOOD = 0.5
 #: At or above this k-hat the correction cannot be trusted.
 KHAT_BAD = 0.7
+#: Below this acceptance rate independent Metropolis-Hastings chains stick.
+IMH_ACCEPTANCE_LOW = 0.1
 
 
 def _as_numpy(log_weight) -> np.ndarray:
@@ -115,3 +133,226 @@ def weights_ess(log_weight) -> float:
     if lw.size == 0:
         return 0.0
     return float(math.exp(2 * np.logaddexp.reduce(lw) - np.logaddexp.reduce(2 * lw)))
+
+
+def imh_acceptance_estimate(log_weight) -> float:
+    """Stationary acceptance rate of independent Metropolis-Hastings, from the weights alone.
+
+    With the guide ``q`` as proposal and the target ``p``, a chain at stationarity accepts
+    with probability ``E_{x ~ p, x' ~ q} min(1, w(x') / w(x))``. The draws ``x_l ~ q`` and
+    their weights estimate it without running a chain (self-normalised for ``x ~ p``):
+
+    ``sum_k wbar_k (1 / N) sum_l min(1, w_l / w_k)``, ``wbar_k = w_k / sum w``,
+
+    in ``O(N log N)`` (sorted prefix sums). It needs no particular order of the draws, so it
+    also says what ``correction="imh"`` would give when ``"importance"`` was used.
+
+    Parameters
+    ----------
+    log_weight : Tensor[N] or array[N]
+        Log weights (any constant offset; ``-inf`` allowed).
+
+    Returns
+    -------
+    float
+        In ``[0, 1]``; ``1`` for equal weights.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> round(imh_acceptance_estimate(np.zeros(10)), 6)
+    1.0
+    >>> rng = np.random.default_rng(0)
+    >>> 0.3 < imh_acceptance_estimate(rng.normal(0.0, 1.0, 4000)) < 0.7
+    True
+    """
+    lw = _as_numpy(log_weight).reshape(-1)
+    num = lw.size
+    lw = lw[np.isfinite(lw)]
+    if lw.size == 0:
+        return 0.0
+    s = np.sort(lw)
+    m = s.size
+    # below[k] = log sum_{l < k} exp(s_l); -inf for k = 0.
+    below = np.concatenate([[-np.inf], np.logaddexp.accumulate(s)[:-1]])
+    # sum over all N proposals of min(1, w_l / w_k): zero-weight proposals add 0.
+    inner = (m - np.arange(m)) + np.exp(below - s)
+    wbar = np.exp(s - np.logaddexp.reduce(s))
+    return float(min(1.0, np.sum(wbar * inner) / num))
+
+
+@dataclass
+class WeightDiagnostics:
+    """What :func:`weight_diagnostics` found; ``str()`` is a one-paragraph summary.
+
+    Attributes
+    ----------
+    khat : float
+        Pareto k-hat of all draws' weights pooled (``-inf`` for equal weights).
+    weights_ess : float
+        Kish's ESS of the pooled weights.
+    num_draws : int
+        Guide draws in all (every chain, before any correction).
+    imh_acceptance : float
+        The IMH acceptance rate: the mean acceptance probability of the chains when they were
+        run (``acceptance_source = "chains"``), else :func:`imh_acceptance_estimate`.
+    acceptance_source : {"chains", "estimate"}
+    correction : str or None
+        The correction the draws went through (``None``, ``"importance"``, ``"imh"``).
+    khat_per_chain, weights_ess_per_chain : list of float
+        The same per chain (one entry for a single set of draws).
+    """
+
+    khat: float
+    weights_ess: float
+    num_draws: int
+    imh_acceptance: float
+    acceptance_source: str
+    correction: str | None = None
+    khat_per_chain: list = field(default_factory=list)
+    weights_ess_per_chain: list = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """``"reliable"``, ``"usable with caution"``, ``"not reliable"`` (from k-hat), or
+        ``"unavailable"`` (fewer than 5 draws: no k-hat)."""
+        if math.isnan(self.khat):
+            return "unavailable"
+        if self.khat < KHAT_GOOD:
+            return "reliable"
+        if self.khat < KHAT_BAD:
+            return "usable with caution"
+        return "not reliable"
+
+    def warning(self) -> str | None:
+        """The warning a user should see, naming the fix, or ``None``."""
+        if self.correction is None:
+            return (
+                f"with correction=None the draws are exact for the guide, not for the model's "
+                f"posterior (Pareto "
+                f"k-hat {self.khat:.2f}, weights' ESS {self.weights_ess:.0f} of "
+                f"{self.num_draws}); use correction='importance' or correction='imh'"
+            )
+        problems = []
+        if self.khat >= KHAT_BAD:  # NaN (too few draws for a k-hat) is no evidence
+            problems.append(
+                f"Pareto k-hat of the importance weights is {self.khat:.2f} (>= {KHAT_BAD}; "
+                f"weights' ESS {self.weights_ess:.0f} of {self.num_draws}): the weights have a "
+                f"heavy tail and the '{self.correction}' correction cannot be trusted"
+            )
+        if self.correction == "imh" and self.imh_acceptance < IMH_ACCEPTANCE_LOW:
+            problems.append(
+                f"the IMH chains accept {self.imh_acceptance:.1%} of their proposals: they "
+                f"stick, so their effective sample size is small"
+            )
+        if not problems:
+            return None
+        if self.khat >= 1.0:
+            fix = (
+                "Train the guide longer (fit_posterior: more num_steps or max_seconds) or make "
+                "it wider (hidden_dim, num_layers; architecture='graph' reads the model's "
+                "factor graph); with k-hat >= 1 more draws do not help"
+            )
+        else:
+            fix = (
+                "Train the guide longer (fit_posterior: more num_steps or max_seconds), make "
+                "it wider (hidden_dim, num_layers), or use correction='imh' with more draws "
+                "(num_samples, warmup_steps) and check R-hat"
+            )
+        return "; ".join(problems) + ". " + fix + "."
+
+    def warn(self, stacklevel: int = 2) -> None:
+        """Issue :meth:`warning` as a ``UserWarning`` if there is one."""
+        message = self.warning()
+        if message is not None:
+            warnings.warn(message, UserWarning, stacklevel=stacklevel + 1)
+
+    def as_dict(self) -> dict:
+        """Plain values (for ``diagnostics()``, ArviZ attributes, JSON)."""
+        return {
+            "khat": self.khat,
+            "weights_ess": self.weights_ess,
+            "num_draws": self.num_draws,
+            "imh_acceptance": self.imh_acceptance,
+            "acceptance_source": self.acceptance_source,
+            "correction": self.correction,
+            "verdict": self.verdict,
+            "khat_per_chain": list(self.khat_per_chain),
+            "weights_ess_per_chain": list(self.weights_ess_per_chain),
+        }
+
+    def __str__(self) -> str:
+        per_chain = ", ".join(f"{k:.2f}" for k in self.khat_per_chain)
+        source = "estimated"
+        if self.acceptance_source == "chains":
+            source = "mean acceptance probability of the chains"
+        return (
+            f"Importance weights log p(x, data) - log q_sigma(x) of {self.num_draws} guide "
+            f"draws: Pareto k-hat {self.khat:.2f} ({self.verdict}; per chain {per_chain}), "
+            f"weights' ESS {self.weights_ess:.1f} ({100 * self.weights_ess / self.num_draws:.1f}"
+            f"%), IMH acceptance {self.imh_acceptance:.2f} ({source}). Correction: "
+            f"{self.correction}."
+        )
+
+
+def weight_diagnostics(
+    log_weight,
+    *,
+    accept_prob=None,
+    correction: str | None = "importance",
+) -> WeightDiagnostics:
+    """k-hat, weights' ESS and IMH acceptance of a guide's draws, in one call.
+
+    Parameters
+    ----------
+    log_weight : Tensor[C, N] or Tensor[N] (or arrays)
+        ``log p(x, data) - log q_sigma(x)`` of every guide draw, per chain (all draws the guide
+        made, warm-up included, before any correction).
+    accept_prob : Tensor[C, M] or Tensor[M], optional
+        The acceptance probabilities of the IMH chains' steps, when they were run
+        (``independent_metropolis_hastings``); their mean is the acceptance rate. Otherwise
+        it is estimated from the weights (:func:`imh_acceptance_estimate`).
+    correction : {None, "importance", "imh"}
+        The correction applied, for the verdict and the warning.
+
+    Returns
+    -------
+    WeightDiagnostics
+
+    Examples
+    --------
+    >>> import torch
+    >>> log_weight = torch.randn(2, 500, generator=torch.Generator().manual_seed(0)) * 0.3
+    >>> diag = weight_diagnostics(log_weight, correction="imh")
+    >>> diag.verdict, diag.num_draws, diag.warning() is None, diag.imh_acceptance > 0.7
+    ('reliable', 1000, True, True)
+    >>> heavy = weight_diagnostics(torch.randn(1000) * 4.0, correction="imh")
+    >>> "Train the guide longer" in heavy.warning()
+    True
+    """
+    lw = _as_numpy(log_weight)
+    if lw.ndim == 1:
+        lw = lw[None]
+    if lw.ndim != 2 or lw.size == 0:
+        raise ValueError(
+            f"log_weight must be Tensor[C, N] or Tensor[N] with draws; got shape {lw.shape}"
+        )
+    if correction not in (None, "importance", "imh"):
+        raise ValueError(f"correction must be None, 'importance' or 'imh'; got {correction!r}")
+    pooled = lw.reshape(-1)
+    if accept_prob is not None:
+        rate = float(np.mean(_as_numpy(accept_prob)))
+        source = "chains"
+    else:
+        rate = imh_acceptance_estimate(pooled)
+        source = "estimate"
+    return WeightDiagnostics(
+        khat=pareto_khat(pooled),
+        weights_ess=weights_ess(pooled),
+        num_draws=int(pooled.size),
+        imh_acceptance=rate,
+        acceptance_source=source,
+        correction=correction,
+        khat_per_chain=[pareto_khat(chain) for chain in lw],
+        weights_ess_per_chain=[weights_ess(chain) for chain in lw],
+    )

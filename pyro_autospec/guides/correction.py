@@ -1,7 +1,7 @@
 """Correcting a guide's draws to the exact posterior.
 
 A guide's draw ``(x, sigma)`` has density ``Uniform(sigma) q_sigma(x)`` and known
-``log q_sigma(x)``; with ``log w = log p(x, data) - log q_sigma(x)`` (see :doc:`/algorithm`):
+``log q_sigma(x)``; with ``log w = log p(x, data) - log q_sigma(x)`` (see :doc:`/guides`):
 
 * :func:`importance_resample`: sampling-importance-resampling with Pareto-smoothed weights
   (PSIS). Consistent as the number of draws grows; the resampled draws repeat (their ESS is

@@ -35,6 +35,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
+from pyro_autospec.guides.training import train
 from pyro_autospec.infer.continuous import (
     ContinuousLayout,
     check_layout,
@@ -327,6 +328,7 @@ class DiffusionGuide(PyroModule):
         num_iterations: int = 2000,
         batch_size: int = 256,
         lr: float = 3e-3,
+        lr_decay: float = 0.0,
         weighting: str = "girsanov",
         seed: int | None = None,
         disable_progbar: bool = False,
@@ -343,15 +345,15 @@ class DiffusionGuide(PyroModule):
         proportional to the step ``h_k``: then the expected loss is, up to a constant and the
         scaling ``s``, twice the KL divergence between the exact chain and the guide's chain
         (Girsanov: ``sum_k h_k E|f - f_theta|^2 / 2``). ``"uniform"`` sets ``w_k = 1``. On the
-        first call the latents' and data's means and scales are stored (buffers).
+        first call the latents' and data's means and scales are stored (buffers). The shared
+        Adam loop (:func:`~pyro_autospec.guides.training.train`) runs ``num_iterations``
+        steps; the rate falls along a cosine from ``lr`` to ``lr * lr_decay``.
 
         Returns
         -------
         list of float
             The loss of every iteration (also appended to ``loss_history``).
         """
-        from tqdm.auto import tqdm
-
         if weighting not in WEIGHTINGS:
             raise ValueError(f"weighting must be one of {WEIGHTINGS}; got {weighting!r}")
         if not isinstance(num_iterations, int) or num_iterations < 1:
@@ -372,13 +374,9 @@ class DiffusionGuide(PyroModule):
         weights = weights.to(param.device, param.dtype)
         gen = torch.Generator(device=param.device)
         gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        optimizer = torch.optim.Adam(self.parameters(), lr=lr)
-        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, num_iterations)
         num = y.shape[0]
-        losses = []
-        bar = tqdm(range(num_iterations), desc="fit", disable=disable_progbar)
-        self.train()
-        for _ in bar:
+
+        def step_loss(step: int):
             index = torch.randint(0, num, (batch_size,), generator=gen, device=param.device)
             k = torch.randint(0, times.shape[0], (batch_size,), generator=gen, device=param.device)
             t, yb = times[k], y[index]
@@ -387,16 +385,17 @@ class DiffusionGuide(PyroModule):
             pred = self(t, x, data[index])
             resid = (pred - yb) / self.latent_scale
             loss = (weights[k] * (resid * resid).sum(-1)).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            losses.append(float(loss.detach()))
-            if len(losses) % 50 == 0:
-                bar.set_postfix(loss=f"{sum(losses[-50:]) / 50:.4f}")
-        self.eval()
-        self.loss_history.extend(losses)
-        return losses
+            return loss, float(loss.detach())
+
+        return train(
+            self,
+            step_loss,
+            num_steps=num_iterations,
+            lr=lr,
+            lr_decay=lr_decay,
+            desc="fit",
+            disable_progbar=disable_progbar,
+        )
 
     def fit_simulation(
         self,
@@ -405,6 +404,7 @@ class DiffusionGuide(PyroModule):
         num_iterations: int = 2000,
         batch_size: int = 256,
         lr: float = 3e-3,
+        lr_decay: float = 0.0,
         weighting: str = "girsanov",
         seed: int | None = None,
         disable_progbar: bool = False,
@@ -420,7 +420,7 @@ class DiffusionGuide(PyroModule):
         *args, **kwargs
             The model's arguments (default: those the guide was built with); the observed
             values are ignored, covariates and sizes are used.
-        num_iterations, batch_size, lr, weighting, seed, disable_progbar :
+        num_iterations, batch_size, lr, lr_decay, weighting, seed, disable_progbar :
             As in :meth:`fit`.
         vectorize : bool
             Simulate in one vectorised trace (see :func:`~pyro_autospec.infer.continuous.simulate`).
@@ -441,6 +441,7 @@ class DiffusionGuide(PyroModule):
             num_iterations=num_iterations,
             batch_size=batch_size,
             lr=lr,
+            lr_decay=lr_decay,
             weighting=weighting,
             seed=seed,
             disable_progbar=disable_progbar,
@@ -453,6 +454,7 @@ class DiffusionGuide(PyroModule):
         num_iterations: int = 2000,
         batch_size: int = 256,
         lr: float = 3e-3,
+        lr_decay: float = 0.0,
         weighting: str = "girsanov",
         seed: int | None = None,
         disable_progbar: bool = False,
@@ -467,7 +469,7 @@ class DiffusionGuide(PyroModule):
         *args, **kwargs
             The model's arguments whose data the draws are conditioned on (default: the
             guide's own).
-        num_iterations, batch_size, lr, weighting, seed, disable_progbar :
+        num_iterations, batch_size, lr, lr_decay, weighting, seed, disable_progbar :
             As in :meth:`fit`.
 
         Returns
@@ -483,6 +485,7 @@ class DiffusionGuide(PyroModule):
             num_iterations=num_iterations,
             batch_size=batch_size,
             lr=lr,
+            lr_decay=lr_decay,
             weighting=weighting,
             seed=seed,
             disable_progbar=disable_progbar,

@@ -1,37 +1,220 @@
-"""Fitting an :class:`~pyro_autospec.guides.AnyOrderGuide` to a model's posterior.
+"""Training the guides: one Adam loop, and fitting an any-order guide to a posterior.
 
-No samples of the posterior are needed: the guide draws from itself (exactly, by
-autospeculation, with ``log q_sigma(x)`` for each draw) and the model scores the draws with
-its joint log density ``log p(x, data)``. Two gradient estimators over the extended space
-``(x, sigma) ~ Uniform(sigma) q_sigma(x)``:
+:func:`train` is the optimisation loop every ``fit_*`` method of
+:class:`~pyro_autospec.guides.AnyOrderGuide` and
+:class:`~pyro_autospec.guides.DiffusionGuide` runs: Adam, a cosine decay of the learning rate,
+optional gradient clipping, a progress bar, the loss history.
 
+:func:`fit_posterior` fits an :class:`~pyro_autospec.guides.AnyOrderGuide` to
+``p(x | data)`` with the model's joint density only. The guide draws from itself (exactly;
+every draw of the engine comes with ``log q_sigma(x)``, which is reused as it is) and the
+model scores the draws with ``log p(x, data)``. Two gradient estimators over the extended
+space ``(x, sigma) ~ Uniform(sigma) q_sigma(x)``:
+
+* ``"forward"``: the any-order likelihood of the guide's own draws, weighted by the
+  self-normalised importance weights ``softmax(log p - log q_sigma)``. Each draw costs ONE
+  network pass: a random prefix of a random order is pinned and every unpinned coordinate is
+  scored, with the masked-diffusion weight ``n / (n - t)`` (:meth:`AnyOrderGuide.any_order_loss`).
+  Mass-covering; informative once the weights are (a guide that starts near the posterior, as
+  the ``"graph"`` architecture does).
 * ``"reverse"``: the score-function (REINFORCE) gradient of the reverse KL
   ``E_q[log q_sigma(x) - log p(x, data)]`` with a leave-one-out baseline. The score
-  ``grad log q_sigma(x)`` is a sum of ``n`` chain-rule terms; an unbiased estimate uses
-  ``num_positions`` of them, chosen at random.
-* ``"forward"``: a self-normalised importance-weighted step on the forward KL: the any-order
-  likelihood (:meth:`AnyOrderGuide.any_order_loss`) of the guide's own draws, weighted by
-  ``softmax(log p - log q)``. Mass-covering, but degenerate while the guide is poor.
-* ``"both"`` (default): the sum of the two. The reverse term moves a poor guide quickly into
-  the posterior's bulk; the forward term adds a mass-covering pull once the weights carry
-  information.
+  ``grad log q_sigma(x)`` is a sum of ``n`` chain-rule terms, each its own network pass; an
+  unbiased estimate uses ``num_positions`` of them, at random.
+* ``"both"``: the sum. The reverse term moves a poor guide into the posterior's bulk.
 
-The default was chosen by measurement: on a 16x16 Ising posterior, 80 steps of 64 particles
-gave a negative ELBO of 418.4 with ``"both"``, 429.1 with ``"reverse"`` and 544.4 with
-``"forward"`` (``python benchmarks/guides.py --compare-objectives 80``; lower is better). At
-that budget no estimator gave usable weights (k-hat 3.9-6.5), so the choice rests on the ELBO.
+Which to use is measured by ``python benchmarks/guides.py --parts training`` (steps per
+second and the quality reached at equal wall time, in one run; the table is in the benchmarks
+README, :doc:`/benchmarks`). On the 16x16 Ising posterior there the graph guide started so close
+to the posterior that ``"forward"`` and ``"both"`` ended equal (KL about 0); for the MLP, which
+starts far away, ``"both"`` reached a KL of 49 against 182 for ``"forward"``, so ``"both"`` is
+the default.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["fit_posterior", "OBJECTIVES"]
+__all__ = ["OBJECTIVES", "fit_posterior", "train"]
 
 OBJECTIVES = ("reverse", "forward", "both")
+
+
+def train(
+    module: torch.nn.Module,
+    step_loss: Callable[[int], tuple[torch.Tensor, float]],
+    *,
+    num_steps: int,
+    lr: float,
+    lr_decay: float = 1.0,
+    max_grad_norm: float | None = None,
+    max_seconds: float | None = None,
+    desc: str = "train",
+    label: str = "loss",
+    disable_progbar: bool = False,
+) -> list[float]:
+    """The Adam loop shared by every guide's ``fit_*`` method.
+
+    Parameters
+    ----------
+    module : nn.Module
+        Its parameters are trained. It is put in train mode during the loop and in eval mode
+        after; if it has a list attribute ``loss_history``, the history is appended to it.
+    step_loss : callable
+        ``step_loss(step) -> (loss, value)``: a differentiable scalar to minimise and the float
+        to record for that step.
+    num_steps : int
+        Adam steps.
+    lr : float
+        The learning rate of the first step.
+    lr_decay : float
+        The rate falls along a cosine from ``lr`` to ``lr * lr_decay`` at the last step
+        (``1.0``: constant).
+    max_grad_norm : float, optional
+        Clip the gradient's norm to this.
+    max_seconds : float, optional
+        Stop after the step that ends past this wall time (the cosine then follows elapsed
+        time instead of steps, so the rate still ends at ``lr * lr_decay``).
+    desc, label : str
+        The progress bar's title and the name of the recorded value.
+    disable_progbar : bool
+        Hide the ``tqdm`` bar.
+
+    Returns
+    -------
+    list of float
+        The value of every step.
+
+    Examples
+    --------
+    >>> import torch
+    >>> layer = torch.nn.Linear(1, 1)
+    >>> def step_loss(step):
+    ...     loss = (layer(torch.ones(1, 1)) - 3.0).pow(2).sum()
+    ...     return loss, float(loss.detach())
+    >>> history = train(layer, step_loss, num_steps=200, lr=0.1, disable_progbar=True)
+    >>> history[-1] < 1e-3 < history[0]
+    True
+    """
+    from tqdm.auto import tqdm
+
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be positive; got {lr}")
+    if not 0.0 <= lr_decay <= 1.0:
+        raise ValueError(f"lr_decay must be in [0, 1]; got {lr_decay}")
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(
+            f"{type(module).__name__} has no trainable parameters (e.g. a graph guide with "
+            f"num_layers=0 is belief propagation alone); nothing to fit"
+        )
+    optimizer = torch.optim.Adam(params, lr=lr)
+    start = time.perf_counter()
+
+    def rate(step: int) -> float:
+        if max_seconds is not None:
+            frac = min(1.0, (time.perf_counter() - start) / max_seconds)
+        else:
+            frac = step / max(1, num_steps - 1)
+        return lr * (lr_decay + (1.0 - lr_decay) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+    history: list[float] = []
+    bar = tqdm(range(num_steps), desc=desc, disable=disable_progbar)
+    module.train()
+    try:
+        for step in bar:
+            for group in optimizer.param_groups:
+                group["lr"] = rate(step)
+            loss, value = step_loss(step)
+            optimizer.zero_grad()
+            loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            optimizer.step()
+            history.append(float(value))
+            if step % 10 == 0 or step == num_steps - 1:
+                bar.set_postfix({label: f"{history[-1]:.4g}"}, refresh=False)
+            if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                break
+    finally:
+        module.eval()
+    if isinstance(getattr(module, "loss_history", None), list):
+        module.loss_history.extend(history)
+    return history
+
+
+def _check_posterior_options(guide, objective, lr_decay, num_particles) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}; got {objective!r}")
+    if guide.model is None:
+        raise ValueError(
+            "fit_posterior needs a guide built from a Pyro model: AnyOrderGuide(model, model_args)"
+        )
+    if not 0.0 < lr_decay <= 1.0:
+        raise ValueError(f"lr_decay must be in (0, 1]; got {lr_decay}")
+    if num_particles < 2:
+        raise ValueError(f"num_particles must be >= 2 (for the baseline); got {num_particles}")
+
+
+def posterior_loss(
+    guide: Any,
+    x: torch.Tensor,
+    orders: torch.Tensor,
+    f: torch.Tensor,
+    *,
+    objective: str,
+    num_positions: int,
+    generator: torch.Generator | None,
+    context: Any = None,
+    index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The surrogate loss of one step of :func:`fit_posterior` (its gradient is the estimator).
+
+    Parameters
+    ----------
+    guide : AnyOrderGuide
+    x, orders : LongTensor[N, n]
+        The guide's draws and their orders.
+    f : DoubleTensor[N]
+        ``log q_sigma(x) - log p(x, data)`` per draw (``+inf`` where ``p`` is zero).
+    objective, num_positions, generator
+        As in :func:`fit_posterior`.
+    context, index
+        Per-draw data sets (amortised training; see :meth:`AnyOrderGuide.any_order_loss`).
+
+    Returns
+    -------
+    Tensor[]
+    """
+    n = guide.num_coords
+    k = min(int(num_positions), n)
+    finite = torch.isfinite(f)
+    loss = torch.zeros((), device=guide.device)
+    if objective in ("reverse", "both"):
+        fm = f[finite]
+        m = fm.numel()
+        if m >= 2:
+            baseline = (fm.sum() - fm) / (m - 1)
+            advantage = (fm - baseline).float().to(guide.device)
+            positions = torch.rand(m, n, generator=generator).argsort(-1)[:, :k] if k < n else None
+            sub = None if index is None else index[finite.to(index.device)]
+            terms = guide.sequential_log_prob(
+                x[finite], orders[finite], positions, context=context, index=sub
+            )
+            loss = loss + (advantage * terms.sum(-1) * (n / k)).mean()
+    if objective in ("forward", "both"):
+        weights = torch.softmax(-f.masked_fill(~finite, math.inf), 0).float()
+        loss = loss + guide.any_order_loss(
+            x, weights=weights, generator=generator, context=context, index=index
+        )
+    return loss
 
 
 def fit_posterior(
@@ -43,7 +226,8 @@ def fit_posterior(
     objective: str = "both",
     lr: float = 3e-3,
     lr_decay: float = 0.1,
-    method: str = "autospec",
+    method: str = "sequential",
+    max_seconds: float | None = None,
     seed: int | None = None,
     disable_progbar: bool = False,
     **kwargs: Any,
@@ -56,7 +240,9 @@ def fit_posterior(
         A guide built from a model (``guide.model``).
     *args, **kwargs
         The model's arguments (data included); default the ones the guide was built with.
-        Keywords named below are training options and are not passed to the model.
+        Keywords named below are training options and are not passed to the model. The guide
+        is fitted to THESE data (an amortised guide keeps its network and only sees them
+        through their potentials).
     num_steps : int
         Adam steps.
     num_particles : int
@@ -69,11 +255,12 @@ def fit_posterior(
         Adam learning rate at the first step.
     lr_decay : float
         The learning rate falls along a cosine from ``lr`` to ``lr * lr_decay`` at the last
-        step (``1.0``: constant). The score-function gradient is noisy; a decaying rate lets the
-        late steps refine the guide instead of jittering around it.
-    method : {"autospec", "sequential"}
-        How the guide's draws are made (both are exact; ``"sequential"`` is often faster on a
-        CPU, ``"autospec"`` in rounds).
+        step (``1.0``: constant).
+    method : {"sequential", "autospec"}
+        How the engine draws the guide (both exact, same law; ``"sequential"`` is faster on a
+        CPU, ``"autospec"`` takes fewer rounds, which pays on a GPU).
+    max_seconds : float, optional
+        Stop after this much training time (see :func:`train`).
     seed : int, optional
         Seeds the draws, the positions and the orders.
     disable_progbar : bool
@@ -95,55 +282,31 @@ def fit_posterior(
     ...         z = pyro.sample("z", dist.Bernoulli(0.5))
     ...         pyro.sample("y", dist.Normal(2.0 * z - 1.0, 0.5), obs=data)
     >>> data = torch.tensor([1.0, -1.0, 0.8, -0.9])
-    >>> guide = AnyOrderGuide(model, (data,), hidden_dim=16)
+    >>> guide = AnyOrderGuide(model, (data,), architecture="mlp", hidden_dim=16)
     >>> history = guide.fit_posterior(
     ...     data, num_steps=30, num_particles=32, seed=0, disable_progbar=True
     ... )
     >>> sum(history[-5:]) / 5 < sum(history[:5]) / 5
     True
     """
-    from tqdm.auto import tqdm
-
     from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.infer.sites import discover_sites, log_joint
+    from pyro_autospec.guides.structure import joint_log_prob
 
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}; got {objective!r}")
-    if guide.model is None:
-        raise ValueError(
-            "fit_posterior needs a guide built from a Pyro model: AnyOrderGuide(model, model_args)"
-        )
-    if not 0.0 < lr_decay <= 1.0:
-        raise ValueError(f"lr_decay must be in (0, 1]; got {lr_decay}")
-    if num_particles < 2:
-        raise ValueError(f"num_particles must be >= 2 (for the baseline); got {num_particles}")
+    _check_posterior_options(guide, objective, lr_decay, num_particles)
     if not args and not kwargs:
         args, kwargs = guide.model_args, guide.model_kwargs
-    layout = discover_sites(
-        guide.model, args, kwargs, max_plate_nesting=guide.layout.max_plate_nesting
-    )
-    if layout.num_coords != guide.num_coords or layout.num_values != guide.num_values:
-        raise ValueError(
-            f"the model with these arguments has {layout.num_coords} coordinates and "
-            f"{layout.num_values} values; the guide was built for {guide.num_coords} and "
-            f"{guide.num_values}"
-        )
-    n = guide.num_coords
-    k = min(int(num_positions), n)
+    oracle = guide.oracle(*args, **kwargs)
+    context = oracle.context
+    layout = guide.layout
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
-    optim = torch.optim.Adam(guide.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
-        optim, T_max=max(1, int(num_steps) - 1), eta_min=lr * lr_decay
-    )
-    history: list[float] = []
-    bar = tqdm(range(int(num_steps)), desc="fit_posterior", disable=disable_progbar)
-    for step in bar:
+
+    def step_loss(step: int):
         guide.eval()
-        draws = sample_any_order(guide, int(num_particles), method=method, seed=seeds[step])
-        x, orders = draws.samples, draws.orders
-        lp = log_joint(guide.model, args, kwargs, layout, layout.from_coords(x.cpu()))
-        f = draws.log_prob.cpu().double() - lp  # log q - log p, per draw
+        draws = sample_any_order(oracle, int(num_particles), method=method, seed=seeds[step])
+        x, orders = draws.samples.cpu(), draws.orders.cpu()
+        lp = joint_log_prob(guide.model, args, kwargs, layout, x)
+        f = draws.log_prob.cpu().double() - lp  # log q - log p, per draw (reused, not recomputed)
         finite = torch.isfinite(f)
         if not bool(finite.any()):
             raise ValueError(
@@ -151,32 +314,111 @@ def fit_posterior(
                 "or start from a guide fitted with fit_to_samples"
             )
         guide.train()
+        loss = posterior_loss(
+            guide,
+            x,
+            orders,
+            f,
+            objective=objective,
+            num_positions=num_positions,
+            generator=gen,
+            context=context,
+        )
+        return loss, float(f[finite].mean())
+
+    return train(
+        guide,
+        step_loss,
+        num_steps=int(num_steps),
+        lr=lr,
+        lr_decay=lr_decay,
+        max_seconds=max_seconds,
+        desc="fit_posterior",
+        label="neg_elbo",
+        disable_progbar=disable_progbar,
+    )
+
+
+def fit_posterior_datasets(
+    guide: Any,
+    observed: dict[str, torch.Tensor],
+    *,
+    num_steps: int,
+    num_particles: int,
+    datasets_per_step: int,
+    num_positions: int,
+    objective: str,
+    lr: float,
+    lr_decay: float,
+    method: str,
+    max_seconds: float | None,
+    seed: int | None,
+    disable_progbar: bool,
+    model_args: Sequence = (),
+    model_kwargs: dict | None = None,
+) -> list[float]:
+    """Amortised :func:`fit_posterior`: each step fits ``q(. | data_k)`` to ``p(. | data_k)``
+    for ``datasets_per_step`` data sets drawn from ``observed`` (``name -> Tensor[K, ...]``).
+
+    Used by :meth:`AnyOrderGuide.fit_simulation` with ``objective="posterior"``; one engine run
+    per step draws ``num_particles`` draws spread over the step's data sets (a family of
+    targets, one per draw).
+    """
+    from pyro_autospec.engine import sample_any_order
+    from pyro_autospec.guides.structure import joint_log_prob
+
+    _check_posterior_options(guide, objective, lr_decay, num_particles)
+    args, kwargs = tuple(model_args), dict(model_kwargs or {})
+    num_sets = next(iter(observed.values())).shape[0]
+    per_set = max(2, int(num_particles) // int(datasets_per_step))
+    count = min(int(datasets_per_step), num_sets)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
+    bank = guide.context_for(observed, *args, **kwargs)
+
+    def step_loss(step: int):
+        guide.eval()
+        chosen = torch.randperm(num_sets, generator=gen)[:count]
+        context = bank.subset(chosen)
+        oracle = guide.conditioned(context, repeats=per_set)
+        draws = sample_any_order(oracle, count * per_set, method=method, seed=seeds[step])
+        x, orders = draws.samples.cpu(), draws.orders.cpu()
+        index = torch.arange(count).repeat_interleave(per_set)
+        data = {k: v[chosen][index] for k, v in observed.items()}
+        lp = joint_log_prob(guide.model, args, kwargs, guide.layout, x, data)
+        f = draws.log_prob.cpu().double() - lp
+        finite = torch.isfinite(f)
+        if not bool(finite.any()):
+            raise ValueError("every draw of the guide has zero probability under the model")
+        guide.train()
         loss = torch.zeros((), device=guide.device)
-        if objective in ("reverse", "both"):
-            fm = f[finite]
-            m = fm.numel()
-            if m >= 2:
-                baseline = (fm.sum() - fm) / (m - 1)
-                advantage = (fm - baseline).float().to(guide.device)
-                if k < n:
-                    positions = torch.rand(m, n, generator=gen).argsort(-1)[:, :k]
-                else:
-                    positions = None
-                terms = guide.sequential_log_prob(
-                    x[finite].to(guide.device), orders[finite].to(guide.device), positions
+        for s in range(count):
+            rows = index == s
+            loss = (
+                loss
+                + posterior_loss(
+                    guide,
+                    x[rows],
+                    orders[rows],
+                    f[rows],
+                    objective=objective,
+                    num_positions=num_positions,
+                    generator=gen,
+                    context=context,
+                    index=index[rows],
                 )
-                score = terms.sum(-1) * (n / k)
-                loss = loss + (advantage * score).mean()
-        if objective in ("forward", "both"):
-            weights = torch.softmax(-f.masked_fill(~finite, math.inf), 0).float()
-            loss = loss + guide.any_order_loss(x, weights=weights, generator=gen)
-        optim.zero_grad()
-        loss.backward()
-        optim.step()
-        schedule.step()
-        value = float(f[finite].mean())
-        history.append(value)
-        bar.set_postfix(neg_elbo=f"{value:.3f}", refresh=False)
-    guide.eval()
-    guide.loss_history.extend(history)
-    return history
+                / count
+            )
+        return loss, float(f[finite].mean())
+
+    return train(
+        guide,
+        step_loss,
+        num_steps=int(num_steps),
+        lr=lr,
+        lr_decay=lr_decay,
+        max_seconds=max_seconds,
+        desc="fit_simulation",
+        label="neg_elbo",
+        disable_progbar=disable_progbar,
+    )

@@ -504,8 +504,11 @@ class AutoSpec:
             ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
             ``"wall_time"``. With a guide or a correction also ``"khat"`` and
-            ``"weights_ess"`` (and for ``"imh"`` the ``"acceptance rate"``); for a mixed model
-            NUTS's ``"acceptance rate"`` and the ``"seconds"`` of each stage.
+            ``"weights_ess"`` (per chain and ``"all"``) and ``"imh_acceptance"`` (the IMH
+            chains' mean acceptance probability, or its estimate from the weights), all from
+            :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
+            the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
+            ``"acceptance rate"`` and the ``"seconds"`` of each stage.
         """
         return self._check_run().diagnostics()
 
@@ -524,7 +527,13 @@ class AutoSpec:
         return self._check_run().rounds_summary()
 
     def weight_diagnostics(self) -> dict[str, Any]:
-        """Pareto k-hat and ESS of the guide draws' importance weights (guide runs only)."""
+        """Pareto k-hat and ESS of the guide draws' importance weights (guide runs only).
+
+        They come from :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics`
+        applied to the log weights of every guide draw (warm-up included, before the
+        correction), which also gives the IMH acceptance, the verdict and the fix to apply;
+        ``summary()`` prints them and ``to_inference_data()`` stores them as attributes.
+        """
         run = self._check_run()
         if not isinstance(run, DiscreteRun):
             raise RuntimeError("weight diagnostics exist for guides on discrete models only")

@@ -228,61 +228,80 @@ class DiscreteRun(RunBase):
         return index[warm:]
 
     # ------------------------------------------------------------------- guide diagnostics
+    def guide_diagnostics(self):
+        """k-hat, weights' ESS and IMH acceptance of the guide's draws, from the one function
+        :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (``None`` without a guide).
+
+        The IMH acceptance is the chains' mean acceptance probability (after warm-up) when
+        ``correction="imh"`` ran them, else estimated from the weights.
+        """
+        from pyro_autospec.diagnostics.weights import weight_diagnostics
+
+        if not self.weights_tracked or self.guide_log_weight is None:
+            return None
+        accept_prob = self.extra.get("acceptance_rate") if self.correction == "imh" else None
+        return weight_diagnostics(
+            self.guide_log_weight, accept_prob=accept_prob, correction=self.correction
+        )
+
     def weight_diagnostics(self) -> dict[str, Any]:
         """Pareto k-hat and ESS of the guide draws' importance weights, per chain and pooled.
 
         With fewer than 5 draws per chain the k-hat is NaN (reported as unavailable).
         """
-        from pyro_autospec.diagnostics.weights import pareto_khat, weights_ess
-
-        lw = self.guide_log_weight
-        chains = [f"chain {i}" for i in range(lw.shape[0])]
-
-        def khat(w):
-            return pareto_khat(w) if w.numel() >= _MIN_DRAWS_FOR_KHAT else float("nan")
-
-        out_khat = {c: khat(w) for c, w in zip(chains, lw, strict=True)}
-        ess = {c: weights_ess(w) for c, w in zip(chains, lw, strict=True)}
-        out_khat["all"] = khat(lw.reshape(-1))
-        ess["all"] = weights_ess(lw.reshape(-1))
-        return {"khat": out_khat, "weights_ess": ess, "num_draws": int(lw.shape[1])}
+        diag = self.guide_diagnostics()
+        chains = [f"chain {i}" for i in range(len(diag.khat_per_chain))]
+        khat = dict(zip(chains, diag.khat_per_chain, strict=True))
+        ess = dict(zip(chains, diag.weights_ess_per_chain, strict=True))
+        khat["all"], ess["all"] = diag.khat, diag.weights_ess
+        return {"khat": khat, "weights_ess": ess, "num_draws": diag.num_draws // len(chains)}
 
     def guide_report(self) -> Extras:
         """Everything the guide run adds to the summaries, from one place.
 
-        The guides' own diagnostics (Pareto k-hat, weights' ESS, IMH acceptance) are computed
-        here; a richer report from :mod:`pyro_autospec.guides` can replace this method's body.
+        ``diagnostics()`` gets ``khat`` and ``weights_ess`` (per chain and ``"all"``),
+        ``imh_acceptance`` and (IMH) the per-chain ``acceptance rate``; ArviZ's ``sample_stats``
+        gets ``log_weight`` (and, IMH, ``acceptance_rate``) per draw, and every group the
+        attributes ``pareto_khat``, ``weights_ess``, ``imh_acceptance`` and ``correction``;
+        ``summary()`` prints them with the fix when they are poor.
         """
-        from pyro_autospec.diagnostics.weights import KHAT_BAD, KHAT_GOOD
-
         report = Extras()
-        if not self.weights_tracked:
+        diag = self.guide_diagnostics()
+        if diag is None:
             return report
-        diag = self.weight_diagnostics()
-        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
-        total = diag["num_draws"] * self.num_chains
-        report.diagnostics["khat"] = diag["khat"]
-        report.diagnostics["weights_ess"] = diag["weights_ess"]
+        per_chain = self.weight_diagnostics()
+        report.diagnostics["khat"] = per_chain["khat"]
+        report.diagnostics["weights_ess"] = per_chain["weights_ess"]
+        report.diagnostics["imh_acceptance"] = diag.imh_acceptance
         if "log_weight" in self.extra:
             report.sample_stats["log_weight"] = self.extra["log_weight"]
         if "acceptance_rate" in self.extra:
             report.sample_stats["acceptance_rate"] = self.extra["acceptance_rate"]
         report.attrs.update(
-            {"correction": str(self.correction), "pareto_khat": khat, "weights_ess": ess}
+            {
+                "correction": str(self.correction),
+                "pareto_khat": diag.khat,
+                "weights_ess": diag.weights_ess,
+                "imh_acceptance": diag.imh_acceptance,
+                "imh_acceptance_source": diag.acceptance_source,
+            }
         )
-        if khat != khat:  # NaN
+        verdict = diag.verdict
+        if verdict == "unavailable":
             verdict = f"unavailable: fewer than {_MIN_DRAWS_FOR_KHAT} draws"
-        elif khat < KHAT_GOOD:
-            verdict = "reliable"
-        elif khat < KHAT_BAD:
+        elif verdict == "usable with caution":
             verdict = "usable with caution (slow convergence)"
-        else:
+        elif verdict == "not reliable":
             verdict = "NOT reliable: the correction cannot be trusted"
-        per_chain = ", ".join(f"{v:.2f}" for c, v in diag["khat"].items() if c != "all")
+        per = ", ".join(f"{k:.2f}" for k in diag.khat_per_chain)
+        source = "estimated"
+        if diag.acceptance_source == "chains":
+            source = "mean acceptance probability of the chains"
         text = (
-            f"Importance weights log p(x, data) - log q_sigma(x) of {total} guide draws: Pareto "
-            f"k-hat {khat:.2f} ({verdict}; per chain {per_chain}), weights' ESS {ess:.1f} "
-            f"({100 * ess / total:.1f}%). Correction: {self.correction}."
+            f"Importance weights log p(x, data) - log q_sigma(x) of {diag.num_draws} guide "
+            f"draws: Pareto k-hat {diag.khat:.2f} ({verdict}; per chain {per}), weights' ESS "
+            f"{diag.weights_ess:.1f} ({100 * diag.weights_ess / diag.num_draws:.1f}%), IMH "
+            f"acceptance {diag.imh_acceptance:.2f} ({source}). Correction: {self.correction}."
         )
         if self.correction == "imh":
             rate = self.extra["accepted"].double().mean(-1)
@@ -290,7 +309,10 @@ class DiscreteRun(RunBase):
             report.diagnostics["acceptance rate"] = {
                 c: float(r) for c, r in zip(chains, rate, strict=True)
             }
-            text += f" IMH acceptance rate {float(rate.mean()):.2f}."
+            text += f" Realised IMH acceptance rate {float(rate.mean()):.2f}."
+        warning = diag.warning()
+        if warning is not None:
+            text += f" Warning: {warning}"
         report.summary_lines.append(text)
         return report
 
@@ -300,30 +322,9 @@ class DiscreteRun(RunBase):
         return lines[0] if lines else ""
 
     def _warn_weights(self) -> None:
-        from pyro_autospec.diagnostics.weights import KHAT_BAD
-
-        if not self.weights_tracked:
-            return
-        diag = self.weight_diagnostics()
-        khat, ess = diag["khat"]["all"], diag["weights_ess"]["all"]
-        total = diag["num_draws"] * self.num_chains
-        if self.correction is None:
-            warnings.warn(
-                f"AutoSpec with a guide and correction=None returns the guide's draws, which are "
-                f"exact for the guide, not for the model's posterior (Pareto k-hat {khat:.2f}, "
-                f"weights' ESS {ess:.0f} of {total}); use correction='importance' or 'imh'",
-                UserWarning,
-                stacklevel=4,
-            )
-        elif not khat < KHAT_BAD and khat == khat:
-            warnings.warn(
-                f"Pareto k-hat of the guide's importance weights is {khat:.2f} (>= {KHAT_BAD}; "
-                f"weights' ESS {ess:.0f} of {total}): the weights have a heavy tail and the "
-                f"'{self.correction}' correction cannot be trusted. Train the guide longer "
-                f"(fit_posterior), make it larger, or draw more samples.",
-                UserWarning,
-                stacklevel=4,
-            )
+        diag = self.guide_diagnostics()
+        if diag is not None:
+            diag.warn(stacklevel=4)
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:

@@ -25,11 +25,12 @@ NUM_SAMPLES, NUM_CHAINS = 2000, 2
 
 @pytest.fixture(scope="module")
 def mediocre_guide():
-    # An untrained network (TV about 0.7 from the posterior). Its rows are near uniform, so
-    # the weights are bounded; a briefly trained guide was tried too, but its k-hat swung
-    # between 0.3 and 1.3 with the seed: mode-dropping makes weights heavy-tailed.
+    # An untrained MLP (TV about 0.7 from the posterior; the default "graph" guide is belief
+    # propagation, exact on this chain). Its rows are near uniform, so the weights are
+    # bounded; a briefly trained guide was tried too, but its k-hat swung between 0.3 and 1.3
+    # with the seed: mode-dropping makes weights heavy-tailed.
     torch.manual_seed(0)
-    return AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
+    return AnyOrderGuide(ising_chain, (DATA,), architecture="mlp", hidden_dim=16)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_log_weight_fields_and_arviz(mediocre_guide):
 def test_a_bad_guide_warns():
     """A guide that puts almost all its mass on one state: heavy-tailed weights."""
     torch.manual_seed(0)
-    guide = AnyOrderGuide(ising_chain, (DATA,), hidden_dim=16)
+    guide = AnyOrderGuide(ising_chain, (DATA,), architecture="mlp", hidden_dim=16)
     guide.fit_to_samples(
         torch.zeros(8, 6, dtype=torch.long), num_steps=150, lr=1e-2, disable_progbar=True
     )
@@ -122,9 +123,38 @@ def test_a_bad_guide_warns():
         seed=0,
         disable_progbar=True,
     )
-    with pytest.warns(UserWarning, match="cannot be trusted"):
+    with pytest.warns(UserWarning, match="cannot be trusted.*Train the guide longer"):
         autospec.run(DATA)
     assert autospec.diagnostics()["khat"]["all"] >= 0.7
+    out = io.StringIO()
+    with redirect_stdout(out):
+        autospec.summary()
+    assert "NOT reliable" in out.getvalue() and "Train the guide longer" in out.getvalue()
+
+
+@pytest.mark.parametrize("correction", ["importance", "imh"])
+def test_khat_ess_and_imh_acceptance_reach_summary_and_arviz(mediocre_guide, correction):
+    autospec = _run(mediocre_guide, correction)
+    diag = autospec.diagnostics()
+    lw = autospec.get_extra_fields(group_by_chain=True)["log_weight"]
+    assert 0.0 < diag["imh_acceptance"] <= 1.0
+    stats = autospec.to_inference_data().sample_stats
+    assert stats.attrs["pareto_khat"] == diag["khat"]["all"] < 0.7
+    assert stats.attrs["weights_ess"] == diag["weights_ess"]["all"]
+    assert stats.attrs["imh_acceptance"] == diag["imh_acceptance"]
+    if correction == "imh":
+        # the chains' mean acceptance probability, not the estimate from the weights
+        assert stats.attrs["imh_acceptance_source"] == "chains"
+        rate = autospec.get_extra_fields(group_by_chain=True)["acceptance_rate"]
+        assert diag["imh_acceptance"] == pytest.approx(float(rate.double().mean()))
+    else:
+        assert stats.attrs["imh_acceptance_source"] == "estimate"
+        assert lw.shape == (NUM_CHAINS, NUM_SAMPLES)
+    out = io.StringIO()
+    with redirect_stdout(out):
+        autospec.summary()
+    text = out.getvalue()
+    assert "Pareto k-hat" in text and "weights' ESS" in text and "IMH acceptance" in text
 
 
 def test_arguments_are_checked(mediocre_guide):

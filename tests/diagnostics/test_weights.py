@@ -1,0 +1,89 @@
+"""One call for the weights' diagnostics: k-hat, ESS, IMH acceptance, and the warning's fix."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from pyro_autospec.diagnostics.weights import (
+    WeightDiagnostics,
+    imh_acceptance_estimate,
+    pareto_khat,
+    weight_diagnostics,
+    weights_ess,
+)
+from pyro_autospec.guides.correction import independent_metropolis_hastings
+
+
+@pytest.mark.parametrize("sd", [0.3, 1.0, 2.0])
+def test_acceptance_estimate_matches_a_long_chain(sd):
+    """Proposals with log-normal weights: the estimate from the weights alone against the
+    mean acceptance probability of an IMH chain over a second, independent set of proposals
+    (a chain of 200,000 steps: its mean has a standard error far below the tolerance)."""
+    rng = np.random.default_rng(0)
+    estimate = imh_acceptance_estimate(rng.normal(0.0, sd, 20000))
+    _, _, accept_prob = independent_metropolis_hastings(
+        torch.as_tensor(rng.normal(0.0, sd, 200000)), seed=1
+    )
+    chain = float(accept_prob[1000:].mean())
+    assert abs(estimate - chain) < 0.03, (estimate, chain)
+
+
+def test_acceptance_estimate_edge_cases():
+    assert imh_acceptance_estimate(np.zeros(7)) == pytest.approx(1.0)
+    # Zero weights: never accepted, and they take their share of the proposals.
+    lw = np.array([0.0, 0.0, -np.inf, -np.inf])
+    assert imh_acceptance_estimate(lw) == pytest.approx(0.5)
+    assert imh_acceptance_estimate(np.full(3, -np.inf)) == 0.0
+    # One dominant weight: almost nothing is accepted from it.
+    assert imh_acceptance_estimate(np.array([0.0, -30.0, -30.0, -30.0])) < 0.26
+
+
+def test_weight_diagnostics_pools_chains_and_reports():
+    gen = torch.Generator().manual_seed(0)
+    lw = torch.randn(3, 400, generator=gen, dtype=torch.float64) * 0.5
+    diag = weight_diagnostics(lw, correction="importance")
+    assert isinstance(diag, WeightDiagnostics)
+    assert diag.num_draws == 1200 and len(diag.khat_per_chain) == 3
+    assert diag.khat == pytest.approx(pareto_khat(lw.reshape(-1)))
+    assert diag.weights_ess == pytest.approx(weights_ess(lw.reshape(-1)))
+    assert diag.acceptance_source == "estimate" and 0.6 < diag.imh_acceptance < 0.9
+    assert diag.verdict == "reliable" and diag.warning() is None
+    record = diag.as_dict()
+    assert record["khat"] == diag.khat and record["correction"] == "importance"
+    assert "Pareto k-hat" in str(diag) and "IMH acceptance" in str(diag)
+    chains = weight_diagnostics(lw, accept_prob=torch.full((3, 100), 0.25), correction="imh")
+    assert chains.acceptance_source == "chains" and chains.imh_acceptance == pytest.approx(0.25)
+    single = weight_diagnostics(lw[0])
+    assert single.num_draws == 400 and len(single.khat_per_chain) == 1
+
+
+def test_warnings_name_the_fix():
+    rng = np.random.default_rng(1)
+    heavy = weight_diagnostics(rng.standard_cauchy(2000) * 3, correction="imh")
+    assert heavy.verdict == "not reliable"
+    assert "Train the guide longer" in heavy.warning() and "wider" in heavy.warning()
+    moderate = weight_diagnostics(rng.normal(0.0, 3.0, 2000), correction="imh")
+    message = moderate.warning()
+    assert message is not None and "IMH chains accept" in message
+    raw = weight_diagnostics(rng.normal(0.0, 0.1, 100), correction=None)
+    assert "correction='importance' or correction='imh'" in raw.warning()
+    with pytest.warns(UserWarning, match="Train the guide longer"):
+        heavy.warn()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weight_diagnostics(rng.normal(0.0, 0.1, 100), correction="imh").warn()
+
+
+def test_too_few_draws_give_no_khat_and_no_khat_warning():
+    few = weight_diagnostics(np.array([0.0, 5.0, -5.0]), correction="importance")
+    assert np.isnan(few.khat) and few.verdict == "unavailable"
+    assert few.warning() is None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="log_weight"):
+        weight_diagnostics(torch.zeros(2, 2, 2))
+    with pytest.raises(ValueError, match="correction"):
+        weight_diagnostics(torch.zeros(5), correction="smc")
