@@ -203,7 +203,7 @@ class AnyOrderGuide(PyroModule):
     ):
         super().__init__()
         from pyro_autospec.guides.structure import probe_structure
-        from pyro_autospec.infer.sites import SiteLayout, discover_sites
+        from pyro_autospec.model import SiteLayout, discover_sites
 
         if architecture not in ARCHITECTURES + ("auto",):
             raise ValueError(
@@ -655,7 +655,7 @@ class AnyOrderGuide(PyroModule):
             )
 
     def _check_same_sites(self, args: tuple, kwargs: dict) -> None:
-        from pyro_autospec.infer.sites import discover_sites
+        from pyro_autospec.model import discover_sites
 
         layout = discover_sites(
             self.model, args, kwargs, max_plate_nesting=self.layout.max_plate_nesting

@@ -36,7 +36,7 @@ from torch import nn
 
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
 from pyro_autospec.guides.training import train
-from pyro_autospec.infer.continuous import (
+from pyro_autospec.model import (
     ContinuousLayout,
     check_layout,
     discover_continuous_sites,

@@ -40,7 +40,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 
-from pyro_autospec.infer.sites import AutoSpecModelError, SiteLayout, log_joint
+from pyro_autospec.model import AutoSpecModelError, SiteLayout, log_joint
 
 __all__ = [
     "LOG_FLOOR",
