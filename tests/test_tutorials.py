@@ -23,14 +23,6 @@ def load_tool():
     return module
 
 
-#: The committed notebooks are re-executed at the end of the current round of work; until then
-#: they are stale and this check runs only on request. Remove this marker once they are.
-check_committed_notebooks = pytest.mark.skipif(
-    os.environ.get("AUTOSPEC_CHECK_NOTEBOOKS") != "1",
-    reason="committed notebooks not re-executed yet; set AUTOSPEC_CHECK_NOTEBOOKS=1 to check",
-)
-
-
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.name for p in TUTORIALS])
 def test_tutorial_runs(path, monkeypatch):
     monkeypatch.setenv("CI", "true")
@@ -55,7 +47,6 @@ def test_tutorial_runs(path, monkeypatch):
     assert os.environ["CI"] == "true"
 
 
-@check_committed_notebooks
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.name for p in TUTORIALS])
 def test_committed_notebook_is_executed_and_current(path):
     problems = load_tool().check(path)
