@@ -419,6 +419,20 @@ def _compare_signatures(expected: tuple, actual: tuple) -> None:
     raise DynamicStructureError("The order of the model's sample sites changes between runs.")
 
 
+def _check_no_vectorized_markov(trace) -> None:
+    """Refuse ``pyro.contrib.funsor.vectorized_markov``: without funsor's handlers it makes
+    overlapping duplicate sites (named ``x_slice(0, 3, None)``), not the chain the user wrote."""
+    for name, node in trace.nodes.items():
+        if node["type"] == "sample" and "slice(" in str(name):
+            raise UnsupportedSiteError(
+                f"Site '{name}' looks like a site of pyro.contrib.funsor.vectorized_markov, "
+                f"which means a Markov chain only under pyro.contrib.funsor's enumeration "
+                f"handlers; run as plain Pyro, it makes overlapping duplicate sites. Write the "
+                f"chain with pyro.markov (a Python loop over time steps) instead; AutoSpec's "
+                f"enumeration oracle contracts it efficiently."
+            )
+
+
 def discover_sites(
     model: Callable,
     args: tuple = (),
@@ -479,6 +493,7 @@ def discover_sites(
     check_subsampling(raw[0])
     traces = [prune_subsample_sites(t) for t in raw]
     trace = traces[0]
+    _check_no_vectorized_markov(trace)
     signature = _signature(trace)
     for other in traces[1:]:
         _compare_signatures(signature, _signature(other))

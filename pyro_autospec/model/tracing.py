@@ -234,7 +234,15 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         The kind of run, e.g. ``"on a batch of draws"`` or ``"under enumeration"``.
     """
     last = f" (after site '{seen[-1]}')" if seen else ""
-    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    reason = error_reason(error)
+    if "within the support" in reason:
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. An observed value lies outside "
+            f"the support of its distribution for some value of an earlier discrete site (for "
+            f"example a count larger than an enumerated Binomial total), so the model has no "
+            f"density there. Restrict that site's support to the feasible values (e.g. a "
+            f"Categorical over them) or mask the impossible terms with poutine.mask."
+        )
     return DynamicStructureError(
         f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "
         f"batched (and enumerated) values of its discrete sites, so the model must not branch "
@@ -243,6 +251,41 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
         f"structure is fixed."
     )
+
+
+def error_reason(error: BaseException) -> str:
+    r"""One line that says why ``error`` happened, looking through Pyro's wrappers.
+
+    Pyro re-raises a distribution's error as ``"Error while computing log_prob at site 'c':"``
+    followed by the real message on the next lines (and chains the original as ``__cause__``):
+    keep the header and the first line of the real message.
+
+    Examples
+    --------
+    >>> error_reason(ValueError("Error at site 'c':\nExpected value within the support"))
+    "Error at site 'c': Expected value within the support"
+    >>> error_reason(KeyError())
+    'KeyError'
+    """
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        cause = error.__cause__ or error.__context__
+        return error_reason(cause) if cause is not None else type(error).__name__
+    if lines[0].endswith(":"):
+        detail = lines[1] if len(lines) > 1 else None
+        if detail is None and (error.__cause__ or error.__context__) is not None:
+            detail = error_reason(error.__cause__ or error.__context__)
+        if detail:
+            return f"{lines[0]} {_short(detail)}"
+    return _short(lines[0])
+
+
+def _short(line: str) -> str:
+    """``line`` without the tensors torch prints after a support error."""
+    cut = line.find("within the support")
+    if cut >= 0:
+        return line[: cut + len("within the support")]
+    return line
 
 
 def quiet_warnings():

@@ -104,3 +104,33 @@ def test_value_dependent_control_flow_names_the_site():
 
     with pytest.raises(AutoSpecModelError, match=r"after site 'w'.*Python control flow"):
         run(model)
+
+
+def test_observation_outside_the_support_says_so():
+    """Pyro puts the real message on the line after its header: it must survive."""
+
+    def model(counts):
+        n = pyro.sample("n", dist.Binomial(6, 0.4))
+        with pyro.plate("obs_plate", len(counts)):
+            pyro.sample("c", dist.Binomial(n, 0.5), obs=counts)
+
+    with pytest.raises(AutoSpecModelError, match=r"within the support\. An observed value"):
+        run(model, torch.tensor([2.0, 3.0, 4.0]))
+
+
+def test_vectorized_markov_is_refused_with_the_fix():
+    from pyro.contrib.funsor import vectorized_markov
+    from pyro.ops.indexing import Vindex
+
+    y = torch.tensor([0.5, 1.5, -0.2, 0.9])
+    stay = torch.tensor([[0.7, 0.3], [0.4, 0.6]])
+
+    def model(y):
+        prev = None
+        for t in vectorized_markov(name="time", size=len(y), dim=-1):
+            probs = torch.tensor([0.5, 0.5]) if prev is None else Vindex(stay)[prev]
+            prev = pyro.sample(f"x_{t}", dist.Categorical(probs))
+            pyro.sample(f"y_{t}", dist.Normal(prev.float(), 0.5), obs=Vindex(y)[t])
+
+    with pytest.raises(UnsupportedSiteError, match=r"vectorized_markov.*pyro\.markov"):
+        run(model, y)
