@@ -34,6 +34,7 @@ from pyro_autospec.infer.common import (
     check_schedule,
 )
 from pyro_autospec.infer.discrete_run import DiscreteRun, warn_scales
+from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
 
@@ -327,17 +328,9 @@ class AutoSpec:
                 )
             self._check_warmup("diffusion")
             self.run_kind = "diffusion"
-            self._run = DiffusionRun(
-                self.model,
-                self.guide,
-                method=self.method,
-                num_samples=self.num_samples,
-                num_chains=self.num_chains,
-                seed=self.seed,
-                progress=progress,
-                save_params=self.save_params,
-                schedule=self.schedule,
-            ).run(args, kwargs)
+            self._run = DiffusionRun(self.model, self.guide, self._settings(progress)).run(
+                args, kwargs
+            )
             return self
         if self.method not in _DISCRETE_METHODS:
             raise ValueError(
@@ -361,18 +354,10 @@ class AutoSpec:
         self._run = DiscreteRun(
             self.model,
             layout,
+            self._settings(progress),
             oracle=self.oracle,
             guide=self.guide,
             correction=self.correction,
-            method=self.method,
-            num_samples=self.num_samples,
-            num_chains=self.num_chains,
-            warmup_steps=self.warmup_steps,
-            seed=self.seed,
-            progress=progress,
-            device=self.device,
-            save_params=self.save_params,
-            schedule=self.schedule,
         ).run(args, kwargs)
         return self
 
@@ -390,19 +375,23 @@ class AutoSpec:
             )
         self.run_kind = "mixed"
         self._run = MixedRun(
-            self.model,
-            layout,
+            self.model, layout, self._settings(progress), nuts_kwargs=self.nuts_kwargs
+        ).run(args, kwargs)
+
+    def _settings(self, progress: bool) -> RunSettings:
+        """What every run kind needs from this object (``run_kind`` set first: the default
+        warm-up depends on it)."""
+        return RunSettings(
             method=self.method,
             num_samples=self.num_samples,
             num_chains=self.num_chains,
-            warmup_steps=self.warmup_steps,
             seed=self.seed,
             progress=progress,
-            device=self.device,
             save_params=self.save_params,
             schedule=self.schedule,
-            nuts_kwargs=self.nuts_kwargs,
-        ).run(args, kwargs)
+            warmup_steps=self.warmup_steps,
+            device=self.device,
+        )
 
     def _check_warmup(self, kind: str) -> None:
         if self._warmup_steps and self.correction != "imh":

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from pyro_autospec.infer.common import chain_seeds
-from pyro_autospec.infer.run_base import RunBase
+from pyro_autospec.infer.run_base import RunBase, RunSettings
 from pyro_autospec.model.tracing import trace_model
 
 __all__ = ["DiffusionRun"]
@@ -35,26 +34,11 @@ class ContinuousView:
 class DiffusionRun(RunBase):
     """Draws of a continuous-only model's latent sites from a diffusion guide."""
 
-    def __init__(
-        self,
-        model: Callable,
-        guide: Any,
-        *,
-        method: str,
-        num_samples: int,
-        num_chains: int,
-        seed: Any,
-        progress: bool,
-        save_params: list | None,
-        schedule: dict,
-    ):
-        super().__init__(num_samples, num_chains, save_params)
+    def __init__(self, model: Callable, guide: Any, settings: RunSettings):
+        super().__init__(settings)
         self.model = model
         self.guide = guide
-        self.method = method
-        self.seed = seed
-        self.progress = progress
-        self.schedule = {k: v for k, v in schedule.items() if k != "max_elements"}
+        self.schedule = {k: v for k, v in settings.schedule.items() if k != "max_elements"}
 
     def run(self, args: tuple, kwargs: dict) -> DiffusionRun:
         from pyro_autospec.infer.continuous import sample_continuous
@@ -78,9 +62,7 @@ class DiffusionRun(RunBase):
         extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
         pointwise = {name: [] for name in self.observed}
         self.results = []
-        for seed in chain_seeds(
-            self.seed, self.num_chains, distributed=self.schedule.get("distributed", False)
-        ):
+        for seed in self.settings.seeds(self.num_chains):
             out = sample_continuous(
                 self.guide,
                 self.num_samples,

@@ -21,10 +21,9 @@ import torch
 
 from pyro_autospec.infer.common import (
     build_oracle,
-    chain_seeds,
     check_exact_draws,
 )
-from pyro_autospec.infer.run_base import Extras, RunBase
+from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
 
@@ -55,50 +54,30 @@ class DiscreteRun(RunBase):
     ----------
     model : callable
     layout : SiteLayout
+    settings : RunSettings
+        Method, draws per chain, chains, warm-up (IMH), seed, device and engine knobs.
     oracle : "enum" or MarginalOracle
     guide : MarginalOracle, optional
         An approximate oracle (replaces ``oracle``).
     correction : {None, "importance", "imh"}
-    method : str
-    num_samples, num_chains, warmup_steps : int
-    seed : int, Generator or None
-    progress : bool
-    device : torch.device or None
-    save_params : list of str or None
-    schedule : dict
-        Engine knobs.
     """
 
     def __init__(
         self,
         model: Callable,
         layout: SiteLayout,
+        settings: RunSettings,
         *,
         oracle: Any,
         guide: Any,
         correction: str | None,
-        method: str,
-        num_samples: int,
-        num_chains: int,
-        warmup_steps: int,
-        seed: Any,
-        progress: bool,
-        device: torch.device | None,
-        save_params: list | None,
-        schedule: dict,
     ):
-        super().__init__(num_samples, num_chains, save_params)
+        super().__init__(settings)
         self.model = model
         self.layout = layout
         self.oracle = oracle
         self.guide = guide
         self.correction = correction
-        self.method = method
-        self.warmup_steps = int(warmup_steps)
-        self.seed = seed
-        self.progress = progress
-        self.device = device
-        self.schedule = schedule
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
@@ -129,9 +108,7 @@ class DiscreteRun(RunBase):
         num_draws = self.num_samples + self.warmup_steps
         shapes = layout.latent_shapes()
         self.results = []
-        for seed in chain_seeds(
-            self.seed, self.num_chains, distributed=self.schedule.get("distributed", False)
-        ):
+        for seed in self.settings.seeds(self.num_chains):
             result = sample_any_order(
                 oracle,
                 num_draws,

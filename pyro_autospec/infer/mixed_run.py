@@ -23,14 +23,13 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
-from pyro_autospec.infer.common import chain_seeds, check_exact_draws
-from pyro_autospec.infer.run_base import Extras, RunBase
+from pyro_autospec.infer.common import check_exact_draws
+from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
 from pyro_autospec.model.tracing import parallel_enumeration, trace_model
@@ -46,16 +45,9 @@ class MixedRun(RunBase):
     model : callable
     layout : SiteLayout
         With :attr:`~pyro_autospec.model.discrete.SiteLayout.continuous` sites.
-    method : str
-        The engine's method for the discrete sites.
-    num_samples, num_chains, warmup_steps : int
-        Per chain, as in ``pyro.infer.MCMC``.
-    seed : int, Generator or None
-    progress : bool
-    device : torch.device or None
-    save_params : list of str or None
-    schedule : dict
-        Engine knobs.
+    settings : RunSettings
+        Method (for the discrete sites), draws and warm-up per chain as in ``pyro.infer.MCMC``,
+        seed, device and engine knobs.
     nuts_kwargs : dict
         Passed to :class:`pyro.infer.NUTS` (``target_accept_prob``, ``max_tree_depth``, ...).
     """
@@ -64,27 +56,13 @@ class MixedRun(RunBase):
         self,
         model: Callable,
         layout: SiteLayout,
+        settings: RunSettings,
         *,
-        method: str,
-        num_samples: int,
-        num_chains: int,
-        warmup_steps: int,
-        seed: Any,
-        progress: bool,
-        device: torch.device | None,
-        save_params: list | None,
-        schedule: dict,
         nuts_kwargs: dict,
     ):
-        super().__init__(num_samples, num_chains, save_params)
+        super().__init__(settings)
         self.model = model
         self.layout = layout
-        self.method = method
-        self.warmup_steps = int(warmup_steps)
-        self.seed = seed
-        self.progress = progress
-        self.device = device
-        self.schedule = schedule
         self.nuts_kwargs = dict(nuts_kwargs)
         self.discrete_names = list(layout.names)
         self.nuts_diagnostics: list[dict] = []
@@ -107,10 +85,9 @@ class MixedRun(RunBase):
 
         layout = self.layout
         self._check_enumeration(args, kwargs)
-        spread = self.schedule.get("distributed", False)
-        engine_seed = None if self.seed is None else _shift_seed(self.seed)
-        nuts_seeds = chain_seeds(self.seed, self.num_chains, distributed=spread)
-        (engine_seed,) = chain_seeds(engine_seed, 1, distributed=spread)
+        nuts_seeds = self.settings.seeds(self.num_chains)
+        shifted = None if self.seed is None else _shift_seed(self.seed)
+        (engine_seed,) = self.settings.seeds(1, shifted)
         enumerated = poutine.infer_config(self.model, parallel_enumeration)
         continuous = {site.name: [] for site in layout.continuous}
         diverging = []

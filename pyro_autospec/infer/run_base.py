@@ -18,9 +18,52 @@ from typing import Any
 import torch
 from pyro.infer.mcmc.util import select_samples
 
-from pyro_autospec.infer.common import print_summary_table, site_diagnostics
+from pyro_autospec.infer.common import chain_seeds, print_summary_table, site_diagnostics
 
-__all__ = ["Extras", "RunBase"]
+__all__ = ["Extras", "RunBase", "RunSettings"]
+
+_OWN_SEED = object()
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What :class:`~pyro_autospec.infer.AutoSpec` hands every run kind, built once.
+
+    Attributes
+    ----------
+    method : str
+    num_samples, num_chains : int
+        Draws per chain, and chains.
+    seed : int, Generator or None
+    progress : bool
+    save_params : list of str or None
+    schedule : dict
+        Engine knobs (``distributed=True`` among them when asked for).
+    warmup_steps : int
+        NUTS's or the IMH chains' warm-up (0 where none applies).
+    device : torch.device or None
+    """
+
+    method: str
+    num_samples: int
+    num_chains: int
+    seed: Any
+    progress: bool
+    save_params: list | None
+    schedule: dict
+    warmup_steps: int = 0
+    device: torch.device | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the draws are spread over a ``torch.distributed`` group."""
+        return bool(self.schedule.get("distributed", False))
+
+    def seeds(self, num: int, seed: Any = _OWN_SEED) -> list[int]:
+        """``num`` engine seeds from ``seed`` (default: the run's own), the same on every rank
+        of a distributed run."""
+        seed = self.seed if seed is _OWN_SEED else seed
+        return chain_seeds(seed, num, distributed=self.distributed)
 
 
 @dataclass
@@ -60,10 +103,17 @@ class RunBase:
 
     method: str = "autospec"
 
-    def __init__(self, num_samples: int, num_chains: int, save_params: list | None):
-        self.num_samples = int(num_samples)
-        self.num_chains = int(num_chains)
-        self.save_params = save_params
+    def __init__(self, settings: RunSettings):
+        self.settings = settings
+        self.method = settings.method
+        self.num_samples = int(settings.num_samples)
+        self.num_chains = int(settings.num_chains)
+        self.save_params = settings.save_params
+        self.seed = settings.seed
+        self.progress = settings.progress
+        self.device = settings.device
+        self.warmup_steps = int(settings.warmup_steps)
+        self.schedule = dict(settings.schedule)
         self.samples: OrderedDict = OrderedDict()
         self.deterministic: OrderedDict = OrderedDict()
         self.extra: dict = {}
