@@ -17,7 +17,53 @@ import torch
 __all__ = ["Matrix", "Table"]
 
 
-class Table:
+class _Slots:
+    """Row ids handed out and taken back: a free list over ``used: BoolTensor[capacity]``.
+
+    Subclasses keep their storage in ``capacity`` rows and implement :meth:`_grow_storage`
+    (copy into ``new`` rows) and, if rows must be reset when handed out, :meth:`_reset`.
+    """
+
+    def _init_slots(self, device: torch.device, capacity: int) -> None:
+        self.device = device
+        self.capacity = int(capacity)
+        self.used = torch.zeros(self.capacity, dtype=torch.bool, device=device)
+        self.num_used = 0
+
+    def _grow_storage(self, new: int) -> None:
+        raise NotImplementedError
+
+    def _reset(self, ids: torch.Tensor) -> None:
+        """Called on the ids :meth:`alloc` hands out (default: keep what the rows held)."""
+
+    def _grow(self, needed: int) -> None:
+        new = max(2 * self.capacity, needed)
+        self._grow_storage(new)
+        used = torch.zeros(new, dtype=torch.bool, device=self.device)
+        used[: self.capacity] = self.used
+        self.used = used
+        self.capacity = new
+
+    def alloc(self, count: int) -> torch.Tensor:
+        """Ids of ``count`` free rows (LongTensor[count])."""
+        if count == 0:
+            return torch.zeros(0, dtype=torch.long, device=self.device)
+        if self.num_used + count > self.capacity:
+            self._grow(self.num_used + count)
+        ids = torch.nonzero(~self.used).flatten()[:count]
+        self.used[ids] = True
+        self.num_used += count
+        self._reset(ids)
+        return ids
+
+    def free(self, ids: torch.Tensor) -> None:
+        """Release rows (ids must be in use and distinct)."""
+        if ids.numel():
+            self.used[ids] = False
+            self.num_used -= int(ids.numel())
+
+
+class Table(_Slots):
     """Rows of named fields with allocation and freeing by id.
 
     Parameters
@@ -41,48 +87,23 @@ class Table:
     """
 
     def __init__(self, fields: dict, device: torch.device, capacity: int = 256):
-        self.device = device
+        self._init_slots(device, capacity)
         self.spec = dict(fields)
-        self.capacity = int(capacity)
-        self.used = torch.zeros(self.capacity, dtype=torch.bool, device=device)
         self.data: dict[str, torch.Tensor] = {}
         for name, (shape, dtype, fill) in self.spec.items():
             self.data[name] = torch.full((self.capacity, *shape), fill, dtype=dtype, device=device)
-        self.num_used = 0
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.data[name]
 
-    def _grow(self, needed: int) -> None:
-        new = max(2 * self.capacity, needed)
+    def _grow_storage(self, new: int) -> None:
         for name, (shape, dtype, fill) in self.spec.items():
             grown = torch.full((new, *shape), fill, dtype=dtype, device=self.device)
             grown[: self.capacity] = self.data[name]
             self.data[name] = grown
-        used = torch.zeros(new, dtype=torch.bool, device=self.device)
-        used[: self.capacity] = self.used
-        self.used = used
-        self.capacity = new
-
-    def alloc(self, count: int) -> torch.Tensor:
-        """Ids of ``count`` free rows (LongTensor[count]); fields keep what the rows held."""
-        if count == 0:
-            return torch.zeros(0, dtype=torch.long, device=self.device)
-        if self.num_used + count > self.capacity:
-            self._grow(self.num_used + count)
-        ids = torch.nonzero(~self.used).flatten()[:count]
-        self.used[ids] = True
-        self.num_used += count
-        return ids
-
-    def free(self, ids: torch.Tensor) -> None:
-        """Release rows (ids must be in use and distinct)."""
-        if ids.numel():
-            self.used[ids] = False
-            self.num_used -= int(ids.numel())
 
 
-class Matrix:
+class Matrix(_Slots):
     """Integer fields as the columns of one LongTensor[capacity, fields], and a float matrix.
 
     Parameters
@@ -112,40 +133,19 @@ class Matrix:
     def __init__(
         self, int_fields: dict, float_fields: dict, device: torch.device, capacity: int
     ) -> None:
-        self.device = device
+        self._init_slots(device, capacity)
         self.col = {name: k for k, name in enumerate(int_fields)}
         self.fcol = {name: k for k, name in enumerate(float_fields)}
         self._ifill = torch.tensor(list(int_fields.values()), dtype=torch.long, device=device)
         self._ffill = torch.tensor(list(float_fields.values()), dtype=torch.float64, device=device)
-        self.capacity = int(capacity)
         self.i = self._ifill.repeat(self.capacity, 1)
         self.f = self._ffill.repeat(self.capacity, 1)
-        self.used = torch.zeros(self.capacity, dtype=torch.bool, device=device)
-        self.num_used = 0
 
-    def _grow(self, needed: int) -> None:
-        new = max(2 * self.capacity, needed)
+    def _grow_storage(self, new: int) -> None:
         self.i = torch.cat([self.i, self._ifill.repeat(new - self.capacity, 1)])
         self.f = torch.cat([self.f, self._ffill.repeat(new - self.capacity, 1)])
-        self.used = torch.cat(
-            [self.used, torch.zeros(new - self.capacity, dtype=torch.bool, device=self.device)]
-        )
-        self.capacity = new
 
-    def alloc(self, count: int) -> torch.Tensor:
-        """Ids of ``count`` free rows, reset to the fills."""
-        if count == 0:
-            return torch.zeros(0, dtype=torch.long, device=self.device)
-        if self.num_used + count > self.capacity:
-            self._grow(self.num_used + count)
-        ids = torch.nonzero(~self.used).flatten()[:count]
-        self.used[ids] = True
-        self.num_used += count
+    def _reset(self, ids: torch.Tensor) -> None:
+        """Rows handed out start at the fills."""
         self.i[ids] = self._ifill
         self.f[ids] = self._ffill
-        return ids
-
-    def free(self, ids: torch.Tensor) -> None:
-        if ids.numel():
-            self.used[ids] = False
-            self.num_used -= int(ids.numel())
