@@ -26,52 +26,43 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 import warnings
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pyro
-import pyro.distributions as dist
 import torch
 from pyro.infer import MCMC, NUTS, config_enumerate, infer_discrete
-from pyro.ops.indexing import Vindex
 from pyro.ops.stats import effective_sample_size
 
 from pyro_autospec.infer import AutoSpec
 
 # ---------------------------------------------------------------------- the three models
-MIXTURE_DATA = torch.tensor([-2.3, -1.6, -2.9, 1.4, 2.2, 0.4])
-HMM_DATA = torch.tensor([-1.2, -0.8, 0.9, 1.3, 1.1, -0.4, -1.0, 0.7])
-HMM_LOCS = torch.tensor([-1.0, 1.0])
-CHANGE_DATA = torch.tensor([4.0, 5.0, 3.0, 6.0, 4.0, 1.0, 0.0, 2.0, 1.0, 1.0])
+# The models, their data and their exact posteriors are the ones the front end's tests check
+# against (tests/infer/_mixed_models.py): one copy for both.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.infer._mixed_models import (  # noqa: E402
+    CHANGE_DATA,
+    HMM_DATA,
+    HMM_LOCS,
+    MIXTURE_DATA,
+    change_point,
+    change_point_exact,
+    mixture,
+    mixture_exact,
+)
+from tests.infer._mixed_models import hmm_exact as _hmm_exact  # noqa: E402
+from tests.infer._mixed_models import hmm_unknown_transition as hmm  # noqa: E402
 
 
-def mixture(data):
-    with pyro.plate("components", 2):
-        locs = pyro.sample("locs", dist.Normal(torch.tensor([-2.0, 2.0]), 1.0))
-    with pyro.plate("data", len(data)):
-        assignment = pyro.sample("assignment", dist.Categorical(torch.tensor([0.5, 0.5])))
-        pyro.sample("obs", dist.Normal(Vindex(locs)[..., assignment], 1.0), obs=data)
-
-
-def hmm(data):
-    stay = pyro.sample("stay", dist.Beta(2.0, 2.0))
-    trans = torch.stack([torch.stack([stay, 1 - stay], -1), torch.stack([1 - stay, stay], -1)], -2)
-    x = 0
-    for t in pyro.markov(range(len(data))):
-        x = pyro.sample(f"x_{t}", dist.Categorical(Vindex(trans)[..., x, :]))
-        pyro.sample(f"y_{t}", dist.Normal(Vindex(HMM_LOCS)[..., x], 0.8), obs=data[t])
-
-
-def change_point(counts):
-    T = len(counts)
-    early = pyro.sample("early", dist.Gamma(2.0, 0.5))
-    late = pyro.sample("late", dist.Gamma(2.0, 0.5))
-    tau = pyro.sample("tau", dist.Categorical(torch.ones(T) / T))
-    with pyro.plate("time", T):
-        rate = torch.where(torch.arange(T) < tau, early, late)
-        pyro.sample("counts", dist.Poisson(rate), obs=counts)
+def hmm_exact() -> dict:
+    """Posterior means of ``stay`` and of each ``x_t``, keyed by site name."""
+    exact = _hmm_exact()
+    return {"stay": exact["stay"], **{f"x_{t}": m for t, m in enumerate(exact["x"])}}
 
 
 def numpyro_models():
@@ -109,70 +100,6 @@ def numpyro_models():
             numpyro.sample("counts", nd.Poisson(rate), obs=counts)
 
     return {"mixture": n_mixture, "hmm": n_hmm, "change_point": n_change_point}
-
-
-# ---------------------------------------------------------------- exact posteriors (grids)
-def mixture_exact(points: int = 241) -> dict:
-    grid = torch.linspace(-6.0, 6.0, points, dtype=torch.float64)
-    l0, l1 = torch.meshgrid(grid, grid, indexing="ij")
-    data = MIXTURE_DATA.double()
-    log_prior = dist.Normal(-2.0, 1.0).log_prob(l0) + dist.Normal(2.0, 1.0).log_prob(l1)
-    comp0 = math.log(0.5) + dist.Normal(l0[..., None], 1.0).log_prob(data)
-    comp1 = math.log(0.5) + dist.Normal(l1[..., None], 1.0).log_prob(data)
-    per_point = torch.logaddexp(comp0, comp1)
-    log_post = log_prior + per_point.sum(-1)
-    w = (log_post - log_post.logsumexp((0, 1))).exp()
-    return {
-        "locs": torch.stack([(w * l0).sum(), (w * l1).sum()]),
-        "assignment": (w[..., None] * (comp1 - per_point).exp()).sum((0, 1)),
-    }
-
-
-def hmm_exact(points: int = 2001) -> dict:
-    stay = torch.linspace(0.0, 1.0, points + 2, dtype=torch.float64)[1:-1]
-    emit = dist.Normal(HMM_LOCS.double(), 0.8).log_prob(HMM_DATA.double()[:, None]).exp()
-    trans = torch.stack([torch.stack([stay, 1 - stay], -1), torch.stack([1 - stay, stay], -1)], -2)
-    alpha = trans[:, 0, :] * emit[0]
-    scales, alphas = [alpha.sum(-1)], []
-    alpha = alpha / scales[-1][:, None]
-    alphas.append(alpha)
-    for t in range(1, len(HMM_DATA)):
-        alpha = (alpha[:, None, :] @ trans).squeeze(-2) * emit[t]
-        scales.append(alpha.sum(-1))
-        alpha = alpha / scales[-1][:, None]
-        alphas.append(alpha)
-    log_post = dist.Beta(2.0, 2.0).log_prob(stay) + torch.stack(scales).log().sum(0)
-    w = (log_post - log_post.logsumexp(0)).exp()
-    beta = torch.ones_like(alpha)
-    means = {}
-    for t in range(len(HMM_DATA) - 1, -1, -1):
-        m = alphas[t] * beta
-        means[f"x_{t}"] = (w[:, None] * m / m.sum(-1, keepdim=True)).sum(0)[1]
-        if t > 0:
-            beta = (trans @ (emit[t] * beta)[..., None]).squeeze(-1)
-            beta = beta / beta.sum(-1, keepdim=True)
-    means["stay"] = (w * stay).sum()
-    return means
-
-
-def change_point_exact(points: int = 301) -> dict:
-    grid = torch.linspace(1e-3, 20.0, points, dtype=torch.float64)
-    counts = CHANGE_DATA.double()
-    T = len(counts)
-    log_prior = dist.Gamma(2.0, 0.5).log_prob(grid)
-    lp = dist.Poisson(grid[:, None]).log_prob(counts)
-    zeros = torch.zeros(points, 1, dtype=torch.float64)
-    early = torch.cat([zeros, lp.cumsum(-1)], -1)
-    late = torch.cat([lp.flip(-1).cumsum(-1).flip(-1), zeros], -1)
-    taus = torch.arange(T)
-    joint = log_prior[:, None, None] + log_prior[None, :, None] + early[:, None, taus]
-    joint = joint + late[None, :, taus]
-    w = (joint - joint.logsumexp((0, 1, 2))).exp()
-    return {
-        "early": (w.sum((1, 2)) * grid).sum(),
-        "late": (w.sum((0, 2)) * grid).sum(),
-        "tau": (w.sum((0, 1)) * taus.double()).sum(),
-    }
 
 
 MODELS = {
