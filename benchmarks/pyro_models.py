@@ -32,7 +32,9 @@ import argparse
 import math
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,68 +48,15 @@ from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model import discover_sites
 from pyro_autospec.oracles.enum import EnumOracle
 
+# Pyro's examples/hmm.py models, verbatim: the same code the handler tests check.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.infer._pyro_hmm_examples import model_1 as hmm_model_1  # noqa: E402
+from tests.infer._pyro_hmm_examples import model_3 as hmm_model_3  # noqa: E402
+
 HIDDEN, TONES = 10, 88
 
 
 # ------------------------------------------------------------------ models (Pyro's own code)
-def hmm_model_1(sequences, lengths, args, batch_size=None, include_prior=True):
-    """``model_1`` of Pyro's examples/hmm.py, verbatim but for the jit switch."""
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    with poutine.mask(mask=include_prior):
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y", dist.Beta(0.1, 0.9).expand([args.hidden_dim, data_dim]).to_event(2)
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        x = 0
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with tones_plate:
-                    pyro.sample(
-                        f"y_{t}", dist.Bernoulli(probs_y[x.squeeze(-1)]), obs=sequences[batch, t]
-                    )
-
-
-def hmm_model_3(sequences, lengths, args, batch_size=None, include_prior=True):
-    """``model_3`` (factorial HMM) of Pyro's examples/hmm.py."""
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    hidden_dim = int(args.hidden_dim**0.5)
-    with poutine.mask(mask=include_prior):
-        probs_w = pyro.sample(
-            "probs_w", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
-        )
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y",
-            dist.Beta(0.1, 0.9).expand([hidden_dim, hidden_dim, data_dim]).to_event(3),
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        w, x = 0, 0
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                w = pyro.sample(
-                    f"w_{t}", dist.Categorical(probs_w[w]), infer={"enumerate": "parallel"}
-                )
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with tones_plate as tones:
-                    pyro.sample(
-                        f"y_{t}", dist.Bernoulli(probs_y[w, x, tones]), obs=sequences[batch, t]
-                    )
-
-
 def hmm_data(T: int, hidden: int = HIDDEN, tones: int = TONES, seed: int = 0):
     """A sequence simulated from fixed 'sticky' transitions and sparse tone probabilities."""
     g = torch.Generator().manual_seed(seed)

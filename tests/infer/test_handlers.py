@@ -33,6 +33,7 @@ from tests.infer._brute_force import (
     lp,
     marginal_means,
 )
+from tests.infer._pyro_hmm_examples import model_1, model_2, model_3
 
 
 def sample(model, *args, num_samples=3000, seed=0, **kwargs):
@@ -154,94 +155,9 @@ def test_random_subsample_is_a_clear_error():
 
 
 # ---------------------------------------------- pyro.markov, masks, plates: examples/hmm.py
-# model_1 .. model_3 copied from Pyro's examples/hmm.py (their continuous sites probs_* are
-# conditioned on fixed values, as after fitting them with SVI and AutoDelta).
-def model_1(sequences, lengths, args, batch_size=None, include_prior=True):
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    with poutine.mask(mask=include_prior):
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y", dist.Beta(0.1, 0.9).expand([args.hidden_dim, data_dim]).to_event(2)
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        x = 0
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with tones_plate:
-                    pyro.sample(
-                        f"y_{t}",
-                        dist.Bernoulli(probs_y[x.squeeze(-1)]),
-                        obs=sequences[batch, t],
-                    )
-
-
-def model_2(sequences, lengths, args, batch_size=None, include_prior=True):
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    with poutine.mask(mask=include_prior):
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y", dist.Beta(0.1, 0.9).expand([args.hidden_dim, 2, data_dim]).to_event(3)
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        x, y = 0, 0
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with tones_plate as tones:
-                    y = pyro.sample(
-                        f"y_{t}",
-                        dist.Bernoulli(probs_y[x, y, tones]),
-                        obs=sequences[batch, t],
-                    ).long()
-
-
-def model_3(sequences, lengths, args, batch_size=None, include_prior=True):
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    hidden_dim = int(args.hidden_dim**0.5)  # split between w and x
-    with poutine.mask(mask=include_prior):
-        probs_w = pyro.sample(
-            "probs_w", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
-        )
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y",
-            dist.Beta(0.1, 0.9).expand([hidden_dim, hidden_dim, data_dim]).to_event(3),
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        w, x = 0, 0
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                w = pyro.sample(
-                    f"w_{t}", dist.Categorical(probs_w[w]), infer={"enumerate": "parallel"}
-                )
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with tones_plate as tones:
-                    pyro.sample(
-                        f"y_{t}",
-                        dist.Bernoulli(probs_y[w, x, tones]),
-                        obs=sequences[batch, t],
-                    )
-
-
+# model_1 .. model_3 of Pyro's examples/hmm.py (tests/infer/_pyro_hmm_examples.py), their
+# continuous sites probs_* conditioned on fixed values, as after fitting them with SVI and
+# AutoDelta.
 SEQUENCES = torch.tensor(
     [[[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]]
 )  # [sequence, time, tone]
