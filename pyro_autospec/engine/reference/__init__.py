@@ -37,24 +37,10 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
         roots = [
             token_draw(problem, method, s, int(k), knobs) for s, k in enumerate(draw_keys.tolist())
         ]
-    scheduler = Scheduler(
-        problem.dispatch,
-        max_rows_per_round=knobs["max_rows_per_round"],
-        max_concurrent=knobs["max_concurrent_draws"],
-        progress=progress,
-        desc=method,
-    )
-    results = scheduler.run(roots)
+    results, stats = _schedule(problem, roots, method, knobs, progress)
     samples = torch.from_numpy(np.stack([r[0] for r in results]))
     log_prob = torch.tensor([r[1] for r in results], dtype=torch.float64)
-    stats = scheduler.stats
-    return (
-        samples,
-        log_prob,
-        stats.rounds,
-        stats.rows,
-        torch.tensor(stats.sample_rounds, dtype=torch.long),
-    )
+    return samples, log_prob, *stats
 
 
 def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: dict, progress):
@@ -81,6 +67,20 @@ def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: 
             picard_draw(problem, s, k, knobs["window"], knobs["tolerance"])
             for s, k in enumerate(draw_keys.tolist())
         ]
+    results, stats = _schedule(problem, roots, method, knobs, progress)
+    paths = torch.stack([r[0] for r in results])
+    second = [r[1] for r in results]
+    log_prob = noise = None
+    if method == "picard":
+        noise = torch.stack(second)
+    else:
+        log_prob = torch.tensor(second, dtype=torch.float64)
+    return paths, log_prob, noise, *stats
+
+
+def _schedule(problem, roots: list, method: str, knobs: dict, progress) -> tuple[list, tuple]:
+    """Run the draws' generators on one round scheduler: their results, and
+    ``(rounds, rows, sample_rounds: LongTensor[N])``."""
     scheduler = Scheduler(
         problem.dispatch,
         max_rows_per_round=knobs["max_rows_per_round"],
@@ -89,19 +89,6 @@ def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: 
         desc=method,
     )
     results = scheduler.run(roots)
-    paths = torch.stack([r[0] for r in results])
-    second = [r[1] for r in results]
-    log_prob = noise = None
-    if method == "picard":
-        noise = torch.stack(second)
-    else:
-        log_prob = torch.tensor(second, dtype=torch.float64)
     stats = scheduler.stats
-    return (
-        paths,
-        log_prob,
-        noise,
-        stats.rounds,
-        stats.rows,
-        torch.tensor(stats.sample_rounds, dtype=torch.long),
-    )
+    sample_rounds = torch.tensor(stats.sample_rounds, dtype=torch.long)
+    return results, (stats.rounds, stats.rows, sample_rounds)
