@@ -94,13 +94,13 @@ class AnyOrderGuide(PyroModule):
 
     The guide covers the same coordinates as :class:`~pyro_autospec.infer.AutoSpec` (sites in
     trace order, each flattened in C order, values as support indices; see
-    :mod:`pyro_autospec.infer.sites`), so ``AutoSpec(model, guide=guide)`` samples it.
+    :mod:`pyro_autospec.model`), so ``AutoSpec(model, guide=guide)`` samples it.
 
     Parameters
     ----------
     model : callable or SiteLayout, optional
         The Pyro model whose discrete latent sites the guide covers (traced with
-        ``model_args``), or a :class:`~pyro_autospec.infer.sites.SiteLayout` (no structure is
+        ``model_args``), or a :class:`~pyro_autospec.model.SiteLayout` (no structure is
         read then). ``None`` builds a bare oracle on ``[num_values]^num_coords``.
     model_args : tuple
         Positional arguments of ``model``: the data set the guide answers for by default
@@ -128,7 +128,7 @@ class AnyOrderGuide(PyroModule):
     num_coords, num_values : int, optional
         ``n`` and ``q`` when ``model`` is ``None``.
     max_plate_nesting : int, optional
-        Passed to :func:`~pyro_autospec.infer.sites.discover_sites`.
+        Passed to :func:`~pyro_autospec.model.discover_sites`.
     chunk_size : int
         Largest number of rows per forward pass inside the oracle methods (bounds memory).
 

@@ -82,7 +82,7 @@ class ModelStructure:
     The expansion of a pairwise model is exact (:func:`probe_structure` builds it):
 
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.infer.sites import discover_sites
+    >>> from pyro_autospec.model import discover_sites
     >>> def chain():
     ...     with pyro.plate("sites", 3):
     ...         z = pyro.sample("z", dist.Bernoulli(torch.tensor([0.2, 0.5, 0.7])))
@@ -177,7 +177,7 @@ def joint_log_prob(
         ``name -> Tensor[N, *value_shape]``: per-draw values of observed sites, which replace
         the observations in ``args`` (``poutine.condition`` overrides ``obs=``). ``None``: the
         data in ``args`` for every draw (then this is
-        :func:`~pyro_autospec.infer.sites.log_joint`).
+        :func:`~pyro_autospec.model.log_joint`).
 
     Returns
     -------
@@ -186,7 +186,7 @@ def joint_log_prob(
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.infer.sites import discover_sites
+    >>> from pyro_autospec.model import discover_sites
     >>> def model(y):
     ...     z = pyro.sample("z", dist.Bernoulli(0.5))
     ...     pyro.sample("y", dist.Normal(z, 1.0), obs=y)
@@ -327,7 +327,7 @@ def probe_structure(
     args, kwargs
         The model's arguments (data included).
     layout : SiteLayout
-        From :func:`~pyro_autospec.infer.sites.discover_sites`.
+        From :func:`~pyro_autospec.model.discover_sites`.
     edges : LongTensor[E, 2], optional
         The interacting pairs, if known (then only they are probed). ``None``: probe every pair.
     tolerance : float, optional
@@ -346,7 +346,7 @@ def probe_structure(
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.infer.sites import discover_sites
+    >>> from pyro_autospec.model import discover_sites
     >>> def chain():
     ...     with pyro.plate("sites", 4):
     ...         z = pyro.sample("z", dist.Bernoulli(0.5))
@@ -473,7 +473,7 @@ def probe_potentials(
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.infer.sites import discover_sites
+    >>> from pyro_autospec.model import discover_sites
     >>> def model(y):
     ...     with pyro.plate("p", 3):
     ...         z = pyro.sample("z", dist.Bernoulli(0.5))
@@ -566,7 +566,7 @@ def simulate_discrete(
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.infer.sites import discover_sites
+    >>> from pyro_autospec.model import discover_sites
     >>> def model(y):
     ...     with pyro.plate("p", 3):
     ...         z = pyro.sample("z", dist.Bernoulli(0.5))
