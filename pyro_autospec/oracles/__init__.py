@@ -3,7 +3,8 @@
 Exact structured oracles (none of them imports Pyro):
 
 * :class:`TabularOracle`: a full joint table over ``[q]^n``.
-* :class:`MarkovChainOracle`, :class:`HMMOracle`: chains and hidden Markov models.
+* :class:`MarkovChainOracle`, :class:`HMMOracle`, :class:`PairwiseChainOracle`: chains, hidden
+  Markov models and chain-structured pairwise models.
 * :class:`TreePottsOracle`: Potts / Ising models on trees and forests.
 * :class:`DPPOracle`, :class:`SpanningTreeOracle`: determinantal point processes and
   (weighted) uniform spanning trees.
@@ -13,7 +14,7 @@ Exact structured oracles (none of them imports Pyro):
 from .base import MarginalOracle, MeanOracle, has_chain_marginals, has_targeted_marginals
 from .curie_weiss import CurieWeissOracle
 from .dpp import DPPOracle
-from .hmm import HMMOracle
+from .hmm import HMMOracle, PairwiseChainOracle
 from .markov import MarkovChainOracle
 from .spanning_tree import SpanningTreeOracle
 from .tabular import TabularOracle
@@ -27,6 +28,7 @@ __all__ = [
     "TabularOracle",
     "MarkovChainOracle",
     "HMMOracle",
+    "PairwiseChainOracle",
     "TreePottsOracle",
     "DPPOracle",
     "SpanningTreeOracle",

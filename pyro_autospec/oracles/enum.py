@@ -21,7 +21,10 @@ method takes ``draws``): the model is traced once with the draws in a plate, and
 reads its draw's slice of the factors.
 
 Cost: ``O(rows x (sum of the elimination's intermediate sizes))`` per round, e.g. linear in the
-length of a hidden Markov chain; exponential in treewidth. See :doc:`/oracles`.
+length of a hidden Markov chain; exponential in treewidth. A model whose factor graph is a chain
+(each factor on one site or two consecutive ones) is lowered once to a
+:class:`~pyro_autospec.oracles.PairwiseChainOracle`, whose targeted and chain queries cost
+``O(q^2)`` per target whatever the chain's length. See :doc:`/oracles`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from pyro_autospec.oracles.enum_contract import (
     constant_factor,
     linear_factor,
 )
+from pyro_autospec.oracles.hmm import PairwiseChainOracle
 
 __all__ = ["EnumOracle"]
 
@@ -92,6 +96,16 @@ def _log(probs: torch.Tensor) -> torch.Tensor:
     """``log`` of marginals read off a gradient: 0 (or NaN, an impossible row) becomes -inf."""
     return probs.log().nan_to_num_(nan=-math.inf, neginf=-math.inf)
 
+
+def _impossible_to_neginf(log_probs: torch.Tensor) -> torch.Tensor:
+    """A chain oracle's NaN (a row conditioned on an impossible assignment) becomes -inf."""
+    return log_probs.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+
+
+# A chain-structured model answers log_marginals_at by its PairwiseChainOracle when the targets
+# per row are at most num_coords / this (each target costs about as much as 4 sites of a
+# contraction row); all n marginals at once are cheaper by contraction.
+_CHAIN_TARGETS_PER_COORD = 4
 
 # Largest product of a single elimination step, per query row, before the model is refused.
 _MAX_STEP_ENTRIES_PER_ROW = 2**26
@@ -185,6 +199,11 @@ class EnumOracle:
     max_elements : int
         Budget of tensor entries per contraction (with its backward pass); larger rounds are
         answered in several contractions.
+    lower_chains : bool
+        When the factor graph is a chain (see Notes), answer targeted and chain queries with
+        a :class:`~pyro_autospec.oracles.PairwiseChainOracle` built from the factors (the
+        same numbers, ``O(q^2)`` per target instead of a contraction per row). ``False``
+        always contracts.
 
     Attributes
     ----------
@@ -220,6 +239,15 @@ class EnumOracle:
     once. A pinned coordinate gets a point mass; a row conditioned on an impossible assignment
     gets ``-inf`` everywhere.
 
+    *Chains.* When every discrete site is one coordinate and every factor touches one site or
+    two consecutive ones (an HMM written with ``pyro.markov``, masks and scales included), the
+    factors are summed once into per-site and per-edge log potentials and targeted and chain
+    queries go to a :class:`~pyro_autospec.oracles.PairwiseChainOracle`: the pins are then
+    separators, and a target costs ``O(q^2)`` whatever ``n`` (all ``n`` marginals of a row,
+    and many targets per row, still go to the contraction, which is cheaper for them). Rows
+    conditioned on an impossible assignment are not defined there (the engine ignores them):
+    a target between incompatible pins gets ``-inf``, one elsewhere may not.
+
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
@@ -250,6 +278,7 @@ class EnumOracle:
         device: str | torch.device | None = None,
         continuous_values: Mapping[str, torch.Tensor] | None = None,
         max_elements: int = 2**27,
+        lower_chains: bool = True,
     ):
         if batch_size < 2:
             raise ValueError(f"batch_size must be >= 2, got {batch_size}")
@@ -274,6 +303,7 @@ class EnumOracle:
         self._continuous = self._check_continuous(continuous_values)
         self.num_draws = None if self._continuous is None else self._num_continuous
         self.device = None if device is None else torch.device(device)
+        self.lower_chains = bool(lower_chains)
         self._compile()
 
     def __repr__(self) -> str:
@@ -510,6 +540,8 @@ class EnumOracle:
         self._family = self._continuous is not None and num > 1
         self._row_entries = self._measure()
         self._log_normalizer = None
+        lower = self.lower_chains and not self._family
+        self._chain = self._lower_to_chain() if lower else None
 
     def _simplify(self, terms, evidence, draws, enum_symbols):
         """Contract plates that no enumerated site lives in, and fold factors into supersets.
@@ -544,6 +576,53 @@ class EnumOracle:
         for term in kept:  # the same tensor objects every round: exponentials cached on them
             term[0] = constant_factor(term[0], term[1])
         return kept
+
+    def _lower_to_chain(self) -> PairwiseChainOracle | None:
+        """The factor graph as a :class:`PairwiseChainOracle`, or None if it is not a chain.
+
+        It is one when every discrete site is one coordinate (no plate of size > 1 over an
+        enumerated site) and every factor touches one coordinate or two consecutive ones
+        (``pyro.markov`` chains in trace order). The factors are then summed into per-site and
+        per-edge log potentials, exactly the ones the contraction multiplies, and each query
+        row costs ``O(q^2)`` per target instead of a contraction over the whole graph.
+        """
+        q = self.num_values
+        coord_of = {}
+        for spec in self._evidence:
+            if spec.view_shape:
+                return None
+            coord_of[spec.dims[0]] = spec.coords.start
+        n = self.num_coords
+        unary = torch.zeros(n, q, dtype=torch.float64, device=self.device)
+        pairwise = torch.zeros(max(n - 1, 0), q, q, dtype=torch.float64, device=self.device)
+        for spec in self._evidence:
+            unary[spec.coords.start, spec.support_size :] = -math.inf
+        for tensor, dims, _ in self._terms:
+            tensor = tensor.detach()
+            kept = ""
+            for d in reversed(dims):  # drop unit plates and the draws dim (one draw here)
+                axis = dims.index(d)
+                if d in coord_of:
+                    kept = d + kept
+                elif tensor.shape[axis] == 1:
+                    tensor = tensor.squeeze(axis)
+                else:
+                    return None
+            coords = [coord_of[d] for d in kept]
+            if len(coords) == 1:
+                size = tensor.shape[0]
+                unary[coords[0], :size] += tensor
+            elif len(coords) == 2 and abs(coords[0] - coords[1]) == 1:
+                if coords[0] > coords[1]:
+                    tensor, coords = tensor.t(), coords[::-1]
+                rows, cols = tensor.shape
+                pairwise[coords[0], :rows, :cols] += tensor
+            else:
+                return None
+        try:
+            return PairwiseChainOracle(unary, pairwise)
+        except ValueError:  # nothing possible: the contraction reports it per row
+            return None
 
     def _tree(self, leaves: list, draws: torch.Tensor | None) -> OrderedDict:
         tree = OrderedDict()
@@ -676,6 +755,11 @@ class EnumOracle:
         """
         values, mask, draws = self._check(values, mask, draws)
         targets = torch.as_tensor(targets, dtype=torch.long, device=self.device)
+        if (
+            self._chain is not None
+            and _CHAIN_TARGETS_PER_COORD * targets.shape[1] <= self.num_coords
+        ):
+            return _impossible_to_neginf(self._chain.log_marginals_at(values, mask, targets))
         if values.shape[0] == 0:
             return torch.empty(
                 0, targets.shape[1], self.num_values, dtype=torch.float64, device=self.device
@@ -713,6 +797,8 @@ class EnumOracle:
         """
         values, mask, draws = self._check(values, mask, draws)
         chain = torch.as_tensor(chain, dtype=torch.long, device=values.device)
+        if self._chain is not None:
+            return _impossible_to_neginf(self._chain.log_marginals_chain(values, mask, chain))
         num, length = chain.shape
         n = self.num_coords
         before = torch.zeros(num, length, n, dtype=torch.bool, device=values.device)

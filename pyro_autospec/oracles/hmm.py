@@ -9,7 +9,7 @@ import torch
 from ._util import as_float64, log_matmul, log_normalize, point_mass
 from .markov import SeparatorOracle, check_chain_parameters
 
-__all__ = ["HMMOracle"]
+__all__ = ["HMMOracle", "PairwiseChainOracle"]
 
 # Largest number of entries of the per-query [chunk, q, q] temporaries.
 _MAX_WORK_ENTRIES = 1 << 22
@@ -26,24 +26,24 @@ def _floor_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.frexp(x.double()).exponent.long() - 1
 
 
-class HMMOracle(SeparatorOracle):
-    """Exact posterior conditionals of the hidden states of an HMM given its observations.
+class PairwiseChainOracle(SeparatorOracle):
+    """Exact conditional marginals of a chain-structured pairwise model on ``[q]^n``.
 
-    The joint law of the hidden chain ``x`` is
+    The law is
 
-    ``p(x | y) ∝ initial[x_0] e_0(x_0) prod_{i >= 1} transition[x_{i-1}, x_i] e_i(x_i)``,
+    ``p(x) ∝ exp(sum_i unary[i, x_i] + sum_{i < n - 1} pairwise[i, x_i, x_{i+1}])``,
 
-    with ``log e_i(v) = emission_log_likelihoods[i, v]`` (the log likelihood of the observation
-    at site ``i`` under hidden state ``v``). Coordinates are the hidden states.
+    a Markov random field on the path ``0 - 1 - ... - n-1`` with any (inhomogeneous) log
+    potentials: a hidden Markov model's posterior, a chain CRF, or the factor graph of a Pyro
+    model whose factors each touch one site or two consecutive ones
+    (:class:`~pyro_autospec.oracles.EnumOracle` lowers such models to this oracle).
 
     Parameters
     ----------
-    initial : Tensor or array [q]
-        Law of ``x_0`` (probabilities, normalised here).
-    transition : Tensor or array [q, q]
-        ``transition[u, v] = P(x_{i+1} = v | x_i = u)`` (rows normalised here; zeros allowed).
-    emission_log_likelihoods : Tensor or array [n, q]
-        ``log p(y_i | x_i = v)``; ``-inf`` (impossible) is allowed, NaN and ``+inf`` are not.
+    unary : Tensor or array [n, q]
+        Log potentials of each site; ``-inf`` (impossible) is allowed, NaN and ``+inf`` are not.
+    pairwise : Tensor or array [n - 1, q, q]
+        ``pairwise[i, u, v]``: log potential of ``(x_i, x_{i+1}) = (u, v)``; ``-inf`` allowed.
     device : str or torch.device, optional
         Where to keep the parameters.
 
@@ -54,16 +54,20 @@ class HMMOracle(SeparatorOracle):
     num_values : int
         ``q``.
 
+    Raises
+    ------
+    ValueError
+        For wrong shapes, NaN or ``+inf``, or when every assignment has weight 0.
+
     Notes
     -----
-    Pinned sites are separators. With ``M_j = transition diag(e_{j+1})`` and nearest pins
-    ``l < i < r``,
+    Pinned sites are separators. With ``M_j = exp(pairwise[j]) diag(exp(unary[j + 1]))`` and
+    nearest pins ``l < i < r``,
 
-    ``P(x_i = v | pins, y) ∝ [M_l ... M_{i-1}][x_l, v] * [M_i ... M_{r-1}][v, x_r]``,
+    ``P(x_i = v | pins) ∝ [M_l ... M_{i-1}][x_l, v] * [M_i ... M_{r-1}][v, x_r]``,
 
-    where the left factor is the forward message ``alpha_i(v) ∝ p(x_i = v, y_{0..i})`` when no
-    pin lies left of ``i`` and the right factor the backward message
-    ``beta_i(v) = p(y_{i+1..} | x_i = v)`` when none lies right of it.
+    where the left factor is the forward message ``alpha_i(v)`` when no pin lies left of ``i``
+    and the right factor the backward message ``beta_i(v)`` when none lies right of it.
 
     Any product ``M_a ... M_b`` is two precomputed matrices of a *disjoint sparse table*: for
     every level ``k`` and position ``p``, the product from ``p`` to the middle of its
@@ -71,8 +75,8 @@ class HMMOracle(SeparatorOracle):
     gather of one row (or column) and one matrix and a vector-matrix product: ``O(q^2)`` per
     (row, target) whatever the distance between pins. Memory is ``n log2(n) q^2`` floats.
     Every matrix is stored in log space and every product is an exact ``logsumexp``
-    (building the table costs ``O(n log2(n)^2 q^3)``), so large emission log likelihoods
-    neither overflow nor underflow.
+    (building the table costs ``O(n log2(n)^2 q^3)``), so large log potentials neither
+    overflow nor underflow.
     Pinned coordinates get a point mass; rows conditioned on an impossible assignment are NaN.
     Chain queries (:meth:`log_marginals_chain`) find nearest pins as
     :class:`MarkovChainOracle` does (once per chain, then a sort of the chain), then combine
@@ -81,57 +85,49 @@ class HMMOracle(SeparatorOracle):
     Examples
     --------
     >>> import torch
-    >>> emissions = torch.tensor([[0.0, -2.0], [-2.0, 0.0], [0.0, -2.0]])
-    >>> oracle = HMMOracle([0.5, 0.5], [[0.8, 0.2], [0.2, 0.8]], emissions)
-    >>> values = torch.tensor([[0, 0, 1]])
-    >>> mask = torch.tensor([[True, False, True]])
+    >>> unary = torch.tensor([[0.0, -1.0], [0.0, 0.0], [-1.0, 0.0]])
+    >>> agree = torch.tensor([[1.0, -1.0], [-1.0, 1.0]])
+    >>> oracle = PairwiseChainOracle(unary, agree.expand(2, 2, 2))
+    >>> values = torch.tensor([[1, 0, 0]])
+    >>> mask = torch.tensor([[True, False, False]])
     >>> oracle.log_marginals(values, mask).exp()[0, 1].round(decimals=4)
-    tensor([0.1192, 0.8808], dtype=torch.float64)
-    >>> oracle.log_marginals_at(values, mask, torch.tensor([[1, 1]])).shape
-    torch.Size([1, 2, 2])
+    tensor([0.0609, 0.9391], dtype=torch.float64)
     """
 
-    def __init__(
-        self,
-        initial: Any,
-        transition: Any,
-        emission_log_likelihoods: Any,
-        device: str | torch.device | None = None,
-    ) -> None:
-        init = as_float64(initial, "initial", device)
-        trans = as_float64(transition, "transition", device)
-        check_chain_parameters(init, trans)
-        emissions = as_float64(
-            emission_log_likelihoods, "emission_log_likelihoods", init.device, allow_neg_inf=True
-        )
-        q = init.shape[0]
-        if emissions.dim() != 2 or emissions.shape[1] != q or emissions.shape[0] < 1:
+    def __init__(self, unary: Any, pairwise: Any, device: str | torch.device | None = None) -> None:
+        unary = as_float64(unary, "unary", device, allow_neg_inf=True)
+        pairwise = as_float64(pairwise, "pairwise", unary.device, allow_neg_inf=True)
+        if unary.dim() != 2 or unary.shape[0] < 1 or unary.shape[1] < 1:
+            raise ValueError(f"unary must have shape [n, q]; got {tuple(unary.shape)}")
+        n, q = unary.shape
+        if tuple(pairwise.shape) != (n - 1, q, q):
             raise ValueError(
-                f"emission_log_likelihoods must have shape [n, q] = [n, {q}] (one row of log "
-                f"likelihoods per site); got {tuple(emissions.shape)}"
+                f"pairwise must have shape [n - 1, q, q] = [{n - 1}, {q}, {q}] (one matrix per "
+                f"pair of consecutive sites); got {tuple(pairwise.shape)}"
             )
-        n = emissions.shape[0]
-        self.num_coords = n
-        self.num_values = q
-        self.log_initial = (init / init.sum()).log()
-        self.log_transition = (trans / trans.sum(1, keepdim=True)).log()
-        self.emission_log_likelihoods = emissions
-        device = init.device
-        # edge matrices M_j = T diag(e_{j+1}), j = 0 .. n-2
-        edges = self.log_transition.unsqueeze(0) + emissions[1:].unsqueeze(1)
+        self.num_coords, self.num_values = n, q
+        self.unary = unary
+        self.pairwise = pairwise
+        if not self._build_messages(unary[0], pairwise + unary[1:].unsqueeze(1)):
+            raise ValueError(
+                "every assignment has weight 0 under these potentials (-inf on every path)"
+            )
+
+    def _build_messages(self, first: torch.Tensor, edges: torch.Tensor) -> bool:
+        """The range-product table of ``edges`` [n - 1, q, q] and the unpinned messages.
+
+        ``first`` [q] is the log weight of ``x_0``. Sets ``_table``, ``log_alpha`` and
+        ``log_beta`` [n, q]; returns False if every path has weight 0 (nothing is possible).
+        """
+        n, q = self.num_coords, self.num_values
+        device = first.device
         self._build_table(edges)
-        # forward and backward messages without pins, as range products of the table
-        first = log_normalize(self.log_initial + emissions[0])
-        if torch.isnan(first).any():
-            raise ValueError(
-                "emission_log_likelihoods[0] is -inf for every state the initial law allows; "
-                "the observations are impossible under this model"
-            )
         sites = torch.arange(1, n, device=device)
         level1, pos1, level2, pos2 = self._ranges(torch.zeros_like(sites), sites - 1)
-        row = log_matmul(first.unsqueeze(0), self._table[level1, pos1])  # [n-1, 1, q]
+        start = log_normalize(first)
+        row = log_matmul(start.unsqueeze(0), self._table[level1, pos1])  # [n-1, 1, q]
         forward = log_matmul(row, self._table[level2, pos2]).squeeze(-2)
-        alpha = log_normalize(torch.cat([first.unsqueeze(0), forward], 0))
+        alpha = log_normalize(torch.cat([start.unsqueeze(0), forward], 0))
         sites = torch.arange(0, n - 1, device=device)
         level1, pos1, level2, pos2 = self._ranges(sites, torch.full_like(sites, n - 2))
         ones = torch.zeros(q, 1, dtype=torch.float64, device=device)
@@ -140,14 +136,9 @@ class HMMOracle(SeparatorOracle):
         beta = log_normalize(
             torch.cat([backward, torch.zeros(1, q, dtype=torch.float64, device=device)], 0)
         )
-        if torch.isnan(alpha).any() or torch.isnan(beta).any():
-            raise ValueError(
-                "the observations are impossible under this model (every hidden path has an "
-                "emission log likelihood of -inf or a forbidden transition); check "
-                "emission_log_likelihoods and transition"
-            )
         self.log_alpha = alpha
         self.log_beta = beta
+        return not bool(torch.isnan(alpha).any() or torch.isnan(beta).any())
 
     def _build_table(self, edges: torch.Tensor) -> None:
         """The disjoint sparse table of products of ``edges`` [E, q, q] (log space).
@@ -251,3 +242,93 @@ class HMMOracle(SeparatorOracle):
         backward = log_matmul(table[level1, pos1], column.unsqueeze(-1)).squeeze(-1)
         backward = torch.where(has_right.unsqueeze(-1), backward, self.log_beta[sites])
         return log_normalize(forward + backward)
+
+
+class HMMOracle(PairwiseChainOracle):
+    """Exact posterior conditionals of the hidden states of an HMM given its observations.
+
+    The joint law of the hidden chain ``x`` is
+
+    ``p(x | y) ∝ initial[x_0] e_0(x_0) prod_{i >= 1} transition[x_{i-1}, x_i] e_i(x_i)``,
+
+    with ``log e_i(v) = emission_log_likelihoods[i, v]`` (the log likelihood of the observation
+    at site ``i`` under hidden state ``v``). Coordinates are the hidden states.
+
+    Parameters
+    ----------
+    initial : Tensor or array [q]
+        Law of ``x_0`` (probabilities, normalised here).
+    transition : Tensor or array [q, q]
+        ``transition[u, v] = P(x_{i+1} = v | x_i = u)`` (rows normalised here; zeros allowed).
+    emission_log_likelihoods : Tensor or array [n, q]
+        ``log p(y_i | x_i = v)``; ``-inf`` (impossible) is allowed, NaN and ``+inf`` are not.
+    device : str or torch.device, optional
+        Where to keep the parameters.
+
+    Attributes
+    ----------
+    num_coords : int
+        ``n``.
+    num_values : int
+        ``q``.
+
+    Notes
+    -----
+    A :class:`PairwiseChainOracle` with ``unary = log initial + emissions`` at site 0 and the
+    emissions elsewhere, and ``pairwise = log transition`` on every edge: pinned sites are
+    separators, the forward message is ``alpha_i(v) ∝ p(x_i = v, y_{0..i})`` and the backward
+    one ``beta_i(v) = p(y_{i+1..} | x_i = v)``, and every query costs ``O(q^2)`` per (row,
+    target) whatever the distance between pins. Pinned coordinates get a point mass; rows
+    conditioned on an impossible assignment are NaN.
+
+    Examples
+    --------
+    >>> import torch
+    >>> emissions = torch.tensor([[0.0, -2.0], [-2.0, 0.0], [0.0, -2.0]])
+    >>> oracle = HMMOracle([0.5, 0.5], [[0.8, 0.2], [0.2, 0.8]], emissions)
+    >>> values = torch.tensor([[0, 0, 1]])
+    >>> mask = torch.tensor([[True, False, True]])
+    >>> oracle.log_marginals(values, mask).exp()[0, 1].round(decimals=4)
+    tensor([0.1192, 0.8808], dtype=torch.float64)
+    >>> oracle.log_marginals_at(values, mask, torch.tensor([[1, 1]])).shape
+    torch.Size([1, 2, 2])
+    """
+
+    def __init__(
+        self,
+        initial: Any,
+        transition: Any,
+        emission_log_likelihoods: Any,
+        device: str | torch.device | None = None,
+    ) -> None:
+        init = as_float64(initial, "initial", device)
+        trans = as_float64(transition, "transition", device)
+        check_chain_parameters(init, trans)
+        emissions = as_float64(
+            emission_log_likelihoods, "emission_log_likelihoods", init.device, allow_neg_inf=True
+        )
+        q = init.shape[0]
+        if emissions.dim() != 2 or emissions.shape[1] != q or emissions.shape[0] < 1:
+            raise ValueError(
+                f"emission_log_likelihoods must have shape [n, q] = [n, {q}] (one row of log "
+                f"likelihoods per site); got {tuple(emissions.shape)}"
+            )
+        self.num_coords = emissions.shape[0]
+        self.num_values = q
+        self.log_initial = (init / init.sum()).log()
+        self.log_transition = (trans / trans.sum(1, keepdim=True)).log()
+        self.emission_log_likelihoods = emissions
+        # edge matrices M_j = T diag(e_{j+1}), j = 0 .. n-2
+        edges = self.log_transition.unsqueeze(0) + emissions[1:].unsqueeze(1)
+        first = self.log_initial + emissions[0]
+        if bool(torch.isneginf(first).all()):
+            raise ValueError(
+                "emission_log_likelihoods[0] is -inf for every state the initial law allows; "
+                "the observations are impossible under this model"
+            )
+        if not self._build_messages(first, edges):
+            raise ValueError(
+                "the observations are impossible under this model (every hidden path has an "
+                "emission log likelihood of -inf or a forbidden transition); check "
+                "emission_log_likelihoods and transition"
+            )

@@ -1,0 +1,189 @@
+"""EnumOracle's lowering of chain-structured models to a PairwiseChainOracle, and that oracle.
+
+The lowered oracle must answer exactly what the contraction answers (and what brute force over
+every assignment gives), for the handlers real HMMs use: ``pyro.markov``, ``poutine.mask``,
+``poutine.scale``, sites of different support sizes and forbidden transitions.
+"""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+
+from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.oracles import PairwiseChainOracle
+from pyro_autospec.oracles.enum import EnumOracle
+from tests.oracles._oracle_reference import (
+    assert_chain_matches_rows,
+    assert_same_marginals,
+    random_chains,
+    random_queries,
+    tabular_reference,
+)
+
+TRANS = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.0, 0.3, 0.7]])  # 2 -> 0 forbidden
+LOCS = torch.tensor([-1.0, 0.5, 2.0])
+
+
+def hmm(ys, observed=None):
+    """A first site with two values, then three-state steps; some steps masked or scaled."""
+    z = pyro.sample("z_0", dist.Bernoulli(0.3)).long()
+    for t in pyro.markov(range(1, len(ys))):
+        with poutine.mask(mask=observed is None or bool(observed[t])):
+            z = pyro.sample(f"z_{t}", dist.Categorical(logits=TRANS.log()[z]))
+        with poutine.scale(scale=1.0 + 0.5 * (t % 2)):
+            pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+def skip_chain(ys):
+    """z_2 depends on z_0: not a chain in trace order."""
+    z0 = pyro.sample("z_0", dist.Categorical(torch.ones(3) / 3))
+    z1 = pyro.sample("z_1", dist.Categorical(TRANS[z0]))
+    z2 = pyro.sample("z_2", dist.Categorical(TRANS[z0]))
+    for t, z in enumerate((z0, z1, z2)):
+        pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+def plated(ys):
+    """Two chains in a plate: each site holds two coordinates."""
+    with pyro.plate("chains", 2):
+        z = 0
+        for t in pyro.markov(range(len(ys))):
+            z = pyro.sample(f"z_{t}", dist.Categorical(TRANS[z]))
+            pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+YS = torch.tensor([0.3, -1.2, 2.5, 0.1, 1.9, -0.4, 0.8])
+OBSERVED = torch.tensor([1, 1, 0, 1, 1, 0, 1])
+
+
+def test_chain_models_are_lowered_and_others_are_not():
+    assert EnumOracle(hmm, (YS,))._chain is not None
+    assert EnumOracle(hmm, (YS,), lower_chains=False)._chain is None
+    assert EnumOracle(skip_chain, (YS[:3],))._chain is None
+    assert EnumOracle(plated, (YS[:3, None].expand(3, 2),))._chain is None
+
+
+@pytest.mark.parametrize("observed", [None, OBSERVED], ids=["plain", "masked"])
+def test_lowered_answers_equal_brute_force_and_contraction(observed):
+    oracle = EnumOracle(hmm, (YS, observed))
+    assert oracle._chain is not None
+    n, q = oracle.num_coords, oracle.num_values
+    states, log_prob = enumerate_posterior(hmm, (YS, observed), layout=oracle.layout)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.multinomial(log_prob.exp(), 40, replacement=True, generator=gen)
+    values = states[idx]
+    mask = torch.rand(40, n, generator=gen) < 0.4
+    mask[0] = False
+    targets = torch.randint(0, n, (40, 1), generator=gen)
+    got = oracle.log_marginals_at(values, mask, targets)  # 4 targets per 7 coords: chain path
+    # brute force: condition the posterior table on each row's pins
+    p = log_prob.exp()
+    for b in range(40):
+        keep = ((states == values[b]) | ~mask[b]).all(1)
+        pb = p * keep
+        for v in range(q):
+            mass = pb[states[:, targets[b, 0]] == v].sum() / pb.sum()
+            assert math.isclose(got[b, 0, v].exp().item(), mass.item(), abs_tol=1e-12)
+    # the contraction (the general path) gives the same numbers, -inf included
+    contraction = oracle.log_marginals(values, mask).gather(
+        1, targets[:, :, None].expand(-1, -1, q)
+    )
+    assert torch.equal(torch.isneginf(got), torch.isneginf(contraction))
+    finite = torch.isfinite(contraction)
+    torch.testing.assert_close(got[finite], contraction[finite], atol=1e-12, rtol=0)
+
+
+def test_lowered_chain_queries_equal_rows():
+    oracle = EnumOracle(hmm, (YS, OBSERVED))
+    states, log_prob = enumerate_posterior(hmm, (YS, OBSERVED), layout=oracle.layout)
+    gen = torch.Generator().manual_seed(1)
+    exact = states[torch.multinomial(log_prob.exp(), 30, replacement=True, generator=gen)]
+    values, mask, chain = random_chains(oracle.num_coords, 3, 30, 5, seed=2, values=exact)
+    assert assert_chain_matches_rows(oracle, values, mask, chain, atol=1e-12) > 20
+
+
+def sticky(ys):
+    """The state never changes: pins that disagree are impossible together."""
+    z = pyro.sample("z_0", dist.Categorical(torch.ones(3) / 3))
+    for t in pyro.markov(range(1, len(ys))):
+        z = pyro.sample(f"z_{t}", dist.Categorical(logits=torch.eye(3).log()[z]))
+        pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+def test_target_between_incompatible_pins_is_neginf_not_nan():
+    oracle = EnumOracle(sticky, (YS,))
+    assert oracle._chain is not None
+    values = torch.zeros(1, oracle.num_coords, dtype=torch.long)
+    values[0, 4] = 1
+    mask = torch.zeros_like(values, dtype=torch.bool)
+    mask[0, [1, 4]] = True  # z_1 = 0 and z_4 = 1: impossible together
+    out = oracle.log_marginals_chain(values, mask, torch.tensor([[2, 3]]))
+    assert torch.isneginf(out).all()
+
+
+def test_many_targets_use_the_contraction():
+    oracle = EnumOracle(hmm, (YS,))
+    calls = oracle.num_calls
+    values = torch.zeros(3, oracle.num_coords, dtype=torch.long)
+    mask = torch.zeros_like(values, dtype=torch.bool)
+    oracle.log_marginals_at(values, mask, torch.tensor([[0, 1, 2]] * 3))  # 3 of 7: contraction
+    assert oracle.num_calls == calls + 1
+    oracle.log_marginals_at(values, mask, torch.tensor([[0]] * 3))  # 1 of 7: the chain
+    assert oracle.num_calls == calls + 1
+
+
+# ----------------------------------------------------------------- PairwiseChainOracle alone
+def random_potentials(n, q, seed, zeros=False, scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    unary = torch.randn(n, q, generator=gen, dtype=torch.float64) * scale
+    pairwise = torch.randn(n - 1, q, q, generator=gen, dtype=torch.float64) * scale
+    if zeros:
+        unary[n // 2, 0] = -math.inf
+        pairwise[0, 1, :2] = -math.inf
+    return unary, pairwise
+
+
+def chain_log_prob(unary, pairwise):
+    def log_prob(x):
+        total = sum(float(unary[i, x[i]]) for i in range(len(x)))
+        return total + sum(float(pairwise[i, x[i], x[i + 1]]) for i in range(len(x) - 1))
+
+    return log_prob
+
+
+@pytest.mark.parametrize(
+    "n,q,zeros,scale",
+    [
+        (1, 3, False, 2.0),
+        (2, 2, True, 2.0),
+        (6, 3, True, 2.0),
+        (7, 2, False, 2.0),
+        (8, 2, False, 300.0),
+    ],
+)
+def test_pairwise_chain_matches_brute_force(n, q, zeros, scale):
+    unary, pairwise = random_potentials(n, q, seed=n + q, zeros=zeros, scale=scale)
+    oracle = PairwiseChainOracle(unary, pairwise)
+    reference = tabular_reference(chain_log_prob(unary, pairwise), n, q)
+    values, mask, targets = random_queries(n, q, 300, seed=n)
+    assert assert_same_marginals(oracle, reference, values, mask, targets) > 100
+    values, mask, chain = random_chains(n, q, 100, min(n, 4), seed=n)
+    assert assert_chain_matches_rows(oracle, values, mask, chain, reference=reference) > 30
+
+
+@pytest.mark.parametrize(
+    "unary,pairwise,message",
+    [
+        (torch.zeros(3, 2), torch.zeros(3, 2, 2), "shape \\[n - 1, q, q\\]"),
+        (torch.zeros(3), torch.zeros(2, 2, 2), "shape \\[n, q\\]"),
+        (torch.full((3, 2), math.nan), torch.zeros(2, 2, 2), "NaN"),
+        (torch.full((3, 2), -math.inf), torch.zeros(2, 2, 2), "weight 0"),
+    ],
+)
+def test_pairwise_chain_constructor_errors(unary, pairwise, message):
+    with pytest.raises(ValueError, match=message):
+        PairwiseChainOracle(unary, pairwise)
