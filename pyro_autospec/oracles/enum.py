@@ -587,11 +587,12 @@ class EnumOracle:
         row costs ``O(q^2)`` per target instead of a contraction over the whole graph.
         """
         q = self.num_values
-        coord_of = {}
+        coord_of, size_of = {}, {}
         for spec in self._evidence:
             if spec.view_shape:
                 return None
             coord_of[spec.dims[0]] = spec.coords.start
+            size_of[spec.dims[0]] = spec.support_size
         n = self.num_coords
         unary = torch.zeros(n, q, dtype=torch.float64, device=self.device)
         pairwise = torch.zeros(max(n - 1, 0), q, q, dtype=torch.float64, device=self.device)
@@ -609,9 +610,9 @@ class EnumOracle:
                 else:
                     return None
             coords = [coord_of[d] for d in kept]
+            tensor = tensor.expand([size_of[d] for d in kept])  # a factor constant in a site
             if len(coords) == 1:
-                size = tensor.shape[0]
-                unary[coords[0], :size] += tensor
+                unary[coords[0], : tensor.shape[0]] += tensor
             elif len(coords) == 2 and abs(coords[0] - coords[1]) == 1:
                 if coords[0] > coords[1]:
                     tensor, coords = tensor.t(), coords[::-1]
