@@ -16,7 +16,9 @@ checks that the script works; its numbers say nothing about a full run). Parts (
     coupling energy, and a longer reference run) against ``AutoSpec(model, guide=guide,
     correction="imh")`` with the default guide trained for ``--train-seconds``: k-hat, IMH
     acceptance, ESS per second of sampling and with the training amortised over 10,000 draws;
-    rounds and rows per draw with the guide drawn by autospeculation and sequentially.
+    rounds and rows per draw with the guide drawn sequentially, by autospeculation with the
+    default schedule, and by autospeculation with a lean schedule (``rho = 0.25``,
+    ``max_block = 8``: fewer rows, more rounds).
 ``bimodal``
     A 14x14 Ising posterior above the critical coupling (``J = 0.6``) with weak data (noise of
     standard deviation 2, antisymmetric about the vertical axis, plus an offset of 0.02): two
@@ -284,7 +286,17 @@ def guide_draws(oracle, model_args, num, seed, method="sequential"):
     return draws, lp - draws.log_prob, seconds
 
 
-def run_autospec(model_args, guide, args, method: str) -> dict:
+# A schedule that spends fewer rows (fewer parallel residual tries, smaller speculated blocks)
+# for more rounds: on a CPU, where every row is paid for, it is the cheaper way to draw a guide.
+LEAN_SCHEDULE = {"rho": 0.25, "max_block": 8}
+DRAWERS = {  # label -> (method, schedule knobs)
+    "sequential": ("sequential", {}),
+    "autospec": ("autospec", {}),
+    "autospec, lean schedule": ("autospec", LEAN_SCHEDULE),
+}
+
+
+def run_autospec(model_args, guide, args, method: str, schedule: dict | None = None) -> dict:
     """AutoSpec(model, guide=guide, correction="imh") with the guide drawn by ``method``."""
     import warnings
 
@@ -303,6 +315,7 @@ def run_autospec(model_args, guide, args, method: str) -> dict:
             correction="imh",
             seed=args.seed,
             disable_progbar=True,
+            **(schedule or {}),
         ).run(*model_args)
     seconds = time.perf_counter() - start
     z = run.get_samples(group_by_chain=True)["z"].numpy()
@@ -407,8 +420,8 @@ def part_ising(args, model_args) -> None:
         guide.save(args.save_guide)
         print(f"Saved the guide to {args.save_guide}")
     runs = {
-        method: run_autospec(model_args, guide, args, method)
-        for method in ("sequential", "autospec")
+        label: run_autospec(model_args, guide, args, method, schedule)
+        for label, (method, schedule) in DRAWERS.items()
     }
     print(
         "\n| guide drawn by | guide draws | seconds | k-hat | weights' ESS | IMH acceptance | "
@@ -450,6 +463,13 @@ def part_ising(args, model_args) -> None:
                 f"{e / r['seconds']:.3g} | {amortised:.3g} | {amortised / g_rate:.2g} | "
                 f"{o_mean:.3f} +- {o_se:.3f} | {r_mean:.3f} +- {r_se:.3f} |"
             )
+            if method != "sequential":
+                checks.append(
+                    (
+                        f"ESS/s >= 0.1x Gibbs on {key} (amortised), guide drawn by {method}",
+                        amortised >= 0.1 * g_rate,
+                    )
+                )
             if method == "sequential":
                 checks.append(
                     (f"ESS/s >= 0.1x Gibbs on {key} (amortised)", amortised >= 0.1 * g_rate)
@@ -464,10 +484,10 @@ def part_ising(args, model_args) -> None:
     checks.append((f"k-hat <= 0.7 within 10 minutes of training ({khat:.2f})", khat <= 0.7))
     checks.append((f"IMH acceptance >= 0.3 ({acceptance:.2f})", acceptance >= 0.3))
     timing = {}
-    for method in ("sequential", "autospec"):
-        single = [sample_any_order(guide, 1, method=method, seed=s) for s in range(5)]
-        batch = sample_any_order(guide, 64, method=method, seed=7)
-        timing[method] = (
+    for label, (method, schedule) in DRAWERS.items():
+        single = [sample_any_order(guide, 1, method=method, seed=s, **schedule) for s in range(5)]
+        batch = sample_any_order(guide, 64, method=method, seed=7, **schedule)
+        timing[label] = (
             float(np.median([r.wall_time for r in single])),
             float(np.median([r.rounds for r in single])),
             64 / batch.wall_time,
