@@ -5,7 +5,10 @@
 (``log_marginals``, ``log_marginals_at``, ``log_marginals_chain`` or the mean oracle's
 ``__call__``) is split by rows: with ``B`` rows and ``W`` ranks, rank ``r`` evaluates rows
 ``r * ceil(B / W)`` onwards (``ceil(B / W)`` of them, the last rank's share padded by repeating
-the last row), and the answers are all-gathered, so every rank sees the full answer. One
+the last row), and the answers are all-gathered, so every rank sees the full answer. A chain
+query is split by its ``C x L`` conditionings rather than by chains, so one long chain (a single
+draw's verification) is shared out too: a rank's part of a chain becomes a shorter chain with
+the skipped coordinates pinned. One
 round's rows then cost about ``1 / W`` of the oracle work per rank: a draw's latency falls with
 ranks once a round's rows are more than one device evaluates at once (:doc:`/benchmarks`).
 
@@ -164,18 +167,24 @@ class ShardedOracle:
         if world == 1 or rows == 0:
             with torch.no_grad():
                 return method(*args, **kwargs)
-        share = -(-rows // world)
-        index = torch.arange(rank * share, (rank + 1) * share).clamp_(max=rows - 1)
+        if name == "log_marginals_chain" and len(args) == 3:
+            share, evaluate = _chain_share(method, args, kwargs, rank, world)
+        else:
+            share = -(-rows // world)
+            index = torch.arange(rank * share, (rank + 1) * share).clamp_(max=rows - 1)
 
-        def part(value):
-            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows:
-                return value.index_select(0, index.to(value.device))
-            return value
+            def part(value):
+                if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == rows:
+                    return value.index_select(0, index.to(value.device))
+                return value
+
+            def evaluate():
+                return method(*(part(a) for a in args), **{k: part(v) for k, v in kwargs.items()})
 
         out, error = None, None
         try:
             with torch.no_grad():
-                out = method(*(part(a) for a in args), **{k: part(v) for k, v in kwargs.items()})
+                out = evaluate()
             if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != share:
                 raise TypeError(
                     f"oracle.{name} returned {_describe(out)} for {share} rows; expected a "
@@ -193,6 +202,10 @@ class ShardedOracle:
         headers = self._gather(header, comm)
         self._check_headers(name, headers, rank, error)
         parts = self._gather(out.detach().contiguous(), comm)
+        if name == "log_marginals_chain" and len(args) == 3:
+            num, length = args[2].shape
+            flat = torch.cat(parts)[: num * length]
+            return flat.reshape(num, length, *flat.shape[1:]).to(out.device)
         return torch.cat(parts)[:rows].to(out.device)
 
     def _header(self, name, rows, args, kwargs, out) -> torch.Tensor:
@@ -249,6 +262,65 @@ class ShardedOracle:
                 f"ShardedOracle: the ranks' replicas returned different shapes or dtypes for "
                 f"oracle.{name}: {table[:, 5:].tolist()}; every rank must hold the same oracle"
             )
+
+
+def _chain_share(method, args: tuple, kwargs: dict, rank: int, world: int):
+    """This rank's share of a chain query, split by conditionings, not by chains.
+
+    The ``C x L`` conditionings of ``log_marginals_chain(values, mask, chain)`` are cut into
+    ``W`` contiguous ranges in row-major order, so a single long chain (one draw's
+    verification) is shared out too. A range starting at position ``j0`` of chain ``c`` is the
+    sub-chain ``chain[c, j0:]`` with ``chain[c, :j0]`` added to the pins: position ``j`` still
+    conditions on the prefix and ``chain[c, :j]``. Sub-chains are padded by repeating their last
+    coordinate (a point mass, which the protocol allows).
+
+    Returns
+    -------
+    share : int
+        Conditionings per rank (the last rank's range padded by repeating the last one).
+    evaluate : callable
+        Runs the replica on this rank's sub-chains; returns their answers ``[share, q]`` in
+        row-major order of the original ``[C, L]`` conditionings.
+    """
+    values, mask, chain = args
+    num, length = chain.shape
+    total = num * length
+    share = -(-total // world)
+    device = chain.device
+    flat = torch.arange(rank * share, (rank + 1) * share, device=device).clamp_(max=total - 1)
+    which, position = flat // length, flat % length
+    first = int(which[0])
+    chains = torch.arange(first, int(which[-1]) + 1, device=device)
+    start = torch.zeros(len(chains), dtype=torch.long, device=device)
+    start[0] = position[0]
+    stop = torch.full_like(start, length)
+    stop[-1] = position[-1] + 1
+    width = int((stop - start).max())
+    steps = torch.arange(width, device=device)
+    columns = torch.minimum(start[:, None] + steps, stop[:, None] - 1)
+    full = chain.index_select(0, chains)
+    sub_chain = full.gather(1, columns)
+    before = (torch.arange(length, device=device) < start[:, None]).long()
+    pins = torch.zeros(len(chains), mask.shape[1], dtype=torch.long, device=device)
+    pins.scatter_add_(1, full, before)
+    sub_mask = mask.index_select(0, chains) | (pins > 0)
+    sub_values = values.index_select(0, chains)
+    sub_kwargs = {
+        k: v.index_select(0, chains.to(v.device))
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == num
+        else v
+        for k, v in kwargs.items()
+    }
+    local = which - first
+    offset = position - start[local]
+
+    def evaluate():
+        out = method(sub_values, sub_mask, sub_chain, **sub_kwargs)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape[:2]) != (len(chains), width):
+            return out  # reported as a wrong shape by the caller
+        return out[local, offset]
+
+    return share, evaluate
 
 
 def _describe(value) -> str:

@@ -57,9 +57,12 @@ class Targeted(RowsOnly):
 class ChainQueries(Targeted):
     """Adds native chain queries, answered coordinate by coordinate (obviously correct)."""
 
+    conditionings = 0
+
     def log_marginals_chain(self, values, mask, chain):
-        # a chain is the unit the sharded oracle splits (its padded length is the engine's)
+        # rows: chains (about a rank's share of them); conditionings: chain positions
         self.rows += chain.shape[0]
+        self.conditionings += chain.numel()
         rows = torch.arange(chain.shape[0])
         mask, out = mask.clone(), []
         for j in range(chain.shape[1]):
@@ -109,6 +112,17 @@ def query(rows: int, seed: int = 0):
     return values, mask, targets
 
 
+def chain_query(chains: int, length: int, seed: int = 1):
+    """``chains`` chains of ``length`` distinct unpinned coordinates (the last padded)."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randint(0, 2, (chains, 30), generator=gen)
+    keys = torch.rand(chains, 30, generator=gen)
+    mask = keys > 0.7
+    order = (keys + mask.double()).argsort(dim=1)[:, :length]
+    order[:, -1] = order[:, -2]  # padding repeats the last coordinate
+    return values, mask, order
+
+
 # ------------------------------------------------------------------------ the ranks
 def sharded_worker(rank: int) -> dict:
     scenarios: dict = {}
@@ -132,6 +146,17 @@ def sharded_worker(rank: int) -> dict:
         sharded = ShardedOracle(Targeted())
         attempt(
             scenarios, f"direct_{rows}", lambda s=sharded, r=rows: s.log_marginals_at(*query(r))
+        )
+    for chains, length in ((1, 9), (3, 5)):
+        replica = ChainQueries()
+        sharded = ShardedOracle(replica)
+        attempt(
+            scenarios,
+            f"chain_{chains}x{length}",
+            lambda s=sharded, r=replica, c=chains, n=length: {
+                "out": s.log_marginals_chain(*chain_query(c, n)),
+                "conditionings": r.conditionings,
+            },
         )
     sharded = ShardedOracle(Targeted())
     values, mask, targets = query(4)
@@ -194,6 +219,21 @@ def test_direct_calls_with_fewer_or_odd_rows(ranks, rows):
         got = ranks[rank][f"direct_{rows}"]
         assert isinstance(got, torch.Tensor), got
         assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("chains, length", [(1, 9), (3, 5)])
+def test_chain_queries_are_split_by_conditionings(ranks, chains, length):
+    """One long chain is shared out too: each rank evaluates about half its positions."""
+    want = ChainQueries().log_marginals_chain(*chain_query(chains, length))
+    for rank in range(WORLD):
+        got = ranks[rank][f"chain_{chains}x{length}"]
+        assert "raised" not in got, got
+        assert got["out"].shape == want.shape and torch.equal(got["out"], want)
+        share = -(-chains * length // WORLD)
+        # a rank's share, padded to its longest sub-chain (at most two partial chains)
+        assert got["conditionings"] <= 2 * max(share, length), got["conditionings"]
+    evaluated = sum(ranks[r][f"chain_{chains}x{length}"]["conditionings"] for r in range(WORLD))
+    assert chains * length <= evaluated < WORLD * chains * length
 
 
 @pytest.mark.parametrize(
