@@ -21,10 +21,10 @@ method takes ``draws``): the model is traced once with the draws in a plate, and
 reads its draw's slice of the factors.
 
 Cost: ``O(rows x (sum of the elimination's intermediate sizes))`` per round, e.g. linear in the
-length of a hidden Markov chain; exponential in treewidth. A model whose factor graph is a chain
-(each factor on one site or two consecutive ones) is lowered once to a
-:class:`~pyro_autospec.oracles.PairwiseChainOracle`, whose targeted and chain queries cost
-``O(q^2)`` per target whatever the chain's length. See :doc:`/oracles`.
+length of a hidden Markov chain; exponential in treewidth. A model whose factor graph is a
+chain, or independent chains in one plate (each factor on one site or two consecutive ones), is
+lowered once to a :class:`~pyro_autospec.oracles.PairwiseChainOracle`, whose targeted and chain
+queries cost ``O(q^2)`` per target whatever the chain's length. See :doc:`/oracles`.
 """
 
 from __future__ import annotations
@@ -239,14 +239,16 @@ class EnumOracle:
     once. A pinned coordinate gets a point mass; a row conditioned on an impossible assignment
     gets ``-inf`` everywhere.
 
-    *Chains.* When every discrete site is one coordinate and every factor touches one site or
-    two consecutive ones (an HMM written with ``pyro.markov``, masks and scales included), the
-    factors are summed once into per-site and per-edge log potentials and targeted and chain
-    queries go to a :class:`~pyro_autospec.oracles.PairwiseChainOracle`: the pins are then
-    separators, and a target costs ``O(q^2)`` whatever ``n`` (all ``n`` marginals of a row,
-    and many targets per row, still go to the contraction, which is cheaper for them). Rows
-    conditioned on an impossible assignment are not defined there (the engine ignores them):
-    a target between incompatible pins gets ``-inf``, one elsewhere may not.
+    *Chains.* When every factor touches one discrete site or two consecutive ones in trace
+    order, and the sites are all single coordinates or all batched in the same one plate (an
+    HMM written with ``pyro.markov``, one sequence or a plate of independent sequences, masks
+    and scales included), the factors are summed once into per-site and per-edge log
+    potentials and targeted and chain queries go to a
+    :class:`~pyro_autospec.oracles.PairwiseChainOracle`: the pins are then separators, and a
+    target costs ``O(q^2)`` whatever ``n`` (all ``n`` marginals of a row, and many targets per
+    row, still go to the contraction, which is cheaper for them). Rows conditioned on an
+    impossible assignment are not defined there (the engine ignores them): a target between
+    incompatible pins gets ``-inf``, one elsewhere may not.
 
     Examples
     --------
@@ -541,6 +543,7 @@ class EnumOracle:
         self._row_entries = self._measure()
         self._log_normalizer = None
         lower = self.lower_chains and not self._family
+        self._chain_order = self._chain_position = None
         self._chain = self._lower_to_chain() if lower else None
 
     def _simplify(self, terms, evidence, draws, enum_symbols):
@@ -580,50 +583,86 @@ class EnumOracle:
     def _lower_to_chain(self) -> PairwiseChainOracle | None:
         """The factor graph as a :class:`PairwiseChainOracle`, or None if it is not a chain.
 
-        It is one when every discrete site is one coordinate (no plate of size > 1 over an
-        enumerated site) and every factor touches one coordinate or two consecutive ones
-        (``pyro.markov`` chains in trace order). The factors are then summed into per-site and
-        per-edge log potentials, exactly the ones the contraction multiplies, and each query
-        row costs ``O(q^2)`` per target instead of a contraction over the whole graph.
+        It is one when every factor touches one discrete site or two consecutive ones in
+        trace order (``pyro.markov`` chains), and the sites are either all single coordinates
+        or all batched in the same one plate of size ``P`` (``P`` independent chains, e.g.
+        sequences in a plate, as in Pyro's ``examples/hmm.py``). The factors are then summed
+        into per-site and per-edge log potentials, exactly the ones the contraction
+        multiplies; the chains are laid end to end (chain ``p``'s sites in trace order, then
+        chain ``p + 1``'s, joined by a zero potential) and ``_chain_order`` maps each position
+        to its coordinate. Each query row then costs ``O(q^2)`` per target instead of a
+        contraction over the whole graph.
         """
         q = self.num_values
-        coord_of, size_of = {}, {}
-        for spec in self._evidence:
-            if spec.view_shape:
+        specs = self._evidence
+        shapes = {spec.view_shape for spec in specs}
+        if len(shapes) != 1 or len(next(iter(shapes))) > 1:
+            return None
+        plate_size = next(iter(shapes))[0] if next(iter(shapes)) else 1
+        plate = specs[0].dims[0] if plate_size > 1 else None
+        site_of, size_of = {}, {}
+        for index, spec in enumerate(specs):
+            if plate is not None and spec.dims[0] != plate:
                 return None
-            coord_of[spec.dims[0]] = spec.coords.start
-            size_of[spec.dims[0]] = spec.support_size
-        n = self.num_coords
-        unary = torch.zeros(n, q, dtype=torch.float64, device=self.device)
-        pairwise = torch.zeros(max(n - 1, 0), q, q, dtype=torch.float64, device=self.device)
-        for spec in self._evidence:
-            unary[spec.coords.start, spec.support_size :] = -math.inf
-        for tensor, dims, _ in self._terms:
+            symbol = spec.dims[1 if plate is not None else 0]
+            site_of[symbol], size_of[symbol] = index, spec.support_size
+        num_sites = len(specs)
+        if num_sites * plate_size != self.num_coords:
+            return None
+        unary = torch.zeros(plate_size, num_sites, q, dtype=torch.float64, device=self.device)
+        pairwise = torch.zeros(
+            plate_size, max(num_sites - 1, 0), q, q, dtype=torch.float64, device=self.device
+        )
+        for index, spec in enumerate(specs):
+            unary[:, index, spec.support_size :] = -math.inf
+        for tensor, dims, ordinal in self._terms:
+            if plate is not None and plate not in ordinal:
+                return None  # one factor over a whole plate of sites: not independent chains
             tensor = tensor.detach()
             kept = ""
             for d in reversed(dims):  # drop unit plates and the draws dim (one draw here)
                 axis = dims.index(d)
-                if d in coord_of:
+                if d in site_of or (d == plate and tensor.shape[axis] == plate_size):
                     kept = d + kept
                 elif tensor.shape[axis] == 1:
                     tensor = tensor.squeeze(axis)
                 else:
                     return None
-            coords = [coord_of[d] for d in kept]
-            tensor = tensor.expand([size_of[d] for d in kept])  # a factor constant in a site
-            if len(coords) == 1:
-                unary[coords[0], : tensor.shape[0]] += tensor
-            elif len(coords) == 2 and abs(coords[0] - coords[1]) == 1:
-                if coords[0] > coords[1]:
-                    tensor, coords = tensor.t(), coords[::-1]
-                rows, cols = tensor.shape
-                pairwise[coords[0], :rows, :cols] += tensor
+            sites = sorted((d for d in kept if d in site_of), key=site_of.get)
+            batched = plate is not None and plate in kept
+            order = ([plate] if batched else []) + sites
+            tensor = tensor.permute([kept.index(d) for d in order])
+            if not batched:
+                tensor = tensor.unsqueeze(0)
+            # a factor constant in a site or the plate is broadcast over it
+            tensor = tensor.expand([plate_size] + [size_of[d] for d in sites])
+            index = [site_of[d] for d in sites]
+            if len(index) == 1:
+                unary[:, index[0], : tensor.shape[1]] += tensor
+            elif len(index) == 2 and index[1] - index[0] == 1:
+                pairwise[:, index[0], : tensor.shape[1], : tensor.shape[2]] += tensor
             else:
                 return None
+        # chains end to end: position p * num_sites + s is site s of chain p
+        joined = torch.zeros(
+            max(plate_size * num_sites - 1, 0), q, q, dtype=torch.float64, device=self.device
+        )
+        for p in range(plate_size):
+            start = p * num_sites
+            joined[start : start + num_sites - 1] = pairwise[p]
+        starts = torch.tensor([spec.coords.start for spec in specs], device=self.device)
+        order = (starts[None, :] + torch.arange(plate_size, device=self.device)[:, None]).flatten()
         try:
-            return PairwiseChainOracle(unary, pairwise)
+            chain = PairwiseChainOracle(unary.reshape(-1, q), joined)
         except ValueError:  # nothing possible: the contraction reports it per row
             return None
+        if torch.equal(order, torch.arange(self.num_coords, device=self.device)):
+            self._chain_order = self._chain_position = None
+        else:
+            self._chain_order = order  # position -> coordinate
+            self._chain_position = torch.empty_like(order)
+            self._chain_position[order] = torch.arange(len(order), device=self.device)
+        return chain
 
     def _tree(self, leaves: list, draws: torch.Tensor | None) -> OrderedDict:
         tree = OrderedDict()
@@ -760,6 +799,7 @@ class EnumOracle:
             self._chain is not None
             and _CHAIN_TARGETS_PER_COORD * targets.shape[1] <= self.num_coords
         ):
+            values, mask, targets = self._to_chain(values, mask, targets)
             return _impossible_to_neginf(self._chain.log_marginals_at(values, mask, targets))
         if values.shape[0] == 0:
             return torch.empty(
@@ -799,6 +839,7 @@ class EnumOracle:
         values, mask, draws = self._check(values, mask, draws)
         chain = torch.as_tensor(chain, dtype=torch.long, device=values.device)
         if self._chain is not None:
+            values, mask, chain = self._to_chain(values, mask, chain)
             return _impossible_to_neginf(self._chain.log_marginals_chain(values, mask, chain))
         num, length = chain.shape
         n = self.num_coords
@@ -814,6 +855,13 @@ class EnumOracle:
             rows_values, rows_mask, chain.reshape(num * length, 1), rows_draws
         )
         return out.reshape(num, length, self.num_values)
+
+    def _to_chain(self, values, mask, coords):
+        """Queries in the lowered chain's positions (coordinates reordered chain by chain)."""
+        if self._chain_order is None:
+            return values, mask, coords
+        order = self._chain_order
+        return values[:, order], mask[:, order], self._chain_position[coords]
 
     def log_normalizer(self, draws: torch.Tensor | None = None) -> torch.Tensor:
         """``log sum_x p(x, data)`` (given each draw's continuous values, for a family).

@@ -47,13 +47,24 @@ def skip_chain(ys):
         pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
 
 
-def plated(ys):
-    """Two chains in a plate: each site holds two coordinates."""
-    with pyro.plate("chains", 2):
+def plated(ys, lengths=None):
+    """Independent chains in a plate (one per column of ``ys``), masked past their lengths,
+    as in Pyro's ``examples/hmm.py``: each site holds one coordinate per chain."""
+    with pyro.plate("chains", ys.shape[1]):
         z = 0
         for t in pyro.markov(range(len(ys))):
-            z = pyro.sample(f"z_{t}", dist.Categorical(TRANS[z]))
-            pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+            live = True if lengths is None else t < lengths
+            with poutine.mask(mask=live):
+                z = pyro.sample(f"z_{t}", dist.Categorical(logits=TRANS.log()[z]))
+                pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+def coupled(ys):
+    """Two chains in a plate plus a factor over the whole plate: not independent chains."""
+    with pyro.plate("chains", 2):
+        z0 = pyro.sample("z_0", dist.Categorical(torch.ones(3) / 3))
+        z1 = pyro.sample("z_1", dist.Categorical(TRANS[z0]))
+    pyro.factor("agree", (z1.unsqueeze(-1) == z1.unsqueeze(-2)).float().sum((-1, -2)))
 
 
 YS = torch.tensor([0.3, -1.2, 2.5, 0.1, 1.9, -0.4, 0.8])
@@ -64,7 +75,43 @@ def test_chain_models_are_lowered_and_others_are_not():
     assert EnumOracle(hmm, (YS,))._chain is not None
     assert EnumOracle(hmm, (YS,), lower_chains=False)._chain is None
     assert EnumOracle(skip_chain, (YS[:3],))._chain is None
-    assert EnumOracle(plated, (YS[:3, None].expand(3, 2),))._chain is None
+    assert EnumOracle(plated, (YS[:3, None].expand(3, 2),))._chain is not None
+    assert EnumOracle(coupled, (YS[:2],))._chain is None
+
+
+def test_chains_in_a_plate_equal_brute_force_and_contraction():
+    ys = torch.stack([YS[:4], YS[1:5] - 0.5], 1)  # 4 steps, 2 chains
+    lengths = torch.tensor([4, 2])
+    args = (ys, lengths)
+    oracle = EnumOracle(plated, args)
+    assert oracle._chain is not None and oracle._chain_order is not None
+    n, q = oracle.num_coords, oracle.num_values
+    states, log_prob = enumerate_posterior(plated, args, layout=oracle.layout)
+    gen = torch.Generator().manual_seed(5)
+    idx = torch.multinomial(log_prob.exp(), 30, replacement=True, generator=gen)
+    values = states[idx]
+    mask = torch.rand(30, n, generator=gen) < 0.4
+    mask[0] = False
+    targets = torch.randint(0, n, (30, 2), generator=gen)
+    got = oracle.log_marginals_at(values, mask, targets)  # 2 targets per 8 coords: the chain
+    p = log_prob.exp()
+    for b in range(30):
+        keep = ((states == values[b]) | ~mask[b]).all(1)
+        pb = p * keep
+        for k in range(2):
+            for v in range(q):
+                mass = pb[states[:, targets[b, k]] == v].sum() / pb.sum()
+                assert math.isclose(got[b, k, v].exp().item(), mass.item(), abs_tol=1e-12)
+    exact = states[torch.multinomial(log_prob.exp(), 20, replacement=True, generator=gen)]
+    values, mask, chain = random_chains(n, q, 20, 6, seed=6, values=exact)
+    assert assert_chain_matches_rows(oracle, values, mask, chain, atol=1e-12) > 10
+    general = EnumOracle(plated, args, lower_chains=False)
+    torch.testing.assert_close(
+        oracle.log_marginals_chain(values, mask, chain).exp(),
+        general.log_marginals_chain(values, mask, chain).exp(),
+        atol=1e-12,
+        rtol=0,
+    )
 
 
 @pytest.mark.parametrize("observed", [None, OBSERVED], ids=["plain", "masked"])
