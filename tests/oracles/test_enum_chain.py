@@ -67,6 +67,25 @@ def coupled(ys):
     pyro.factor("agree", (z1.unsqueeze(-1) == z1.unsqueeze(-2)).float().sum((-1, -2)))
 
 
+def posterior_queries(states, log_prob, rows: int, k: int, gen):
+    """Rows pinned at posterior draws (possible assignments), ``k`` targets each."""
+    values = states[torch.multinomial(log_prob.exp(), rows, replacement=True, generator=gen)]
+    mask = torch.rand(rows, states.shape[1], generator=gen) < 0.4
+    mask[0] = False
+    return values, mask, torch.randint(0, states.shape[1], (rows, k), generator=gen)
+
+
+def assert_brute_force(got, states, log_prob, values, mask, targets):
+    """``got`` [B, k, q] equals the posterior table conditioned on each row's pins."""
+    p = log_prob.exp()
+    for b in range(values.shape[0]):
+        pb = p * ((states == values[b]) | ~mask[b]).all(1)
+        for k in range(targets.shape[1]):
+            for v in range(got.shape[2]):
+                mass = pb[states[:, targets[b, k]] == v].sum() / pb.sum()
+                assert math.isclose(got[b, k, v].exp().item(), mass.item(), abs_tol=1e-12)
+
+
 YS = torch.tensor([0.3, -1.2, 2.5, 0.1, 1.9, -0.4, 0.8])
 OBSERVED = torch.tensor([1, 1, 0, 1, 1, 0, 1])
 
@@ -88,20 +107,9 @@ def test_chains_in_a_plate_equal_brute_force_and_contraction():
     n, q = oracle.num_coords, oracle.num_values
     states, log_prob = enumerate_posterior(plated, args, layout=oracle.layout)
     gen = torch.Generator().manual_seed(5)
-    idx = torch.multinomial(log_prob.exp(), 30, replacement=True, generator=gen)
-    values = states[idx]
-    mask = torch.rand(30, n, generator=gen) < 0.4
-    mask[0] = False
-    targets = torch.randint(0, n, (30, 2), generator=gen)
+    values, mask, targets = posterior_queries(states, log_prob, 30, 2, gen)
     got = oracle.log_marginals_at(values, mask, targets)  # 2 targets per 8 coords: the chain
-    p = log_prob.exp()
-    for b in range(30):
-        keep = ((states == values[b]) | ~mask[b]).all(1)
-        pb = p * keep
-        for k in range(2):
-            for v in range(q):
-                mass = pb[states[:, targets[b, k]] == v].sum() / pb.sum()
-                assert math.isclose(got[b, k, v].exp().item(), mass.item(), abs_tol=1e-12)
+    assert_brute_force(got, states, log_prob, values, mask, targets)
     exact = states[torch.multinomial(log_prob.exp(), 20, replacement=True, generator=gen)]
     values, mask, chain = random_chains(n, q, 20, 6, seed=6, values=exact)
     assert assert_chain_matches_rows(oracle, values, mask, chain, atol=1e-12) > 10
@@ -118,23 +126,13 @@ def test_chains_in_a_plate_equal_brute_force_and_contraction():
 def test_lowered_answers_equal_brute_force_and_contraction(observed):
     oracle = EnumOracle(hmm, (YS, observed))
     assert oracle._chain is not None
-    n, q = oracle.num_coords, oracle.num_values
+    q = oracle.num_values
     states, log_prob = enumerate_posterior(hmm, (YS, observed), layout=oracle.layout)
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.multinomial(log_prob.exp(), 40, replacement=True, generator=gen)
-    values = states[idx]
-    mask = torch.rand(40, n, generator=gen) < 0.4
-    mask[0] = False
-    targets = torch.randint(0, n, (40, 1), generator=gen)
+    values, mask, targets = posterior_queries(
+        states, log_prob, 40, 1, torch.Generator().manual_seed(0)
+    )
     got = oracle.log_marginals_at(values, mask, targets)  # 4 targets per 7 coords: chain path
-    # brute force: condition the posterior table on each row's pins
-    p = log_prob.exp()
-    for b in range(40):
-        keep = ((states == values[b]) | ~mask[b]).all(1)
-        pb = p * keep
-        for v in range(q):
-            mass = pb[states[:, targets[b, 0]] == v].sum() / pb.sum()
-            assert math.isclose(got[b, 0, v].exp().item(), mass.item(), abs_tol=1e-12)
+    assert_brute_force(got, states, log_prob, values, mask, targets)
     # the contraction (the general path) gives the same numbers, -inf included
     contraction = oracle.log_marginals(values, mask).gather(
         1, targets[:, :, None].expand(-1, -1, q)
