@@ -45,6 +45,7 @@ import torch
 from pyro.nn import PyroModule
 
 from pyro_autospec.guides.networks import GraphNet, MaskedTransformer, ResidualMLP
+from pyro_autospec.oracles._util import chain_rows
 
 __all__ = ["AnyOrderGuide", "ConditionedGuide", "GuideContext", "ARCHITECTURES"]
 
@@ -457,15 +458,8 @@ class AnyOrderGuide(PyroModule):
 
             return self._chunked(run, c, step, length)
         # Other architectures: the L nested prefixes as L rows of one batched call.
-        # First position of each coordinate in its chain (L if absent; padding repeats the last).
-        first = torch.full((c, self.num_coords), length, dtype=torch.long, device=self.device)
-        steps = torch.arange(length, device=self.device).expand(c, length)
-        first.scatter_reduce_(1, chain, steps, reduce="amin")
-        pins = first[:, None, :] < torch.arange(length, device=self.device)[None, :, None]
-        rows_mask = (pins | mask[:, None, :]).reshape(c * length, -1)
-        rows_values = values[:, None, :].expand(c, length, -1).reshape(c * length, -1)
+        rows_values, rows_mask, targets = chain_rows(values, mask, chain)
         rows_index = None if index is None else index.repeat_interleave(length)
-        targets = chain.reshape(c * length, 1)
         out = self._answer_at(rows_values, rows_mask, targets, context, rows_index)
         return out.reshape(c, length, self.num_values)
 

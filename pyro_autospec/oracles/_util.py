@@ -23,6 +23,7 @@ __all__ = [
     "numpy_generator",
     "as_float64",
     "chain_repeats",
+    "chain_rows",
     "check_query",
     "check_targets",
     "log_matmul",
@@ -352,6 +353,39 @@ def chain_repeats(chain: torch.Tensor) -> torch.Tensor:
         ordered, perm = chain.sort(dim=1, stable=True)
         repeated.scatter_(1, perm[:, 1:], ordered[:, 1:] == ordered[:, :-1])
     return repeated
+
+
+def chain_rows(
+    values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chain query's ``L`` nested conditionings as ``C L`` ordinary rows, chain by chain.
+
+    Row ``c L + j`` pins ``mask[c]`` and ``chain[c, :j]`` and targets ``chain[c, j]`` (a
+    padding repeat of an earlier chain coordinate is then pinned: a point mass). For oracles
+    whose chain queries cost no less than their rows.
+
+    Parameters
+    ----------
+    values : LongTensor[C, n]
+    mask : BoolTensor[C, n]
+    chain : LongTensor[C, L]
+
+    Returns
+    -------
+    rows_values : LongTensor[C L, n]
+        ``values[c]`` for every row of chain ``c``.
+    rows_mask : BoolTensor[C L, n]
+    targets : LongTensor[C L, 1]
+    """
+    num, length = chain.shape
+    n = mask.shape[1]
+    first = torch.full((num, n), length, dtype=torch.long, device=chain.device)
+    steps = torch.arange(length, device=chain.device)
+    first.scatter_reduce_(1, chain, steps.expand(num, length), reduce="amin")
+    pinned = first[:, None, :] < steps[None, :, None]  # [C, L, n]: before step j of the chain
+    rows_mask = (pinned | mask[:, None, :]).reshape(num * length, n)
+    rows_values = values[:, None, :].expand(num, length, n).reshape(num * length, n)
+    return rows_values, rows_mask, chain.reshape(num * length, 1)
 
 
 # -- log-space algebra ---------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from pyro_autospec.model.tracing import (
     site_role,
     structure_error,
 )
+from pyro_autospec.oracles._util import chain_rows
 from pyro_autospec.oracles.enum_contract import (
     PlannedLogRing,
     _align,
@@ -842,18 +843,9 @@ class EnumOracle:
             values, mask, chain = self._to_chain(values, mask, chain)
             return _impossible_to_neginf(self._chain.log_marginals_chain(values, mask, chain))
         num, length = chain.shape
-        n = self.num_coords
-        before = torch.zeros(num, length, n, dtype=torch.bool, device=values.device)
-        if length > 1:
-            hits = torch.zeros(num, length, n, dtype=torch.bool, device=values.device)
-            hits.scatter_(2, chain[:, :, None], True)
-            before[:, 1:] = hits[:, :-1].cumsum(1).bool()
-        rows_mask = (mask[:, None, :] | before).reshape(num * length, n)
-        rows_values = values[:, None, :].expand(num, length, n).reshape(num * length, n)
+        rows_values, rows_mask, targets = chain_rows(values, mask, chain)
         rows_draws = None if draws is None else draws.repeat_interleave(length)
-        out = self.log_marginals_at(
-            rows_values, rows_mask, chain.reshape(num * length, 1), rows_draws
-        )
+        out = self.log_marginals_at(rows_values, rows_mask, targets, rows_draws)
         return out.reshape(num, length, self.num_values)
 
     def _to_chain(self, values, mask, coords):

@@ -167,7 +167,8 @@ class ShardedOracle:
         if world == 1 or rows == 0:
             with torch.no_grad():
                 return method(*args, **kwargs)
-        if name == "log_marginals_chain" and len(args) == 3:
+        by_conditionings = name == "log_marginals_chain" and len(args) == 3
+        if by_conditionings:
             share, evaluate = _chain_share(method, args, kwargs, rank, world)
         else:
             share = -(-rows // world)
@@ -202,7 +203,7 @@ class ShardedOracle:
         headers = self._gather(header, comm)
         self._check_headers(name, headers, rank, error)
         parts = self._gather(out.detach().contiguous(), comm)
-        if name == "log_marginals_chain" and len(args) == 3:
+        if by_conditionings:
             num, length = args[2].shape
             flat = torch.cat(parts)[: num * length]
             return flat.reshape(num, length, *flat.shape[1:]).to(out.device)
