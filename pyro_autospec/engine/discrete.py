@@ -91,12 +91,12 @@ class DiscreteBlocks:
         self._frames()[seqs] = 0
 
     def spawn(self, threads, parents, lo, hi) -> None:
-        frames = self._frames()
-        frames[threads] = frames[parents]
+        frames = self._frames()  # whole-row copies: index_select / index_copy_ beat indexing
+        frames.index_copy_(0, threads, frames.index_select(0, parents))
 
     def commit(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
         frames = self._frames()
-        frames[seqs] = frames[winners]
+        frames.index_copy_(0, seqs, frames.index_select(0, winners))
 
     def free_frames(self, seqs: torch.Tensor) -> None:
         pass
@@ -105,7 +105,7 @@ class DiscreteBlocks:
         self.slots.free(slots)
 
     def finish(self, roots: torch.Tensor, draws: torch.Tensor) -> None:
-        self.samples[draws] = self._frames()[roots].long()
+        self.samples.index_copy_(0, draws, self._frames().index_select(0, roots).long())
 
     def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho: float):
         return torch.full((pick.numel(),), rho, dtype=torch.float64, device=self.device)

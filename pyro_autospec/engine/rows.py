@@ -384,14 +384,11 @@ def _scatter_groups(groups, width: torch.Tensor, q: int, ask) -> Answer:
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:
     tol = _tolerance(out.dtype)
     out = out.detach().to(torch.float64)
+    # logsumexp is NaN if an entry is NaN, +inf if one is +inf (and none is NaN), -inf if
+    # every entry is -inf: one comparison flags a NaN, +inf, massless or unnormalised row.
     log_mass = torch.logsumexp(out, dim=-1)
-    bad = (
-        torch.isnan(out).any(-1)
-        | (out == float("inf")).any(-1)
-        | ~torch.isfinite(log_mass)
-        | (log_mass.abs() > tol)
-    )
-    return Answer(out - log_mass.unsqueeze(-1), bad & valid, log_mass)
+    bad = ~(log_mass.abs() <= tol) & valid
+    return Answer(out - log_mass.unsqueeze(-1), bad, log_mass)
 
 
 def _cat(pieces: list[Answer]) -> Answer:
