@@ -11,6 +11,9 @@ Three parts (``--parts``), each printing a markdown table:
 * ``race``: wall time of ``autospec``, ``speculative``, ``agr24`` and ``sequential`` on the
   Markov chain, the HMM posterior and the tree Potts model of ``benchmarks/rounds.py``, with
   the oracles as shipped (native chain queries where they have them), at ``--race-n``.
+* ``draws``: the same race at ``--race-n`` for ``--draws`` draws at a time (1 to 64 by
+  default), Markov chain and HMM: where autospeculation wins and loses on a CPU as the batch
+  grows (rounds stay about the same, rows add up, and a CPU pays for every row).
 * ``batching``: continuous batching (``max_concurrent_draws``) on many draws of the noisy
   Ising grid of ``benchmarks/pyro_models.py`` (AutoSpec with exact enumeration): whole-run
   rounds and rows at several concurrencies against all draws at once and sequential sampling.
@@ -23,6 +26,7 @@ Usage::
     python benchmarks/engine.py                 # all parts (minutes on 2 CPU cores)
     python benchmarks/engine.py --smoke         # seconds, for CI
     python benchmarks/engine.py --parts race --race-n 4096 --num-samples 16
+    python benchmarks/engine.py --parts draws --draws 1 4 16 64
 """
 
 from __future__ import annotations
@@ -115,6 +119,37 @@ def race(args) -> None:
             )
 
 
+def draws(args) -> None:
+    """Wall time per draw against the number of draws sampled at once."""
+    n = args.race_n
+    print(
+        f"\n## Draws at a time, n = {n}, one torch thread ({load()})\n\n"
+        "Each line is one `sample_any_order` call with that many draws; the last column is "
+        "this method's wall time over the fastest baseline's (speculative, AGR24, sequential) "
+        "for the same draws.\n"
+    )
+    print(
+        "| family | draws | method | rounds (whole run) | rows/draw | wall (s) "
+        "| wall / draw (s) | this / fastest baseline |"
+    )
+    print("|" + "---|" * 8)
+    for family in [f for f in args.families if f != "tree_potts"]:
+        oracle = FAMILIES[family](n)
+        for count in args.draws:
+            results = {
+                m: sample_any_order(oracle, count, seed=args.seed, method=m) for m in METHODS
+            }
+            fastest = min(results[m].wall_time for m in METHODS if m != "autospec")
+            for m in METHODS:
+                r = results[m]
+                print(
+                    f"| {family} | {count} | {m} | {r.rounds} | {r.oracle_rows / count:.0f} | "
+                    f"{r.wall_time:.2f} | {r.wall_time / count:.3f} | "
+                    f"{r.wall_time / fastest:.2f} |",
+                    flush=True,
+                )
+
+
 def batching(args) -> None:
     """Whole-run rounds of many draws of the noisy Ising grid of ``pyro_models.py``."""
     from pyro_models import ising, ising_data
@@ -154,12 +189,13 @@ def batching(args) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
-    parser.add_argument("--parts", nargs="+", default=["overhead", "race", "batching"])
+    parser.add_argument("--parts", nargs="+", default=["overhead", "race", "draws", "batching"])
     parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 4096])
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--race-n", type=int, default=4096)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--grid", nargs=2, type=int, default=[4, 5], help="Ising grid rows cols")
+    parser.add_argument("--draws", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--batching-draws", type=int, default=1000)
     parser.add_argument("--concurrency", nargs="+", type=int, default=[400, 250, 100])
     parser.add_argument("--no-reference", action="store_true", help="skip the reference engine")
@@ -169,11 +205,12 @@ def main(argv=None) -> None:
     if args.smoke:
         args.sizes, args.num_samples, args.race_n = [64], 4, 64
         args.grid, args.batching_draws, args.concurrency = [2, 3], 40, [10]
+        args.draws = [1, 4]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s))")
     for part in args.parts:
-        {"overhead": overhead, "race": race, "batching": batching}[part](args)
+        {"overhead": overhead, "race": race, "draws": draws, "batching": batching}[part](args)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
 
 
