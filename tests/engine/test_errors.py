@@ -110,3 +110,34 @@ def test_impossible_prefix_rows_are_not_errors():
     oracle = TabularOracle(table)  # returns NaN rows on impossible conditionings
     result = sample_any_order(oracle, 200, seed=0)
     assert ((result.samples == result.samples[:, :1]).all(1)).all()
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_row_check_flags_every_bad_row(device, dtype):
+    # The check reads only logsumexp of a row: NaN and +inf must propagate through it on
+    # every device, next to -inf, finite and other non-finite entries.
+    from pyro_autospec.engine.rows import _checked
+
+    inf, nan = float("inf"), float("nan")
+    rows = [
+        ([nan, -inf], True),
+        ([-inf, nan], True),
+        ([nan, inf], True),
+        ([inf, nan], True),
+        ([inf, -inf], True),
+        ([inf, inf], True),
+        ([0.0, nan], True),
+        ([-inf, -inf], True),  # no mass
+        ([0.0, 0.0], True),  # sums to 2
+        ([0.0, -inf], False),
+        ([-0.6931471805599453, -0.6931471805599453], False),
+    ]
+    out = torch.tensor([[r] for r, _ in rows], dtype=dtype, device=device)  # [R, 1, 2]
+    valid = torch.ones(len(rows), 1, dtype=torch.bool, device=device)
+    answer = _checked(out, valid)
+    assert answer.bad[:, 0].tolist() == [bad for _, bad in rows]
+    assert not _checked(out, torch.zeros_like(valid)).bad.any()  # padding is never bad
