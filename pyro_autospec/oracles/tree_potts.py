@@ -101,8 +101,9 @@ class TreePottsOracle(ExactOracle):
     upward message; rather than dividing (``-inf - -inf``), each node keeps the sum of the
     finite incoming log messages and the count of ``-inf`` ones, which stays exact with hard
     constraints. Messages are normalised at every step. Pinned coordinates get a point mass;
-    rows conditioned on an impossible assignment are NaN. For long chains prefer
-    :class:`MarkovChainOracle` (depth-free).
+    :meth:`log_marginals` rows conditioned on an impossible assignment are NaN (targeted rows
+    and chains there may hold NaN or any values, as the protocol allows). For long chains
+    prefer :class:`MarkovChainOracle` (depth-free).
 
     Chain queries (:meth:`log_marginals_chain`) reuse the prefix's work. The *marked* nodes of
     a chain are its coordinates and their ancestors, up to the first node pinned by the
@@ -112,6 +113,9 @@ class TreePottsOracle(ExactOracle):
     downward passes over the marked nodes only. With ``A`` marked nodes (at most
     ``min(N, L (depth + 1))``), a chain costs ``O(N q^2 + L A q^2)`` in ``O(depth)`` batched
     steps, against ``O(L N q^2)`` for ``L`` rows.
+    Targeted rows (:meth:`log_marginals_at`) work the same way, as one row that reads all its
+    targets: ``O(N q^2 + A q^2)`` for ``T`` targets with ``A`` marked nodes (at most
+    ``min(N, T (depth + 1))``), about half of a pass over the whole forest and fewer steps.
 
     Examples
     --------
@@ -242,6 +246,8 @@ class TreePottsOracle(ExactOracle):
                 t = table[parent_edge[c]]
                 psi[c] = t if child_is_first[c] else t.T
         self._psi = psi
+        # whether a potential is -inf (hard constraints): messages may then be -inf
+        self._hard = not bool(torch.isfinite(psi).all() and torch.isfinite(self.fields).all())
         self._parent = torch.tensor(parent, dtype=torch.long, device=device)
         max_depth = max(depth)
         self._levels = [
@@ -313,17 +319,31 @@ class TreePottsOracle(ExactOracle):
     def _log_marginals_at(
         self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
-        full = self._log_marginals(values, mask)
-        return full.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
+        return self._marked_queries(values, mask, targets, nested=False)
 
     # -- chain queries ------------------------------------------------------------------------
     def _log_marginals_chain(
         self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
     ) -> torch.Tensor:
+        return self._marked_queries(values, mask, chain, nested=True)
+
+    def _marked_queries(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, nested: bool
+    ) -> torch.Tensor:
+        """Chain queries (``nested``) or targeted rows, over the marked nodes only.
+
+        ``nested``: row ``j`` of chain ``c`` pins ``mask[c]`` and ``chain[c, :j]`` and reads
+        ``chain[c, j]``. Otherwise chain ``c`` is one row pinning ``mask[c]`` that reads every
+        ``chain[c, j]``: the full upward pass is shared and the downward pass visits only the
+        targets and their ancestors (a row with ``T`` targets costs ``O(N q^2 + A q^2)``
+        against ``2 N q^2`` for belief propagation over the whole forest).
+        """
         num_chains, length = chain.shape
         n, q = self.num_coords, self.num_values
         device = values.device
-        inert = mask.gather(1, chain) | chain_repeats(chain)  # point masses
+        inert = mask.gather(1, chain)  # point masses
+        if nested:
+            inert |= chain_repeats(chain)
         out = point_mass(
             torch.zeros(num_chains, length, q, dtype=torch.float64, device=device),
             inert,
@@ -331,6 +351,8 @@ class TreePottsOracle(ExactOracle):
         )
         steps = torch.arange(length, device=device)
         needed = torch.where(inert, 0, steps + 1).amax(1) if length else inert.sum(1)
+        if not nested:  # every target is read from the one row
+            needed = torch.where(needed > 0, length, 0)
         live = (needed > 0).nonzero().flatten()
         if not len(live):
             return out
@@ -347,7 +369,8 @@ class TreePottsOracle(ExactOracle):
             stop, longest = start, 0
             while stop < len(live):
                 longest = max(longest, needed_list[stop])
-                entries = n * q * (q + 4) + longest * (size_list[stop] + 1) * q * (q + 8)
+                per_chain = longest if nested else 1  # rows
+                entries = n * q * (q + 4) + per_chain * (size_list[stop] + 1) * q * (q + 8)
                 if stop > start and (stop + 1 - start) * entries > _MAX_WORK_ENTRIES:
                     break
                 stop += 1
@@ -358,6 +381,7 @@ class TreePottsOracle(ExactOracle):
                 mask_p.index_select(0, rows),
                 chain_p.index_select(0, rows)[:, :longest],
                 marks.index_select(0, rows),
+                nested,
             )
             out[live[rows], :longest] = answer
             start = stop
@@ -386,6 +410,7 @@ class TreePottsOracle(ExactOracle):
         mask_p: torch.Tensor,
         chain_p: torch.Tensor,
         marks: torch.Tensor,
+        nested: bool = True,
     ) -> torch.Tensor:
         """Chain answers [C, L, q] of one chunk of chains, everything in positions.
 
@@ -398,10 +423,12 @@ class TreePottsOracle(ExactOracle):
            there), so that a level reads slices; only parents are gathered.
         A marked node whose parent is unmarked is a root or pinned by the prefix: its
         downward message is 1 (exact for a root; a pinned node's messages to its children
-        depend only on its value).
+        depend only on its value). Not ``nested``: one row per chain, with the prefix's pins
+        only, that reads every chain node.
         """
         num_chains, n = mask_p.shape
         length = chain_p.shape[1]
+        rows = length if nested else 1  # rows per chain
         q = self.num_values
         device = values_p.device
         inf = float("-inf")
@@ -413,19 +440,25 @@ class TreePottsOracle(ExactOracle):
         fields_p = self.fields.index_select(0, self._order)
         clash = mask_p.unsqueeze(-1) & (values_p.unsqueeze(-1) != arange_q)
         phi = fields_p + torch.where(clash, inf, 0.0)  # [C, n, q]
+        # -inf messages (only with -inf potentials) are counted apart, see the class notes
+        hard = self._hard
         finite_in = torch.zeros_like(phi)
-        zeros_in = torch.zeros_like(phi)
+        zeros_in = torch.zeros_like(phi) if hard else None
         # a marked node with a marked parent is recomputed per row: it sends nothing here
         linked = (parent_p >= 0) & marks.gather(1, parent_p.clamp(min=0).expand(num_chains, n))
         for d in range(len(self._levels) - 1, 0, -1):
             level = slice(starts[d], starts[d + 1])
-            belief = phi[:, level] + torch.where(zeros_in[:, level] > 0, inf, finite_in[:, level])
+            belief = phi[:, level] + finite_in[:, level]
+            if hard:
+                belief = torch.where(zeros_in[:, level] > 0, inf, belief)
             message = log_normalize_safe(_send(belief, psi[level], upward=True))
-            finite = torch.isfinite(message)
             sends = ~(marks[:, level] & linked[:, level]).unsqueeze(-1)
             parents = parent_p[level]
-            finite_in.index_add_(1, parents, torch.where(finite & sends, message, 0.0))
-            zeros_in.index_add_(1, parents, (~finite & sends).double())
+            if hard:
+                finite = torch.isfinite(message)
+                zeros_in.index_add_(1, parents, (~finite & sends).double())
+                sends = finite & sends
+            finite_in.index_add_(1, parents, torch.where(sends, message, 0.0))
         # 2. slots: level d holds slots offset[d] .. offset[d] + width[d]; slot `size` is a
         # dummy (padding, and the parent of nodes without a marked parent)
         count = marks.long().cumsum(1)
@@ -449,65 +482,92 @@ class TreePottsOracle(ExactOracle):
         parent_slot = torch.where(has_parent, slot_of.gather(1, parent_of.clamp(min=0)), size)
         index_q = node_c.unsqueeze(-1).expand(-1, -1, q)
         keep = real.unsqueeze(-1)
-        static_finite = torch.where(keep, finite_in.gather(1, index_q), 0.0).unsqueeze(1)
-        static_zeros = torch.where(keep, zeros_in.gather(1, index_q), 0.0).unsqueeze(1)
+        # per-row state is [C, s + 1, rows, q], flattened to [C (s + 1), rows, q] so that the
+        # messages of a level go to their parents by one index_add_ over whole [rows, q] blocks
+        slots_total = size + 1
+        flat_parent = parent_slot + slots_total * torch.arange(num_chains, device=device)[:, None]
+        static_finite = torch.where(keep, finite_in.gather(1, index_q), 0.0).unsqueeze(2)
         node_phi = torch.where(keep, phi.gather(1, index_q), 0.0)
-        node_psi = psi[node_c].unsqueeze(1)  # [C, 1, s + 1, q, q]
+        node_psi = psi[node_c].unsqueeze(2)  # [C, s + 1, 1, q, q]
         chain_slot = slot_of.gather(1, chain_p)  # [C, L]
-        steps = torch.arange(length, device=device)
-        rank = torch.full((num_chains, size + 1), length, dtype=torch.long, device=device)
-        rank.scatter_reduce_(1, chain_slot, steps.expand(num_chains, length), reduce="amin")
-        rank[:, size] = length
-        # rows [C, L, s + 1, q]: phi with the chain pins of each row
-        pinned_at = rank.unsqueeze(1) < steps.view(1, -1, 1)
+        steps = torch.arange(rows, device=device)
+        # rank[c, s]: the first row that pins slot s (`rows`: none)
+        rank = torch.full((num_chains, slots_total), rows, dtype=torch.long, device=device)
+        if nested:
+            rank.scatter_reduce_(1, chain_slot, steps.expand(num_chains, length), reduce="amin")
+            rank[:, size] = length
+        # phi of every row, with the chain pins of that row
+        pinned_at = rank.unsqueeze(2) < steps  # [C, s + 1, rows]
         clash = values_p.gather(1, node_c).unsqueeze(-1) != arange_q  # [C, s + 1, q]
-        row_phi = node_phi.unsqueeze(1) + torch.where(
-            pinned_at.unsqueeze(-1) & clash.unsqueeze(1), inf, 0.0
+        total = node_phi.unsqueeze(2) + torch.where(
+            pinned_at.unsqueeze(-1) & clash.unsqueeze(2), inf, 0.0
         )
-        shape = (num_chains, length, size + 1, q)
-        dyn_finite = torch.zeros(shape, dtype=torch.float64, device=device)
-        dyn_zeros = torch.zeros(shape, dtype=torch.float64, device=device)
-        up = torch.zeros(shape, dtype=torch.float64, device=device)
-
-        def parents_index(slots: slice) -> torch.Tensor:
-            parents = parent_slot[:, slots]
-            return parents.view(num_chains, 1, -1, 1).expand(-1, length, -1, q)
-
+        total += static_finite  # [C, s + 1, rows, q]
+        shape = (num_chains * slots_total, rows, q)
+        dynamic = torch.zeros(shape, dtype=torch.float64, device=device)
+        up = torch.zeros(num_chains, slots_total, rows, q, dtype=torch.float64, device=device)
+        if hard:  # counts of -inf incoming messages, static and per row
+            static_zeros = torch.where(keep, zeros_in.gather(1, index_q), 0.0).unsqueeze(2)
+            zeros = torch.zeros(shape, dtype=torch.float64, device=device)
         levels = [d for d in range(len(width_list)) if width_list[d] > 0]
+        view = (num_chains, slots_total, rows, q)
         for d in reversed(levels[1:] if levels and levels[0] == 0 else levels):
             slots = slice(offset_list[d], offset_list[d] + width_list[d])
-            zeros = static_zeros[:, :, slots] + dyn_zeros[:, :, slots]
-            belief = row_phi[:, :, slots] + static_finite[:, :, slots]
-            belief = belief + torch.where(zeros > 0.5, inf, dyn_finite[:, :, slots])
-            message = log_normalize_safe(_send(belief, node_psi[:, :, slots], upward=True))
-            up[:, :, slots] = message
-            finite = torch.isfinite(message)
-            index = parents_index(slots)
-            dyn_finite.scatter_add_(2, index, torch.where(finite, message, 0.0))
-            dyn_zeros.scatter_add_(2, index, (~finite).double())
-        # downward: `total` = phi + down + the finite incoming upward messages, `zeros` their
-        # -inf count; a child's message excludes its own upward message from its parent's
-        total = row_phi + static_finite + dyn_finite
-        del row_phi
-        zeros = dyn_zeros + static_zeros
+            incoming = dynamic.view(view)[:, slots]
+            if hard:
+                blocked = static_zeros[:, slots] + zeros.view(view)[:, slots]
+                incoming = torch.where(blocked > 0.5, inf, incoming)
+            message = log_normalize_safe(
+                _send(total[:, slots] + incoming, node_psi[:, slots], upward=True)
+            )
+            up[:, slots] = message
+            index = flat_parent[:, slots].reshape(-1)
+            if hard:
+                finite = torch.isfinite(message)
+                zeros.index_add_(0, index, (~finite).double().view(-1, rows, q))
+                message = torch.where(finite, message, 0.0)
+            dynamic.index_add_(0, index, message.view(-1, rows, q))
+        # downward: `total` = phi + down + the finite incoming upward messages (`zeros`: the
+        # count of -inf ones); a child's message excludes its own upward message
+        total += dynamic.view(view)
+        del dynamic
+        flat_total = total.view(shape)
+        if hard:
+            zeros = zeros.view(view)
+            zeros += static_zeros
+            flat_zeros = zeros.view(shape)
         for d in levels:
             if d == 0:
                 continue
             slots = slice(offset_list[d], offset_list[d] + width_list[d])
-            index = parents_index(slots)
-            own = up[:, :, slots]
-            own_finite = torch.isfinite(own)
-            excluded = zeros.gather(2, index) - (~own_finite).double()
-            partial = total.gather(2, index) - torch.where(own_finite, own, 0.0)
-            partial = torch.where(excluded > 0.5, inf, partial)
-            message = log_normalize_safe(_send(partial, node_psi[:, :, slots], upward=False))
-            linked_slots = (parent_slot[:, slots] != size).view(num_chains, 1, -1, 1)
-            total[:, :, slots] += torch.where(linked_slots, message, 0.0)
-        # beliefs of the targets: row j reads the slot of chain[j]
-        target = chain_slot.view(num_chains, length, 1, 1).expand(-1, -1, 1, q)
-        belief = torch.where(zeros.gather(2, target) > 0.5, inf, total.gather(2, target)).squeeze(2)
-        out = log_normalize(belief)
-        pinned = mask_p.gather(1, chain_p) | (rank.gather(1, chain_slot) < steps)
+            index = flat_parent[:, slots].reshape(-1)
+            width = width_list[d]
+            own = up[:, slots]
+            parent_total = flat_total.index_select(0, index).view(num_chains, width, rows, q)
+            if hard:
+                own_finite = torch.isfinite(own)
+                excluded = (
+                    flat_zeros.index_select(0, index).view(own.shape) - (~own_finite).double()
+                )
+                partial = parent_total - torch.where(own_finite, own, 0.0)
+                partial = torch.where(excluded > 0.5, inf, partial)
+            else:
+                partial = parent_total - own
+            message = log_normalize_safe(_send(partial, node_psi[:, slots], upward=False))
+            linked_slots = (parent_slot[:, slots] != size).view(num_chains, -1, 1, 1)
+            total[:, slots] += torch.where(linked_slots, message, 0.0)
+        # beliefs of the targets: row j reads the slot of chain[j] (not nested: the one row
+        # reads them all)
+        read = chain_slot + slots_total * torch.arange(num_chains, device=device)[:, None]
+        read = read * rows + (steps if nested else 0)  # [C, L] in [C (s + 1) rows]
+        belief = total.view(-1, q).index_select(0, read.view(-1))
+        if hard:
+            blocked = zeros.view(-1, q).index_select(0, read.view(-1))
+            belief = torch.where(blocked > 0.5, inf, belief)
+        out = log_normalize(belief.view(num_chains, length, q))
+        pinned = mask_p.gather(1, chain_p)
+        if nested:
+            pinned |= rank.gather(1, chain_slot) < steps
         return point_mass(out, pinned, values_p.gather(1, chain_p))
 
 
@@ -515,8 +575,8 @@ def _send(belief: torch.Tensor, psi: torch.Tensor, upward: bool) -> torch.Tensor
     """A message: ``logsumexp_a(belief[..., a] + psi[..., a, b])`` over ``b`` (``upward``, psi
     indexed (child, parent)) or ``logsumexp_b(belief[..., b] + psi[..., a, b])`` over ``a``.
 
-    For small ``q`` a loop over the summed value on ``[..., q]`` slices: the same exact
-    ``logsumexp`` (shifted by the maximum term), without reductions over a tiny dimension.
+    For small ``q`` a fold of ``torch.logaddexp`` over the summed value on ``[..., q]`` slices:
+    one fused kernel per term (exact with ``-inf``), without reductions over a tiny dimension.
     """
     q = belief.shape[-1]
     if q > 8:
@@ -527,14 +587,10 @@ def _send(belief: torch.Tensor, psi: torch.Tensor, upward: bool) -> torch.Tensor
         terms = [belief[..., a : a + 1] + psi[..., a, :] for a in range(q)]
     else:
         terms = [belief[..., b : b + 1] + psi[..., :, b] for b in range(q)]
-    top = terms[0]
+    total = terms[0]
     for term in terms[1:]:
-        top = torch.maximum(top, term)
-    top = torch.where(torch.isfinite(top), top, 0.0)
-    total = (terms[0] - top).exp()
-    for term in terms[1:]:
-        total += (term - top).exp()
-    return total.log() + top
+        total = torch.logaddexp(total, term)
+    return total
 
 
 def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:

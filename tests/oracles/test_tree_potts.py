@@ -138,8 +138,44 @@ def random_forest(n, seed, q, hard, forest=False):
 def test_chain_queries_match_rows(n, q, hard, forest, length):
     oracle = random_forest(n, seed=n + q, q=q, hard=hard, forest=forest)
     values, mask, chain = random_chains(n, q, 40, length, seed=n)
-    compared = assert_chain_matches_rows(oracle, values, mask, chain)
+    compared = assert_chain_matches_rows(oracle, values, mask, chain, reference=FullPass(oracle))
     assert compared > 40 * min(length, n) // 4
+
+
+class FullPass:
+    """Targeted rows read from belief propagation over the whole forest (``log_marginals``),
+    which is NaN on every row conditioned on an impossible assignment."""
+
+    def __init__(self, oracle):
+        self.oracle = oracle
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+
+    def log_marginals(self, values, mask):
+        return self.oracle.log_marginals(values, mask)
+
+    def log_marginals_at(self, values, mask, targets):
+        full = self.oracle.log_marginals(values, mask)
+        return full.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
+
+
+@pytest.mark.parametrize(
+    "n,q,hard,forest,num_targets",
+    [
+        (1, 2, False, False, 1),
+        (9, 3, True, True, 4),
+        (300, 2, False, False, 64),
+        (300, 3, True, True, 20),
+    ],
+)
+def test_targeted_rows_match_belief_propagation(n, q, hard, forest, num_targets):
+    # targeted rows pass downward over the targets and their ancestors only; every row
+    # conditioned on a possible assignment must agree with the pass over the whole forest
+    oracle = random_forest(n, seed=2 * n + q, q=q, hard=hard, forest=forest)
+    gen = torch.Generator().manual_seed(n)
+    values, mask, _ = random_queries(n, q, 60, seed=n, pin_probability=0.1)
+    targets = torch.randint(0, n, (60, num_targets), generator=gen)
+    compared = assert_same_marginals(oracle, FullPass(oracle), values, mask, targets)
+    assert compared > 15
 
 
 @pytest.mark.parametrize("name", ["path", "star"])
