@@ -126,15 +126,16 @@ def random_forest(n, seed, q, hard, forest=False):
     return TreePottsOracle(edges, table, fields, num_values=q)
 
 
-@pytest.mark.parametrize(
-    "n,q,hard,forest,length",
-    [
-        (1, 2, False, False, 2),
-        (7, 3, True, True, 5),
-        (300, 2, False, False, 17),
-        (300, 3, True, True, 17),
-    ],
-)
+# random forests (nodes, values, -inf entries, forest) and a chain length / number of targets
+RANDOM_CASES = [
+    (1, 2, False, False, 2),
+    (7, 3, True, True, 5),
+    (300, 2, False, False, 40),
+    (300, 3, True, True, 17),
+]
+
+
+@pytest.mark.parametrize("n,q,hard,forest,length", RANDOM_CASES)
 def test_chain_queries_match_rows(n, q, hard, forest, length):
     oracle = random_forest(n, seed=n + q, q=q, hard=hard, forest=forest)
     values, mask, chain = random_chains(n, q, 40, length, seed=n)
@@ -158,15 +159,7 @@ class FullPass:
         return full.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
 
 
-@pytest.mark.parametrize(
-    "n,q,hard,forest,num_targets",
-    [
-        (1, 2, False, False, 1),
-        (9, 3, True, True, 4),
-        (300, 2, False, False, 64),
-        (300, 3, True, True, 20),
-    ],
-)
+@pytest.mark.parametrize("n,q,hard,forest,num_targets", RANDOM_CASES)
 def test_targeted_rows_match_belief_propagation(n, q, hard, forest, num_targets):
     # targeted rows pass downward over the targets and their ancestors only; every row
     # conditioned on a possible assignment must agree with the pass over the whole forest
