@@ -349,10 +349,14 @@ class TreePottsOracle(ExactOracle):
             inert,
             values.gather(1, chain),
         )
-        steps = torch.arange(length, device=device)
-        needed = torch.where(inert, 0, steps + 1).amax(1) if length else inert.sum(1)
-        if not nested:  # every target is read from the one row
-            needed = torch.where(needed > 0, length, 0)
+        # rows each chain needs: up to its last non-inert step (not nested: all, read at once)
+        if not nested:
+            needed = length * (~inert).any(1)
+        elif length:
+            steps = torch.arange(length, device=device)
+            needed = torch.where(inert, 0, steps + 1).amax(1)
+        else:
+            needed = inert.sum(1)
         live = (needed > 0).nonzero().flatten()
         if not len(live):
             return out
@@ -485,7 +489,8 @@ class TreePottsOracle(ExactOracle):
         # per-row state is [C, s + 1, rows, q], flattened to [C (s + 1), rows, q] so that the
         # messages of a level go to their parents by one index_add_ over whole [rows, q] blocks
         slots_total = size + 1
-        flat_parent = parent_slot + slots_total * torch.arange(num_chains, device=device)[:, None]
+        first_slot = slots_total * torch.arange(num_chains, device=device).unsqueeze(1)
+        flat_parent = parent_slot + first_slot
         static_finite = torch.where(keep, finite_in.gather(1, index_q), 0.0).unsqueeze(2)
         node_phi = torch.where(keep, phi.gather(1, index_q), 0.0)
         node_psi = psi[node_c].unsqueeze(2)  # [C, s + 1, 1, q, q]
@@ -558,8 +563,7 @@ class TreePottsOracle(ExactOracle):
             total[:, slots] += torch.where(linked_slots, message, 0.0)
         # beliefs of the targets: row j reads the slot of chain[j] (not nested: the one row
         # reads them all)
-        read = chain_slot + slots_total * torch.arange(num_chains, device=device)[:, None]
-        read = read * rows + (steps if nested else 0)  # [C, L] in [C (s + 1) rows]
+        read = (chain_slot + first_slot) * rows + (steps if nested else 0)  # [C, L]
         belief = total.view(-1, q).index_select(0, read.view(-1))
         if hard:
             blocked = zeros.view(-1, q).index_select(0, read.view(-1))
@@ -591,19 +595,6 @@ def _send(belief: torch.Tensor, psi: torch.Tensor, upward: bool) -> torch.Tensor
     for term in terms[1:]:
         total = torch.logaddexp(total, term)
     return total
-
-
-def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, int]]:
-    """Cut rows sorted by increasing size into ``[start, stop)`` chunks whose temporaries hold
-    at most ``limit`` entries (at least one row each)."""
-    out, start = [], 0
-    while start < len(sizes):
-        stop = start + 1
-        while stop < len(sizes) and (stop + 1 - start) * entries_per_row(sizes[stop]) <= limit:
-            stop += 1
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 def log_normalize_safe(message: torch.Tensor) -> torch.Tensor:
