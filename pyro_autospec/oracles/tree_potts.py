@@ -112,7 +112,12 @@ class TreePottsOracle(ExactOracle):
     rows (one per chain coordinate, pinning the coordinates before it) run their upward and
     downward passes over the marked nodes only. With ``A`` marked nodes (at most
     ``min(N, L (depth + 1))``), a chain costs ``O(N q^2 + L A q^2)`` in ``O(depth)`` batched
-    steps, against ``O(L N q^2)`` for ``L`` rows.
+    steps, against ``O(L N q^2)`` for ``L`` rows. Models without ``-inf`` potentials go
+    further: row ``j`` adds one pin to row ``j - 1``, which changes the upward messages on
+    one path only, and a row needs downward messages on the path to its target only. So
+    each marked node keeps one *version* per pin below it, updated by the difference of one
+    child's message, and the downward pass visits the targets' paths:
+    ``O(N q^2 + (A + L h) q^2)`` with paths of ``h`` marked nodes.
     Targeted rows (:meth:`log_marginals_at`) work the same way, as one row that reads all its
     targets: ``O(N q^2 + A q^2)`` for ``T`` targets with ``A`` marked nodes (at most
     ``min(N, T (depth + 1))``), about half of a pass over the whole forest and fewer steps.
@@ -368,25 +373,33 @@ class TreePottsOracle(ExactOracle):
         order = torch.argsort(sizes, stable=True)
         size_list = sizes[order].tolist()
         needed_list = needed[live][order].tolist()
+        events = not self._hard  # see _chain_events
+        depth = len(self._levels)
         start = 0
         while start < len(live):  # chunks of chains of similar sizes
             stop, longest = start, 0
             while stop < len(live):
                 longest = max(longest, needed_list[stop])
-                per_chain = longest if nested else 1  # rows
-                entries = n * q * (q + 4) + per_chain * (size_list[stop] + 1) * q * (q + 8)
+                if events:  # versions and downward visits
+                    work = size_list[stop] + (2 if nested else 1) * longest * depth
+                else:  # (row, marked node) pairs
+                    work = (longest if nested else 1) * (size_list[stop] + 1)
+                entries = n * q * (q + 4) + work * q * (q + 8)
                 if stop > start and (stop + 1 - start) * entries > _MAX_WORK_ENTRIES:
                     break
                 stop += 1
             rows = order[start:stop]
             longest = max(needed_list[start:stop])
-            answer = self._chain_chunk(
+            chunk = (
                 values.index_select(0, live[rows]).index_select(1, self._order),
                 mask_p.index_select(0, rows),
                 chain_p.index_select(0, rows)[:, :longest],
                 marks.index_select(0, rows),
-                nested,
             )
+            if events:
+                answer = self._chain_events(*chunk, nested)
+            else:
+                answer = self._chain_chunk(*chunk, nested)
             out[live[rows], :longest] = answer
             start = stop
         return out
@@ -407,6 +420,180 @@ class TreePottsOracle(ExactOracle):
                 break
             current = parent.clamp(min=0)
         return marks[:, :n]
+
+    def _prefix_pass(
+        self, values_p: torch.Tensor, mask_p: torch.Tensor, marks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The upward pass of each chain's prefix, in which marked nodes with a marked parent
+        send nothing (they are recomputed per row).
+
+        Returns
+        -------
+        phi : DoubleTensor[C, n, q]
+            Fields with the prefix's pins (``-inf`` off a pinned value).
+        static : DoubleTensor[C, n, q]
+            Sum of the finite messages of each node's children that send here (at a marked
+            node: its unmarked children).
+        zeros : DoubleTensor[C, n, q] or None
+            Count of the ``-inf`` ones (None for models without ``-inf`` potentials).
+        linked : BoolTensor[C, n]
+            Whether a node's parent is marked.
+        """
+        num_chains, n = mask_p.shape
+        starts = self._level_starts
+        psi = self._psi_position
+        parent_p = self._parent_position
+        inf = float("-inf")
+        arange_q = torch.arange(self.num_values, device=values_p.device)
+        fields_p = self.fields.index_select(0, self._order)
+        clash = mask_p.unsqueeze(-1) & (values_p.unsqueeze(-1) != arange_q)
+        phi = fields_p + torch.where(clash, inf, 0.0)  # [C, n, q]
+        # -inf messages (only with -inf potentials) are counted apart, see the class notes
+        hard = self._hard
+        finite_in = torch.zeros_like(phi)
+        zeros_in = torch.zeros_like(phi) if hard else None
+        linked = (parent_p >= 0) & marks.gather(1, parent_p.clamp(min=0).expand(num_chains, n))
+        for d in range(len(self._levels) - 1, 0, -1):
+            level = slice(starts[d], starts[d + 1])
+            belief = phi[:, level] + finite_in[:, level]
+            if hard:
+                belief = torch.where(zeros_in[:, level] > 0, inf, belief)
+            message = log_normalize_safe(_send(belief, psi[level], upward=True))
+            sends = ~(marks[:, level] & linked[:, level]).unsqueeze(-1)
+            parents = parent_p[level]
+            if hard:
+                finite = torch.isfinite(message)
+                zeros_in.index_add_(1, parents, (~finite & sends).double())
+                sends = finite & sends
+            finite_in.index_add_(1, parents, torch.where(sends, message, 0.0))
+        return phi, finite_in, zeros_in, linked
+
+    def _chain_events(
+        self,
+        values_p: torch.Tensor,
+        mask_p: torch.Tensor,
+        chain_p: torch.Tensor,
+        marks: torch.Tensor,
+        nested: bool = True,
+    ) -> torch.Tensor:
+        """Chain answers [C, L, q] of one chunk of chains by *events*, for models without
+        ``-inf`` potentials (every message finite); everything in positions. Not ``nested``:
+        one row per chain, with the prefix's pins only, that reads every chain node (no
+        events; only the downward paths).
+
+        Row ``j`` differs from row ``j - 1`` by one pin, ``chain[j - 1]``. So the upward
+        message of a marked node changes only at the steps that pin a node of its subtree:
+        an *event* of the node. Its *versions* (version 0, the prefix alone, then one per
+        event) hold its incoming messages and its upward message; a row reads, at every node,
+        the last version before it. Incoming messages are updated by differences: an event
+        of a node is an event of exactly one child (or its own pin), whose message changed
+        from its previous version to the new one. The downward pass runs only where a row
+        reads it, along the path from the row's target to its highest marked ancestor.
+        With ``A`` marked nodes and paths of ``h`` marked nodes, a chain costs
+        ``O(N q^2 + (A + L h) q^2)`` against ``O(N q^2 + L A q^2)`` for the dense pass of
+        :meth:`_chain_chunk` (which models with ``-inf`` potentials take).
+        """
+        num_chains, n = mask_p.shape
+        length = chain_p.shape[1]
+        q = self.num_values
+        device = values_p.device
+        arange_q = torch.arange(q, device=device)
+        psi = self._psi_position
+        parent_p = self._parent_position
+        phi, static, _, linked = self._prefix_pass(values_p, mask_p, marks)
+        steps = torch.arange(length, device=device)
+        # rank[c, v]: the first step that pins node v (`length`: none)
+        rank = torch.full((num_chains, n), length, dtype=torch.long, device=device)
+        new = ~mask_p.gather(1, chain_p)  # the rows that need a belief
+        if nested:  # a chain node's first step
+            rank.scatter_reduce_(1, chain_p, steps.expand(num_chains, length), reduce="amin")
+            new &= rank.gather(1, chain_p) == steps
+        climbs = marks & linked  # a marked node whose parent is marked: its changes go up
+        row_c, row_j = new.nonzero(as_tuple=True)
+        row_v = chain_p[row_c, row_j]
+        # events: the walk from every newly pinned node up its marked ancestors, and the
+        # walk of every row from its target up (the nodes whose downward messages it needs)
+        none = row_c[:0]
+        ev_c, ev_v, ev_t, ev_child, _ = _climb(
+            climbs, parent_p, *((row_c, row_v, row_j) if nested else (none, none, none))
+        )
+        path_c, path_v, path_j, path_parent, path_levels = _climb(
+            climbs, parent_p, row_c, row_v, row_j, upward=False
+        )
+        # versions: every event, and version 0 (step -1) of every marked node, sorted by
+        # (node, chain, step) so that a level is a slice and a node's versions are consecutive
+        v0_c, v0_v = marks.nonzero(as_tuple=True)
+        c = torch.cat([ev_c, v0_c])
+        v = torch.cat([ev_v, v0_v])
+        t = torch.cat([ev_t, torch.full_like(v0_c, -1)])
+        span = length + 2
+
+        def key(node, chain, step):
+            return (node * num_chains + chain) * span + step + 1
+
+        keys, perm = torch.sort(key(v, c, t))
+        c, v, t = c.index_select(0, perm), v.index_select(0, perm), t.index_select(0, perm)
+        where = torch.empty_like(perm)
+        where[perm] = torch.arange(perm.numel(), device=device)
+        child = torch.cat([ev_child, torch.full_like(v0_c, -1)]).index_select(0, perm)
+        child = torch.where(child >= 0, where.index_select(0, child.clamp(min=0)), -1)
+        first = torch.searchsorted(keys, key(v, c, -1))  # each version's version 0
+        parent_first = torch.searchsorted(keys, key(parent_p[v].clamp(min=0), c, -1))
+        flat = c * n + v  # (chain, node) in [C n]
+        sends_first = (t < 0) & climbs.view(-1).index_select(0, flat)
+        value = values_p.reshape(-1).index_select(0, flat)
+        pinned = (rank.view(-1).index_select(0, flat) <= t).unsqueeze(-1) & (
+            value.unsqueeze(-1) != arange_q
+        )
+        phi_v = phi.view(-1, q).index_select(0, flat) + torch.where(pinned, float("-inf"), 0.0)
+        incoming = static.view(-1, q).index_select(0, flat)  # completed level by level
+        psi_v = psi.index_select(0, v)
+        up = torch.zeros_like(incoming)
+        level_keys = key(torch.tensor(self._level_starts, device=device), 0, -1)
+        bounds = torch.searchsorted(keys, level_keys).tolist()
+        for d in range(len(bounds) - 2, -1, -1):  # deepest first
+            lo, hi = bounds[d], bounds[d + 1]
+            if lo == hi:
+                continue
+            below = child[lo:hi]
+            has = (below >= 0).unsqueeze(-1)
+            below = below.clamp(min=1)  # an event's previous version is the entry before it
+            delta = up.index_select(0, below) - up.index_select(0, below - 1)
+            running = torch.where(has, delta, 0.0).cumsum(0)
+            head = first[lo:hi]
+            incoming[lo:hi] = (
+                incoming.index_select(0, head) + running - running.index_select(0, head - lo)
+            )
+            message = _send(phi_v[lo:hi] + incoming[lo:hi], psi_v[lo:hi], upward=True)
+            up[lo:hi] = message - message.amax(-1, keepdim=True)  # finite: no -inf potentials
+            go = sends_first[lo:hi].nonzero().flatten()
+            incoming.index_add_(0, parent_first[lo:hi][go], up[lo:hi].index_select(0, go))
+        # downward, from the highest marked ancestors (message 1) to the targets
+        at = torch.searchsorted(keys, key(path_v, path_c, path_j)) - 1  # version read by row j
+        down = torch.zeros(path_v.numel(), q, dtype=torch.float64, device=device)
+        psi_path = psi.index_select(0, path_v)
+        for lo, hi in reversed(path_levels):
+            above = path_parent[lo:hi]
+            go = (above >= 0).nonzero().flatten()
+            if not go.numel():
+                continue
+            above, here = above.index_select(0, go), at[lo:hi].index_select(0, go)
+            there = at.index_select(0, above)
+            partial = (
+                phi_v.index_select(0, there)
+                + down.index_select(0, above)
+                + incoming.index_select(0, there)
+                - up.index_select(0, here)
+            )
+            message = _send(partial, psi_path[lo:hi].index_select(0, go), upward=False)
+            down[lo + go] = message - message.amax(-1, keepdim=True)
+        rows = row_c.numel()  # the walks start with the targets
+        target = at[:rows]
+        belief = phi_v.index_select(0, target) + incoming.index_select(0, target) + down[:rows]
+        out = torch.zeros(num_chains, length, q, dtype=torch.float64, device=device)
+        out[row_c, row_j] = log_normalize(belief)
+        pinned = mask_p.gather(1, chain_p) | (rank.gather(1, chain_p) < steps)
+        return point_mass(out, pinned, values_p.gather(1, chain_p))
 
     def _chain_chunk(
         self,
@@ -440,29 +627,9 @@ class TreePottsOracle(ExactOracle):
         starts = self._level_starts
         psi = self._psi_position
         parent_p = self._parent_position
-        # 1. the prefix's upward pass
-        fields_p = self.fields.index_select(0, self._order)
-        clash = mask_p.unsqueeze(-1) & (values_p.unsqueeze(-1) != arange_q)
-        phi = fields_p + torch.where(clash, inf, 0.0)  # [C, n, q]
-        # -inf messages (only with -inf potentials) are counted apart, see the class notes
         hard = self._hard
-        finite_in = torch.zeros_like(phi)
-        zeros_in = torch.zeros_like(phi) if hard else None
-        # a marked node with a marked parent is recomputed per row: it sends nothing here
-        linked = (parent_p >= 0) & marks.gather(1, parent_p.clamp(min=0).expand(num_chains, n))
-        for d in range(len(self._levels) - 1, 0, -1):
-            level = slice(starts[d], starts[d + 1])
-            belief = phi[:, level] + finite_in[:, level]
-            if hard:
-                belief = torch.where(zeros_in[:, level] > 0, inf, belief)
-            message = log_normalize_safe(_send(belief, psi[level], upward=True))
-            sends = ~(marks[:, level] & linked[:, level]).unsqueeze(-1)
-            parents = parent_p[level]
-            if hard:
-                finite = torch.isfinite(message)
-                zeros_in.index_add_(1, parents, (~finite & sends).double())
-                sends = finite & sends
-            finite_in.index_add_(1, parents, torch.where(sends, message, 0.0))
+        # 1. the prefix's upward pass
+        phi, finite_in, zeros_in, linked = self._prefix_pass(values_p, mask_p, marks)
         # 2. slots: level d holds slots offset[d] .. offset[d] + width[d]; slot `size` is a
         # dummy (padding, and the parent of nodes without a marked parent)
         count = marks.long().cumsum(1)
@@ -573,6 +740,56 @@ class TreePottsOracle(ExactOracle):
         if nested:
             pinned |= rank.gather(1, chain_slot) < steps
         return point_mass(out, pinned, values_p.gather(1, chain_p))
+
+
+def _climb(
+    climbs: torch.Tensor,
+    parent: torch.Tensor,
+    chain: torch.Tensor,
+    node: torch.Tensor,
+    step: torch.Tensor,
+    upward: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """Walks from ``node`` up to the parents while ``climbs[chain, node]``, flattened.
+
+    Parameters
+    ----------
+    climbs : BoolTensor[C, n]
+    parent : LongTensor[n]
+    chain, node, step : LongTensor[K]
+        Where the walks start (their chain and step ride along).
+    upward : bool
+        Which neighbour each visit links to.
+
+    Returns
+    -------
+    chain, node, step : LongTensor[P]
+        Every visit: the walks' first visits (in the order of ``node``), then their second
+        ones, and so on.
+    link : LongTensor[P]
+        ``upward``: the visit below (``-1`` at a walk's start); else the visit above (``-1``
+        at a walk's end).
+    levels : list of (int, int)
+        The index range of the ``k``-th visits, for every ``k``.
+    """
+    parts, links, levels = [], [], []
+    below = torch.full_like(node, -1)
+    count = 0
+    while node.numel():
+        size = node.numel()
+        go = climbs.view(-1).index_select(0, chain * climbs.shape[1] + node).nonzero().flatten()
+        above = torch.full_like(node, -1)
+        above[go] = count + size + torch.arange(go.numel(), device=node.device)
+        parts.append((chain, node, step))
+        links.append(below if upward else above)
+        levels.append((count, count + size))
+        below = count + go
+        count += size
+        chain, node, step = chain[go], parent[node[go]], step[go]
+    if not parts:
+        return node, node, node, node, levels
+    chain, node, step = (torch.cat(x) for x in zip(*parts))
+    return chain, node, step, torch.cat(links), levels
 
 
 def _send(belief: torch.Tensor, psi: torch.Tensor, upward: bool) -> torch.Tensor:

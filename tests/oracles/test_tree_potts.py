@@ -132,6 +132,8 @@ RANDOM_CASES = [
     (7, 3, True, True, 5),
     (300, 2, False, False, 40),
     (300, 3, True, True, 17),
+    (120, 3, False, True, 30),
+    (40, 10, False, True, 9),
 ]
 
 
