@@ -453,13 +453,17 @@ class TreePottsOracle(ExactOracle):
         finite_in = torch.zeros_like(phi)
         zeros_in = torch.zeros_like(phi) if hard else None
         linked = (parent_p >= 0) & marks.gather(1, parent_p.clamp(min=0).expand(num_chains, n))
+        quiet = ~(marks & linked)  # what sends here: all but the marked nodes' marked children
         for d in range(len(self._levels) - 1, 0, -1):
             level = slice(starts[d], starts[d + 1])
             belief = phi[:, level] + finite_in[:, level]
             if hard:
                 belief = torch.where(zeros_in[:, level] > 0, inf, belief)
-            message = log_normalize_safe(_send(belief, psi[level], upward=True))
-            sends = ~(marks[:, level] & linked[:, level]).unsqueeze(-1)
+                message = log_normalize_safe(_send(belief, psi[level], upward=True))
+            else:  # finite: normalise without the checks
+                message = _send(belief, psi[level], upward=True)
+                message = message - message.amax(-1, keepdim=True)
+            sends = quiet[:, level].unsqueeze(-1)
             parents = parent_p[level]
             if hard:
                 finite = torch.isfinite(message)
