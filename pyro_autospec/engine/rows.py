@@ -30,6 +30,7 @@ import torch
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.oracles.base import (
     has_chain_marginals,
+    has_chain_then,
     has_targeted_marginals,
     oracle_num_draws,
 )
@@ -96,6 +97,7 @@ class OracleRows:
         self.max_elements = int(max_elements)
         self.targeted = has_targeted_marginals(oracle)
         self.native_chains = has_chain_marginals(oracle)
+        self.native_then = has_chain_then(oracle)
         self.family = oracle_num_draws(oracle) is not None
         self.draw_ids = (
             torch.arange(self.orders.shape[0], device=device)
@@ -187,11 +189,54 @@ class OracleRows:
                 flat = self._targeted(values, *expanded)
             chain_answer = _regroup(flat, c, offset, frame.numel(), int(length.max()))
             return row_answer, chain_answer
-        if rows is not None and rows[0].numel():
+        has_rows = rows is not None and rows[0].numel() > 0
+        if has_rows and chains is not None and chains[0].numel() and self.native_then:
+            return self._rows_after_chains(values, rows, chains)
+        if has_rows:
             row_answer = self._targeted(values, *rows)
         if chains is not None and chains[0].numel():
-            chain_answer = self._chains(values, *chains)
+            chain_answer = self._chains(values, *chains)[0]
         return row_answer, chain_answer
+
+    def _rows_after_chains(self, values, rows, chains) -> tuple[Answer, Answer]:
+        """Rows and chains for an oracle with ``log_marginals_chain_then``: a row that is the
+        row after a chain (the same frame and order, conditioned on the chain's prefix and the
+        whole chain, reading on from there: a verification's prefetched draft row) is asked
+        with its chain; the other rows as targeted rows."""
+        frame, draw, cut, start, width = rows
+        chain_frame, chain_draw, chain_cut, length = chains
+        span = self.n + 1
+        ends, order = torch.sort(chain_frame * span + chain_cut + length)
+        wanted = frame * span + cut
+        found = torch.searchsorted(ends, wanted).clamp(max=ends.numel() - 1)
+        chain = order[found]
+        after = (ends[found] == wanted) & (chain_draw[chain] == draw) & (start == cut)
+        # at most one row per chain (a duplicate is asked as a targeted row)
+        row_of = torch.full_like(chain_frame, -1)
+        hit = after.nonzero().flatten()
+        row_of[chain[hit]] = hit
+        attached = row_of >= 0
+        then_width = torch.where(attached, width[row_of.clamp(min=0)], 0)
+        chain_answer, then_answer = self._chains(values, *chains, then_width)
+        total, max_width = frame.numel(), int(width.max())
+        log_probs = torch.zeros(total, max_width, self.q, dtype=torch.float64, device=self.device)
+        bad = torch.zeros(total, max_width, dtype=torch.bool, device=self.device)
+        log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=self.device)
+        parts = []
+        if then_answer is not None:
+            ci = attached.nonzero().flatten()
+            parts.append((row_of[ci], then_answer.part(ci)))
+        asked = torch.ones(total, dtype=torch.bool, device=self.device)
+        asked[row_of[attached]] = False
+        ri = asked.nonzero().flatten()
+        if ri.numel():
+            parts.append((ri, self._targeted(values, *(x[ri] for x in rows))))
+        for index, part in parts:
+            w = part.log_probs.shape[1]
+            log_probs[index, :w] = part.log_probs
+            bad[index, :w] = part.bad
+            log_mass[index, :w] = part.log_mass
+        return Answer(log_probs, bad, log_mass), chain_answer
 
     def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
         """Targeted rows, in as few calls as padding allows (see :func:`width_groups`)."""
@@ -200,12 +245,12 @@ class OracleRows:
             return self._bucket(values, frame, draw, cut, start, width)
         return _scatter_groups(
             groups,
-            width,
+            (width,),
             self.q,
-            lambda idx: self._bucket(
-                values, frame[idx], draw[idx], cut[idx], start[idx], width[idx]
+            lambda idx: (
+                self._bucket(values, frame[idx], draw[idx], cut[idx], start[idx], width[idx]),
             ),
-        )
+        )[0]
 
     def _bucket(self, values, frame, draw, cut, start, width) -> Answer:
         total = frame.numel()
@@ -248,39 +293,67 @@ class OracleRows:
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
         return _checked(out, offsets.unsqueeze(0) < width.unsqueeze(1))
 
-    def _chains(self, values, frame, draw, cut, length) -> Answer:
-        """Chains, in as few calls as padding allows (see :func:`width_groups`)."""
+    def _chains(self, values, frame, draw, cut, length, then_width=None):
+        """Chains, in as few calls as padding allows (see :func:`width_groups`), and the
+        rows after them (``then_width`` [C] targets each, 0 for none; only for an oracle with
+        ``log_marginals_chain_then``): ``(chain Answer, then Answer or None)``."""
+        if then_width is not None and not bool((then_width > 0).any()):
+            then_width = None
+
+        def ask(idx):
+            tw = None if then_width is None else then_width[idx]
+            answers = self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx], tw)
+            return answers if then_width is not None else answers[:1]
+
         groups = width_groups(length)
         if len(groups) == 1:
-            return self._chain_group(values, frame, draw, cut, length)
-        return _scatter_groups(
-            groups,
-            length,
-            self.q,
-            lambda idx: self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx]),
-        )
+            answers = ask(groups[0])
+        else:
+            widths = (length,) if then_width is None else (length, then_width.clamp(min=1))
+            answers = _scatter_groups(groups, widths, self.q, ask)
+        return answers[0], (answers[1] if then_width is not None else None)
 
-    def _chain_group(self, values, frame, draw, cut, length) -> Answer:
+    def _chain_group(self, values, frame, draw, cut, length, then_width=None):
         total = frame.numel()
         max_length = int(length.max())
-        per_chain = self.n + max_length * self.q
+        max_then = 0 if then_width is None else int(then_width.max())
+        if then_width is not None and max_then == 0:  # no row after any chain of the group
+            none = torch.zeros(total, 0, self.q, dtype=torch.float64, device=self.device)
+            empty = Answer(none, none[..., 0] > 0, none[..., 0])
+            return self._chain_group(values, frame, draw, cut, length)[0], empty
+        per_chain = self.n + (max_length + max_then) * self.q
         step = max(1, self.max_elements // per_chain)
-        pieces = []
-        offsets = torch.arange(max_length, device=self.device)
+        pieces, then_pieces = [], []
+        offsets = torch.arange(max(max_length, max_then), device=self.device)
         for lo in range(0, total, step):
             hi = min(total, lo + step)
             f, d, c, ln = frame[lo:hi], draw[lo:hi], cut[lo:hi], length[lo:hi]
             vals, mask = self._inputs(values, f, d, c)
-            pos = c.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (ln - 1).unsqueeze(1))
+            steps = offsets[:max_length].unsqueeze(0)
+            pos = c.unsqueeze(1) + torch.minimum(steps, (ln - 1).unsqueeze(1))
             chain = self.orders[d.unsqueeze(1), pos]
             extra = {"draws": self.draw_ids[d]} if self.family else {}
             start = time.perf_counter()
-            with torch.set_grad_enabled(self.grad_enabled):
-                out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+            if then_width is None:
+                with torch.set_grad_enabled(self.grad_enabled):
+                    out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+            else:
+                # the row after the chain reads on from its end; without one, a dummy: the
+                # chain's last coordinate (pinned by the chain: a point mass)
+                tw = then_width[lo:hi]
+                reach = torch.minimum(offsets[:max_then].unsqueeze(0), (tw - 1).unsqueeze(1))
+                pos = torch.where(tw > 0, c + ln, c + ln - 1).unsqueeze(1)
+                then = self.orders[d.unsqueeze(1), pos + reach.clamp(min=0)]
+                with torch.set_grad_enabled(self.grad_enabled):
+                    out, after = self.oracle.log_marginals_chain_then(
+                        vals, mask, chain, then, **extra
+                    )
+                self._check_output(after, (f.numel(), max_then, self.q), "log_marginals_chain_then")
+                then_pieces.append(_checked(after, offsets[:max_then] < tw.unsqueeze(1)))
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
-            pieces.append(_checked(out, offsets.unsqueeze(0) < ln.unsqueeze(1)))
-        return _cat(pieces)
+            pieces.append(_checked(out, offsets[:max_length] < ln.unsqueeze(1)))
+        return _cat(pieces), (_cat(then_pieces) if then_pieces else None)
 
     def _check_output(self, out, expected: tuple, name: str) -> None:
         if not isinstance(out, torch.Tensor):
@@ -365,20 +438,27 @@ def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
     return groups
 
 
-def _scatter_groups(groups, width: torch.Tensor, q: int, ask) -> Answer:
-    """Ask every group and place the answers back in request order, padded to the widest."""
-    total, max_width = width.numel(), int(width.max())
-    device = width.device
-    log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=device)
-    bad = torch.zeros(total, max_width, dtype=torch.bool, device=device)
-    log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=device)
+def _scatter_groups(groups, widths: tuple[torch.Tensor, ...], q: int, ask) -> list[Answer]:
+    """Ask every group (``ask(idx)``: one Answer per entry of ``widths``) and place the
+    answers back in request order, each padded to the widest of its ``widths``."""
+    out = []
+    for width in widths:
+        total, max_width = width.numel(), int(width.max())
+        device = width.device
+        out.append(
+            Answer(
+                torch.zeros(total, max_width, q, dtype=torch.float64, device=device),
+                torch.zeros(total, max_width, dtype=torch.bool, device=device),
+                torch.zeros(total, max_width, dtype=torch.float64, device=device),
+            )
+        )
     for idx in groups:
-        part = ask(idx)
-        w = part.log_probs.shape[1]
-        log_probs[idx, :w] = part.log_probs
-        bad[idx, :w] = part.bad
-        log_mass[idx, :w] = part.log_mass
-    return Answer(log_probs, bad, log_mass)
+        for whole, part in zip(out, ask(idx)):
+            w = part.log_probs.shape[1]
+            whole.log_probs[idx, :w] = part.log_probs
+            whole.bad[idx, :w] = part.bad
+            whole.log_mass[idx, :w] = part.log_mass
+    return out
 
 
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:

@@ -11,7 +11,13 @@ Exact structured oracles (none of them imports Pyro):
 * :class:`CurieWeissOracle`: the mean-field Ising model.
 """
 
-from .base import MarginalOracle, MeanOracle, has_chain_marginals, has_targeted_marginals
+from .base import (
+    MarginalOracle,
+    MeanOracle,
+    has_chain_marginals,
+    has_chain_then,
+    has_targeted_marginals,
+)
 from .curie_weiss import CurieWeissOracle
 from .dpp import DPPOracle
 from .hmm import HMMOracle, PairwiseChainOracle
@@ -24,6 +30,7 @@ __all__ = [
     "MarginalOracle",
     "MeanOracle",
     "has_chain_marginals",
+    "has_chain_then",
     "has_targeted_marginals",
     "TabularOracle",
     "MarkovChainOracle",

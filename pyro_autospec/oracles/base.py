@@ -21,6 +21,7 @@ __all__ = [
     "MarginalOracle",
     "MeanOracle",
     "has_chain_marginals",
+    "has_chain_then",
     "has_targeted_marginals",
     "oracle_num_draws",
 ]
@@ -66,6 +67,17 @@ class MarginalOracle(Protocol):
     repeating its last coordinate; the engine ignores those rows (the repeated coordinate is
     then pinned, so an exact oracle returns a point mass there). Without the method the engine
     asks for the ``L`` rows one by one. Each chain row counts as one row of work either way.
+
+    A verification is usually followed by the draft row of the next block, conditioned on the
+    prefix and the whole chain. An oracle that can answer it with the chain, for less than a
+    separate row, defines ``log_marginals_chain_then(values, mask, chain, then)`` with
+    ``then`` LongTensor[C, T] (coordinates, repeats allowed), returning ``(out, after)``:
+    ``out`` as above and ``after`` Tensor[C, T, q] with
+
+    ``after[c, k] = log mu(X_{then[c, k]} = . | X_S = values_S)``, ``S = mask[c] + chain[c]``
+
+    (a point mass where ``then[c, k]`` is in ``S``). The engine then asks such rows with their
+    chain; otherwise as targeted rows. They count as rows either way.
 
     *A family of targets, one per draw.* An oracle with an integer attribute ``num_draws``
     describes ``num_draws`` distributions on the same ``[q]^n`` (for example the discrete
@@ -129,6 +141,12 @@ def has_targeted_marginals(oracle: object) -> bool:
 def has_chain_marginals(oracle: object) -> bool:
     """Whether ``oracle`` answers chain queries natively (``log_marginals_chain``)."""
     return callable(getattr(oracle, "log_marginals_chain", None))
+
+
+def has_chain_then(oracle: object) -> bool:
+    """Whether ``oracle`` answers a chain query and the row after it in one call
+    (``log_marginals_chain_then``)."""
+    return callable(getattr(oracle, "log_marginals_chain_then", None))
 
 
 def oracle_num_draws(oracle: object) -> int | None:

@@ -40,6 +40,9 @@ from pyro_autospec.engine.distributed import communication_device, require_proce
 __all__ = ["ShardedOracle"]
 
 _METHODS = ("log_marginals", "log_marginals_at", "log_marginals_chain")
+# Query methods that are not sharded: the wrapper hides them, so the engine asks for what they
+# answer through the sharded ones.
+_HIDDEN = ("log_marginals_chain_then",)
 _CODES = {"log_marginals": 1, "log_marginals_at": 2, "log_marginals_chain": 3, "__call__": 4}
 _DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 _HEADER = 10  # call number, method, ok, rows, checksum bits, output ndim, 3 dims, dtype
@@ -125,7 +128,7 @@ class ShardedOracle:
     def __getattr__(self, name: str):
         # Only called for attributes not found on the wrapper: read them from the replica,
         # except the query methods the replica lacks (the engine tests for them).
-        if name in _METHODS or name.startswith("__") or name == "oracle":
+        if name in _METHODS or name in _HIDDEN or name.startswith("__") or name == "oracle":
             raise AttributeError(name)
         try:
             return getattr(self.oracle, name)

@@ -7,7 +7,16 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, chain_repeats, log_normalize, logsumexp, point_mass
+from ._util import (
+    ExactOracle,
+    as_float64,
+    chain_repeats,
+    check_query,
+    check_targets,
+    log_normalize,
+    logsumexp,
+    point_mass,
+)
 
 __all__ = ["TreePottsOracle"]
 
@@ -121,6 +130,8 @@ class TreePottsOracle(ExactOracle):
     Targeted rows (:meth:`log_marginals_at`) work the same way, as one row that reads all its
     targets: ``O(N q^2 + A q^2)`` for ``T`` targets with ``A`` marked nodes (at most
     ``min(N, T (depth + 1))``), about half of a pass over the whole forest and fewer steps.
+    :meth:`log_marginals_chain_then` answers a chain and the row after it (the next block's
+    draft row) with one upward pass for both.
 
     Examples
     --------
@@ -332,16 +343,73 @@ class TreePottsOracle(ExactOracle):
     ) -> torch.Tensor:
         return self._marked_queries(values, mask, chain, nested=True)
 
+    def log_marginals_chain_then(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, then: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A chain query and the row after it: what a verification and the next block's
+        draft row need, for about the price of the chain alone.
+
+        Parameters
+        ----------
+        values, mask, chain
+            As in :meth:`log_marginals_chain`.
+        then : LongTensor[C, T]
+            Coordinates read by one more row per chain, which pins the prefix and the whole
+            chain (repeats allowed).
+
+        Returns
+        -------
+        out : DoubleTensor[C, L, q]
+            :meth:`log_marginals_chain`.
+        after : DoubleTensor[C, T, q]
+            ``after[c, k] = log mu(X_{then[c, k]} = . | X_S = values_S)`` with
+            ``S = mask[c] + chain[c]``; a point mass where ``then[c, k]`` is in ``S``.
+
+        Examples
+        --------
+        >>> import torch
+        >>> oracle = TreePottsOracle.ising([(0, 1), (1, 2), (1, 3)], coupling=0.5)
+        >>> values = torch.tensor([[1, 0, 1, 0]])
+        >>> mask = torch.tensor([[True, False, False, False]])
+        >>> out, after = oracle.log_marginals_chain_then(
+        ...     values, mask, torch.tensor([[2, 1]]), torch.tensor([[3]])
+        ... )
+        >>> pins = torch.tensor([[True, True, True, False]])
+        >>> row = oracle.log_marginals_at(values, pins, torch.tensor([[3]]))
+        >>> torch.allclose(after, row)  # x_3 given x_0, x_2 and x_1
+        True
+        """
+        values, mask = check_query(values, mask, self.num_coords)
+        batch = values.shape[0]
+        chain = check_targets(chain, batch, self.num_coords, name="chain").to(values.device)
+        then = check_targets(then, batch, self.num_coords, name="then").to(values.device)
+        oracle = self._on(values.device)
+        if not oracle._hard:  # by events, see _chain_events
+            return oracle._marked_queries(values, mask, chain, nested=True, then=then)
+        pinned = mask.clone()
+        pinned.scatter_(1, chain, True)
+        return (
+            oracle._marked_queries(values, mask, chain, nested=True),
+            oracle._marked_queries(values, pinned, then, nested=False),
+        )
+
     def _marked_queries(
-        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, nested: bool
-    ) -> torch.Tensor:
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        chain: torch.Tensor,
+        nested: bool,
+        then: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Chain queries (``nested``) or targeted rows, over the marked nodes only.
 
         ``nested``: row ``j`` of chain ``c`` pins ``mask[c]`` and ``chain[c, :j]`` and reads
         ``chain[c, j]``. Otherwise chain ``c`` is one row pinning ``mask[c]`` that reads every
         ``chain[c, j]``: the full upward pass is shared and the downward pass visits only the
         targets and their ancestors (a row with ``T`` targets costs ``O(N q^2 + A q^2)``
-        against ``2 N q^2`` for belief propagation over the whole forest).
+        against ``2 N q^2`` for belief propagation over the whole forest). ``then`` [C, T]
+        (nested, models without ``-inf`` potentials): also the row after the whole chain,
+        reading ``then[c]``; the answers are then ``(out [C, L, q], after [C, T, q])``.
         """
         num_chains, length = chain.shape
         n, q = self.num_coords, self.num_values
@@ -354,6 +422,16 @@ class TreePottsOracle(ExactOracle):
             inert,
             values.gather(1, chain),
         )
+        after = None
+        if then is not None:
+            pinned = mask.clone()
+            pinned.scatter_(1, chain, True)
+            done = pinned.gather(1, then)
+            after = point_mass(
+                torch.zeros(num_chains, then.shape[1], q, dtype=torch.float64, device=device),
+                done,
+                values.gather(1, then),
+            )
         # rows each chain needs: up to its last non-inert step (not nested: all, read at once)
         if not nested:
             needed = length * (~inert).any(1)
@@ -362,26 +440,35 @@ class TreePottsOracle(ExactOracle):
             needed = torch.where(inert, 0, steps + 1).amax(1)
         else:
             needed = inert.sum(1)
-        live = (needed > 0).nonzero().flatten()
+        busy = needed > 0
+        if then is not None:
+            busy |= ~done.all(1)
+        live = busy.nonzero().flatten()
         if not len(live):
-            return out
+            return out if then is None else (out, after)
         # positions (nodes renumbered by depth)
         mask_p = mask.index_select(0, live).index_select(1, self._order)
         chain_p = self._position[chain.index_select(0, live)]
-        marks = self._ancestor_marks(mask_p, chain_p)  # [C, n]
+        read_p = chain_p
+        if then is not None:
+            then_p = self._position[then.index_select(0, live)]
+            read_p = torch.cat([chain_p, then_p], 1)
+        marks = self._ancestor_marks(mask_p, read_p)  # [C, n]
         sizes = marks.sum(1)
         order = torch.argsort(sizes, stable=True)
         size_list = sizes[order].tolist()
         needed_list = needed[live][order].tolist()
         events = not self._hard  # see _chain_events
         depth = len(self._levels)
+        then_width = 0 if then is None else then.shape[1]
         start = 0
         while start < len(live):  # chunks of chains of similar sizes
             stop, longest = start, 0
             while stop < len(live):
                 longest = max(longest, needed_list[stop])
                 if events:  # versions and downward visits
-                    work = size_list[stop] + (2 if nested else 1) * longest * depth
+                    reads = (2 if nested else 1) * longest
+                    work = size_list[stop] + (reads + then_width) * depth
                 else:  # (row, marked node) pairs
                     work = (longest if nested else 1) * (size_list[stop] + 1)
                 entries = n * q * (q + 4) + work * q * (q + 8)
@@ -397,12 +484,15 @@ class TreePottsOracle(ExactOracle):
                 marks.index_select(0, rows),
             )
             if events:
-                answer = self._chain_events(*chunk, nested)
+                extra = None if then is None else then_p.index_select(0, rows)
+                answer, tail = self._chain_events(*chunk, nested, extra)
+                if tail is not None:
+                    after[live[rows]] = tail
             else:
                 answer = self._chain_chunk(*chunk, nested)
             out[live[rows], :longest] = answer
             start = stop
-        return out
+        return out if then is None else (out, after)
 
     def _ancestor_marks(self, mask_p: torch.Tensor, chain_p: torch.Tensor) -> torch.Tensor:
         """BoolTensor[C, n] (positions): the chain nodes and their ancestors, up to the first
@@ -479,11 +569,14 @@ class TreePottsOracle(ExactOracle):
         chain_p: torch.Tensor,
         marks: torch.Tensor,
         nested: bool = True,
-    ) -> torch.Tensor:
+        then_p: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Chain answers [C, L, q] of one chunk of chains by *events*, for models without
         ``-inf`` potentials (every message finite); everything in positions. Not ``nested``:
         one row per chain, with the prefix's pins only, that reads every chain node (no
-        events; only the downward paths).
+        events; only the downward paths). ``then_p`` [C, T] (nested only): one more row per
+        chain, after the whole chain, that reads these nodes; its answers [C, T, q] are
+        returned second (None without ``then_p``).
 
         Row ``j`` differs from row ``j - 1`` by one pin, ``chain[j - 1]``. So the upward
         message of a marked node changes only at the steps that pin a node of its subtree:
@@ -521,8 +614,14 @@ class TreePottsOracle(ExactOracle):
         ev_c, ev_v, ev_t, ev_child, _ = _climb(
             climbs, parent_p, *((row_c, row_v, row_j) if nested else (none, none, none))
         )
+        starts = (row_c, row_v, row_j)
+        if then_p is not None:  # the row after the chain: its targets not pinned by then
+            done = mask_p.gather(1, then_p) | (rank.gather(1, then_p) < length)
+            then_c, then_k = (~done).nonzero(as_tuple=True)
+            then_v = then_p[then_c, then_k]
+            starts = tuple(torch.cat(x) for x in zip(starts, (then_c, then_v, then_k * 0 + length)))
         path_c, path_v, path_j, path_parent, path_levels = _climb(
-            climbs, parent_p, row_c, row_v, row_j, upward=False
+            climbs, parent_p, *starts, upward=False
         )
         # versions: every event, and version 0 (step -1) of every marked node, sorted by
         # (node, chain, step) so that a level is a slice and a node's versions are consecutive
@@ -591,13 +690,20 @@ class TreePottsOracle(ExactOracle):
             )
             message = _send(partial, psi_path[lo:hi].index_select(0, go), upward=False)
             down[lo + go] = message - message.amax(-1, keepdim=True)
-        rows = row_c.numel()  # the walks start with the targets
-        target = at[:rows]
-        belief = phi_v.index_select(0, target) + incoming.index_select(0, target) + down[:rows]
+        reads = starts[0].numel()  # the walks start with the targets
+        target = at[:reads]
+        belief = phi_v.index_select(0, target) + incoming.index_select(0, target) + down[:reads]
+        belief = log_normalize(belief)
+        rows = row_c.numel()
         out = torch.zeros(num_chains, length, q, dtype=torch.float64, device=device)
-        out[row_c, row_j] = log_normalize(belief)
+        out[row_c, row_j] = belief[:rows]
         pinned = mask_p.gather(1, chain_p) | (rank.gather(1, chain_p) < steps)
-        return point_mass(out, pinned, values_p.gather(1, chain_p))
+        out = point_mass(out, pinned, values_p.gather(1, chain_p))
+        if then_p is None:
+            return out, None
+        after = torch.zeros(num_chains, then_p.shape[1], q, dtype=torch.float64, device=device)
+        after[then_c, then_k] = belief[rows:]
+        return out, point_mass(after, done, values_p.gather(1, then_p))
 
     def _chain_chunk(
         self,

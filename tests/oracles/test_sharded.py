@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from pyro_autospec.engine.any_order import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
-from pyro_autospec.oracles import MarkovChainOracle, ShardedOracle
-from pyro_autospec.oracles.base import has_chain_marginals, has_targeted_marginals
+from pyro_autospec.oracles import MarkovChainOracle, ShardedOracle, TreePottsOracle
+from pyro_autospec.oracles.base import has_chain_marginals, has_chain_then, has_targeted_marginals
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 from tests.engine.test_distributed import (
     INIT,
@@ -279,6 +279,9 @@ def test_offers_only_the_methods_of_the_replica(one_rank_group):
     assert not has_targeted_marginals(rows_only) and not has_chain_marginals(rows_only)
     assert has_targeted_marginals(targeted) and not has_chain_marginals(targeted)
     assert has_targeted_marginals(chains) and has_chain_marginals(chains)
+    # a chain query with the row after it is not sharded: hidden, so asked as sharded rows
+    tree = TreePottsOracle.ising([(0, 1), (1, 2)], coupling=0.5)
+    assert has_chain_then(tree) and not has_chain_then(ShardedOracle(tree))
     assert rows_only.num_coords == 30 and rows_only.num_values == 2
     assert ShardedOracle(FamilyOracle()).num_draws == 6
     assert ShardedOracle(FiniteSupportDenoiser(POINTS)).dim == 2

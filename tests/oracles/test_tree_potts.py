@@ -173,6 +173,32 @@ def test_targeted_rows_match_belief_propagation(n, q, hard, forest, num_targets)
     assert compared > 15
 
 
+@pytest.mark.parametrize("n,q,hard,forest,length", RANDOM_CASES)
+def test_chain_then_row_matches_belief_propagation(n, q, hard, forest, length):
+    # the row after the chain pins the prefix and the whole chain; its targets may be pinned
+    # (point masses) or repeat
+    oracle = random_forest(n, seed=3 * n + q, q=q, hard=hard, forest=forest)
+    values, mask, chain = random_chains(n, q, 40, length, seed=n + 1)
+    gen = torch.Generator().manual_seed(n)
+    then = torch.randint(0, n, (40, 7), generator=gen)
+    then[:, -1] = chain[:, 0]  # pinned by the chain
+    out, after = oracle.log_marginals_chain_then(values, mask, chain, then)
+    torch.testing.assert_close(out, oracle.log_marginals_chain(values, mask, chain), equal_nan=True)
+    pinned = mask.clone()
+    pinned.scatter_(1, chain, True)
+    expected = FullPass(oracle).log_marginals_at(values, pinned, then)
+    possible = ~torch.isnan(expected).any(-1).any(-1)
+    assert int(possible.sum()) > 10
+    torch.testing.assert_close(after[possible].exp(), expected[possible].exp(), atol=1e-9, rtol=0)
+    assert torch.equal(after[possible] == -math.inf, expected[possible] == -math.inf)
+    assert torch.equal(after[:, -1:].exp(), point_masses(values.gather(1, chain[:, :1]), q))
+
+
+def point_masses(values, q):
+    """Probabilities [B, 1, q]: a point mass at ``values`` [B, 1]."""
+    return torch.nn.functional.one_hot(values, q).double()
+
+
 @pytest.mark.parametrize("name", ["path", "star"])
 def test_chain_queries_on_deep_and_wide_trees(name):
     n = 120
