@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, chain_repeats, point_mass, work_entries
+from ._util import ChainThen, ExactOracle, as_float64, chain_repeats, point_mass, work_entries
 
 __all__ = ["DPPOracle"]
 
@@ -91,7 +91,7 @@ def _chunks(sizes: list[int], entries_per_row, limit: int) -> list[tuple[int, in
     return out
 
 
-class DPPOracle(ExactOracle):
+class DPPOracle(ChainThen, ExactOracle):
     r"""Exact conditional marginals of a determinantal point process.
 
     The ground set ``{0, ..., n-1}`` is the set of coordinates; coordinate ``i`` takes value 1
@@ -524,29 +524,59 @@ class DPPOracle(ExactOracle):
         self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
     ) -> torch.Tensor:
         """One conditioning per chain on its ``[L, L]`` block, then an elimination."""
+        return self._chain_and_then(values, mask, chain, None)[0]
+
+    def _log_marginals_chain_then(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, then: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same conditioning on the ``[L + T, L + T]`` block of the chain and ``then``:
+        after the chain's ``L`` elimination steps the ``then`` block is the kernel given the
+        prefix and the whole chain."""
+        return self._chain_and_then(values, mask, chain, then)
+
+    def _chain_and_then(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, then
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         num_chains, length = chain.shape
+        width = 0 if then is None else then.shape[1]
+        device = values.device
         x = values.gather(1, chain).clamp(0, 1)
         inert = mask.gather(1, chain) | chain_repeats(chain)  # point masses
-        if num_chains == 0 or length == 0:
-            prob = torch.empty(num_chains, length, dtype=torch.float64, device=values.device)
+        if num_chains == 0 or length + width == 0:
+            prob = torch.empty(num_chains, length + width, dtype=torch.float64, device=device)
         else:
             out_pins, in_pins, impossible = self._pins(values, mask)
-            block, singular = self._conditioned(out_pins, in_pins, chain, full=True)
+            targets = chain if then is None else torch.cat([chain, then], 1)
+            block, singular = self._conditioned(out_pins, in_pins, targets, full=True)
             prob = _chain_probabilities(block, x, inert)
-            # |X| <= rank and |X| >= the number of unit eigenvalues, row by row
+            # |X| <= rank and |X| >= the number of unit eigenvalues, row by row (the row
+            # after the chain: once the whole chain is pinned)
             new_in = (~inert & (x == 1)).long()
             new_out = (~inert & (x == 0)).long()
             ins = in_pins.sum(1, keepdim=True) + new_in.cumsum(1) - new_in
             outs = out_pins.sum(1, keepdim=True) + new_out.cumsum(1) - new_out
+            if width:
+                ins = torch.cat([ins, (ins[:, -1:] + new_in[:, -1:]).expand(-1, width)], 1)
+                outs = torch.cat([outs, (outs[:, -1:] + new_out[:, -1:]).expand(-1, width)], 1)
             bad = (ins > self.rank) | (self.num_coords - outs < self.num_unit)
             prob = _snap(prob, (singular | impossible).unsqueeze(1) | bad)
         out = torch.stack([torch.log1p(-prob), torch.log(prob)], -1)
-        return point_mass(out, inert, x)
+        chain_out = point_mass(out[:, :length], inert, x)
+        if then is None:
+            return chain_out, None
+        pinned = mask.clone()
+        pinned.scatter_(1, chain, True)
+        after = point_mass(
+            out[:, length:], pinned.gather(1, then), values.gather(1, then).clamp(0, 1)
+        )
+        return chain_out, after
 
 
 def _chain_probabilities(block: torch.Tensor, x: torch.Tensor, inert: torch.Tensor) -> torch.Tensor:
     """``P(chain[j] in X | prefix, chain[:j])`` [C, L] from the conditional kernel ``K'``
-    [C, L, L] of the chain given its prefix, and the chain's values ``x`` [C, L].
+    [C, L, L] of the chain given its prefix, and the chain's values ``x`` [C, L]. A block
+    [C, L + T, L + T] whose last ``T`` items follow the chain gives [C, L + T]: the chain's,
+    then ``P(item in X | prefix, chain)`` of each of those items (none is eliminated).
 
     Pinning item ``i`` in is ``K <- K - K[:, i] K[i, :] / K_ii`` and pinning it out
     ``K <- K - K[:, i] K[i, :] / (K_ii - 1)``: Gaussian elimination without pivoting of
@@ -555,23 +585,23 @@ def _chain_probabilities(block: torch.Tensor, x: torch.Tensor, inert: torch.Tens
     the rows after it hold inf or NaN (they are conditioned on an impossible assignment).
     ``inert`` coordinates (already pinned) are removed: identity rows and columns.
     """
-    num_chains, length, _ = block.shape
-    out_flag = ((x == 0) & ~inert).to(block.dtype)
+    num_chains, size, _ = block.shape
+    length = x.shape[1]
+    after = block.new_zeros(num_chains, size - length)
+    out_flag = torch.cat([((x == 0) & ~inert).to(block.dtype), after], 1)
+    inert = torch.cat([inert, after > 0], 1)
     keep = ~(inert.unsqueeze(1) | inert.unsqueeze(2))
     a = (
         torch.where(keep, block, 0.0)
         - torch.diag_embed(out_flag)
         + torch.diag_embed(inert.to(block.dtype))
     )
-    pivots = torch.empty(num_chains, length, dtype=block.dtype, device=block.device)
     for j in range(length):
-        pivot = a[:, j, j].clone()
-        pivots[:, j] = pivot
-        if j + 1 < length:
-            column = a[:, j + 1 :, j] / pivot.unsqueeze(1)  # [C, m]
+        if j + 1 < size:
+            column = a[:, j + 1 :, j] / a[:, j, j].unsqueeze(1)  # [C, m]
             trailing = a[:, j + 1 :, j + 1 :]
             trailing.baddbmm_(column.unsqueeze(2), a[:, j : j + 1, j + 1 :], alpha=-1.0)
-    return pivots + out_flag
+    return a.diagonal(dim1=1, dim2=2) + out_flag
 
 
 def _snap(prob: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:

@@ -8,11 +8,10 @@ from typing import Any
 import torch
 
 from ._util import (
+    ChainThen,
     ExactOracle,
     as_float64,
     chain_repeats,
-    check_query,
-    check_targets,
     log_normalize,
     logsumexp,
     point_mass,
@@ -69,7 +68,7 @@ def _check_forest_edges(edges: Any, num_nodes: int | None) -> tuple[torch.Tensor
     return e, num_nodes
 
 
-class TreePottsOracle(ExactOracle):
+class TreePottsOracle(ChainThen, ExactOracle):
     """Exact conditional marginals of a Potts model on a tree or forest.
 
     ``p(x) ∝ exp(sum_{e = (u, v)} psi_e(x_u, x_v) + sum_i fields[i, x_i])`` on ``[q]^N``,
@@ -343,54 +342,16 @@ class TreePottsOracle(ExactOracle):
     ) -> torch.Tensor:
         return self._marked_queries(values, mask, chain, nested=True)
 
-    def log_marginals_chain_then(
+    def _log_marginals_chain_then(
         self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, then: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A chain query and the row after it: what a verification and the next block's
-        draft row need, for about the price of the chain alone.
-
-        Parameters
-        ----------
-        values, mask, chain
-            As in :meth:`log_marginals_chain`.
-        then : LongTensor[C, T]
-            Coordinates read by one more row per chain, which pins the prefix and the whole
-            chain (repeats allowed).
-
-        Returns
-        -------
-        out : DoubleTensor[C, L, q]
-            :meth:`log_marginals_chain`.
-        after : DoubleTensor[C, T, q]
-            ``after[c, k] = log mu(X_{then[c, k]} = . | X_S = values_S)`` with
-            ``S = mask[c] + chain[c]``; a point mass where ``then[c, k]`` is in ``S``.
-
-        Examples
-        --------
-        >>> import torch
-        >>> oracle = TreePottsOracle.ising([(0, 1), (1, 2), (1, 3)], coupling=0.5)
-        >>> values = torch.tensor([[1, 0, 1, 0]])
-        >>> mask = torch.tensor([[True, False, False, False]])
-        >>> out, after = oracle.log_marginals_chain_then(
-        ...     values, mask, torch.tensor([[2, 1]]), torch.tensor([[3]])
-        ... )
-        >>> pins = torch.tensor([[True, True, True, False]])
-        >>> row = oracle.log_marginals_at(values, pins, torch.tensor([[3]]))
-        >>> torch.allclose(after, row)  # x_3 given x_0, x_2 and x_1
-        True
-        """
-        values, mask = check_query(values, mask, self.num_coords)
-        batch = values.shape[0]
-        chain = check_targets(chain, batch, self.num_coords, name="chain").to(values.device)
-        then = check_targets(then, batch, self.num_coords, name="then").to(values.device)
-        oracle = self._on(values.device)
-        if not oracle._hard:  # by events, see _chain_events
-            return oracle._marked_queries(values, mask, chain, nested=True, then=then)
+        if not self._hard:  # by events, see _chain_events
+            return self._marked_queries(values, mask, chain, nested=True, then=then)
         pinned = mask.clone()
         pinned.scatter_(1, chain, True)
         return (
-            oracle._marked_queries(values, mask, chain, nested=True),
-            oracle._marked_queries(values, pinned, then, nested=False),
+            self._marked_queries(values, mask, chain, nested=True),
+            self._marked_queries(values, pinned, then, nested=False),
         )
 
     def _marked_queries(

@@ -377,6 +377,33 @@ def test_chain_queries_match_rows(kind, path):
         assert out[0, 6, 1] == -math.inf  # the seventh item has no room
 
 
+@pytest.mark.parametrize(
+    "kind,path", [(kind, path) for kind in ("kernel", "L", "features") for path in PATHS]
+)
+def test_chain_then_row_matches_rows(kind, path):
+    # the row after the chain: the [L + T] block, eliminated over the chain only
+    n = 150
+    oracle = _chain_oracles(n)[kind]
+    oracle.path = path
+    values, mask, chain = random_chains(n, 2, 40, 17, seed=2, pin_probability=0.2)
+    if kind == "features":
+        values = torch.where(
+            torch.rand(values.shape, generator=torch.Generator().manual_seed(4)) < 0.02, values, 0
+        )
+    then = torch.randint(0, n, (40, 6), generator=torch.Generator().manual_seed(3))
+    then[:, -1] = chain[:, 0]  # pinned by the chain: a point mass
+    out, after = oracle.log_marginals_chain_then(values, mask, chain, then)
+    torch.testing.assert_close(out, oracle.log_marginals_chain(values, mask, chain), equal_nan=True)
+    pinned = mask.clone()
+    pinned.scatter_(1, chain, True)
+    expected = oracle.log_marginals_at(values, pinned, then)
+    possible = ~torch.isnan(expected).any(-1).any(-1)
+    assert int(possible.sum()) > 20
+    torch.testing.assert_close(after[possible].exp(), expected[possible].exp(), atol=1e-9, rtol=0)
+    first = values.gather(1, chain[:, :1])[:, 0].clamp(0, 1)
+    assert torch.equal(after[:, -1].exp(), torch.nn.functional.one_hot(first, 2).double())
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("rank,projection", [(3, False), (3, True)])
 def test_chain_queries_with_impossible_pins(rank, projection, path):
