@@ -218,25 +218,16 @@ class OracleRows:
         attached = row_of >= 0
         then_width = torch.where(attached, width[row_of.clamp(min=0)], 0)
         chain_answer, then_answer = self._chains(values, *chains, then_width)
-        total, max_width = frame.numel(), int(width.max())
-        log_probs = torch.zeros(total, max_width, self.q, dtype=torch.float64, device=self.device)
-        bad = torch.zeros(total, max_width, dtype=torch.bool, device=self.device)
-        log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=self.device)
         parts = []
         if then_answer is not None:
             ci = attached.nonzero().flatten()
             parts.append((row_of[ci], then_answer.part(ci)))
-        asked = torch.ones(total, dtype=torch.bool, device=self.device)
+        asked = torch.ones(frame.numel(), dtype=torch.bool, device=self.device)
         asked[row_of[attached]] = False
         ri = asked.nonzero().flatten()
         if ri.numel():
             parts.append((ri, self._targeted(values, *(x[ri] for x in rows))))
-        for index, part in parts:
-            w = part.log_probs.shape[1]
-            log_probs[index, :w] = part.log_probs
-            bad[index, :w] = part.bad
-            log_mass[index, :w] = part.log_mass
-        return Answer(log_probs, bad, log_mass), chain_answer
+        return _assemble(parts, width, self.q), chain_answer
 
     def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
         """Targeted rows, in as few calls as padding allows (see :func:`width_groups`)."""
@@ -441,24 +432,27 @@ def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
 def _scatter_groups(groups, widths: tuple[torch.Tensor, ...], q: int, ask) -> list[Answer]:
     """Ask every group (``ask(idx)``: one Answer per entry of ``widths``) and place the
     answers back in request order, each padded to the widest of its ``widths``."""
-    out = []
-    for width in widths:
-        total, max_width = width.numel(), int(width.max())
-        device = width.device
-        out.append(
-            Answer(
-                torch.zeros(total, max_width, q, dtype=torch.float64, device=device),
-                torch.zeros(total, max_width, dtype=torch.bool, device=device),
-                torch.zeros(total, max_width, dtype=torch.float64, device=device),
-            )
-        )
-    for idx in groups:
-        for whole, part in zip(out, ask(idx)):
-            w = part.log_probs.shape[1]
-            whole.log_probs[idx, :w] = part.log_probs
-            whole.bad[idx, :w] = part.bad
-            whole.log_mass[idx, :w] = part.log_mass
-    return out
+    answers = [ask(idx) for idx in groups]
+    return [
+        _assemble([(idx, answer[k]) for idx, answer in zip(groups, answers)], width, q)
+        for k, width in enumerate(widths)
+    ]
+
+
+def _assemble(parts: list[tuple[torch.Tensor, Answer]], width: torch.Tensor, q: int) -> Answer:
+    """Answers of parts of the requests (``(indices, Answer)`` pairs) in request order, padded
+    to the widest of ``width`` [R] (padding: ``bad`` False)."""
+    total, max_width = width.numel(), int(width.max())
+    device = width.device
+    log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=device)
+    bad = torch.zeros(total, max_width, dtype=torch.bool, device=device)
+    log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=device)
+    for index, part in parts:
+        w = part.log_probs.shape[1]
+        log_probs[index, :w] = part.log_probs
+        bad[index, :w] = part.bad
+        log_mass[index, :w] = part.log_mass
+    return Answer(log_probs, bad, log_mass)
 
 
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:

@@ -405,6 +405,12 @@ def chain_repeats(chain: torch.Tensor) -> torch.Tensor:
     return repeated
 
 
+def pinned_with_chain(mask: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
+    """BoolTensor[C, n]: ``mask`` with every coordinate of ``chain`` [C, L] pinned (what the
+    row after a chain conditions on)."""
+    return mask.clone().scatter_(1, chain, True)
+
+
 def chain_rows(
     values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,15 @@ from typing import Any
 
 import torch
 
-from ._util import ChainThen, ExactOracle, as_float64, chain_repeats, point_mass, work_entries
+from ._util import (
+    ChainThen,
+    ExactOracle,
+    as_float64,
+    chain_repeats,
+    pinned_with_chain,
+    point_mass,
+    work_entries,
+)
 
 __all__ = ["DPPOracle"]
 
@@ -556,19 +564,18 @@ class DPPOracle(ChainThen, ExactOracle):
             ins = in_pins.sum(1, keepdim=True) + new_in.cumsum(1) - new_in
             outs = out_pins.sum(1, keepdim=True) + new_out.cumsum(1) - new_out
             if width:
-                ins = torch.cat([ins, (ins[:, -1:] + new_in[:, -1:]).expand(-1, width)], 1)
-                outs = torch.cat([outs, (outs[:, -1:] + new_out[:, -1:]).expand(-1, width)], 1)
+                all_in = in_pins.sum(1, keepdim=True) + new_in.sum(1, keepdim=True)
+                all_out = out_pins.sum(1, keepdim=True) + new_out.sum(1, keepdim=True)
+                ins = torch.cat([ins, all_in.expand(-1, width)], 1)
+                outs = torch.cat([outs, all_out.expand(-1, width)], 1)
             bad = (ins > self.rank) | (self.num_coords - outs < self.num_unit)
             prob = _snap(prob, (singular | impossible).unsqueeze(1) | bad)
         out = torch.stack([torch.log1p(-prob), torch.log(prob)], -1)
         chain_out = point_mass(out[:, :length], inert, x)
         if then is None:
             return chain_out, None
-        pinned = mask.clone()
-        pinned.scatter_(1, chain, True)
-        after = point_mass(
-            out[:, length:], pinned.gather(1, then), values.gather(1, then).clamp(0, 1)
-        )
+        done = pinned_with_chain(mask, chain).gather(1, then)
+        after = point_mass(out[:, length:], done, values.gather(1, then).clamp(0, 1))
         return chain_out, after
 
 

@@ -14,6 +14,7 @@ from ._util import (
     chain_repeats,
     log_normalize,
     logsumexp,
+    pinned_with_chain,
     point_mass,
 )
 
@@ -347,11 +348,9 @@ class TreePottsOracle(ChainThen, ExactOracle):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._hard:  # by events, see _chain_events
             return self._marked_queries(values, mask, chain, nested=True, then=then)
-        pinned = mask.clone()
-        pinned.scatter_(1, chain, True)
         return (
             self._marked_queries(values, mask, chain, nested=True),
-            self._marked_queries(values, pinned, then, nested=False),
+            self._marked_queries(values, pinned_with_chain(mask, chain), then, nested=False),
         )
 
     def _marked_queries(
@@ -385,9 +384,7 @@ class TreePottsOracle(ChainThen, ExactOracle):
         )
         after = None
         if then is not None:
-            pinned = mask.clone()
-            pinned.scatter_(1, chain, True)
-            done = pinned.gather(1, then)
+            done = pinned_with_chain(mask, chain).gather(1, then)
             after = point_mass(
                 torch.zeros(num_chains, then.shape[1], q, dtype=torch.float64, device=device),
                 done,

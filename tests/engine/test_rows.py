@@ -7,18 +7,12 @@ import torch
 
 import pyro_autospec.engine.rows as rows_module
 from pyro_autospec.engine.rows import OracleRows
+from tests.oracles._oracle_reference import Wrapper
 from tests.oracles.test_tree_potts import random_forest
 
 
-class WithoutThen:
+class WithoutThen(Wrapper):
     """The same oracle without ``log_marginals_chain_then``: the engine asks targeted rows."""
-
-    def __init__(self, oracle):
-        self.oracle = oracle
-        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
-
-    def log_marginals(self, values, mask):
-        return self.oracle.log_marginals(values, mask)
 
     def log_marginals_at(self, values, mask, targets):
         return self.oracle.log_marginals_at(values, mask, targets)

@@ -31,6 +31,18 @@ def naive_conditionals(log_table: torch.Tensor, values, mask) -> torch.Tensor:
     return sums / sums[0].sum()
 
 
+class Wrapper:
+    """An oracle's sizes and ``log_marginals``: the base of test wrappers that offer some of
+    its other methods (or answer them another way)."""
+
+    def __init__(self, oracle):
+        self.oracle = oracle
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+
+    def log_marginals(self, values, mask):
+        return self.oracle.log_marginals(values, mask)
+
+
 def random_queries(n: int, q: int, batch: int, seed: int, pin_probability: float = 0.4):
     """Random (values, mask, targets) with every mask density; targets have 3 columns."""
     gen = torch.Generator().manual_seed(seed)

@@ -402,6 +402,11 @@ def test_chain_then_row_matches_rows(kind, path):
     torch.testing.assert_close(after[possible].exp(), expected[possible].exp(), atol=1e-9, rtol=0)
     first = values.gather(1, chain[:, :1])[:, 0].clamp(0, 1)
     assert torch.equal(after[:, -1].exp(), torch.nn.functional.one_hot(first, 2).double())
+    # an empty chain: the row after it is a plain row
+    _, alone = oracle.log_marginals_chain_then(values, mask, chain[:, :0], then)
+    rows = oracle.log_marginals_at(values, mask, then)
+    possible = ~torch.isnan(rows).any(-1).any(-1)
+    torch.testing.assert_close(alone[possible].exp(), rows[possible].exp(), atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("path", PATHS)

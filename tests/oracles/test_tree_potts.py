@@ -5,6 +5,7 @@ import torch
 
 from pyro_autospec.oracles.tree_potts import TreePottsOracle
 from tests.oracles._oracle_reference import (
+    Wrapper,
     assert_chain_matches_rows,
     assert_same_marginals,
     random_chains,
@@ -145,16 +146,9 @@ def test_chain_queries_match_rows(n, q, hard, forest, length):
     assert compared > 40 * min(length, n) // 4
 
 
-class FullPass:
+class FullPass(Wrapper):
     """Targeted rows read from belief propagation over the whole forest (``log_marginals``),
     which is NaN on every row conditioned on an impossible assignment."""
-
-    def __init__(self, oracle):
-        self.oracle = oracle
-        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
-
-    def log_marginals(self, values, mask):
-        return self.oracle.log_marginals(values, mask)
 
     def log_marginals_at(self, values, mask, targets):
         full = self.oracle.log_marginals(values, mask)
