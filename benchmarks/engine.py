@@ -10,7 +10,9 @@ Three parts (``--parts``), each printing a markdown table:
   bookkeeping, since an oracle that answers chain queries natively needs them once per chain.
 * ``race``: wall time of ``autospec``, ``speculative``, ``agr24`` and ``sequential`` on the
   Markov chain, the HMM posterior and the tree Potts model of ``benchmarks/rounds.py``, with
-  the oracles as shipped (native chain queries where they have them), at ``--race-n``.
+  the oracles as shipped (native chain queries where they have them), at ``--race-n``; also
+  autospec with each ``--max-blocks`` (smaller blocks: fewer rows for more rounds, the
+  trade that decides the race on a CPU).
 * ``draws``: the same race at ``--race-n`` for ``--draws`` draws at a time (1 to 64 by
   default), Markov chain and HMM: where autospeculation wins and loses on a CPU as the batch
   grows (rounds stay about the same, rows add up, and a CPU pays for every row).
@@ -101,16 +103,20 @@ def race(args) -> None:
         "| wall / draw (s) | sequential / this | this / fastest baseline |"
     )
     print("|" + "---|" * 9)
+    runs = [(m, m, {}) for m in METHODS] + [
+        (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
+    ]
     for family in args.families:
         oracle = FAMILIES[family](n)
         results = {
-            m: sample_any_order(oracle, args.num_samples, seed=args.seed, method=m) for m in METHODS
+            label: sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
+            for label, m, knobs in runs
         }
-        fastest = min(results[m].wall_time for m in METHODS if m not in ("autospec",))
-        for m in METHODS:
-            r = results[m]
+        fastest = min(results[m].wall_time for m in METHODS if m != "autospec")
+        for label, _, _ in runs:
+            r = results[label]
             print(
-                f"| {family} | {m} | {r.rounds} | {r.sample_rounds.double().mean():.1f} | "
+                f"| {family} | {label} | {r.rounds} | {r.sample_rounds.double().mean():.1f} | "
                 f"{r.oracle_rows / r.num_samples:.0f} | {r.wall_time:.2f} | "
                 f"{r.wall_time / r.num_samples:.3f} | "
                 f"{results['sequential'].wall_time / r.wall_time:.1f} | "
@@ -194,6 +200,13 @@ def main(argv=None) -> None:
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--race-n", type=int, default=4096)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument(
+        "--max-blocks",
+        nargs="*",
+        type=int,
+        default=[16],
+        help="race: also autospec with these max_block (fewer rows, more rounds)",
+    )
     parser.add_argument("--grid", nargs=2, type=int, default=[4, 5], help="Ising grid rows cols")
     parser.add_argument("--draws", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--batching-draws", type=int, default=1000)
@@ -205,7 +218,7 @@ def main(argv=None) -> None:
     if args.smoke:
         args.sizes, args.num_samples, args.race_n = [64], 4, 64
         args.grid, args.batching_draws, args.concurrency = [2, 3], 40, [10]
-        args.draws = [1, 4]
+        args.draws, args.max_blocks = [1, 4], [4]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s))")

@@ -87,6 +87,19 @@ class DiscreteBlocks:
             self.log_nu = grown
         return self.log_nu
 
+    def _read(self, seq: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+        """``frames[seq[k], coords[k, j]]`` as a LongTensor[K, W] (``seq`` [K]).
+
+        By one ``index_select`` on the flat frames: two to three times faster on a CPU than
+        indexing with two index tensors."""
+        flat = (seq.unsqueeze(1) * self.num_positions + coords).view(-1)
+        return self._frames().view(-1).index_select(0, flat).view(coords.shape).long()
+
+    def _write(self, seq: torch.Tensor, coords: torch.Tensor, x: torch.Tensor) -> None:
+        """``frames[seq[k], coords[k]] = x[k]`` (all LongTensor[K])."""
+        flat = seq * self.num_positions + coords
+        self._frames().view(-1).index_copy_(0, flat, x.to(self.dtype))
+
     def init_frames(self, seqs: torch.Tensor, draws: torch.Tensor) -> None:
         self._frames()[seqs] = 0
 
@@ -114,7 +127,8 @@ class DiscreteBlocks:
     def _coords(self, draw: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
         """Coordinates ``sigma[start + j]`` for ``j < count`` (clamped to the order's end)."""
         pos = (start.unsqueeze(1) + self._offsets[:count]).clamp(max=self.num_positions - 1)
-        return self.rows.orders[draw.unsqueeze(1), pos]
+        flat = (draw.unsqueeze(1) * self.num_positions + pos).view(-1)
+        return self.rows.orders.view(-1).index_select(0, flat).view(pos.shape)
 
     def _block(self, view):
         """``(size, coords [K, W], valid [K, W], row data [K, W, q])`` of blocks."""
@@ -131,19 +145,19 @@ class DiscreteBlocks:
         size, coords, valid, data = self._block(view)
         width = coords.shape[1]
         noise = keys.gumbel(view.key.view(-1, 1, 1), keys.Tag.DRAFT, self._counter[:, :width])
-        x = torch.argmax(data + noise, dim=-1)
+        x = (data + noise).max(dim=-1).indices  # argmax; max's indices are faster on a CPU
         picked = data.gather(2, x.unsqueeze(-1)).squeeze(-1)
         self._node_log_nu()[view.ids] = torch.where(valid, picked, 0.0).sum(1)
         seq = view.seq.unsqueeze(1).expand_as(coords)
-        self._frames()[seq[valid], coords[valid]] = x[valid].to(self.dtype)
+        self._write(seq[valid], coords[valid], x[valid])
 
     def leaf(self, view) -> torch.Tensor:
         """Draw one-coordinate blocks from their row; return their ``log mu``."""
         data = self.slots["data"][view.row, 0]  # [K, q]
         noise = keys.gumbel(view.key.unsqueeze(1), keys.Tag.DRAFT, self._counter[0, 0])
-        x = torch.argmax(data + noise, dim=-1)
+        x = (data + noise).max(dim=-1).indices
         coord = self.rows.orders[view.draw, view.a]
-        self._frames()[view.seq, coord] = x.to(self.dtype)
+        self._write(view.seq, coord, x)
         return data.gather(1, x.unsqueeze(1)).squeeze(1)
 
     def accepted(self, view, pick: torch.Tensor) -> None:
@@ -152,7 +166,7 @@ class DiscreteBlocks:
     def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
         """``log nu`` of each try's values under its owner's draft row."""
         size, coords, valid, data = self._block(owners)
-        y = self._frames()[threads.unsqueeze(1), coords].long()
+        y = self._read(threads, coords)
         picked = data.gather(2, y.unsqueeze(-1)).squeeze(-1)
         return torch.where(valid, picked, 0.0).sum(1)
 
@@ -198,7 +212,7 @@ class DiscreteBlocks:
             return row_slots, self._empty_double, self._empty_double, next_rows
         # log mu of the drafted block: first coordinate from the draft row, then the chain
         size, coords, valid, data = self._block(vv)
-        x = self._frames()[vv.seq.unsqueeze(1), coords].long()  # [K, W]
+        x = self._read(vv.seq, coords)  # [K, W]
         first = data[:, 0].gather(1, x[:, :1]).squeeze(1)
         length = chain_answer.log_probs.shape[1]
         steps = chain_answer.log_probs.gather(2, x[:, 1 : 1 + length].unsqueeze(-1)).squeeze(-1)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.oracles._util import logsumexp
 from pyro_autospec.oracles.base import (
     has_chain_marginals,
     has_chain_then,
@@ -87,7 +88,7 @@ class OracleRows:
     ):
         self.oracle = oracle
         self.device = device
-        self.orders = orders.to(device)
+        self.orders = orders.to(device).contiguous()
         self.n = int(oracle.num_coords)
         self.q = int(oracle.num_values)
         rank_dtype = torch.int16 if self.n < 2**15 else torch.int32
@@ -460,7 +461,7 @@ def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:
     out = out.detach().to(torch.float64)
     # logsumexp is NaN if an entry is NaN, +inf if one is +inf (and none is NaN), -inf if
     # every entry is -inf: one comparison flags a NaN, +inf, massless or unnormalised row.
-    log_mass = torch.logsumexp(out, dim=-1)
+    log_mass = logsumexp(out)
     bad = ~(log_mass.abs() <= tol) & valid
     return Answer(out - log_mass.unsqueeze(-1), bad, log_mass)
 
