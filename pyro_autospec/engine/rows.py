@@ -461,7 +461,8 @@ def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:
     out = out.detach().to(torch.float64)
     # logsumexp is NaN if an entry is NaN, +inf if one is +inf (and none is NaN), -inf if
     # every entry is -inf: one comparison flags a NaN, +inf, massless or unnormalised row.
-    log_mass = logsumexp(out)
+    # (torch's on a GPU: fewer kernels; on a CPU its sum over the few values is slow.)
+    log_mass = logsumexp(out) if out.device.type == "cpu" else torch.logsumexp(out, dim=-1)
     bad = ~(log_mass.abs() <= tol) & valid
     return Answer(out - log_mass.unsqueeze(-1), bad, log_mass)
 
