@@ -20,8 +20,9 @@ Three parts (``--parts``), each printing a markdown table:
   Ising grid of ``benchmarks/pyro_models.py`` (AutoSpec with exact enumeration): whole-run
   rounds and rows at several concurrencies against all draws at once and sequential sampling.
 
-Every timing is one run on a shared machine: read the ratios within a table, not the absolute
-seconds. ``uptime``'s load is printed with each part.
+``--device cuda`` runs the oracles and the engine on a GPU (one small untimed run per method
+first). Every timing is one run on a shared machine: read the ratios within a table, not the
+absolute seconds. ``uptime``'s load is printed with each part.
 
 Usage::
 
@@ -29,6 +30,7 @@ Usage::
     python benchmarks/engine.py --smoke         # seconds, for CI
     python benchmarks/engine.py --parts race --race-n 4096 --num-samples 16
     python benchmarks/engine.py --parts draws --draws 1 4 16 64
+    python benchmarks/engine.py --device cuda --parts overhead race --max-blocks 16  # on a GPU
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class RowsOnly:
     def __init__(self, oracle):
         self.inner = oracle
         self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+        self.device = oracle.device
 
     def log_marginals_at(self, values, mask, targets):
         return self.inner.log_marginals_at(values, mask, targets)
@@ -70,6 +73,13 @@ def load() -> str:
         return "load average unknown"
 
 
+def warm_up(oracle, methods, args) -> None:
+    """On a GPU, one small untimed run per method first (context, kernels, allocator)."""
+    if torch.device(args.device).type != "cpu":
+        for m in methods:
+            sample_any_order(oracle, 2, seed=args.seed + 1, method=m)
+
+
 def overhead(args) -> None:
     print(f"\n## Engine overhead per row ({args.num_samples} draws, one torch thread; {load()})\n")
     print(
@@ -78,7 +88,8 @@ def overhead(args) -> None:
     )
     print("|" + "---|" * 9)
     for k, n in enumerate(args.sizes):
-        oracle = RowsOnly(markov(n))
+        oracle = RowsOnly(markov(n, device=args.device))
+        warm_up(oracle, ["autospec"], args)
         engines = ["fast", "reference"] if k == 0 and not args.no_reference else ["fast"]
         for engine in engines:
             r = sample_any_order(oracle, args.num_samples, seed=args.seed, engine=engine)
@@ -107,7 +118,8 @@ def race(args) -> None:
         (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
     ]
     for family in args.families:
-        oracle = FAMILIES[family](n)
+        oracle = FAMILIES[family](n, device=args.device)
+        warm_up(oracle, METHODS, args)
         results = {
             label: sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
             for label, m, knobs in runs
@@ -140,7 +152,8 @@ def draws(args) -> None:
     )
     print("|" + "---|" * 8)
     for family in [f for f in args.families if f != "tree_potts"]:
-        oracle = FAMILIES[family](n)
+        oracle = FAMILIES[family](n, device=args.device)
+        warm_up(oracle, METHODS, args)
         for count in args.draws:
             results = {
                 m: sample_any_order(oracle, count, seed=args.seed, method=m) for m in METHODS
@@ -179,7 +192,13 @@ def batching(args) -> None:
     for method, concurrency in runs:
         knobs = {} if concurrency is None else {"max_concurrent_draws": concurrency}
         fit = AutoSpec(
-            ising, num_samples=draws, method=method, seed=args.seed, disable_progbar=True, **knobs
+            ising,
+            num_samples=draws,
+            method=method,
+            seed=args.seed,
+            disable_progbar=True,
+            device=args.device,
+            **knobs,
         )
         start = time.perf_counter()
         fit.run(y)
@@ -213,6 +232,7 @@ def main(argv=None) -> None:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[400, 250, 100])
     parser.add_argument("--no-reference", action="store_true", help="skip the reference engine")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="where the oracles run (cpu, cuda)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.smoke:
@@ -221,7 +241,10 @@ def main(argv=None) -> None:
         args.draws, args.max_blocks = [1, 4], [4]
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s))")
+    where = args.device
+    if torch.device(where).type == "cuda":
+        where += f" ({torch.cuda.get_device_name(torch.device(where))})"
+    print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s), {where})")
     for part in args.parts:
         {"overhead": overhead, "race": race, "draws": draws, "batching": batching}[part](args)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
