@@ -91,7 +91,8 @@ class DiscreteBlocks:
         """``frames[seq[k], coords[k, j]]`` as a LongTensor[K, W] (``seq`` [K]).
 
         By one ``index_select`` on the flat frames: two to three times faster on a CPU than
-        indexing with two index tensors."""
+        indexing with two index tensors.
+        """
         flat = (seq.unsqueeze(1) * self.num_positions + coords).view(-1)
         return self._frames().view(-1).index_select(0, flat).view(coords.shape).long()
 

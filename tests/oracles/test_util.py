@@ -79,10 +79,10 @@ def test_chain_query_errors():
         oracle.log_marginals_chain(values[:, :2], mask[:, :2], torch.zeros(2, 1, dtype=torch.long))
 
 
-@pytest.mark.parametrize("q", [0, 1, 2, 3, 4, 7, 32, 33])
+@pytest.mark.parametrize("q", [0, 1, 2, 3, 4, 5, 33])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sum_last_and_logsumexp_match_torch(q, dtype):
-    # the fast paths (slices for q <= 3, a matrix-vector product up to 32) against torch, with
+    # the fast path (slices added for q <= 4 on a CPU) against torch's sum and logsumexp, with
     # the special values the engine's row check relies on: a NaN entry gives NaN, a +inf entry
     # +inf, a row of -inf gives -inf
     x = torch.randn(40, 5, q, generator=torch.Generator().manual_seed(q)).to(dtype)
