@@ -128,8 +128,7 @@ class DiscreteBlocks:
     def _coords(self, draw: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
         """Coordinates ``sigma[start + j]`` for ``j < count`` (clamped to the order's end)."""
         pos = (start.unsqueeze(1) + self._offsets[:count]).clamp(max=self.num_positions - 1)
-        flat = (draw.unsqueeze(1) * self.num_positions + pos).view(-1)
-        return self.rows.orders.view(-1).index_select(0, flat).view(pos.shape)
+        return self.rows.coords(draw, pos)
 
     def _block(self, view):
         """``(size, coords [K, W], valid [K, W], row data [K, W, q])`` of blocks."""

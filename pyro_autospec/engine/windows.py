@@ -156,7 +156,7 @@ class WindowSampler:
 
     def _coords(self, lanes: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
         pos = (start.unsqueeze(1) + torch.arange(count, device=self.device)).clamp(max=self.n - 1)
-        return self.rows.orders[self.draw[lanes].unsqueeze(1), pos]
+        return self.rows.coords(self.draw[lanes], pos)
 
     def _noise(self, lanes: torch.Tensor, width: int) -> torch.Tensor:
         """Draft noise [L, width, q] of the window at ``t`` of each lane."""
