@@ -79,7 +79,7 @@ class PairwiseChainOracle(SeparatorOracle):
     overflow nor underflow.
     Pinned coordinates get a point mass; rows conditioned on an impossible assignment are NaN.
     Chain queries (:meth:`log_marginals_chain`) find nearest pins as
-    :class:`MarkovChainOracle` does (once per chain, then a sort of the chain), then combine
+    :class:`MarkovChainOracle` does (once per chain, then within the chain), then combine
     each row in ``O(q^2)``: ``O(n / 8 + L log n + L q^2)`` per chain.
 
     Examples

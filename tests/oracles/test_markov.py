@@ -168,11 +168,14 @@ def random_chain_oracle(n, q, seed):
     return MarkovChainOracle(initial, transition, n)
 
 
-# n = 200: scan; 304: 64-bit words; 301: running count. Chains up to ~sqrt(n).
+# n = 200: scan; 304: 64-bit words; 301: running count. Chains up to ~sqrt(n). The chain's
+# own pins come from comparing every pair (short chains) or from sorting each chain.
+@pytest.mark.parametrize("pairwise", [True, False], ids=["pairwise", "sorted"])
 @pytest.mark.parametrize(
     "n,q,length", [(1, 2, 3), (7, 3, 5), (200, 3, 15), (304, 3, 20), (301, 2, 20)]
 )
-def test_chain_queries_match_rows(n, q, length):
+def test_chain_queries_match_rows(n, q, length, pairwise, monkeypatch):
+    monkeypatch.setattr(markov_module, "_PAIRWISE_ELEMENTS", 2**62 if pairwise else -1)
     oracle = random_chain_oracle(n, q, seed=n)
     values, mask, chain = random_chains(n, q, 60, length, seed=n)
     compared = assert_chain_matches_rows(oracle, values, mask, chain)
@@ -182,6 +185,20 @@ def test_chain_queries_match_rows(n, q, length):
     native = oracle.log_marginals_chain(values, mask, chain)
     possible = ~torch.isnan(generic).any(-1)
     torch.testing.assert_close(native[possible], generic[possible], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 40])
+def test_chain_pins_pairwise_equals_sorted(length):
+    gen = torch.Generator().manual_seed(length)
+    chain = torch.randint(0, 3 * length, (200, length), generator=gen)  # with repeats
+    pairwise = markov_module._chain_pins_pairwise(chain, 3 * length)
+    by_sort = markov_module._chain_pins_sorted(chain, 3 * length)
+    repeated = pairwise[2]
+    assert torch.equal(repeated, by_sort[2])
+    if length > 4:
+        assert repeated.any() and (~repeated).any()
+    for mine, theirs in zip(pairwise[:2], by_sort[:2]):  # read only where not repeated
+        assert torch.equal(mine[~repeated], theirs[~repeated])
 
 
 def test_chain_query_by_hand():
