@@ -7,12 +7,15 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64, log_matmul, log_normalize, point_mass
+from ._util import ChainThen, ExactOracle, as_float64, log_matmul, log_normalize, point_mass
 
-__all__ = ["MarkovChainOracle", "chain_nearest_pins", "nearest_pins", "nearest_pins_at"]
-
-# Largest number of (chain coordinate, earlier chain coordinate) pairs compared at once.
-_MAX_PAIRS = 1 << 22
+__all__ = [
+    "MarkovChainOracle",
+    "after_chain_pins",
+    "chain_nearest_pins",
+    "nearest_pins",
+    "nearest_pins_at",
+]
 
 
 def nearest_pins(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,6 +250,45 @@ def _chain_pins_sorted(
     return chain_left.gather(1, inverse), chain_right.gather(1, inverse), repeated
 
 
+def after_chain_pins(
+    chain: torch.Tensor, then: torch.Tensor, left: torch.Tensor, right: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Nearest pins of the coordinates ``then`` once the whole chain is pinned.
+
+    Parameters
+    ----------
+    chain : LongTensor[C, L]
+    then : LongTensor[C, T]
+    left, right : LongTensor[C, T]
+        The nearest pins of ``then`` in the prefix (:func:`nearest_pins_at`).
+    n : int
+        The number of coordinates.
+
+    Returns
+    -------
+    left, right : LongTensor[C, T]
+        The nearest pins of ``then[c, k]`` among the prefix and all of ``chain[c]``.
+    on_chain : BoolTensor[C, T]
+        Whether ``then[c, k]`` is in ``chain[c]`` (then ``left = right = then[c, k]``).
+
+    Notes
+    -----
+    One sort of each chain and a binary search per target: ``O((L + T) log L)`` per chain.
+    """
+    length = chain.shape[1]
+    if length == 0:
+        return left, right, torch.zeros_like(then, dtype=torch.bool)
+    ordered = chain.sort(dim=1).values.contiguous()
+    slot = torch.searchsorted(ordered, then.contiguous())  # first chain coordinate >= target
+    at = ordered.gather(1, slot.clamp(max=length - 1))
+    on_chain = (slot < length) & (at == then)
+    below = torch.where(slot > 0, ordered.gather(1, (slot - 1).clamp(min=0)), -1)
+    above = torch.where(slot < length, at, n)
+    left = torch.where(on_chain, then, torch.maximum(left, below))
+    right = torch.where(on_chain, then, torch.minimum(right, above))
+    return left, right, on_chain
+
+
 def _nearest_smaller(t: torch.Tensor, reverse: bool) -> torch.Tensor:
     """For every ``p``, the nearest ``p' < p`` (``p' > p`` if ``reverse``) with
     ``t[p'] < t[p]``: LongTensor of the shape of ``t`` [C, L], ``-1`` (``L``) if none."""
@@ -276,7 +318,7 @@ def _nearest_smaller(t: torch.Tensor, reverse: bool) -> torch.Tensor:
     return torch.where(found, current, -1)
 
 
-class SeparatorOracle(ExactOracle):
+class SeparatorOracle(ChainThen, ExactOracle):
     """Oracles whose pins are separators: a row needs only the nearest pins of each target.
 
     Subclasses implement ``_combine(values, sites, left, right, pinned)``: the log marginals
@@ -288,7 +330,10 @@ class SeparatorOracle(ExactOracle):
     each one add pins (:func:`chain_nearest_pins`, ``O(L log L)`` or ``O(L^2)`` for short
     chains), and the rows are then combined like any rows. ``O(n / 8 + L log n + L^2)`` per
     chain beyond the combine, instead of ``L`` rows of ``O(n / 8)`` each plus ``L`` copies of
-    the values and mask.
+    the values and mask. The row after a chain (:meth:`log_marginals_chain_then`) shares the
+    chain's search for pins in the prefix and finds the chain's own by a binary search in the
+    sorted chain (:func:`after_chain_pins`), so it costs no dense input and no search of its
+    own.
     """
 
     def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -309,6 +354,28 @@ class SeparatorOracle(ExactOracle):
         left, right = nearest_pins_at(mask, chain)
         left, right, repeated = chain_nearest_pins(chain, left, right, self.num_coords)
         return self._combine(values, chain, left, right, mask.gather(1, chain) | repeated)
+
+    def _log_marginals_chain_then(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, then: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, length = self.num_coords, chain.shape[1]
+        sites = torch.cat([chain, then], 1)
+        left, right = nearest_pins_at(mask, sites)  # one search for the chain and the row after
+        chain_left, chain_right, repeated = chain_nearest_pins(
+            chain, left[:, :length], right[:, :length], n
+        )
+        then_left, then_right, on_chain = after_chain_pins(
+            chain, then, left[:, length:], right[:, length:], n
+        )
+        pinned = mask.gather(1, sites) | torch.cat([repeated, on_chain], 1)
+        out = self._combine(
+            values,
+            sites,
+            torch.cat([chain_left, then_left], 1),
+            torch.cat([chain_right, then_right], 1),
+            pinned,
+        )
+        return out[:, :length], out[:, length:]
 
     def _combine(
         self,

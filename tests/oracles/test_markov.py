@@ -6,6 +6,7 @@ import torch
 
 import pyro_autospec.oracles.markov as markov_module
 from pyro_autospec.oracles._util import ExactOracle
+from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
@@ -14,6 +15,7 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
+from tests.oracles.test_hmm import random_hmm
 
 
 def chain_log_prob(initial, transition):
@@ -185,6 +187,33 @@ def test_chain_queries_match_rows(n, q, length, pairwise, monkeypatch):
     native = oracle.log_marginals_chain(values, mask, chain)
     possible = ~torch.isnan(generic).any(-1)
     torch.testing.assert_close(native[possible], generic[possible], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("n,q,length", [(7, 3, 5), (200, 3, 15), (304, 3, 20), (301, 2, 20)])
+@pytest.mark.parametrize("family", ["markov", "hmm"])
+def test_chain_then_row_matches_rows(n, q, length, family):
+    # the row after the whole chain: its nearest pins among the prefix and every chain coordinate
+    if family == "markov":
+        oracle = random_chain_oracle(n, q, seed=n)
+    else:
+        oracle = HMMOracle(*random_hmm(n, q, seed=n, zeros=True))
+    values, mask, chain = random_chains(n, q, 60, length, seed=n + 1)
+    gen = torch.Generator().manual_seed(n)
+    then = torch.randint(0, n, (60, 6), generator=gen)
+    then[:, -1] = chain[:, 0]  # pinned by the chain: a point mass
+    out, after = oracle.log_marginals_chain_then(values, mask, chain, then)
+    chain_rows = oracle.log_marginals_chain(values, mask, chain)
+    torch.testing.assert_close(out, chain_rows, equal_nan=True, atol=0, rtol=0)
+    pinned = mask.clone().scatter_(1, chain, True)
+    expected = oracle.log_marginals_at(values, pinned, then)
+    possible = ~torch.isnan(expected).any(-1).any(-1)
+    assert int(possible.sum()) > 20
+    torch.testing.assert_close(after[possible], expected[possible], atol=1e-12, rtol=0)
+    first = values.gather(1, chain[:, :1])[:, 0]
+    assert torch.equal(after[:, -1].exp(), torch.nn.functional.one_hot(first, q).double())
+    # an empty chain: the row after it is a plain row
+    _, alone = oracle.log_marginals_chain_then(values, mask, chain[:, :0], then)
+    torch.testing.assert_close(alone, oracle.log_marginals_at(values, mask, then), equal_nan=True)
 
 
 @pytest.mark.parametrize("length", [1, 2, 7, 40])
