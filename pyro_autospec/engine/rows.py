@@ -415,10 +415,13 @@ def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
     list of LongTensor
         Indices of the requests of each group.
     """
+    everything = [torch.arange(width.numel(), device=width.device)]
+    if width.numel() * int(width.max()) <= CALL_COST:  # any split costs more than one call
+        return everything
     bins = torch.ceil(torch.log2(width.double())).long()
     labels, counts = torch.unique(bins, return_counts=True)
     if labels.numel() == 1:
-        return [torch.arange(width.numel(), device=width.device)]
+        return everything
     widest = [int(2**label) for label in labels.tolist()]  # bound on a bin's widest request
     counts = counts.tolist()
     m = len(widest)

@@ -71,3 +71,17 @@ def test_rows_after_chains_match_rows_asked_alone(hard, call_cost, monkeypatch):
     # the rows after chains 0-3 went with them; the second row after chain 0, the row of
     # another order and the one reading past chain 5 were asked alone, like the others
     assert sum(c.shape[0] for c in calls) == 12 - 4
+
+
+def test_width_groups_partition_requests_and_minimise_padding():
+    gen = torch.Generator().manual_seed(0)
+    small = torch.randint(1, 16, (200,), generator=gen)  # 200 * 15 <= CALL_COST: one call
+    assert [g.tolist() for g in rows_module.width_groups(small)] == [list(range(200))]
+    # many narrow requests and a few wide ones: padding the narrow ones to the widest would
+    # cost far more than a second call
+    width = torch.cat([torch.ones(5000, dtype=torch.long), torch.full((3,), 900)])
+    width = width[torch.randperm(width.numel(), generator=gen)]
+    groups = rows_module.width_groups(width)
+    assert len(groups) == 2
+    assert sorted(torch.cat(groups).tolist()) == list(range(width.numel()))
+    assert {int(width[g].max()) for g in groups} == {1, 900}
