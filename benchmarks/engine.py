@@ -1,6 +1,6 @@
 """The engine's own cost, and wall time against the baselines on a CPU, side by side in one run.
 
-Three parts (``--parts``), each printing a markdown table:
+Five parts (``--parts``), each printing a markdown table:
 
 * ``overhead``: engine overhead per row with an oracle that implements only
   ``log_marginals_at`` (a Markov chain wrapped so that the engine sees no chain queries), at
@@ -13,6 +13,9 @@ Three parts (``--parts``), each printing a markdown table:
   the oracles as shipped (native chain queries where they have them), at ``--race-n``; also
   autospec with each ``--max-blocks`` (smaller blocks: fewer rows for more rounds, the
   trade that decides the race on a CPU).
+* ``ops``: torch operations per round of the race's methods (not sequential), the engine's
+  and the oracle's apart. A count, free of timing noise: at these sizes a CPU pays each
+  operation's fixed dispatch price, so this is what a round costs beyond the rows' own work.
 * ``draws``: the same race at ``--race-n`` for ``--draws`` draws at a time (1 to 64 by
   default), Markov chain and HMM: where autospeculation wins and loses on a CPU as the batch
   grows (rounds stay about the same, rows add up, and a CPU pays for every row).
@@ -45,6 +48,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -142,6 +146,55 @@ def race(args) -> None:
             )
 
 
+_PACKAGE = os.sep + "pyro_autospec" + os.sep
+
+
+class _CountOps(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called, by the subpackage (``engine``,
+    ``oracles``, ...) of the innermost frame of the package that called them."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame is not None and _PACKAGE not in frame.f_code.co_filename:
+            frame = frame.f_back
+        part = "other"
+        if frame is not None:
+            part = frame.f_code.co_filename.rsplit(_PACKAGE, 1)[1].split(os.sep)[0]
+        self.counts[part] = self.counts.get(part, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops(args) -> None:
+    """Torch operations per round, engine and oracle apart: a count, so free of timing noise."""
+    n = args.race_n
+    print(
+        f"\n## Torch operations per round, n = {n}, {args.num_samples} draws\n\n"
+        "Every torch function or tensor method the run calls (arithmetic, indexing, reductions, "
+        "shape queries), by the part of the package that called it. On a CPU at these sizes "
+        "each costs mostly its fixed dispatch price, a few microseconds.\n"
+    )
+    print("| family | method | rounds | rows/draw | engine ops / round | oracle ops / round |")
+    print("|---|---|---|---|---|---|")
+    runs = [(m, m, {}) for m in METHODS if m != "sequential"] + [
+        (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
+    ]
+    for family in args.families:
+        oracle = FAMILIES[family](n, device=args.device)
+        for label, m, knobs in runs:
+            with _CountOps() as counter:
+                r = sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
+            per_round = {k: v / r.rounds for k, v in counter.counts.items()}
+            print(
+                f"| {family} | {label} | {r.rounds} | {r.oracle_rows / r.num_samples:.0f} | "
+                f"{per_round.get('engine', 0):.0f} | {per_round.get('oracles', 0):.0f} |",
+                flush=True,
+            )
+
+
 def draws(args) -> None:
     """Wall time per draw against the number of draws sampled at once."""
     n = args.race_n
@@ -216,10 +269,15 @@ def batching(args) -> None:
         )
 
 
+PARTS = {"overhead": overhead, "race": race, "ops": ops, "draws": draws, "batching": batching}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (CI)")
-    parser.add_argument("--parts", nargs="+", default=["overhead", "race", "draws", "batching"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["overhead", "race", "ops", "draws", "batching"]
+    )
     parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 4096])
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--race-n", type=int, default=4096)
@@ -258,7 +316,7 @@ def main(argv=None) -> None:
         where += f" ({torch.cuda.get_device_name(torch.device(where))})"
     print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s), {where})")
     for part in args.parts:
-        {"overhead": overhead, "race": race, "draws": draws, "batching": batching}[part](args)
+        PARTS[part](args)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")
 
 
