@@ -274,6 +274,14 @@ def after_chain_pins(
     Notes
     -----
     One sort of each chain and a binary search per target: ``O((L + T) log L)`` per chain.
+
+    Examples
+    --------
+    >>> import torch
+    >>> chain, then = torch.tensor([[5, 2]]), torch.tensor([[3, 5, 8]])
+    >>> left, right = torch.zeros(1, 3, dtype=torch.long), torch.full((1, 3), 9)  # pins 0, 9
+    >>> after_chain_pins(chain, then, left, right, n=10)
+    (tensor([[2, 5, 5]]), tensor([[5, 5, 9]]), tensor([[False,  True, False]]))
     """
     length = chain.shape[1]
     if length == 0:
