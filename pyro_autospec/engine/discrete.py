@@ -156,7 +156,7 @@ class DiscreteBlocks:
         data = self.slots["data"][view.row, 0]  # [K, q]
         noise = keys.gumbel(view.key.unsqueeze(1), keys.Tag.DRAFT, self._counter[0, 0])
         x = (data + noise).max(dim=-1).indices
-        coord = self.rows.orders[view.draw, view.a]
+        coord = self.rows.coords(view.draw, view.a)
         self._write(view.seq, coord, x)
         return data.gather(1, x.unsqueeze(1)).squeeze(1)
 

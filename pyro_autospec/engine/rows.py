@@ -116,13 +116,14 @@ class OracleRows:
 
     # ------------------------------------------------------------------------ buffers
     def coords(self, draw: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Coordinates ``orders[draw[k], pos[k, j]]``: LongTensor of the shape of ``pos``
-        [K, W] (``draw`` [K]).
+        """Coordinates ``orders[draw[k], pos[k, ...]]``: LongTensor of the shape of ``pos``
+        [K] or [K, W] (``draw`` [K]).
 
         One ``index_select`` on the flat orders: two to three times faster on a CPU than
         indexing with two index tensors.
         """
-        flat = (draw.unsqueeze(1) * self.n + pos).view(-1)
+        row = draw.view(-1, *([1] * (pos.dim() - 1)))
+        flat = (row * self.n + pos).reshape(-1)
         return self.orders.view(-1).index_select(0, flat).view(pos.shape)
 
     def _buffer(self, name: str, rows: int, dtype: torch.dtype) -> torch.Tensor:

@@ -323,7 +323,7 @@ class WindowSampler:
             rows_j = (
                 target[rejected].gather(1, (js - 1).view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
             )  # [R, q]
-            coord = self.rows.orders[self.draw[rl], t[rejected] + js]
+            coord = self.rows.coords(self.draw[rl], t[rejected] + js)
             if self.method == "speculative":
                 draft_j = data[rejected].gather(1, js.view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
                 residual = (rows_j.exp() - draft_j.exp()).clamp(min=0.0)
