@@ -237,8 +237,7 @@ def _chain_pins_sorted(
     repeat_sorted[:, 1:] = coords[:, 1:] == coords[:, :-1]
     # repeats never pin anything new: give them the latest step so they are never chosen
     t = torch.where(repeat_sorted, length, steps)
-    previous = _nearest_smaller(t, reverse=False)  # [C, L] sorted positions, -1 if none
-    following = _nearest_smaller(t, reverse=True)  # length if none
+    previous, following = _nearest_smaller(t)  # [C, L] sorted positions, -1 / L if none
     chain_left = torch.where(previous >= 0, coords.gather(1, previous.clamp(min=0)), -1)
     chain_right = torch.where(
         following < length, coords.gather(1, following.clamp(max=length - 1)), n
@@ -297,33 +296,38 @@ def after_chain_pins(
     return left, right, on_chain
 
 
-def _nearest_smaller(t: torch.Tensor, reverse: bool) -> torch.Tensor:
-    """For every ``p``, the nearest ``p' < p`` (``p' > p`` if ``reverse``) with
-    ``t[p'] < t[p]``: LongTensor of the shape of ``t`` [C, L], ``-1`` (``L``) if none."""
+def _nearest_smaller(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every ``p``, the nearest ``p' < p`` and the nearest ``p' > p`` with
+    ``t[p'] < t[p]``: two LongTensors of the shape of ``t`` [C, L], ``-1`` and ``L`` if none.
+
+    Both directions are one search over ``[t; flip(t)]`` ([2 C, L]): the right-hand search is
+    the left-hand one of the reversed rows, so the ``O(log L)`` steps are not paid twice.
+    """
     num_chains, length = t.shape
-    if reverse:
-        found = _nearest_smaller(t.flip(1), reverse=False)
-        return torch.where(found >= 0, length - 1 - found, length).flip(1)
-    # minima[k][:, p] = min(t[p - 2^k + 1 .. p]) (windows cut at 0)
-    minima = [t]
+    both = torch.cat([t, t.flip(1)], 0)
+    # minima[k][:, p] = min(both[p - 2^k + 1 .. p]) (windows cut at 0)
+    minima = [both]
     width = 1
     while 2 * width <= length:
         last = minima[-1]
         shifted = torch.cat([last[:, :1].expand(-1, width), last[:, :-width]], 1)
         minima.append(torch.minimum(last, shifted))
         width *= 2
-    position = torch.arange(length, device=t.device).expand(num_chains, length)
+    position = torch.arange(length, device=t.device).expand(2 * num_chains, length)
     current = position - 1  # the search starts just left of p
     for k in range(len(minima) - 1, -1, -1):
         size = 1 << k
         start = current - size + 1
         window = minima[k].gather(1, current.clamp(min=0))
         # no smaller value in (start .. current]: jump over the window
-        jump = (start >= 0) & (window >= t)
+        jump = (start >= 0) & (window >= both)
         current = torch.where(jump, current - size, current)
     # current is now -1 or the nearest position whose value may be smaller
-    found = (current >= 0) & (t.gather(1, current.clamp(min=0)) < t)
-    return torch.where(found, current, -1)
+    found = (current >= 0) & (both.gather(1, current.clamp(min=0)) < both)
+    nearest = torch.where(found, current, -1)
+    previous, mirrored = nearest[:num_chains], nearest[num_chains:]
+    following = torch.where(mirrored >= 0, length - 1 - mirrored, length).flip(1)
+    return previous, following
 
 
 class SeparatorOracle(ChainThen, ExactOracle):
