@@ -32,6 +32,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.modes import calling, engine_mode
 from pyro_autospec.engine.tables import Table
 
 __all__ = [
@@ -97,6 +98,7 @@ class DriftEvaluator:
         self.name = name
         self.wide = torch.float32 if device.type == "mps" else torch.float64
         self.seconds = 0.0  # host seconds inside the drift
+        self._call_mode = calling(drift)  # out of the engine's inference mode, unless safe
 
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rows = t.shape[0]
@@ -106,7 +108,7 @@ class DriftEvaluator:
             tt = t[i : i + chunk].to(device=self.device, dtype=self.dtype)
             xx = x[i : i + chunk].to(device=self.device, dtype=self.dtype)
             start = time.perf_counter()
-            with torch.no_grad():
+            with self._call_mode():
                 out = self.drift(tt, xx)
             self.seconds += time.perf_counter() - start
             check_drift_output(out, tt, xx, self.dim, self.name, i)
@@ -446,6 +448,7 @@ def _step_key(draw_keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     return keys.child(draw_keys, keys.Tag.LEAF, step)
 
 
+@engine_mode()
 def sequential(
     chain: Chain,
     evaluate: DriftEvaluator,
@@ -516,6 +519,7 @@ def sequential(
     return final, paths, log_prob, rounds, rows, sample_rounds
 
 
+@engine_mode()
 def picard(
     chain: Chain,
     evaluate: DriftEvaluator,

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
 from pyro_autospec.engine.tables import Matrix
 
@@ -382,7 +383,7 @@ class Recursion:
         )
 
     # ------------------------------------------------------------------------------ rounds
-    @torch.no_grad()
+    @engine_mode()
     def run(self) -> RunCounts:
         """Run every draw to completion; return the counts (samples stay in the problem)."""
         bar = None

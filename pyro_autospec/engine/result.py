@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pyro_autospec.engine.modes import ordinary
+
 __all__ = ["SampleResult"]
 
 
@@ -68,6 +70,11 @@ class SampleResult:
     engine: str = "fast"
     timing: dict = field(default_factory=dict)
     per_rank: dict | None = None
+
+    def __post_init__(self) -> None:
+        # The samplers run in inference mode; hand back tensors a caller may write or train on.
+        for name in ("samples", "log_prob", "sample_rounds", "orders", "paths", "times", "error"):
+            setattr(self, name, ordinary(getattr(self, name)))
 
     @property
     def num_samples(self) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.modes import calling
 from pyro_autospec.oracles._util import logsumexp
 from pyro_autospec.oracles.base import (
     has_chain_marginals,
@@ -109,9 +110,11 @@ class OracleRows:
         #: Host seconds spent building the protocol's dense inputs, inside the oracle's
         #: methods, and checking its answers (for benchmarks; without GPU synchronisation).
         self.seconds = {"inputs": 0.0, "oracle": 0.0}
-        # The engine runs without autograd; the oracle runs in the grad mode of the caller of
-        # the sampler (an oracle may differentiate internally, e.g. the compiled EnumOracle).
+        # The engine runs in inference mode; an oracle that is not inference-safe runs out of
+        # it, in the grad mode of the caller of the sampler (an oracle may differentiate
+        # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
+        self._call_mode = calling(oracle, self.grad_enabled)
         self._buffers: dict[tuple, torch.Tensor] = {}
 
     # ------------------------------------------------------------------------ buffers
@@ -284,12 +287,12 @@ class OracleRows:
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
         start = time.perf_counter()
         if self.targeted:
-            with torch.set_grad_enabled(self.grad_enabled):
+            with self._call_mode():
                 out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
         else:
-            with torch.set_grad_enabled(self.grad_enabled):
+            with self._call_mode():
                 out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (frame.numel(), self.n, self.q), "log_marginals")
@@ -338,7 +341,7 @@ class OracleRows:
             extra = {"draws": self.draw_ids[d]} if self.family else {}
             start = time.perf_counter()
             if then_width is None:
-                with torch.set_grad_enabled(self.grad_enabled):
+                with self._call_mode():
                     out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             else:
                 # the row after the chain reads on from its end; without one, a dummy: the
@@ -347,7 +350,7 @@ class OracleRows:
                 reach = torch.minimum(offsets[:max_then].unsqueeze(0), (tw - 1).unsqueeze(1))
                 pos = torch.where(tw > 0, c + ln, c + ln - 1).unsqueeze(1)
                 then = self.coords(d, pos + reach.clamp(min=0))
-                with torch.set_grad_enabled(self.grad_enabled):
+                with self._call_mode():
                     out, after = self.oracle.log_marginals_chain_then(
                         vals, mask, chain, then, **extra
                     )

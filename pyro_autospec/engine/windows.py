@@ -35,6 +35,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import value_dtype
+from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import Answer, OracleRows
 
@@ -205,7 +206,7 @@ class WindowSampler:
         self._set_stamp(rest)
 
     # ----------------------------------------------------------------------------- rounds
-    @torch.no_grad()
+    @engine_mode()
     def run(self):
         bar = None
         if self.progress:

@@ -17,6 +17,7 @@ from .base import (
     has_chain_marginals,
     has_chain_then,
     has_targeted_marginals,
+    is_inference_safe,
 )
 from .curie_weiss import CurieWeissOracle
 from .dpp import DPPOracle
@@ -32,6 +33,7 @@ __all__ = [
     "has_chain_marginals",
     "has_chain_then",
     "has_targeted_marginals",
+    "is_inference_safe",
     "TabularOracle",
     "MarkovChainOracle",
     "HMMOracle",

@@ -45,10 +45,15 @@ class ExactOracle:
     validated, on the parameters' device) and optionally ``_log_marginals(values, mask)`` and
     ``_log_marginals_chain(values, mask, chain)`` (native chain queries; the default here
     expands a chain into rows).
+
+    Subclasses inherit ``inference_safe = True``: the engine calls them under
+    :func:`torch.inference_mode` (see :class:`~pyro_autospec.oracles.base.MarginalOracle`). A
+    subclass whose methods create parameters or change state sets it to ``False``.
     """
 
     num_coords: int
     num_values: int
+    inference_safe = True
 
     # -- devices -----------------------------------------------------------------------------
     @property

@@ -67,9 +67,11 @@ def _check_inputs(t: torch.Tensor, x: torch.Tensor, dim: int, like: torch.Tensor
 
 
 class _Denoiser:
-    """Shared plumbing: ``dim``, ``device``, ``dtype``, ``to``."""
+    """Shared plumbing: ``dim``, ``device``, ``dtype``, ``to``; inference-safe (pure
+    functions of their parameters, see :class:`~pyro_autospec.oracles.base.MeanOracle`)."""
 
     dim: int
+    inference_safe = True
 
     def _tensors(self) -> dict[str, torch.Tensor]:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -1,0 +1,69 @@
+"""The engine's PyTorch modes: its own work under inference mode, foreign code outside it.
+
+The engine's bookkeeping is thousands of small tensor operations per round, and on a CPU each
+costs a few microseconds of dispatch whatever its arithmetic. Under
+:func:`torch.inference_mode` PyTorch skips autograd and version counting, which takes about a
+fifth off that cost. But a tensor created there is an *inference tensor*: it can never be
+written in place, or saved for backward, outside inference mode. So code the engine does not
+own (an oracle, a drift) runs with inference mode off, unless it declares itself
+``inference_safe`` (:func:`~pyro_autospec.oracles.base.is_inference_safe`), and the samplers
+hand back ordinary tensors (:func:`ordinary`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+__all__ = ["calling", "engine_mode", "ordinary"]
+
+#: Decorator and context manager for the engine's own loops.
+engine_mode = torch.inference_mode
+
+
+@contextlib.contextmanager
+def _foreign(grad_enabled: bool) -> Iterator[None]:
+    with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
+        yield
+
+
+def calling(oracle: object, grad_enabled: bool = False):
+    """The context in which the engine calls ``oracle`` (or a drift).
+
+    Parameters
+    ----------
+    oracle : object
+        What is called.
+    grad_enabled : bool
+        The grad mode of a foreign call: the one of the sampler's caller, for an oracle that
+        differentiates internally.
+
+    Returns
+    -------
+    A context manager factory: ``with calling(oracle, g)(): ...``. An inference-safe oracle
+    stays in the engine's mode; any other runs with inference mode off.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Plain:
+    ...     pass
+    >>> with engine_mode(), calling(Plain())():
+    ...     torch.is_inference_mode_enabled()
+    False
+    """
+    from pyro_autospec.oracles.base import is_inference_safe  # the oracles import the engine
+
+    if is_inference_safe(oracle):
+        return contextlib.nullcontext
+    return lambda: _foreign(grad_enabled)
+
+
+def ordinary(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """``tensor``, copied into an ordinary tensor if it is an inference tensor (call this
+    outside inference mode)."""
+    if tensor is not None and tensor.is_inference():
+        return tensor.clone()
+    return tensor
