@@ -104,7 +104,7 @@ def default_schedule(num_coords: int) -> dict:
     The defaults minimise rounds, which parallel hardware turns into time. On a CPU every row
     costs: with 16 draws at n = 4096 (Markov chain, HMM, tree Ising model;
     ``benchmarks/engine.py --parts race``) ``max_block=16`` took about twice the rounds, a
-    third to a quarter of the rows and 26 to 58% less wall time than ``max_block=64`` (two
+    third to a quarter of the rows and 26 to 60% less wall time than ``max_block=64`` (three
     runs).
 
     Examples
