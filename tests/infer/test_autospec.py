@@ -148,3 +148,27 @@ def test_run_is_blocked_and_progress_bar(capsys):
         AutoSpec(model, num_samples=3, seed=4, disable_progbar=False).run(DATA)
     assert len(tracer.trace.nodes) == 0
     assert "rounds=" in capsys.readouterr().err  # the engine's tqdm bar, with rounds
+
+
+def test_params_created_while_sampling_stay_trainable():
+    """The engine runs in inference mode; a pyro.param first set while AutoSpec samples must
+    still train afterwards (an inference tensor could not be updated in place)."""
+    pyro.clear_param_store()
+
+    def shifted(y):
+        shift = pyro.param("shift", torch.tensor(0.5))
+        g = pyro.sample("g", dist.Categorical(torch.tensor([0.3, 0.3, 0.4])))
+        with pyro.plate("data", len(y)):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Normal(z + g.float() + shift, 0.8), obs=y)
+
+    fit = AutoSpec(shifted, num_samples=10, seed=0, disable_progbar=True).run(DATA)
+    draw = {k: v[0] for k, v in fit.get_samples().items()}
+    unconstrained = pyro.param("shift").unconstrained()
+    assert not unconstrained.is_inference()
+    optimizer = torch.optim.SGD([unconstrained], lr=0.1)
+    loss = -poutine.trace(poutine.condition(shifted, data=draw)).get_trace(DATA).log_prob_sum()
+    loss.backward()
+    optimizer.step()
+    assert pyro.param("shift").item() != 0.5
+    pyro.clear_param_store()
