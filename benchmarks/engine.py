@@ -110,6 +110,13 @@ def overhead(args) -> None:
             )
 
 
+def _runs(methods, args) -> list[tuple[str, str, dict]]:
+    """``(label, method, knobs)``: each method, then autospec at each ``--max-blocks``."""
+    return [(m, m, {}) for m in methods] + [
+        (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
+    ]
+
+
 def race(args) -> None:
     n = args.race_n
     print(
@@ -121,9 +128,7 @@ def race(args) -> None:
         "| wall / draw (s) | sequential / this | this / fastest baseline |"
     )
     print("|" + "---|" * 9)
-    runs = [(m, m, {}) for m in METHODS] + [
-        (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
-    ]
+    runs = _runs(METHODS, args)
     for family in args.families:
         oracle = FAMILIES[family](n, device=args.device)
         warm_up(oracle, METHODS, args)
@@ -179,9 +184,7 @@ def ops(args) -> None:
     )
     print("| family | method | rounds | rows/draw | engine ops / round | oracle ops / round |")
     print("|---|---|---|---|---|---|")
-    runs = [(m, m, {}) for m in METHODS if m != "sequential"] + [
-        (f"autospec, max_block={k}", "autospec", {"max_block": k}) for k in args.max_blocks
-    ]
+    runs = _runs([m for m in METHODS if m != "sequential"], args)
     for family in args.families:
         oracle = FAMILIES[family](n, device=args.device)
         for label, m, knobs in runs:

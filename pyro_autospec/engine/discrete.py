@@ -21,7 +21,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.rows import OracleRows
-from pyro_autospec.engine.tables import Table
+from pyro_autospec.engine.tables import Table, take
 
 __all__ = ["DiscreteBlocks", "value_dtype"]
 
@@ -88,13 +88,8 @@ class DiscreteBlocks:
         return self.log_nu
 
     def _read(self, seq: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        """``frames[seq[k], coords[k, j]]`` as a LongTensor[K, W] (``seq`` [K]).
-
-        By one ``index_select`` on the flat frames: two to three times faster on a CPU than
-        indexing with two index tensors.
-        """
-        flat = (seq.unsqueeze(1) * self.num_positions + coords).view(-1)
-        return self._frames().view(-1).index_select(0, flat).view(coords.shape).long()
+        """``frames[seq[k], coords[k, j]]`` as a LongTensor[K, W] (``seq`` [K])."""
+        return take(self._frames(), seq, coords).long()
 
     def _write(self, seq: torch.Tensor, coords: torch.Tensor, x: torch.Tensor) -> None:
         """``frames[seq[k], coords[k]] = x[k]`` (all LongTensor[K])."""
