@@ -33,7 +33,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling, engine_mode
-from pyro_autospec.engine.tables import Table
+from pyro_autospec.engine.tables import Table, ragged, segment_cumsum, segment_sum
 
 __all__ = [
     "Chain",
@@ -131,22 +131,33 @@ class Chain:
         self.dim = dim
         self.device = device
         self.wide = wide
+        self._dims = torch.arange(dim, device=device)
         log_norm = -0.5 * dim * torch.log(2 * math.pi * self.var * self.h)
         self.log_norm = torch.cat([torch.zeros(1, dtype=wide, device=device), log_norm.cumsum(0)])
+
+    def noise(
+        self, key: torch.Tensor, drift: torch.Tensor, step: torch.Tensor, j: torch.Tensor
+    ) -> torch.Tensor:
+        """Frozen-drift increments of steps ``step``: Tensor[*S, d].
+
+        Step ``step[i]`` is the ``j[i]``-th of a block with key ``key[i]`` and frozen drift
+        ``drift[i]``; its noise is ``normal(key, DRAFT, j d + c)`` for ``c < d``, so it depends
+        on the block and the step only. ``key``, ``step`` and ``j`` are LongTensors and
+        ``drift`` [..., d]; all broadcast to the shape ``S``.
+        """
+        counter = j.unsqueeze(-1) * self.dim + self._dims
+        z = keys.normal(key.unsqueeze(-1), keys.Tag.DRAFT, counter).to(self.wide)
+        return drift * self.h[step].unsqueeze(-1) + self.noise_sd[step].unsqueeze(-1) * z
 
     def increments(self, key: torch.Tensor, drift: torch.Tensor, a: torch.Tensor, width: int):
         """Frozen-drift increments of steps ``a + j`` (``j < width``): [K, width, d].
 
-        ``key`` LongTensor[K] (a block's key; noise ``normal(key, DRAFT, j d + c)``),
-        ``drift`` [K, d] (the frozen drift), ``a`` LongTensor[K].
+        ``key`` LongTensor[K] (a block's key), ``drift`` [K, d] (the frozen drift),
+        ``a`` LongTensor[K]: :meth:`noise` of each block's first ``width`` steps.
         """
         j = torch.arange(width, device=self.device)
         step = (a.unsqueeze(1) + j).clamp(max=self.num_steps - 1)  # [K, W]
-        counter = j.view(1, width, 1) * self.dim + torch.arange(self.dim, device=self.device)
-        z = keys.normal(key.view(-1, 1, 1), keys.Tag.DRAFT, counter).to(self.wide)
-        return (
-            drift.unsqueeze(1) * self.h[step].unsqueeze(-1) + self.noise_sd[step].unsqueeze(-1) * z
-        )
+        return self.noise(key.unsqueeze(1), drift.unsqueeze(1), step, j)
 
 
 def adaptive_rho(size: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
@@ -275,22 +286,22 @@ class EulerBlocks:
     def draft(self, nodes: torch.Tensor) -> None:
         pass  # drafts are regenerated from their keys when verified
 
-    def _write(self, seq, a, inc: torch.Tensor, valid: torch.Tensor) -> None:
-        """Store increments ``inc`` [K, W, d] of steps ``a + j`` in the sequences' paths."""
+    def _write(self, seq: torch.Tensor, step: torch.Tensor, inc: torch.Tensor) -> None:
+        """Store increments ``inc`` [T, d] of steps ``step`` [T] in the sequences' paths."""
         if self.pool is not None:
-            self.pool.write(seq, a, inc, valid)
+            self.pool.write(seq, step, inc)
 
     def leaf(self, view) -> torch.Tensor:
         chain = self.chain
         a = view.a
         f = self.slots["f"][view.row]
-        inc = chain.increments(view.key, f, a, 1)  # [K, 1, d]
+        inc = chain.noise(view.key, f, a, torch.zeros_like(a))  # [K, d]
         x, _, q = self._frames()
-        x[view.seq] += inc[:, 0]
+        x[view.seq] += inc
         h = chain.h[a]
-        q[view.seq] += (inc[:, 0] ** 2).sum(1) / h
-        self._write(view.seq, a, inc, self._one.expand(len(view), 1))
-        resid = inc[:, 0] - f * h.unsqueeze(1)
+        q[view.seq] += (inc**2).sum(1) / h
+        self._write(view.seq, a, inc)
+        resid = inc - f * h.unsqueeze(1)
         return (chain.log_norm[a + 1] - chain.log_norm[a]) - 0.5 * (resid**2).sum(1) / (
             chain.var * h
         )
@@ -298,12 +309,16 @@ class EulerBlocks:
     def accepted(self, view, pick: torch.Tensor) -> None:
         if pick.numel() == 0:
             return
-        end, q_block, inc, valid = self._verified
+        end, q_block, inc, block, step = self._verified
         x, _, q = self._frames()
         seq = view.seq[pick]
         x[seq] = end[pick]
         q[seq] += q_block[pick]
-        self._write(seq, view.a[pick], inc[pick], valid[pick])
+        if self.pool is not None:
+            keep = torch.zeros(len(view), dtype=torch.bool, device=self.device)
+            keep[pick] = True
+            mine = torch.nonzero(keep[block]).flatten()
+            self._write(view.seq[block[mine]], step[mine], inc[mine])
 
     def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
         chain = self.chain
@@ -318,25 +333,30 @@ class EulerBlocks:
     def answer(self, row_view, verify_view):
         """One round: drift rows of ``row_view``'s nodes, verification of ``verify_view``'s
         (drafts regenerated from their keys); returns as
-        :meth:`~pyro_autospec.engine.discrete.DiscreteBlocks.answer`."""
+        :meth:`~pyro_autospec.engine.discrete.DiscreteBlocks.answer`.
+
+        The steps of the blocks being verified are laid out flat (:func:`ragged`), not padded
+        to the largest block: a round costs its rows, however unequal its blocks.
+        """
         chain = self.chain
         x, _, _ = self._frames()
         wide = chain.wide
         vv = verify_view
         nv = len(vv)
-        a, b, nxt = vv.a, vv.b, vv.nxt
+        a, b = vv.a, vv.b
         size = b - a
-        width = int(size.max()) if nv else 1
-        f_a = self.slots["f"][vv.row]
-        inc = chain.increments(vv.key, f_a, a, width)
-        j = torch.arange(width, device=self.device)
-        valid = j.unsqueeze(0) < size.unsqueeze(1)
-        inc = torch.where(valid.unsqueeze(-1), inc, 0.0)
-        states = x[vv.seq].unsqueeze(1) + inc.cumsum(1)  # X_{a+1..a+width}
+        has_next = vv.nxt > b
+        block, j, first = ragged(size)  # step a + j of block `block`, for j < size
+        last = first + size - 1
+        longest = int(size.max()) if nv else 0
+        step = a[block] + j
+        f_a = self.slots["f"][vv.row]  # [nv, d] the frozen drift of each block
+        f_block = f_a[block]
+        inc = chain.noise(vv.key[block], f_block, step, j)  # [T, d]
+        states = x[vv.seq][block] + segment_cumsum(inc, j, longest)  # X_{a+1+j}
         # rows: draft rows, then the states X_{a+1..b-1} and the prefetch X_b
-        asked = j.unsqueeze(0) < (size - 1 + (nxt > b).long()).unsqueeze(1)
-        step = (a.unsqueeze(1) + 1 + j).clamp(max=chain.num_steps)
-        t = torch.cat([chain.times[row_view.a], chain.times[step[asked]]])
+        asked = j < (size - 1 + has_next.long())[block]
+        t = torch.cat([chain.times[row_view.a], chain.times[step[asked] + 1]])
         xs = torch.cat([x[row_view.seq], states[asked]])
         out = self.evaluate(t, xs)
         nr = len(row_view)
@@ -347,26 +367,29 @@ class EulerBlocks:
         if nv == 0:
             self._verified = None
             return row_slots, empty, empty, next_rows
-        drifts = torch.zeros(nv, width, self.d, dtype=wide, device=self.device)
-        drifts[asked] = out[nr:]
-        # drifts[:, j] is b at X_{a+1+j}; the step a+1+j uses it, step a uses f_a
-        f_k = torch.cat([f_a.unsqueeze(1), drifts[:, : width - 1]], 1)  # drift of step a+j
-        inner = valid & (j.unsqueeze(0) >= 1)
-        h = chain.h[(a.unsqueeze(1) + j).clamp(max=chain.num_steps - 1)]
-        cross = ((f_k - f_a.unsqueeze(1)) * inc).sum(-1)
-        sq = ((f_k * f_k).sum(-1) - (f_a * f_a).sum(-1).unsqueeze(1)) * h
-        log_ratio = torch.where(inner, cross - 0.5 * sq, 0.0).sum(1) / chain.var
+        drifts = torch.zeros(inc.shape, dtype=wide, device=self.device)
+        drifts[asked] = out[nr:]  # drifts[k] is b at X_{a+1+j}: the drift of the next step
+        f_k = torch.where((j == 0).unsqueeze(1), f_block, drifts.roll(1, 0))  # of step a + j
+        h = chain.h[step]
+        cross = ((f_k - f_block) * inc).sum(-1)
+        sq = ((f_k * f_k).sum(-1) - (f_a * f_a).sum(-1)[block]) * h
         resid = inc - f_k * h.unsqueeze(-1)
-        quad = torch.where(valid, (resid**2).sum(-1) / h, 0.0).sum(1)
-        log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
-        q_block = torch.where(valid, (inc**2).sum(-1) / h, 0.0).sum(1)
-        end = states[torch.arange(nv, device=self.device), size - 1]
-        has_next = nxt > b
+        terms = torch.stack(
+            [
+                torch.where(j >= 1, cross - 0.5 * sq, 0.0),  # log dmu/dnu of the step
+                (resid**2).sum(-1) / h,  # its quadratic form under the target
+                (inc**2).sum(-1) / h,  # and the frame's running sum
+            ],
+            1,
+        )
+        sums = segment_sum(terms, size, j)  # [nv, 3]: per block
+        log_ratio = sums[:, 0] / chain.var
+        log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * sums[:, 1] / chain.var
         if bool(has_next.any()):
             slots = self.slots.alloc(int(has_next.sum()))
-            self.slots["f"][slots] = drifts[has_next, size[has_next] - 1]
+            self.slots["f"][slots] = drifts[last[has_next]]
             next_rows[has_next] = slots
-        self._verified = (end, q_block, inc, valid)
+        self._verified = (states[last], sums[:, 2], inc, block, step)
         return row_slots, log_ratio.double(), log_mu.double(), next_rows
 
 
@@ -413,30 +436,21 @@ class _PathPool:
         capacity = max(self.data.shape[0], 2 * (total + extra))
         new = torch.zeros(capacity, self.d, dtype=self.dtype, device=self.device)
         if total:
-            src = torch.repeat_interleave(self.offset[live] - (torch.cumsum(size, 0) - size), size)
-            src = src + torch.arange(total, device=self.device)
-            new[:total] = self.data[src]
-            self.offset[live] = torch.cumsum(size, 0) - size
+            segment, j, start = ragged(size)
+            new[:total] = self.data[self.offset[live][segment] + j]
+            self.offset[live] = start
         self.data, self.top = new, total
 
-    def _index(self, seqs: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        return self.offset[seqs].unsqueeze(1) + step - self.lo[seqs].unsqueeze(1)
-
-    def write(self, seqs, a, inc, valid) -> None:
-        width = inc.shape[1]
-        step = a.unsqueeze(1) + torch.arange(width, device=self.device)
-        index = self._index(seqs, step)
-        self.data[index[valid]] = inc[valid]
+    def write(self, seqs: torch.Tensor, step: torch.Tensor, inc: torch.Tensor) -> None:
+        """Store ``inc`` [T, d] as the increments of steps ``step`` [T] of ``seqs`` [T]."""
+        self.data[self.offset[seqs] + step - self.lo[seqs]] = inc
 
     def copy(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
-        size = self.size[winners]
-        width = int(size.max())
-        j = torch.arange(width, device=self.device).unsqueeze(0)
-        valid = j < size.unsqueeze(1)
-        step = self.lo[winners].unsqueeze(1) + j
-        src = self._index(winners, step)[valid]
-        dst = self._index(seqs, step)[valid]
-        self.data[dst] = self.data[src]
+        """Copy the winners' increments into ``seqs`` (same steps)."""
+        segment, j, _ = ragged(self.size[winners])
+        src = self.offset[winners][segment] + j
+        shift = (self.offset[seqs] + self.lo[winners] - self.lo[seqs])[segment]
+        self.data[shift + j] = self.data[src]
 
     def read(self, seqs: torch.Tensor, count: int) -> torch.Tensor:
         index = self.offset[seqs].unsqueeze(1) + torch.arange(count, device=self.device)
@@ -496,9 +510,10 @@ def sequential(
         rounds += 1
         rows += active.numel()
         sample_rounds[draw[active]] += 1
-        f = evaluate(chain.times[k[active]], x[active])
-        inc = chain.increments(_step_key(draw_keys[draw[active]], k[active]), f, k[active], 1)[:, 0]
-        h = chain.h[k[active]]
+        ka = k[active]
+        f = evaluate(chain.times[ka], x[active])
+        inc = chain.noise(_step_key(draw_keys[draw[active]], ka), f, ka, torch.zeros_like(ka))
+        h = chain.h[ka]
         resid = inc - f * h.unsqueeze(1)
         log_mu[active] += (chain.log_norm[k[active] + 1] - chain.log_norm[k[active]]) - 0.5 * (
             resid**2

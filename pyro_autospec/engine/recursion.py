@@ -48,7 +48,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
-from pyro_autospec.engine.tables import Matrix
+from pyro_autospec.engine.tables import Matrix, ragged
 
 __all__ = ["NodeView", "Recursion", "RunCounts", "next_batch", "leaf_starts"]
 
@@ -575,9 +575,8 @@ class Recursion:
         stop, batch = next_batch(start, rb[:, N_RBATCH], nodes.f[races, F_RHO])
         nodes.i[races.unsqueeze(1), self._launch_cols] = torch.stack([stop, batch], 1)
         count = stop - start
-        pick = torch.repeat_interleave(torch.arange(races.numel(), device=self.device), count)
-        first = torch.repeat_interleave(start - torch.cumsum(count, 0) + count, count)
-        index = first + torch.arange(pick.numel(), device=self.device)
+        pick, j, _ = ragged(count)  # try `start + j` of race `pick`
+        index = start[pick] + j
         ob = rb.index_select(0, pick)
         draw, a, b, nxt = ob[:, N_DRAW], ob[:, N_A], ob[:, N_B], ob[:, N_NXT]
         owner = races[pick]

@@ -29,7 +29,7 @@ import torch
 
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling
-from pyro_autospec.engine.tables import take
+from pyro_autospec.engine.tables import ragged, take
 from pyro_autospec.oracles._util import logsumexp
 from pyro_autospec.oracles.base import (
     has_chain_marginals,
@@ -183,10 +183,7 @@ class OracleRows:
         row_answer = chain_answer = None
         if chains is not None and chains[0].numel() and not self.native_chains:
             frame, draw, cut, length = chains
-            c = torch.repeat_interleave(torch.arange(frame.numel(), device=self.device), length)
-            offset = torch.arange(c.numel(), device=self.device) - torch.repeat_interleave(
-                torch.cumsum(length, 0) - length, length
-            )
+            c, offset, _ = ragged(length)
             step = cut[c] + offset
             expanded = (frame[c], draw[c], step, step, torch.ones_like(step))
             if rows is not None and rows[0].numel():

@@ -8,13 +8,18 @@ bookkeeping costs no Python per node, thread or row.
 A :class:`Matrix` keeps many integer fields as the columns of one ``[capacity, fields]``
 tensor, so that reading or writing several fields of a set of rows is one gather or one
 scatter, not one per field.
+
+Segments of different lengths (the steps of blocks of different sizes) are laid out flat, one
+after the other (:func:`ragged`), rather than padded to the longest: the work is then their
+total length whatever the spread of their sizes. :func:`segment_cumsum` and
+:func:`segment_sum` sum within them.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["Matrix", "Table", "take"]
+__all__ = ["Matrix", "Table", "ragged", "segment_cumsum", "segment_sum", "take"]
 
 
 def take(matrix: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
@@ -33,6 +38,85 @@ def take(matrix: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Te
     """
     flat = row.view(-1, *([1] * (col.dim() - 1))) * matrix.shape[1] + col
     return matrix.view(-1).index_select(0, flat.reshape(-1)).view(col.shape)
+
+
+def ragged(size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The flat layout of ``K`` segments of lengths ``size`` [K], one after the other.
+
+    Returns
+    -------
+    segment, position : LongTensor[T]
+        For each of the ``T = size.sum()`` entries, its segment and its index in it.
+    start : LongTensor[K]
+        Index of each segment's first entry (``start + size - 1`` is its last).
+
+    Examples
+    --------
+    >>> ragged(torch.tensor([2, 0, 3]))
+    (tensor([0, 0, 2, 2, 2]), tensor([0, 1, 0, 1, 2]), tensor([0, 2, 2]))
+    """
+    start = torch.cumsum(size, 0) - size
+    segment = torch.repeat_interleave(size)
+    position = torch.arange(segment.numel(), device=size.device) - start[segment]
+    return segment, position, start
+
+
+def segment_cumsum(values: torch.Tensor, position: torch.Tensor, longest: int) -> torch.Tensor:
+    """Inclusive sums of ``values`` [T, ...] within the segments of a :func:`ragged` layout.
+
+    A doubling scan (``ceil(log2(longest))`` steps): entry ``k`` adds the partial sum ``s``
+    entries back while that entry is in its segment (``position[k] >= s``). Each entry's sum
+    is formed from its own segment's entries only, in an order fixed by its position, so it
+    does not depend on what other segments share the call.
+
+    Parameters
+    ----------
+    values : Tensor[T, ...]
+    position : LongTensor[T]
+        Index of each entry in its segment.
+    longest : int
+        Length of the longest segment.
+
+    Examples
+    --------
+    >>> segment_cumsum(torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]), torch.tensor([0, 1, 0, 1, 2]), 3)
+    tensor([ 1.,  3.,  3.,  7., 12.])
+    """
+    out = values.clone()
+    shift = 1
+    while shift < longest:
+        inside = (position[shift:] >= shift).view(-1, *([1] * (values.dim() - 1)))
+        out[shift:] += torch.where(inside, out[:-shift], 0.0)  # the right side is a new tensor
+        shift *= 2
+    return out
+
+
+def segment_sum(values: torch.Tensor, size: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Sums of ``values`` [T, ...] over the segments of lengths ``size`` [K]: [K, ...].
+
+    Each segment is summed on its own, in order (``torch.segment_reduce`` on a CPU or a CUDA
+    device, else the last entry of :func:`segment_cumsum`), so a sum does not depend on the
+    other segments of the call. An empty segment sums to 0.
+
+    Examples
+    --------
+    >>> segment_sum(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([2, 0, 2]),
+    ...             torch.tensor([0, 1, 0, 1]))
+    tensor([3., 0., 7.])
+    """
+    if values.device.type in ("cpu", "cuda"):
+        return torch.segment_reduce(values, "sum", lengths=size, axis=0)
+    return _segment_sum_by_scan(values, size, position)
+
+
+def _segment_sum_by_scan(values: torch.Tensor, size: torch.Tensor, position: torch.Tensor):
+    """:func:`segment_sum` on devices without ``torch.segment_reduce``."""
+    longest = int(size.max()) if size.numel() else 0
+    total = segment_cumsum(values, position, longest)
+    end = torch.cumsum(size, 0) - 1
+    return torch.where(
+        (size > 0).view(-1, *([1] * (values.dim() - 1))), total[end.clamp(min=0)], 0.0
+    )
 
 
 class _Slots:
