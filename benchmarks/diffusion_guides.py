@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             covariates, torch.zeros(args.num_data)
         )
     data = trace.nodes["y"]["value"]
+    torch.manual_seed(args.seed)  # the network's initial weights (training is seeded below)
     guide = DiffusionGuide(
         logistic_model,
         (covariates, data),
