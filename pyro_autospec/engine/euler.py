@@ -210,7 +210,6 @@ class EulerBlocks:
         self._x = self._start = torch.zeros(0, self.d, dtype=wide, device=self.device)
         self._q = torch.zeros(0, dtype=wide, device=self.device)
         self._verified = None
-        self._one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         self.pool = _PathPool(self.d, wide, self.device) if return_paths else None
 
     def bind(self, recursion) -> None:
