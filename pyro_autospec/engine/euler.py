@@ -145,9 +145,13 @@ class Chain:
         on the block and the step only. ``key``, ``step`` and ``j`` are LongTensors and
         ``drift`` [..., d]; all broadcast to the shape ``S``.
         """
-        counter = j.unsqueeze(-1) * self.dim + self._dims
-        z = keys.normal(key.unsqueeze(-1), keys.Tag.DRAFT, counter).to(self.wide)
+        z = self.standard_noise(key, j)
         return drift * self.h[step].unsqueeze(-1) + self.noise_sd[step].unsqueeze(-1) * z
+
+    def standard_noise(self, key: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """The standard normal noise of :meth:`noise`: Tensor[*S, d] (``key``, ``j`` [*S])."""
+        counter = j.unsqueeze(-1) * self.dim + self._dims
+        return keys.normal(key.unsqueeze(-1), keys.Tag.DRAFT, counter).to(self.wide)
 
     def increments(self, key: torch.Tensor, drift: torch.Tensor, a: torch.Tensor, width: int):
         """Frozen-drift increments of steps ``a + j`` (``j < width``): [K, width, d].
@@ -487,6 +491,8 @@ def sequential(
     dev, wide = chain.device, chain.wide
     lanes = min(int(max_concurrent or num), num)
     cap = max_rows_per_round
+    if lanes == num and (cap is None or cap >= num):
+        return _lockstep(chain, evaluate, x0, draw_keys, return_paths, progress)
     draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
     k = torch.zeros(lanes, dtype=torch.long, device=dev)
     x = torch.zeros(lanes, d, dtype=wide, device=dev)
@@ -531,6 +537,50 @@ def sequential(
     if bar is not None:
         bar.close()
     return final, paths, log_prob, rounds, rows, sample_rounds
+
+
+#: Largest number of noise entries (draws x steps x d) that :func:`_lockstep` draws at once.
+_NOISE_ENTRIES = 1 << 21
+
+
+def _lockstep(
+    chain: Chain, evaluate: DriftEvaluator, x0: torch.Tensor, draw_keys, return_paths, progress
+):
+    """:func:`sequential` when every draw is in flight from the start and no cap splits a
+    round: all draws take step ``k`` in round ``k``, and the keyed noise of many steps is
+    drawn at once. The same arithmetic as the general loop, so the same draws."""
+    num, d = x0.shape
+    n = chain.num_steps
+    dev, wide = chain.device, chain.wide
+    x = x0.to(device=dev, dtype=wide).clone()
+    log_mu = torch.zeros(num, dtype=wide, device=dev)
+    paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
+    step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
+    window = max(1, min(n, _NOISE_ENTRIES // (num * d)))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n, desc="sequential", unit="step")
+    for k in range(n):
+        if k % window == 0:  # the noise of steps k .. k + window - 1 of every draw
+            ks = torch.arange(k, min(n, k + window), device=dev)
+            step_keys = _step_key(draw_keys.unsqueeze(1), ks)  # [num, W]
+            z = chain.standard_noise(step_keys, torch.zeros_like(step_keys))  # [num, W, d]
+        f = evaluate(chain.times[k].repeat(num), x.clone())  # the drift may write to its input
+        h = chain.h[k]
+        inc = f * h + chain.noise_sd[k] * z[:, k % window]
+        resid = inc - f * h
+        log_mu += step_log_norm[k] - 0.5 * (resid**2).sum(1) / (chain.var * h)
+        if paths is not None:
+            paths[:, k] = inc
+        x += inc
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    rounds = torch.full((num,), n, dtype=torch.long, device=dev)
+    return x, paths, log_mu, n, n * num, rounds
 
 
 @engine_mode()

@@ -223,6 +223,26 @@ def test_sequential_counts_and_result_fields():
     assert "sequential" in repr(result)
 
 
+def test_sequential_all_draws_at_once_equals_the_batched_loop(capsys):
+    # With every draw in flight and no row cap, the chain runs all draws in lockstep and draws
+    # the noise of many steps at once; capping draws or rows takes the general loop. Both read
+    # the same keyed noise with the same arithmetic.
+    oracle = GaussianDenoiser(MEAN, COV)
+    base = sample_diffusion(
+        oracle, 7, times=FINE, method="sequential", seed=3, return_paths=True, progress=True
+    )
+    assert "sequential" in capsys.readouterr().err  # the bar counts steps
+    for knobs in ({"max_concurrent_draws": 3}, {"max_rows_per_round": 5}):
+        other = sample_diffusion(
+            oracle, 7, times=FINE, method="sequential", seed=3, return_paths=True, **knobs
+        )
+        torch.testing.assert_close(other.samples, base.samples, rtol=0, atol=1e-12)
+        torch.testing.assert_close(other.paths, base.paths, rtol=0, atol=1e-12)
+        torch.testing.assert_close(other.log_prob, base.log_prob, rtol=0, atol=1e-9)
+        assert other.oracle_rows == base.oracle_rows == 7 * 16
+    assert base.rounds == 16 and base.sample_rounds.tolist() == [16] * 7
+
+
 def test_autospec_counts_are_consistent():
     oracle = FiniteSupportDenoiser.unit_sphere(8, 2, seed=0)
     result = sample_diffusion(oracle, 16, num_steps=64, seed=1)
