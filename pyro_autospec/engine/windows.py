@@ -208,6 +208,9 @@ class WindowSampler:
     # ----------------------------------------------------------------------------- rounds
     @engine_mode()
     def run(self):
+        if self._in_lockstep():
+            self._lockstep()
+            return
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -225,6 +228,53 @@ class WindowSampler:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _in_lockstep(self) -> bool:
+        """One coordinate per round, every draw in flight from the start, rounds not split."""
+        return (
+            self.method in ("sequential", "gumbel_sequential")
+            and self.draw.numel() == self.num_draws
+            and (self.cap is None or self.cap >= self.num_draws)
+        )
+
+    def _lockstep(self) -> None:
+        """The sequential methods when :meth:`_in_lockstep`: round ``t`` draws position ``t``
+        of every draw. The same rows, noise and arithmetic as the general loop (so the same
+        draws), without its per-lane bookkeeping."""
+        lanes = torch.arange(self.num_draws, device=self.device)
+        one = torch.ones_like(lanes)
+        self.draw[:] = lanes
+        self.started = self.num_draws
+        bar = None
+        if self.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=self.n, desc=self.method, unit="step")
+        try:
+            for t in range(self.n):
+                self.t.fill_(t)
+                cut = self.t
+                answer, _ = self.rows.ask(self.frames, (lanes, lanes, cut, cut, one))
+                OracleRows.raise_bad(
+                    answer,
+                    answer.bad,
+                    "draft row {row} (target {target}), conditioned on a prefix of an exact "
+                    "sample,",
+                )
+                data = answer.log_probs  # [D, 1, q]
+                x = torch.argmax(data + self._noise(lanes, 1), dim=-1)  # [D, 1]
+                self.frames[lanes, self.rows.coords(lanes, cut)] = x[:, 0].to(self.frames.dtype)
+                self.log_mu += data[:, 0].gather(1, x).squeeze(1)
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        self.rounds = self.n
+        self.total_rows = self.n * self.num_draws
+        self.sample_rounds.fill_(self.n)
+        self.t.fill_(self.n)
+        self._finish(lanes)
 
     def _round(self) -> None:
         lanes = torch.nonzero(self.state > 0).flatten()
