@@ -491,7 +491,7 @@ def sequential(
     dev, wide = chain.device, chain.wide
     lanes = min(int(max_concurrent or num), num)
     cap = max_rows_per_round
-    if lanes == num and (cap is None or cap >= num):
+    if 0 < lanes == num and (cap is None or cap >= num):
         return _lockstep(chain, evaluate, x0, draw_keys, return_paths, progress)
     draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
     k = torch.zeros(lanes, dtype=torch.long, device=dev)
@@ -556,7 +556,7 @@ def _lockstep(
     log_mu = torch.zeros(num, dtype=wide, device=dev)
     paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
     step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
-    window = max(1, min(n, _NOISE_ENTRIES // (num * d)))
+    window = max(1, min(n, _NOISE_ENTRIES // max(1, num * d)))
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -233,7 +233,7 @@ class WindowSampler:
         """One coordinate per round, every draw in flight from the start, rounds not split."""
         return (
             self.method in ("sequential", "gumbel_sequential")
-            and self.draw.numel() == self.num_draws
+            and 0 < self.draw.numel() == self.num_draws
             and (self.cap is None or self.cap >= self.num_draws)
         )
 
