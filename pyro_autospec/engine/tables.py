@@ -72,6 +72,7 @@ def segment_cumsum(values: torch.Tensor, position: torch.Tensor, longest: int) -
     Parameters
     ----------
     values : Tensor[T, ...]
+        Floating point.
     position : LongTensor[T]
         Index of each entry in its segment.
     longest : int
@@ -109,7 +110,9 @@ def segment_sum(values: torch.Tensor, size: torch.Tensor, position: torch.Tensor
     return _segment_sum_by_scan(values, size, position)
 
 
-def _segment_sum_by_scan(values: torch.Tensor, size: torch.Tensor, position: torch.Tensor):
+def _segment_sum_by_scan(
+    values: torch.Tensor, size: torch.Tensor, position: torch.Tensor
+) -> torch.Tensor:
     """:func:`segment_sum` on devices without ``torch.segment_reduce``."""
     longest = int(size.max()) if size.numel() else 0
     total = segment_cumsum(values, position, longest)
