@@ -557,11 +557,7 @@ def _lockstep(
     paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
     step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
     window = max(1, min(n, _NOISE_ENTRIES // max(1, num * d)))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n, desc="sequential", unit="step")
+    bar = _bar(progress, n, "sequential", unit="step")
     for k in range(n):
         if k % window == 0:  # the noise of steps k .. k + window - 1 of every draw
             ks = torch.arange(k, min(n, k + window), device=dev)
@@ -686,9 +682,9 @@ def picard(
     return out, noise, rounds, rows, sample_rounds
 
 
-def _bar(progress: bool, total: int, desc: str):
+def _bar(progress: bool, total: int, desc: str, unit: str = "draw"):
     if not progress:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="draw")
+    return tqdm(total=total, desc=desc, unit=unit)
