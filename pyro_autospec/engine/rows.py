@@ -271,25 +271,69 @@ class OracleRows:
             )
         return _cat(pieces)
 
+    def next_rows(self, values: torch.Tensor, mask: torch.Tensor, coord: torch.Tensor) -> Answer:
+        """Rows of width one from dense inputs the caller keeps: row ``s`` is the marginal of
+        coordinate ``coord[s]`` given ``values[s]`` where ``mask[s]``, for draw ``s``.
+
+        The sequential samplers with every draw in step keep their partial samples dense and
+        ask this each step. The inputs are copied into reused buffers first, so an oracle that
+        writes into its inputs cannot change the caller's.
+
+        Parameters
+        ----------
+        values : LongTensor[D, n]
+        mask : BoolTensor[D, n]
+        coord : LongTensor[D]
+
+        Returns
+        -------
+        Answer
+            ``[D, 1, q]``, checked and normalised as every other row.
+        """
+        total = values.shape[0]
+        per_row = self.n + (1 if self.targeted else self.n) * self.q
+        step = max(1, self.max_elements // per_row)
+        draws = torch.arange(total, device=self.device)
+        valid = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        pieces = []
+        for lo in range(0, total, step):
+            hi = min(total, lo + step)
+            begin = time.perf_counter()
+            vals = self._buffer("values", hi - lo, torch.long)
+            vals.copy_(values[lo:hi])
+            pinned = self._buffer("mask", hi - lo, torch.bool)
+            pinned.copy_(mask[lo:hi])
+            self.seconds["inputs"] += time.perf_counter() - begin
+            pieces.append(
+                self._call_at(vals, pinned, coord[lo:hi].unsqueeze(1), draws[lo:hi], valid)
+            )
+        return _cat(pieces)
+
     def _targeted_call(self, values, frame, draw, cut, start, width, max_width) -> Answer:
         vals, mask = self._inputs(values, frame, draw, cut)
         offsets = torch.arange(max_width, device=self.device)
         pos = start.unsqueeze(1) + torch.minimum(offsets.unsqueeze(0), (width - 1).unsqueeze(1))
         targets = self.coords(draw, pos)
+        return self._call_at(vals, mask, targets, draw, offsets.unsqueeze(0) < width.unsqueeze(1))
+
+    def _call_at(self, vals, mask, targets, draw, valid) -> Answer:
+        """One call for the marginals of ``targets`` [R, W] given ``vals``, ``mask`` [R, n] of
+        draws ``draw`` [R]; ``valid`` [R, W] (broadcast) marks the entries that are asked."""
+        max_width = targets.shape[1]
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
         start = time.perf_counter()
         if self.targeted:
             with self._call_mode():
                 out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
-            self._check_output(out, (frame.numel(), max_width, self.q), "log_marginals_at")
+            self._check_output(out, (vals.shape[0], max_width, self.q), "log_marginals_at")
         else:
             with self._call_mode():
                 out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
-            self._check_output(out, (frame.numel(), self.n, self.q), "log_marginals")
+            self._check_output(out, (vals.shape[0], self.n, self.q), "log_marginals")
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
-        return _checked(out, offsets.unsqueeze(0) < width.unsqueeze(1))
+        return _checked(out, valid)
 
     def _chains(self, values, frame, draw, cut, length, then_width=None):
         """Chains, in as few calls as padding allows (see :func:`width_groups`), and the

@@ -26,8 +26,9 @@ def take(matrix: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Te
     """``matrix[row[k], col[k, ...]]`` of a contiguous ``matrix`` [R, m]: the shape of ``col``
     ([K] or [K, W]; ``row`` [K]).
 
-    By one ``index_select`` on the flat matrix: two to three times faster on a CPU than
-    indexing with two index tensors.
+    By flat indices into the matrix: ``torch.take`` for small requests (the fewest calls), one
+    ``index_select`` for large ones (faster per entry on a CPU). Both are two to three times
+    faster on a CPU than indexing with two index tensors.
 
     Examples
     --------
@@ -36,8 +37,15 @@ def take(matrix: torch.Tensor, row: torch.Tensor, col: torch.Tensor) -> torch.Te
     tensor([[ 9, 11],
             [ 0,  0]])
     """
-    flat = row.view(-1, *([1] * (col.dim() - 1))) * matrix.shape[1] + col
-    return matrix.view(-1).index_select(0, flat.reshape(-1)).view(col.shape)
+    flat = torch.add(col, row if col.dim() == 1 else row.unsqueeze(1), alpha=matrix.shape[1])
+    if flat.numel() <= _TAKE_LIMIT:
+        return torch.take(matrix, flat)
+    return matrix.view(-1).index_select(0, flat.view(-1)).view(col.shape)
+
+
+#: Largest request answered by ``torch.take`` (measured on a CPU: beyond it ``index_select``
+#: is faster).
+_TAKE_LIMIT = 4096
 
 
 def ragged(size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -43,6 +43,8 @@ __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
 
 TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
+#: Largest number of noise entries (draws x steps x values) the lockstep loop draws at once.
+_NOISE_ENTRIES = 1 << 21
 
 
 def agr24_window(t: torch.Tensor, q: int, scale: float) -> torch.Tensor:
@@ -240,41 +242,62 @@ class WindowSampler:
     def _lockstep(self) -> None:
         """The sequential methods when :meth:`_in_lockstep`: round ``t`` draws position ``t``
         of every draw. The same rows, noise and arithmetic as the general loop (so the same
-        draws), without its per-lane bookkeeping."""
-        lanes = torch.arange(self.num_draws, device=self.device)
-        one = torch.ones_like(lanes)
+        draws), without its per-lane bookkeeping: the partial samples are kept dense, and the
+        noise of many steps is drawn at once."""
+        num, n = self.num_draws, self.n
+        lanes = torch.arange(num, device=self.device)
         self.draw[:] = lanes
-        self.started = self.num_draws
+        self.started = num
+        values = torch.zeros(num, n, dtype=torch.long, device=self.device)
+        mask = torch.zeros(num, n, dtype=torch.bool, device=self.device)
+        coords = self.rows.orders.t().contiguous()  # [n, D]: coordinate of step t of each draw
+        flat = coords + (lanes * n).unsqueeze(0)  # the same, as indices into values.view(-1)
+        window = max(1, min(n, _NOISE_ENTRIES // max(1, num * self.q)))
+        draw_keys = self.draw_keys[lanes].unsqueeze(1)  # [D, 1]
+        v = torch.arange(self.q, device=self.device)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=self.n, desc=self.method, unit="step")
+            bar = tqdm(total=n, desc=self.method, unit="step")
         try:
-            for t in range(self.n):
-                self.t.fill_(t)
-                cut = self.t
-                answer, _ = self.rows.ask(self.frames, (lanes, lanes, cut, cut, one))
+            for t in range(n):
+                if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
+                    ts = torch.arange(t, min(n, t + window), device=self.device)
+                    noise = self._step_noise(draw_keys, ts, v)
+                answer = self.rows.next_rows(values, mask, coords[t])
                 OracleRows.raise_bad(
                     answer,
                     answer.bad,
                     "draft row {row} (target {target}), conditioned on a prefix of an exact "
                     "sample,",
                 )
-                data = answer.log_probs  # [D, 1, q]
-                x = torch.argmax(data + self._noise(lanes, 1), dim=-1)  # [D, 1]
-                self.frames[lanes, self.rows.coords(lanes, cut)] = x[:, 0].to(self.frames.dtype)
-                self.log_mu += data[:, 0].gather(1, x).squeeze(1)
+                data = answer.log_probs[:, 0]  # [D, q]
+                x = torch.argmax(data + noise[:, t % window], dim=-1)  # [D]
+                values.view(-1).index_copy_(0, flat[t], x)
+                mask.view(-1).index_fill_(0, flat[t], True)
+                self.log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
                 if bar is not None:
                     bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
-        self.rounds = self.n
-        self.total_rows = self.n * self.num_draws
-        self.sample_rounds.fill_(self.n)
-        self.t.fill_(self.n)
+        self.frames.copy_(values)
+        self.rounds = n
+        self.total_rows = n * num
+        self.sample_rounds.fill_(n)
+        self.t.fill_(n)
         self._finish(lanes)
+
+    def _step_noise(self, draw_keys: torch.Tensor, ts: torch.Tensor, v: torch.Tensor):
+        """Draft noise [D, S, q] of the one-coordinate windows at the steps ``ts`` [S] of the
+        draws of keys ``draw_keys`` [D, 1]: what :meth:`_noise` gives at each of those steps."""
+        if self.method == "gumbel_sequential":
+            return keys.gumbel(
+                draw_keys.unsqueeze(2), keys.Tag.NOISE, ts.view(1, -1, 1) * self.q + v
+            )
+        step_keys = keys.child(draw_keys, keys.Tag.LEAF, ts.unsqueeze(0))  # [D, S]
+        return keys.gumbel(step_keys.unsqueeze(2), keys.Tag.DRAFT, v.view(1, 1, -1))
 
     def _round(self) -> None:
         lanes = torch.nonzero(self.state > 0).flatten()
