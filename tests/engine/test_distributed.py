@@ -148,6 +148,9 @@ def discrete_calls(distributed: bool) -> dict:
         ),
         "one_draw": lambda: sample_any_order(chain(), 1, seed=7, distributed=distributed),
         "family": lambda: sample_any_order(FamilyOracle(), 6, seed=8, distributed=distributed),
+        "family_lockstep": lambda: sample_any_order(  # global draw numbers in lockstep
+            FamilyOracle(), 6, seed=8, method="gumbel_sequential", distributed=distributed
+        ),
         "diffusion": lambda: sample_diffusion(
             FiniteSupportDenoiser(POINTS),
             5,
