@@ -154,13 +154,42 @@ def race(args) -> None:
 _PACKAGE = os.sep + "pyro_autospec" + os.sep
 
 
+#: Torch calls that make the host wait for the device on a GPU: their result (a Python
+#: number, or a shape that depends on the data) is needed before the next call can be issued.
+_SYNCING = {
+    "nonzero",
+    "item",
+    "tolist",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "repeat_interleave",
+    "unique",
+    "_unique2",
+    "unique_consecutive",
+    "masked_select",
+    "argwhere",
+}
+
+
+def _bool_index(func, args) -> bool:
+    """Whether ``func`` is indexing with a boolean mask (a data-dependent shape)."""
+    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
+        return False
+    index = args[1] if isinstance(args[1], tuple) else (args[1],)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+
+
 class _CountOps(TorchFunctionMode):
     """Counts the torch functions and tensor methods called, by the subpackage (``engine``,
-    ``oracles``, ...) of the innermost frame of the package that called them."""
+    ``oracles``, ...) of the innermost frame of the package that called them, and among them
+    the calls that would wait for a GPU (:data:`_SYNCING`, boolean-mask indexing)."""
 
     def __init__(self):
         super().__init__()
         self.counts: dict[str, int] = {}
+        self.syncs = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         frame = sys._getframe(1)
@@ -169,31 +198,44 @@ class _CountOps(TorchFunctionMode):
         part = "other"
         if frame is not None:
             part = frame.f_code.co_filename.rsplit(_PACKAGE, 1)[1].split(os.sep)[0]
+            if getattr(func, "__name__", "") in _SYNCING or _bool_index(func, args):
+                self.syncs += 1
         self.counts[part] = self.counts.get(part, 0) + 1
         return func(*args, **(kwargs or {}))
 
 
 def ops(args) -> None:
-    """Torch operations per round, engine and oracle apart: a count, so free of timing noise."""
+    """Torch operations per round and per run, engine and oracle apart, and the calls that
+    would wait for a GPU: counts, so free of timing noise."""
     n = args.race_n
     print(
         f"\n## Torch operations per round, n = {n}, {args.num_samples} draws\n\n"
         "Every torch function or tensor method the run calls (arithmetic, indexing, reductions, "
         "shape queries), by the part of the package that called it. On a CPU at these sizes "
-        "each costs mostly its fixed dispatch price, a few microseconds.\n"
+        "each costs mostly its fixed dispatch price, a few microseconds. Where a call's price "
+        "does not depend on its batch (kernel launches on a GPU), a run costs about its calls "
+        "per run; syncs are the calls that would make the host wait for a GPU (`nonzero`, "
+        "`.item()`, `bool()`, boolean-mask indexing, ...). Counted on this machine: a proxy "
+        "for a GPU, not a GPU measurement.\n"
     )
-    print("| family | method | rounds | rows/draw | engine ops / round | oracle ops / round |")
-    print("|---|---|---|---|---|---|")
-    runs = _runs([m for m in METHODS if m != "sequential"], args)
+    print(
+        "| family | method | rounds | rows/draw | engine ops / round | oracle ops / round "
+        "| calls per run (thousands) | syncs / round | syncs per run (thousands) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    runs = _runs(list(METHODS), args)
     for family in args.families:
         oracle = FAMILIES[family](n, device=args.device)
         for label, m, knobs in runs:
             with _CountOps() as counter:
                 r = sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
             per_round = {k: v / r.rounds for k, v in counter.counts.items()}
+            total = sum(counter.counts.values())
             print(
                 f"| {family} | {label} | {r.rounds} | {r.oracle_rows / r.num_samples:.0f} | "
-                f"{per_round.get('engine', 0):.0f} | {per_round.get('oracles', 0):.0f} |",
+                f"{per_round.get('engine', 0):.0f} | {per_round.get('oracles', 0):.0f} | "
+                f"{total / 1000:.0f} | {counter.syncs / r.rounds:.0f} | "
+                f"{counter.syncs / 1000:.1f} |",
                 flush=True,
             )
 
