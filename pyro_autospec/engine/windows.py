@@ -289,7 +289,9 @@ class WindowSampler:
         self.t.fill_(n)
         self._finish(lanes)
 
-    def _step_noise(self, draw_keys: torch.Tensor, ts: torch.Tensor, v: torch.Tensor):
+    def _step_noise(
+        self, draw_keys: torch.Tensor, ts: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """Draft noise [D, S, q] of the one-coordinate windows at the steps ``ts`` [S] of the
         draws of keys ``draw_keys`` [D, 1]: what :meth:`_noise` gives at each of those steps."""
         if self.method == "gumbel_sequential":
