@@ -51,3 +51,23 @@ def test_segment_cumsum_leaves_its_input_alone():
     out = segment_cumsum(values, torch.tensor([0, 1, 2, 0, 1]), 3)
     assert out.tolist() == [1.0, 2.0, 3.0, 1.0, 2.0]
     assert values.tolist() == [1.0] * 5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_segment_sum_on_cuda_is_each_segments_own():
+    # torch.segment_reduce on CUDA: close to the CPU's sums, and a segment's sum does not
+    # depend on the other segments of the call (what keeps diffusion draws independent of
+    # the batch on a GPU).
+    size = _sizes(5, 40, 50)
+    segment, position, start = ragged(size)
+    values = torch.randn(segment.numel(), 3, dtype=torch.float64)
+    cpu = segment_sum(values, size, position)
+    gpu = segment_sum(values.cuda(), size.cuda(), position.cuda())
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-12, atol=1e-12)
+    for k, (s, n) in enumerate(zip(start.tolist(), size.tolist())):
+        if n:
+            own = values[s : s + n].cuda()
+            alone = segment_sum(
+                own, torch.tensor([n], device="cuda"), torch.arange(n, device="cuda")
+            )
+            assert torch.equal(gpu[k], alone[0])
