@@ -539,10 +539,6 @@ def sequential(
     return final, paths, log_prob, rounds, rows, sample_rounds
 
 
-#: Largest number of noise entries (draws x steps x d) that :func:`_lockstep` draws at once.
-_NOISE_ENTRIES = 1 << 21
-
-
 def _lockstep(
     chain: Chain, evaluate: DriftEvaluator, x0: torch.Tensor, draw_keys, return_paths, progress
 ):
@@ -556,7 +552,7 @@ def _lockstep(
     log_mu = torch.zeros(num, dtype=wide, device=dev)
     paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
     step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
-    window = max(1, min(n, _NOISE_ENTRIES // max(1, num * d)))
+    window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
     bar = _bar(progress, n, "sequential", unit="step")
     for k in range(n):
         if k % window == 0:  # the noise of steps k .. k + window - 1 of every draw

@@ -48,6 +48,10 @@ _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _M2 = -7723592293110705685  # 0x94D049BB133111EB
 _LOW53 = (1 << 53) - 1
 
+#: Largest number of keyed noise entries a sampler's lockstep loop draws in one call (the noise
+#: of many steps at once: fewer calls, bounded memory, the same numbers).
+NOISE_ENTRIES = 1 << 21
+
 
 class Tag:
     """Purposes of derived keys and streams (distinct constants, so streams never overlap)."""

@@ -117,6 +117,8 @@ class OracleRows:
         self.grad_enabled = torch.is_grad_enabled()
         self._call_mode = calling(oracle, self.grad_enabled)
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
+        self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
 
     # ------------------------------------------------------------------------ buffers
     def coords(self, draw: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -153,6 +155,11 @@ class OracleRows:
         torch.lt(ranks, cut.to(ranks.dtype).unsqueeze(1), out=mask)
         self.seconds["inputs"] += time.perf_counter() - start
         return out, mask
+
+    def _rows_per_call(self, outputs: int) -> int:
+        """Rows (or chains) per oracle call within ``max_elements``: each takes ``n`` input
+        entries and ``outputs`` rows of ``q`` output entries."""
+        return max(1, self.max_elements // (self.n + outputs * self.q))
 
     # ------------------------------------------------------------------------ queries
     def ask(
@@ -253,8 +260,7 @@ class OracleRows:
     def _bucket(self, values, frame, draw, cut, start, width) -> Answer:
         total = frame.numel()
         max_width = int(width.max())
-        per_row = self.n + (max_width if self.targeted else self.n) * self.q
-        step = max(1, self.max_elements // per_row)
+        step = self._rows_per_call(max_width if self.targeted else self.n)
         pieces = []
         for lo in range(0, total, step):
             hi = min(total, lo + step)
@@ -291,10 +297,10 @@ class OracleRows:
             ``[D, 1, q]``, checked and normalised as every other row.
         """
         total = values.shape[0]
-        per_row = self.n + (1 if self.targeted else self.n) * self.q
-        step = max(1, self.max_elements // per_row)
-        draws = torch.arange(total, device=self.device)
-        valid = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        step = self._rows_per_call(1 if self.targeted else self.n)
+        if self._lanes.numel() != total:  # the same every step: made once
+            self._lanes = torch.arange(total, device=self.device)
+        draws, valid = self._lanes, self._all_valid
         pieces = []
         for lo in range(0, total, step):
             hi = min(total, lo + step)
@@ -363,8 +369,7 @@ class OracleRows:
             none = torch.zeros(total, 0, self.q, dtype=torch.float64, device=self.device)
             empty = Answer(none, none[..., 0] > 0, none[..., 0])
             return self._chain_group(values, frame, draw, cut, length)[0], empty
-        per_chain = self.n + (max_length + max_then) * self.q
-        step = max(1, self.max_elements // per_chain)
+        step = self._rows_per_call(max_length + max_then)
         pieces, then_pieces = [], []
         offsets = torch.arange(max(max_length, max_then), device=self.device)
         for lo in range(0, total, step):

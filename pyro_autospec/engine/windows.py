@@ -43,8 +43,6 @@ __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
 
 TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
-#: Largest number of noise entries (draws x steps x values) the lockstep loop draws at once.
-_NOISE_ENTRIES = 1 << 21
 
 
 def agr24_window(t: torch.Tensor, q: int, scale: float) -> torch.Tensor:
@@ -163,14 +161,22 @@ class WindowSampler:
 
     def _noise(self, lanes: torch.Tensor, width: int) -> torch.Tensor:
         """Draft noise [L, width, q] of the window at ``t`` of each lane."""
-        j = torch.arange(width, device=self.device).view(1, width, 1)
-        v = torch.arange(self.q, device=self.device).view(1, 1, self.q)
-        t = self.t[lanes].view(-1, 1, 1)
+        draw_keys = self.draw_keys[self.draw[lanes]].unsqueeze(1)
+        return self._window_noise(draw_keys, self.t[lanes].unsqueeze(1), width)[:, 0]
+
+    def _window_noise(self, draw_keys: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
+        """Draft noise [L, S, width, q] of the windows starting at ``t`` [L, S] (broadcast) of
+        the draws of keys ``draw_keys`` [L, 1]: Gumbels keyed by the draw and the position
+        (``"gumbel_sequential"``, ``"agr24"``) or by the window (``child(draw, LEAF, t)``)."""
+        j = torch.arange(width, device=self.device).view(1, 1, width, 1)
+        v = torch.arange(self.q, device=self.device)
         if self.method in ("gumbel_sequential", "agr24"):
-            key = self.draw_keys[self.draw[lanes]].view(-1, 1, 1)
-            return keys.gumbel(key, keys.Tag.NOISE, (t + j) * self.q + v)
-        key = keys.child(self.draw_keys[self.draw[lanes]], keys.Tag.LEAF, self.t[lanes])
-        return keys.gumbel(key.view(-1, 1, 1), keys.Tag.DRAFT, j * self.q + v)
+            counter = (t.unsqueeze(-1).unsqueeze(-1) + j) * self.q + v
+            return keys.gumbel(draw_keys.view(-1, 1, 1, 1), keys.Tag.NOISE, counter)
+        window_keys = keys.child(draw_keys, keys.Tag.LEAF, t)  # [L, S]
+        return keys.gumbel(
+            window_keys.view(*window_keys.shape, 1, 1), keys.Tag.DRAFT, j * self.q + v
+        )
 
     def _draft(self, lanes: torch.Tensor) -> None:
         """Draft the window of every lane from its draft row; finish a last lone coordinate."""
@@ -252,9 +258,8 @@ class WindowSampler:
         mask = torch.zeros(num, n, dtype=torch.bool, device=self.device)
         coords = self.rows.orders.t().contiguous()  # [n, D]: coordinate of step t of each draw
         flat = coords + (lanes * n).unsqueeze(0)  # the same, as indices into values.view(-1)
-        window = max(1, min(n, _NOISE_ENTRIES // max(1, num * self.q)))
+        window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * self.q)))
         draw_keys = self.draw_keys[lanes].unsqueeze(1)  # [D, 1]
-        v = torch.arange(self.q, device=self.device)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -264,7 +269,7 @@ class WindowSampler:
             for t in range(n):
                 if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
                     ts = torch.arange(t, min(n, t + window), device=self.device)
-                    noise = self._step_noise(draw_keys, ts, v)
+                    noise = self._window_noise(draw_keys, ts.unsqueeze(0), 1)[:, :, 0]
                 answer = self.rows.next_rows(values, mask, coords[t])
                 OracleRows.raise_bad(
                     answer,
@@ -288,18 +293,6 @@ class WindowSampler:
         self.sample_rounds.fill_(n)
         self.t.fill_(n)
         self._finish(lanes)
-
-    def _step_noise(
-        self, draw_keys: torch.Tensor, ts: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
-        """Draft noise [D, S, q] of the one-coordinate windows at the steps ``ts`` [S] of the
-        draws of keys ``draw_keys`` [D, 1]: what :meth:`_noise` gives at each of those steps."""
-        if self.method == "gumbel_sequential":
-            return keys.gumbel(
-                draw_keys.unsqueeze(2), keys.Tag.NOISE, ts.view(1, -1, 1) * self.q + v
-            )
-        step_keys = keys.child(draw_keys, keys.Tag.LEAF, ts.unsqueeze(0))  # [D, S]
-        return keys.gumbel(step_keys.unsqueeze(2), keys.Tag.DRAFT, v.view(1, 1, -1))
 
     def _round(self) -> None:
         lanes = torch.nonzero(self.state > 0).flatten()
