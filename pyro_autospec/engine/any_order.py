@@ -33,10 +33,11 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.methods import DISCRETE, default_schedule, resolve_knobs
-from pyro_autospec.engine.recursion import Recursion, leaf_starts
+from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
+from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import OracleRows
+from pyro_autospec.engine.schedule import leaf_starts
 from pyro_autospec.engine.windows import WindowSampler
 from pyro_autospec.oracles.base import oracle_num_draws
 
@@ -272,14 +273,19 @@ def run_any_order(
         )
     elif method == "autospec":
         max_block = int(knobs["max_block"])
-        leaves = leaf_starts(n, max_block)
-        width = max(b - a for a, b in zip(leaves[:-1], leaves[1:]))
+        policy = block_policy(knobs)
+        if policy.adaptive:
+            width = min(max_block, n)
+        else:
+            leaves = leaf_starts(n, max_block)
+            width = max(b - a for a, b in zip(leaves[:-1], leaves[1:]))
         problem = DiscreteBlocks(rows, num_samples, width)
         recursion = Recursion(
             problem,
             draw_keys,
             max_block=max_block,
             rho=float(knobs["rho"]),
+            policy=policy,
             max_rows_per_round=knobs["max_rows_per_round"],
             max_concurrent_draws=knobs["max_concurrent_draws"],
             progress=progress,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import OracleRows
 from pyro_autospec.engine.tables import Table, take
 
@@ -204,7 +205,7 @@ class DiscreteBlocks:
             row_slots = self._store(row_answer.log_probs[:nr])
         next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
         if nv == 0:
-            return row_slots, self._empty_double, self._empty_double, next_rows
+            return row_slots, self._empty_double, self._empty_double, next_rows, None
         # log mu of the drafted block: first coordinate from the draft row, then the chain
         size, coords, valid, data = self._block(vv)
         x = self._read(vv.seq, coords)  # [K, W]
@@ -226,9 +227,19 @@ class DiscreteBlocks:
         log_ratio = torch.where(
             log_mu > -torch.inf, log_mu - self._node_log_nu()[vv.ids], -torch.inf
         )
+        tokens = None
+        token = torch.nonzero(vv.token).flatten()
+        if token.numel():
+            kept, whole = size.clone(), torch.ones_like(size, dtype=torch.bool)
+            kept[token], whole[token], log_mu[token] = self._tokens(
+                vv, token, x, data, chain_answer.log_probs, size, first
+            )
+            tokens = (kept, whole)
         if pi.numel():
             answer = row_answer.part(slice(nr, None))
             alive = log_mu[pi] > -torch.inf
+            if tokens is not None:  # a token window's prefetch conditions on all its draft
+                alive &= tokens[1][pi]
             OracleRows.raise_bad(
                 answer,
                 answer.bad & alive.unsqueeze(1),
@@ -236,7 +247,58 @@ class DiscreteBlocks:
             )
             ai = torch.nonzero(alive).flatten()
             next_rows[pi[ai]] = self._store(answer.log_probs[ai])
-        return row_slots, log_ratio, log_mu, next_rows
+        return row_slots, log_ratio, log_mu, next_rows, tokens
+
+    def _tokens(self, vv, pick, x, data, chain, size, first):
+        """Token-level acceptance of the drafted windows ``pick`` of ``vv``.
+
+        Speculative decoding's rule, in float64: token ``j >= 1`` of the window is kept with
+        probability ``min(1, mu_j(x_j) / nu_j(x_j))`` (``mu_j``: the chain row given the prefix
+        and the tokens before it; ``nu_j``: the draft row given the prefix) while every token
+        before it was kept; the first rejected token is redrawn from ``(mu_j - nu_j)_+``
+        (Gumbel noise keyed by the window) and ends the window. Token 0's draft row is its
+        target row, so it is always kept.
+
+        Returns
+        -------
+        kept : LongTensor[P]
+            Coordinates the window keeps (through the redrawn token; its size when every token
+            passed).
+        whole : BoolTensor[P]
+            Whether every token passed (no token was redrawn).
+        log_mu : DoubleTensor[P]
+            ``log mu`` of the kept coordinates.
+        """
+        q = self.q
+        size, x, data, key = size[pick], x[pick], data[pick], vv.key[pick]
+        width = x.shape[1]
+        if width < 2:
+            return size, torch.ones_like(size, dtype=torch.bool), first[pick]
+        chain = chain[pick]
+        j = self._offsets[1:width].unsqueeze(0)  # tokens 1..
+        in_window = j < size.unsqueeze(1)
+        xt = x[:, 1:]
+        target_x = chain[:, : width - 1].gather(2, xt.unsqueeze(-1)).squeeze(-1)
+        draft_x = data[:, 1:].gather(2, xt.unsqueeze(-1)).squeeze(-1)
+        u = keys.uniform(key.unsqueeze(1), keys.Tag.ACCEPT, j)
+        keep = accept_draft(target_x - draft_x, u) & in_window
+        stop = torch.where(~keep & in_window, j, size.unsqueeze(1)).min(1).values
+        log_mu = first[pick] + torch.where(j < stop.unsqueeze(1), target_x, 0.0).sum(1)
+        rejected = torch.nonzero(stop < size).flatten()
+        if rejected.numel():
+            js = stop[rejected]
+            pick_j = js.view(-1, 1, 1).expand(-1, 1, q)
+            rows_j = chain[rejected].gather(1, pick_j - 1).squeeze(1)  # [R, q]
+            draft_j = data[rejected].gather(1, pick_j).squeeze(1)
+            residual = (rows_j.exp() - draft_j.exp()).clamp(min=0.0)
+            log_residual = torch.log(residual / residual.sum(1, keepdim=True))
+            v = self._counter[0, 0].unsqueeze(0)
+            g = keys.gumbel(key[rejected].unsqueeze(1), keys.Tag.RESAMPLE, v)
+            y = torch.argmax(log_residual + g, dim=-1)
+            coord = self.rows.coords(vv.draw[pick][rejected], vv.a[pick][rejected] + js)
+            self._write(vv.seq[pick][rejected], coord, y)
+            log_mu[rejected] += rows_j.gather(1, y.unsqueeze(1)).squeeze(1)
+        return torch.where(stop < size, stop + 1, size), stop >= size, log_mu
 
     def _store(self, log_probs: torch.Tensor) -> torch.Tensor:
         slots = self.slots.alloc(log_probs.shape[0])

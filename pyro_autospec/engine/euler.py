@@ -369,7 +369,7 @@ class EulerBlocks:
         next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
         if nv == 0:
             self._verified = None
-            return row_slots, empty, empty, next_rows
+            return row_slots, empty, empty, next_rows, None
         drifts = torch.zeros(inc.shape, dtype=wide, device=self.device)
         drifts[asked] = out[nr:]  # drifts[k] is b at X_{a+1+j}: the drift of the next step
         f_k = torch.where((j == 0).unsqueeze(1), f_block, drifts.roll(1, 0))  # of step a + j
@@ -393,7 +393,7 @@ class EulerBlocks:
             self.slots["f"][slots] = drifts[last[has_next]]
             next_rows[has_next] = slots
         self._verified = (states[last], sums[:, 2], inc, block, step)
-        return row_slots, log_ratio.double(), log_mu.double(), next_rows
+        return row_slots, log_ratio.double(), log_mu.double(), next_rows, None
 
 
 class _PathPool:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-__all__ = ["METHODS", "Method", "default_schedule", "resolve_knobs"]
+from pyro_autospec.engine.schedule import BlockPolicy
+
+__all__ = ["METHODS", "Method", "block_policy", "default_schedule", "resolve_knobs"]
 
 DISCRETE, DIFFUSION = "discrete", "diffusion"
 
@@ -34,7 +36,7 @@ METHODS: dict[str, Method] = {
             "autospec",
             (DISCRETE, DIFFUSION),
             True,
-            "recursive speculative rejection sampling: about sqrt(n) rounds",
+            "autospeculation: windows drafted from the prefix, verified in one round each",
         ),
         Method("sequential", (DISCRETE, DIFFUSION), True, "the chain rule: n rounds"),
         Method(
@@ -84,39 +86,63 @@ def default_schedule(num_coords: int) -> dict:
     Returns
     -------
     dict
-        ``rho``: batch growth of residual tries (batch ``r`` launches tries
-        ``ceil((1+rho)^r) .. ceil((1+rho)^(r+1)) - 1``); ``max_block``: the largest block that
-        is speculated (larger top-level blocks are cut into leaves without a draft, since for
-        them ``TV(mu_S, nu_S)`` is close to one and the verification would be wasted);
-        ``max_rows_per_round``: ``None`` (no cap).
+        The knobs of :class:`~pyro_autospec.engine.schedule.BlockPolicy` and of the races:
+
+        * ``blocks="adaptive"``: every draw chooses its next window from its own past (grown
+          after a window that passed whole, shrunk after one that did not);
+          ``"fixed"``: the balanced tiling into blocks of about ``max_block``;
+        * ``max_block``: the largest window, ``max(8, 2 sqrt(n))``; ``min_block``: the
+          smallest (2); ``first_block``: a draw's first window (``None``: ``max_block``);
+        * ``token_below``: windows below this size keep their longest accepted prefix and
+          redraw one token from the residual, as in speculative decoding; windows at or above
+          it are accepted or rejected whole and repaired by residual races (autospeculation's
+          block rule). ``None`` (the default): every window token by token; ``0``: every
+          window as a block;
+        * ``rho``: batch growth of residual tries (batch ``r`` launches tries
+          ``ceil((1+rho)^r) .. ceil((1+rho)^(r+1)) - 1``), and ``race_depth``: races nested
+          deeper than this draw their tries by the chain rule instead of recursively;
+        * ``max_rows_per_round``: ``None`` (no cap).
 
     Notes
     -----
-    None of these knobs changes the law of the output; they trade rounds (latency) against
-    rows (work). Larger ``rho`` launches more tries at once: fewer rounds, more cancelled
-    rows; ``rho = 3`` starts every residual with three parallel tries. ``max_block`` around
-    ``sqrt(n)`` skips verifications of large blocks, which almost surely fail: in a random
-    order ``TV(mu_S, nu_S)`` grows like ``|S| / sqrt(n)``; below 8 coordinates a split costs
-    more rounds than a failed verification, hence the floor. On the binary Markov chain
-    (n = 256..4096, ``benchmarks/rounds.py --sweep``) these defaults took 30-40% fewer rounds
-    and fewer rows than ``rho = 1``, ``max_block = 4 sqrt(n)``.
-
-    The defaults minimise rounds, which parallel hardware turns into time. On a CPU every row
-    costs: with 16 draws at n = 4096 (Markov chain, HMM, tree Ising model;
-    ``benchmarks/engine.py --parts race``) ``max_block=16`` took about twice the rounds, a
-    third to a quarter of the rows and 26 to 60% less wall time than ``max_block=64`` (three
-    runs).
+    None of these knobs changes the law of the output (:mod:`pyro_autospec.engine.schedule`
+    says why); they trade rounds (latency) against rows (work) and, except the caps, change
+    which random numbers the draws read. The same seed and knobs give the same draws on any
+    device and batch. Every window is drafted from the marginals given the draw's prefix (one
+    row) and verified against the chain rule in one round. Measured on consistent oracles
+    (Markov chains, mixtures) and on imperfect any-order networks at ``n`` up to 4096, the
+    token rule with adaptive windows took fewer rounds and rows than the block rule with
+    residual races, hence the default; the figures and commands are in
+    ``benchmarks/README.md``.
 
     Examples
     --------
-    >>> default_schedule(1024)
-    {'rho': 3.0, 'max_block': 32, 'max_rows_per_round': None}
+    >>> default_schedule(1024)["max_block"], default_schedule(1024)["token_below"]
+    (64, None)
     """
     return {
         "rho": 3.0,
-        "max_block": max(8, int(round(math.sqrt(num_coords)))),
+        "max_block": max(8, int(round(2 * math.sqrt(num_coords)))),
         "max_rows_per_round": None,
+        "blocks": "adaptive",
+        "min_block": 2,
+        "first_block": None,
+        "race_depth": 1,
+        "token_below": None,
     }
+
+
+def block_policy(knobs: dict) -> BlockPolicy:
+    """The :class:`~pyro_autospec.engine.schedule.BlockPolicy` of resolved ``"autospec"``
+    knobs."""
+    return BlockPolicy(
+        max_block=int(knobs["max_block"]),
+        blocks=knobs.get("blocks", "fixed"),
+        min_block=int(knobs.get("min_block", 2)),
+        first_block=knobs.get("first_block"),
+        race_depth=knobs.get("race_depth"),
+        token_below=knobs.get("token_below", 0),
+    )
 
 
 def resolve_knobs(method: str, setting: str, defaults: dict, given: dict) -> dict:

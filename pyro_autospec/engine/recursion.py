@@ -48,6 +48,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
+from pyro_autospec.engine.schedule import BlockPolicy, leaf_starts, part_bounds
 from pyro_autospec.engine.tables import Matrix, ragged
 
 __all__ = ["NodeView", "Recursion", "RunCounts", "next_batch", "leaf_starts"]
@@ -72,6 +73,8 @@ _NODE_INT = {
     "race_next": 1,
     "race_batch": 0,
     "owns_row": 0,
+    "token": 0,
+    "kept": 0,
 }
 _SEQ_INT = {
     "draw": 0,
@@ -85,6 +88,10 @@ _SEQ_INT = {
     "child": -1,
     "status": RUNNING,
     "carry": -1,
+    "win": 0,
+    "depth": 0,
+    "parts": 2,
+    "token": 0,
 }
 (
     N_DRAW,
@@ -100,10 +107,26 @@ _SEQ_INT = {
     N_RNEXT,
     N_RBATCH,
     N_OWNS,
+    N_TOKEN,
+    N_KEPT,
 ) = range(len(_NODE_INT))
-(S_DRAW, S_OWNER, S_INDEX, S_KEY, S_LO, S_HI, S_NXT, S_STAGE, S_CHILD, S_STATUS, S_CARRY) = range(
-    len(_SEQ_INT)
-)
+(
+    S_DRAW,
+    S_OWNER,
+    S_INDEX,
+    S_KEY,
+    S_LO,
+    S_HI,
+    S_NXT,
+    S_STAGE,
+    S_CHILD,
+    S_STATUS,
+    S_CARRY,
+    S_WIN,
+    S_DEPTH,
+    S_PARTS,
+    S_TOKEN,
+) = range(len(_SEQ_INT))
 F_LOG_MU, F_RHO = 0, 1
 
 
@@ -112,12 +135,13 @@ class NodeView:
 
     Attributes
     ----------
-    ids, draw, seq, a, b, nxt, key, row : LongTensor[K]
+    ids, draw, seq, a, b, nxt, key, row, token : LongTensor[K]
         Node ids; their draw (local index), sequence, block ``(a, b]``, the end ``nxt`` of the
-        block after them (``nxt == b``: none), key and draft-row slot.
+        block after them (``nxt == b``: none), key, draft-row slot, and 1 where the block is
+        sampled token by token.
     """
 
-    __slots__ = ("ids", "draw", "seq", "a", "b", "nxt", "key", "row")
+    __slots__ = ("ids", "draw", "seq", "a", "b", "nxt", "key", "row", "token")
 
     def __init__(
         self, table: torch.Tensor, pick: torch.Tensor | None, ids: torch.Tensor | None = None
@@ -135,6 +159,7 @@ class NodeView:
         cols = block.unbind(1)
         self.draw, self.seq, self.a, self.b, self.nxt, self.key = cols[:6]
         self.row = cols[N_ROW]
+        self.token = cols[N_TOKEN]
 
     def __len__(self) -> int:
         return int(self.ids.numel())
@@ -171,35 +196,6 @@ def next_batch(
     return stop, r + 1
 
 
-def leaf_starts(n: int, max_block: int) -> list[int]:
-    """Boundaries ``0 = L_0 < ... < L_m = n`` of the top-level leaves.
-
-    A block larger than ``max_block`` is cut between its ``k = ceil(size / max_block)`` leaves,
-    half of them on each side, recursively, so every leaf has ``floor`` or ``ceil`` of
-    ``n / k`` coordinates (about ``max_block``). Any cut keeps the output exact: it is the
-    chain rule.
-
-    Examples
-    --------
-    >>> leaf_starts(10, 4)
-    [0, 3, 6, 8, 10]
-    """
-    out = [0]
-
-    def cut(a: int, b: int) -> None:
-        size = b - a
-        if size <= max_block:
-            out.append(b)
-            return
-        k = -(-size // max_block)
-        mid = a + size * (k // 2) // k
-        cut(a, mid)
-        cut(mid, b)
-
-    cut(0, n)
-    return out
-
-
 @dataclass
 class RunCounts:
     """What a run cost: rounds (whole run), rows, and rounds per draw."""
@@ -225,6 +221,10 @@ class Recursion:
         run is stored at index ``k``.
     max_block : int
         Largest block that is speculated; larger top-level blocks are cut into leaves.
+    policy : BlockPolicy, optional
+        The adaptive schedule (:mod:`pyro_autospec.engine.schedule`): per-draw windows and
+        the depth below which residual tries use the chain rule. Default: the fixed tiling of
+        :func:`leaf_starts` with recursive tries at every depth.
     rho : float
         Batch growth of residual tries (the problem may set it per race, see
         ``problem.race_rho``).
@@ -245,6 +245,7 @@ class Recursion:
         *,
         max_block: int,
         rho: float,
+        policy: BlockPolicy | None = None,
         max_rows_per_round: int | None = None,
         max_concurrent_draws: int | None = None,
         progress: bool = False,
@@ -260,6 +261,7 @@ class Recursion:
         self.progress = progress
         self.desc = desc
         self.draw_keys = draw_keys.to(dev)
+        self.policy = policy or BlockPolicy(max_block, blocks="fixed")
         bounds = leaf_starts(self.n, max_block)
         m = len(bounds) - 1
         self.num_leaves = m
@@ -284,6 +286,7 @@ class Recursion:
             N_STAMP,
             N_ROW,
             N_OWNS,
+            N_TOKEN,
             self.N_READY,
             device=dev,
         )
@@ -295,10 +298,10 @@ class Recursion:
         self._race_vals = _col(RACING, 1, 0, device=dev)
         self._launch_cols = _col(N_RNEXT, N_RBATCH, device=dev)
         self._thread_cols = _col(S_DRAW, S_OWNER, S_INDEX, S_KEY, S_LO, S_HI, S_NXT, device=dev)
-        self._root_cols = _col(S_DRAW, S_KEY, S_LO, S_HI, S_NXT, device=dev)
+        self._root_cols = _col(S_DRAW, S_KEY, S_LO, S_HI, S_NXT, S_WIN, S_TOKEN, device=dev)
+        self._part_cols = _col(S_DEPTH, S_PARTS, device=dev)
         self._leaf_tag = keys.tag_tensor(keys.Tag.LEAF, self.leaves)
         self._child_tag = keys.tag_tensor(keys.Tag.CHILD, self.leaves)
-        self._steps = torch.arange(3, device=dev)
         problem.bind(self)
         self.stamp = 0
         self.rounds = 0
@@ -318,7 +321,7 @@ class Recursion:
         self.stamp += count
         return out
 
-    def _new_nodes(self, seq, draw, a, b, nxt, key, row, owns_row) -> torch.Tensor:
+    def _new_nodes(self, seq, draw, a, b, nxt, key, row, owns_row, token=None) -> torch.Tensor:
         """Nodes ``(a, b]`` of sequences ``seq``: ready if they have a row, else waiting."""
         count = seq.numel()
         ids = self.nodes.alloc(count)
@@ -326,8 +329,10 @@ class Recursion:
             return ids
         has_row = (row >= 0).long()
         state = torch.where(row >= 0, BUSY, WAIT_ROW)
+        token = torch.zeros_like(a) if token is None else token
         fields = torch.stack(
-            [draw, seq, a, b, nxt, key, state, self._stamps(count), row, owns_row, has_row], 1
+            [draw, seq, a, b, nxt, key, state, self._stamps(count), row, owns_row, token, has_row],
+            1,
         )
         self.nodes.i[ids.unsqueeze(1), self._new_cols] = fields
         self.seqs.i[seq, S_CHILD] = ids
@@ -365,22 +370,23 @@ class Recursion:
         zero = torch.zeros_like(draws)
         full = torch.full_like(draws, self.n)
         key = self.draw_keys[draws]
+        window = torch.full_like(draws, self.policy.start_window())
+        token = torch.full_like(draws, int(self.policy.adaptive and self.policy.start_token()))
         self.seqs.i[ids.unsqueeze(1), self._root_cols] = torch.stack(
-            [draws, key, zero, full, full], 1
+            [draws, key, zero, full, full, window, token], 1
         )
         self.problem.init_frames(ids, draws)
-        a, b, nxt = self.leaves[0].unbind(0)
+        if self.policy.adaptive:
+            a, b, nxt = self._window_block(zero, window)
+        else:
+            a, b, nxt = (x.expand(count) for x in self.leaves[0].unbind(0))
         first = keys.child(key, keys.Tag.LEAF, a)
-        self._new_nodes(
-            ids,
-            draws,
-            a.expand(count),
-            b.expand(count),
-            nxt.expand(count),
-            first,
-            torch.full_like(draws, -1),
-            zero,
-        )
+        self._new_nodes(ids, draws, a, b, nxt, first, torch.full_like(draws, -1), zero, token)
+
+    def _window_block(self, a: torch.Tensor, window: torch.Tensor):
+        """``(a, b, nxt)`` of the adaptive top-level blocks starting at ``a``."""
+        b = torch.clamp(a + window, max=self.n)
+        return a, b, torch.clamp(b + self.policy.prefetch(window), max=self.n)
 
     # ------------------------------------------------------------------------------ rounds
     @engine_mode()
@@ -437,7 +443,7 @@ class Recursion:
         ri = torch.nonzero(~is_verify).flatten()
         row_view = NodeView(block, ri, waiting[ri])
         verify_view = NodeView(block, vi, waiting[vi])
-        row_slots, log_ratio, log_mu, next_rows = self.problem.answer(row_view, verify_view)
+        row_slots, log_ratio, log_mu, next_rows, tokens = self.problem.answer(row_view, verify_view)
         # draft rows arrived: those nodes start
         row_ids = row_view.ids
         nodes.i[row_ids, N_ROW] = row_slots
@@ -447,6 +453,12 @@ class Recursion:
             return
         u = keys.uniform(verify_view.key, keys.Tag.ACCEPT, 0)
         accepted = accept_draft(log_ratio, u)
+        if tokens is not None:  # token windows always complete, with what they kept
+            kept, whole = tokens
+            accepted |= verify_view.token.bool()
+            nodes.i[ids, N_KEPT] = kept
+            nodes.i[ids, N_B] = verify_view.a + kept
+            nodes.i[ids, N_RBATCH] = (~whole).long()  # a redrawn token counts as a rejection
         good = torch.nonzero(accepted).flatten()
         bad = torch.nonzero(~accepted).flatten()
         good_ids, bad_ids = ids[good], ids[bad]
@@ -511,7 +523,9 @@ class Recursion:
         sblock = seqs.i.index_select(0, seq)
         stage = sblock[:, S_STAGE] + 1
         is_root = sblock[:, S_OWNER] < 0
-        last = torch.where(is_root, stage >= self.num_leaves, stage >= 2)
+        adaptive = self.policy.adaptive
+        root_last = block[:, N_B] >= self.n if adaptive else stage >= self.num_leaves
+        last = torch.where(is_root, root_last, stage >= sblock[:, S_PARTS])
         gi = torch.nonzero(~last).flatten()
         ei = torch.nonzero(last).flatten()
         if gi.numel():  # the next block, with the prefetched row if there is one
@@ -519,18 +533,31 @@ class Recursion:
             seqs.i[go, S_STAGE] = go_stage
             sb = sblock[gi]
             root = is_root[gi]
-            leaf = self.leaves[go_stage.clamp(max=self.num_leaves - 1)]  # [G, 3]
-            lo, hi = sb[:, S_LO], sb[:, S_HI]
-            # a thread's children: (lo, mid], then (mid, hi] followed by the thread's own nxt
-            plan = torch.stack([lo, (lo + hi) // 2, hi, sb[:, S_NXT]], 1)
-            mine = plan.gather(1, go_stage.clamp(max=1).unsqueeze(1) + self._steps)
-            a, b, nxt = torch.where(root.unsqueeze(1), leaf, mine).unbind(1)
+            if adaptive:  # a root's next window and mode, from how its last block went
+                nb = block[gi]
+                token = nb[:, N_TOKEN].bool()
+                full = nb[:, N_RBATCH] == 0  # draft accepted whole, or every token passed
+                window, token = self.policy.next_block(sb[:, S_WIN], token, full, nb[:, N_KEPT])
+                seqs.i[go, S_WIN] = window
+                seqs.i[go, S_TOKEN] = token.long()
+                top = torch.stack(self._window_block(nb[:, N_B], window), 1)
+            else:
+                top = self.leaves[go_stage.clamp(max=self.num_leaves - 1)]  # [G, 3]
+            # a thread's part j of p: (lo + span j // p, lo + span (j + 1) // p], the last one
+            # followed by the thread's own nxt
+            lo, hi, parts = sb[:, S_LO], sb[:, S_HI], sb[:, S_PARTS].clamp(min=1)
+            pa, pb = part_bounds(lo, hi, parts, go_stage)
+            after = part_bounds(lo, hi, parts, go_stage + 1)[1]
+            pn = torch.where(go_stage + 1 < parts, after, sb[:, S_NXT])
+            mine = torch.stack([pa, pb, pn], 1)
+            a, b, nxt = torch.where(root.unsqueeze(1), top, mine).unbind(1)
             key = keys.child(
                 sb[:, S_KEY],
                 torch.where(root, self._leaf_tag, self._child_tag),
                 torch.where(root, a, go_stage),
             )
-            self._new_nodes(go, sb[:, S_DRAW], a, b, nxt, key, go_row, (go_row >= 0).long())
+            mode = torch.where(root, seqs.i[go, S_TOKEN], 0) if adaptive else None
+            self._new_nodes(go, sb[:, S_DRAW], a, b, nxt, key, go_row, (go_row >= 0).long(), mode)
         if ei.numel() == 0:
             return
         end = seq[ei]
@@ -585,9 +612,13 @@ class Recursion:
         seqs.i[threads.unsqueeze(1), self._thread_cols] = torch.stack(
             [draw, owner, index, try_key, a, b, nxt], 1
         )
+        depth = self.seqs.i[ob[:, N_SEQ], S_DEPTH] + 1
+        parts = self.policy.try_parts(depth, b - a)
+        seqs.i[threads.unsqueeze(1), self._part_cols] = torch.stack([depth, parts], 1)
         self.problem.spawn(threads, ob[:, N_SEQ], a, b)
         left = keys.child(try_key, keys.Tag.CHILD, 0)
-        self._new_nodes(threads, draw, a, (a + b) // 2, b, left, ob[:, N_ROW], torch.zeros_like(a))
+        first_end, second_end = (part_bounds(a, b, parts, j)[1] for j in (0, 1))
+        self._new_nodes(threads, draw, a, first_end, second_end, left, ob[:, N_ROW], 0 * a)
 
     def _members(self, owners: torch.Tensor) -> torch.Tensor:
         """Live tries (sequence ids) of the races ``owners``."""

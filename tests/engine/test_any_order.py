@@ -59,9 +59,15 @@ SCHEDULES = {
     # a cap far below a round's demand (4000 draws ask for thousands of rows per round); tighter
     # caps give the same draws (tests/engine/test_engines_agree.py), only more rounds
     "tight_cap": {"max_rows_per_round": 300, "rho": 2.0},
-    # speculate whole blocks: deep recursion, races nested inside threads
-    "whole_blocks": {"max_block": 64},
-    "whole_blocks_tiny_rho": {"max_block": 64, "rho": 1e-9},
+    # the block rule on whole blocks: deep recursion, races nested inside threads
+    "whole_blocks": {"max_block": 64, "token_below": 0, "race_depth": None},
+    "whole_blocks_tiny_rho": {"max_block": 64, "rho": 1e-9, "token_below": 0, "race_depth": None},
+    # the block rule with adaptive windows; tries by the chain rule below the first race
+    "adaptive_blocks": {"token_below": 0},
+    "chain_rule_tries": {"max_block": 64, "token_below": 0, "race_depth": 0},
+    # token windows below 4, the block rule at 4 and above; small first window
+    "hybrid": {"max_block": 6, "token_below": 4, "first_block": 2},
+    "fixed_tiling_blocks": {"blocks": "fixed", "token_below": 0, "race_depth": None},
 }
 # Every target with the default schedule; every other schedule on a target that stresses it.
 CASES = [(target, "default") for target in sorted(TARGETS)] + [
@@ -74,6 +80,12 @@ CASES = [(target, "default") for target in sorted(TARGETS)] + [
     ("potts", "whole_blocks"),
     ("near_deterministic", "whole_blocks"),
     ("potts", "whole_blocks_tiny_rho"),
+    ("pairs_equal", "adaptive_blocks"),
+    ("near_deterministic", "chain_rule_tries"),
+    ("potts", "chain_rule_tries"),
+    ("potts", "hybrid"),
+    ("pairs_equal", "hybrid"),
+    ("near_deterministic", "fixed_tiling_blocks"),
 ]
 
 

@@ -59,6 +59,12 @@ SCHEDULES = {
     "cap": {"max_rows_per_round": 7},
     "batching": {"max_concurrent_draws": 3},
     "chunks": {"max_elements": 500},
+    # the block rule (autospeculation's residual races), adaptive and fixed tilings
+    "blocks": {"token_below": 0},
+    "blocks_deep": {"token_below": 0, "race_depth": None, "max_block": 16, "rho": 1e-9},
+    "blocks_chain_tries": {"token_below": 0, "race_depth": 0, "max_block": 12},
+    "blocks_fixed": {"blocks": "fixed", "token_below": 0, "race_depth": None},
+    "hybrid_cap": {"token_below": 6, "max_block": 12, "first_block": 3, "max_rows_per_round": 9},
 }
 
 
@@ -91,9 +97,10 @@ def test_baseline_engines_agree(method, name):
 
 
 @pytest.mark.parametrize("name", ["tabular", "hmm", "spanning_tree"])
-def test_schedule_knobs_do_not_change_draws(name):
+@pytest.mark.parametrize("rule", [{}, {"token_below": 0}])
+def test_schedule_knobs_do_not_change_draws(name, rule):
     oracle = ORACLES[name]
-    base = sample_any_order(oracle, 30, seed=8)
+    base = sample_any_order(oracle, 30, seed=8, **rule)
     for knobs in (
         {"rho": 0.2},
         {"rho": 9.0},
@@ -101,7 +108,7 @@ def test_schedule_knobs_do_not_change_draws(name):
         {"max_concurrent_draws": 4},
         {"max_elements": 300},
     ):
-        other = sample_any_order(oracle, 30, seed=8, **knobs)
+        other = sample_any_order(oracle, 30, seed=8, **rule, **knobs)
         _same(base, other, counts=False)
 
 

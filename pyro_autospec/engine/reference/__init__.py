@@ -10,9 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pyro_autospec.engine.recursion import leaf_starts
+from pyro_autospec.engine.methods import block_policy
 from pyro_autospec.engine.reference.recursion import draw
 from pyro_autospec.engine.reference.scheduler import Scheduler
+from pyro_autospec.engine.schedule import leaf_starts
 
 __all__ = ["run_discrete", "run_euler"]
 
@@ -32,7 +33,8 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
     problem = ReferenceDiscrete(rows, float(knobs.get("rho", 1.0)))
     if method == "autospec":
         leaves = leaf_starts(rows.n, int(knobs["max_block"]))
-        roots = [draw(problem, s, int(k), leaves) for s, k in enumerate(draw_keys.tolist())]
+        policy = block_policy(knobs)
+        roots = [draw(problem, s, int(k), leaves, policy) for s, k in enumerate(draw_keys.tolist())]
     else:
         roots = [
             token_draw(problem, method, s, int(k), knobs) for s, k in enumerate(draw_keys.tolist())

@@ -154,6 +154,29 @@ class ReferenceDiscrete:
             next_row = pre.log_probs[0].numpy()
         return log_ratio, log_mu, next_row
 
+    def tokens(self, s, key: int, drafted, a: int, b: int, row, answer: QueryAnswer):
+        """Token-level acceptance of the drafted window ``(a, b]``: the longest accepted
+        prefix, then one token from the residual; returns ``(frame, kept, log mu, whole)``
+        (``whole``: every token passed)."""
+        x = drafted[self.orders[s, a:b]]
+        log_mu = float(row[0, x[0]])
+        frame = drafted.copy()
+        v = np.arange(self.q)
+        for j in range(1, b - a):
+            what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
+            target = _check(answer.chain, j - 1, what)
+            u = keys.uniform(torch.tensor(key), keys.Tag.ACCEPT, j)
+            if bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u)):
+                log_mu += float(target[x[j]])
+                continue
+            residual = np.clip(np.exp(target) - np.exp(row[j]), 0.0, None)
+            with np.errstate(divide="ignore"):
+                log_residual = np.log(residual / residual.sum())
+            y = int(np.argmax(log_residual + _gumbel(key, keys.Tag.RESAMPLE, v)))
+            frame[self.orders[s, a + j]] = y
+            return frame, j + 1, log_mu + float(target[y]), False
+        return frame, b - a, log_mu, True
+
     def try_log_nu(self, s: int, y, a: int, b: int, row: np.ndarray) -> float:
         return float(row[np.arange(b - a), y[self.orders[s, a:b]]].sum())
 

@@ -39,46 +39,108 @@ def _child(key: int, tag: int, index: int) -> int:
     return int(keys.child(torch.tensor(key, dtype=torch.long), tag, index))
 
 
-def node(problem, s: int, key: int, frame, a: int, b: int, nxt: int, row) -> Generator:
-    """Sample positions ``(a, b]`` of draw ``s`` exactly given ``frame``; ``(b, nxt]`` follows."""
+def node(
+    problem,
+    s: int,
+    key: int,
+    frame,
+    a: int,
+    b: int,
+    nxt: int,
+    row,
+    policy=None,
+    depth: int = 0,
+    token: bool = False,
+) -> Generator:
+    """Sample positions ``(a, b]`` of draw ``s`` exactly given ``frame``; ``(b, nxt]`` follows.
+
+    Returns ``(frame, log mu_S, next_row, raced)``; ``depth`` counts the races around the node
+    (a residual try at depth ``d`` uses ``policy.try_parts``: halves or the chain rule). A
+    ``token`` window keeps its longest accepted prefix and one redrawn token instead, and
+    returns ``(kept, whole)`` in place of ``raced``: how many coordinates it kept, and whether
+    every token passed.
+    """
     if row is None:
         row = yield Call(problem.row_request(s, frame, a, b), rows=1, sample=s)
         row = problem.row_answer(s, a, row)
     if b - a == 1:
         frame, log_mu = problem.leaf(s, key, frame, a, row)
-        return frame, log_mu, None
+        return frame, log_mu, None, (1, True) if token else False
     drafted, log_nu = problem.draft(s, key, frame, a, b, row)
     rows = (b - a - 1) + (1 if nxt > b else 0)
     answer = yield Call(problem.verify_request(s, drafted, a, b, nxt), rows=rows, sample=s)
     log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
+    if token:
+        frame, kept, log_mu, whole = problem.tokens(s, key, drafted, a, b, row, answer)
+        return frame, log_mu, next_row if whole else None, (kept, whole)
     if bool(accept_draft(torch.tensor(log_ratio), _uniform(key, keys.Tag.ACCEPT))):
-        return drafted, log_mu, next_row
-    mid = (a + b) // 2
+        return drafted, log_mu, next_row, False
+    parts = 2
+    if policy is not None:
+        parts = int(policy.try_parts(torch.tensor([depth + 1]), torch.tensor([b - a]))[0])
+    bounds = [a + (b - a) * j // parts for j in range(parts + 1)]
 
     def attempt(index: int) -> Generator:
+        # try ``index``: the parts (bounds[j], bounds[j + 1]] one after the other, the first
+        # from the node's own draft row (same prefix), the last followed by the node's nxt
         try_key = _child(key, keys.Tag.THREAD, index)
-        left_key = _child(try_key, keys.Tag.CHILD, 0)
-        right_key = _child(try_key, keys.Tag.CHILD, 1)
-        left = yield from node(problem, s, left_key, frame, a, mid, b, row)
-        right = yield from node(problem, s, right_key, left[0], mid, b, nxt, left[2])
-        y, log_mu_y = right[0], left[1] + right[1]
+        y, log_mu_y, part_row = frame, 0.0, row
+        for j in range(parts):
+            part_key = _child(try_key, keys.Tag.CHILD, j)
+            after = bounds[j + 2] if j + 2 <= parts else nxt
+            y, log_mu_j, part_row, _ = yield from node(
+                problem,
+                s,
+                part_key,
+                y,
+                bounds[j],
+                bounds[j + 1],
+                after,
+                part_row,
+                policy,
+                depth + 1,
+            )
+            log_mu_y += log_mu_j
         if not log_mu_y > -float("inf"):
             raise AssertionError("an exact try returned a value of probability zero")
         log_nu_y = problem.try_log_nu(s, y, a, b, row)
         u = _uniform(try_key, keys.Tag.ACCEPT)
         accepted = bool(accept_residual(torch.tensor(log_mu_y - log_nu_y), u))
-        return accepted, (y, log_mu_y, right[2])
+        return accepted, (y, log_mu_y, part_row)
 
-    return (yield FirstAccepted(attempt, problem.race_rho(b - a, log_ratio)))
+    won = yield FirstAccepted(attempt, problem.race_rho(b - a, log_ratio))
+    return (*won, True)
 
 
-def draw(problem, s: int, draw_key: int, leaves: list[int]) -> Generator:
-    """One whole draw: its top-level leaves ``(L_j, L_{j+1}]`` in order."""
+def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Generator:
+    """One whole draw: its top-level blocks in order.
+
+    With an adaptive ``policy`` (:class:`~pyro_autospec.engine.schedule.BlockPolicy`) each
+    block's window follows from whether the previous block's draft was accepted; otherwise the
+    blocks are the fixed leaves ``(L_j, L_{j+1}]``.
+    """
     frame, log_prob, row = problem.initial_frame(s), 0.0, None
+    n = leaves[-1]
+    if policy is not None and policy.adaptive:
+        a, window, token = 0, policy.start_window(), policy.start_token()
+        while a < n:
+            b = min(a + window, n)
+            nxt = min(b + int(policy.prefetch(torch.tensor(window))), n)
+            key = _child(draw_key, keys.Tag.LEAF, a)
+            frame, log_mu, row, outcome = yield from node(
+                problem, s, key, frame, a, b, nxt, row, policy, token=token
+            )
+            log_prob += log_mu
+            kept, full = outcome if token else (b - a, not outcome)
+            w, t = policy.next_block(
+                torch.tensor(window), torch.tensor(token), torch.tensor(full), torch.tensor(kept)
+            )
+            window, token, a = int(w), bool(t), a + kept
+        return frame, log_prob
     m = len(leaves) - 1
     for j in range(m):
         a, b, nxt = leaves[j], leaves[j + 1], leaves[min(j + 2, m)]
         key = _child(draw_key, keys.Tag.LEAF, a)
-        frame, log_mu, row = yield from node(problem, s, key, frame, a, b, nxt, row)
+        frame, log_mu, row, _ = yield from node(problem, s, key, frame, a, b, nxt, row, policy)
         log_prob += log_mu
     return frame, log_prob

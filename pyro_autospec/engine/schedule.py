@@ -1,0 +1,190 @@
+"""How autospeculation tiles a draw into blocks and draws residual tries: the adaptive schedule.
+
+Both engines call these functions, so they follow the same schedule and give the same draws.
+
+**Blocks chosen from the past.** With ``blocks="adaptive"`` every draw keeps a *window* ``w``
+and samples its top-level blocks ``(a, a + w]`` one after the other, like a congestion window:
+after a block whose draft was accepted the window grows (``w <- min(2 w, max_block)``); after a
+block whose draft was rejected (it needed a residual race) it shrinks
+(``w <- max(w // 2, min_block)``). The choice of the next block reads only the draw's own past
+(which blocks were accepted), never the randomness of the block it is about to draw, so the
+output is exactly the chain rule's law (:doc:`/algorithm`, "Adaptive schedules"). It depends on
+the seed, the oracle and these knobs only, not on the batch, caps, device or thread count.
+``blocks="fixed"`` keeps the balanced tiling of :func:`leaf_starts` (every block about
+``max_block`` coordinates).
+
+**A cap on how deep residual races recurse.** A residual try draws ``y ~ mu_S`` exactly. Up to
+``race_depth`` nested races it does so recursively (left half, then right half, each drafted
+and verified: few rounds); deeper, it draws ``y`` by the chain rule, one coordinate per round.
+On an oracle whose drafts keep failing at every scale (an imperfect learned network, whose
+conditionals are not the marginals of one joint) recursive tries nest races inside races, and
+the batches of parallel tries multiply the work at each level; sequential tries bound it. Both
+are exact samplers of ``mu_S``, so the cap changes rounds and rows, not the law.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BlockPolicy", "leaf_starts"]
+
+BLOCK_MODES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class BlockPolicy:
+    """The knobs of the adaptive schedule.
+
+    Parameters
+    ----------
+    max_block : int
+        Largest block that is speculated.
+    blocks : {"adaptive", "fixed"}
+        Per-draw windows chosen from the draw's past, or the fixed balanced tiling.
+    min_block : int
+        Smallest adaptive window.
+    first_block : int
+        Window of a draw's first block (clamped into ``[min_block, max_block]``).
+    race_depth : int or None
+        Races nested deeper than this draw their tries by the chain rule (``None``: never).
+    token_below : int or None
+        Windows below this size are sampled token by token (speculative decoding's rule:
+        the longest accepted prefix, then one token from the residual) instead of as blocks
+        with residual races; ``None``: every window, ``0``: none.
+
+    Examples
+    --------
+    >>> policy = BlockPolicy(max_block=32, min_block=4, first_block=16)
+    >>> policy.next_window(torch.tensor([16, 16]), torch.tensor([False, True])).tolist()
+    [32, 8]
+    >>> policy.try_parts(torch.tensor([1, 2]), torch.tensor([8, 8]), race_depth=1).tolist()
+    [2, 8]
+    >>> window, token = policy.next_block(
+    ...     torch.tensor([16, 16, 8]), torch.tensor([False, False, True]),
+    ...     torch.tensor([True, False, False]), torch.tensor([16, 0, 3]))
+    >>> window.tolist(), token.tolist()
+    ([32, 8, 6], [False, False, True])
+    """
+
+    max_block: int
+    blocks: str = "adaptive"
+    min_block: int = 2
+    first_block: int | None = None
+    race_depth: int | None = None
+    token_below: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.blocks not in BLOCK_MODES:
+            raise ValueError(f"blocks must be one of {BLOCK_MODES}; got {self.blocks!r}")
+        if int(self.max_block) < 1:
+            raise ValueError(f"max_block must be >= 1; got {self.max_block}")
+        if not 1 <= int(self.min_block):
+            raise ValueError(f"min_block must be >= 1; got {self.min_block}")
+        if self.token_below is not None and int(self.token_below) < 0:
+            raise ValueError(f"token_below must be >= 0 or None; got {self.token_below}")
+        if self.race_depth is not None and int(self.race_depth) < 0:
+            raise ValueError(f"race_depth must be >= 0 or None; got {self.race_depth}")
+
+    @property
+    def adaptive(self) -> bool:
+        return self.blocks == "adaptive"
+
+    @property
+    def low(self) -> int:
+        return min(int(self.min_block), int(self.max_block))
+
+    def start_window(self) -> int:
+        """The window of a draw's first block."""
+        first = self.max_block if self.first_block is None else self.first_block
+        return max(self.low, min(int(first), int(self.max_block)))
+
+    @property
+    def below(self) -> int:
+        """Windows below this size are sampled token by token."""
+        return int(self.max_block) + 1 if self.token_below is None else int(self.token_below)
+
+    def start_token(self) -> bool:
+        """Whether a draw's first block is sampled token by token."""
+        return self.start_window() < self.below
+
+    def next_window(self, window: torch.Tensor, raced: torch.Tensor) -> torch.Tensor:
+        """The window after a block of window ``window`` (LongTensor[K]): grown if its draft
+        was accepted, shrunk if it ``raced`` (BoolTensor[K])."""
+        grown = torch.clamp(window * 2, max=int(self.max_block))
+        shrunk = torch.clamp(window // 2, min=self.low)
+        return torch.where(raced, shrunk, grown)
+
+    def next_block(
+        self, window: torch.Tensor, token: torch.Tensor, full: torch.Tensor, kept: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window and mode of a draw's next block, from its last one (all Tensor[K]).
+
+        ``window``: the last window; ``token``: whether it was sampled token by token;
+        ``full``: whether all of it was kept (its draft accepted, or every token accepted);
+        ``kept``: how many coordinates it kept. A block whose draft was accepted grows the
+        window, a raced one halves it; a token window that kept ``k`` coordinates is followed
+        by one of ``2 k`` (more if every token passed). Token mode starts when the window falls
+        below ``token_below`` and ends when a full window of at least that size passes.
+        """
+        grown = torch.clamp(window * 2, max=int(self.max_block))
+        partial = torch.where(
+            token,
+            torch.clamp(kept * 2, min=self.low, max=int(self.max_block)),
+            torch.clamp(window // 2, min=self.low),
+        )
+        new = torch.where(full, grown, partial)
+        below = self.below
+        stay = ~(full & (window >= below))
+        return new, torch.where(token, stay, ~full & (new < below))
+
+    def prefetch(self, window: torch.Tensor) -> torch.Tensor:
+        """Coordinates of the draft row prefetched after a block of window ``window``: the
+        next window if the draft is accepted (a shrunk window reads a prefix of it)."""
+        return torch.clamp(window * 2, max=int(self.max_block))
+
+    def try_parts(
+        self, depth: torch.Tensor, size: torch.Tensor, race_depth: int | None = None
+    ) -> torch.Tensor:
+        """Parts a residual try at nesting ``depth`` splits its block of ``size`` into: 2
+        (recursive halves), or ``size`` (the chain rule) below ``race_depth``."""
+        cap = self.race_depth if race_depth is None else race_depth
+        if cap is None:
+            return torch.full_like(size, 2)
+        return torch.where(depth <= int(cap), torch.full_like(size, 2), size)
+
+
+def leaf_starts(n: int, max_block: int) -> list[int]:
+    """Boundaries ``0 = L_0 < ... < L_m = n`` of the fixed top-level blocks.
+
+    A block larger than ``max_block`` is cut between its ``k = ceil(size / max_block)`` leaves,
+    half of them on each side, recursively, so every leaf has ``floor`` or ``ceil`` of
+    ``n / k`` coordinates (about ``max_block``). Any cut keeps the output exact: it is the
+    chain rule.
+
+    Examples
+    --------
+    >>> leaf_starts(10, 4)
+    [0, 3, 6, 8, 10]
+    """
+    out = [0]
+
+    def cut(a: int, b: int) -> None:
+        size = b - a
+        if size <= max_block:
+            out.append(b)
+            return
+        k = -(-size // max_block)
+        mid = a + size * (k // 2) // k
+        cut(a, mid)
+        cut(mid, b)
+
+    cut(0, n)
+    return out
+
+
+def part_bounds(lo: torch.Tensor, hi: torch.Tensor, parts: torch.Tensor, j: torch.Tensor):
+    """Start and end of part ``j`` of ``parts`` of ``(lo, hi]`` (all LongTensor[K])."""
+    span = hi - lo
+    return lo + span * j // parts, lo + span * (j + 1) // parts
