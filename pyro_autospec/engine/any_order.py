@@ -325,6 +325,7 @@ def run_any_order(
         wall_time=time.perf_counter() - start,
         engine=engine,
         timing=dict(rows.seconds),
+        schedule=dict(knobs),
     )
 
 

@@ -257,6 +257,7 @@ def _run(s: _Settings) -> SampleResult:
         error=None if error is None else error.to(device=stats, dtype=torch.float64),
         engine=s.engine,
         timing={"oracle": evaluate.seconds},
+        schedule=dict(s.knobs),
     )
 
 

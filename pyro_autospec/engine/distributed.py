@@ -405,6 +405,7 @@ def spread_draws(
         method=schema["method"],
         wall_time=time.perf_counter() - start,
         engine=schema["engine"],
+        schedule=schema["schedule"],
         times=times,
         **{name: fields.get(name) for name in _PER_DRAW},
     )
@@ -434,6 +435,7 @@ def _schema(local: SampleResult | None) -> dict | None:
         "times_on_cpu": times is None or times.device.type == "cpu",
         "method": local.method,
         "engine": local.engine,
+        "schedule": dict(local.schedule),
     }
 
 

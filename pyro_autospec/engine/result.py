@@ -49,6 +49,10 @@ class SampleResult:
     per_rank : dict or None
         Runs spread over processes (``distributed=True``): per rank, ``num_draws``,
         ``first_draw``, ``rounds``, ``oracle_rows`` and ``wall_time`` (lists by rank).
+    schedule : dict
+        The method's resolved knobs (the schedule used, defaults included). Passing them back,
+        ``sample_any_order(oracle, N, method=result.method, seed=seed, **result.schedule)``,
+        reproduces the draws on any device and batch.
     timing : dict
         Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
         ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
@@ -69,6 +73,7 @@ class SampleResult:
     error: torch.Tensor | None = None
     engine: str = "fast"
     timing: dict = field(default_factory=dict)
+    schedule: dict = field(default_factory=dict)
     per_rank: dict | None = None
 
     def __post_init__(self) -> None:

@@ -138,3 +138,13 @@ def test_unknown_knob_names_the_schedule():
     net = TinyNetwork()
     with pytest.raises(TypeError, match="token_below"):
         sample_any_order(net, 2, seed=0, token_below_=3)
+
+
+def test_result_records_the_schedule_and_passing_it_back_reproduces_the_draws():
+    net = TinyNetwork(n=10, q=2, seed=2, chain=True)
+    first = sample_any_order(net, 6, seed=9, token_below=4, max_block=6)
+    assert first.schedule["token_below"] == 4 and first.schedule["blocks"] == "adaptive"
+    again = sample_any_order(net, 6, seed=9, method=first.method, **first.schedule)
+    assert torch.equal(first.samples, again.samples)
+    default = sample_any_order(net, 6, seed=9)
+    assert not torch.equal(first.samples, default.samples)
