@@ -19,6 +19,8 @@ References
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +36,7 @@ from pyro_autospec.infer.common import (
     check_schedule,
 )
 from pyro_autospec.infer.discrete_run import DiscreteRun, warn_scales
+from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
@@ -274,9 +277,9 @@ class AutoSpec:
             layout = self._run.layout
             continuous = [s.name for s in layout.continuous]
             order = [s[0] for s in layout.signature if s[0] in set(continuous + layout.names)]
-            sites = order
+            sites = compact_names(order)
         elif self._run is not None:
-            sites = self._run.layout.names
+            sites = compact_names(self._run.layout.names)
         extra = ""
         if self.guide is not None or self.correction is not None:
             extra = f", guide={type(self.guide).__name__}, correction={self.correction!r}"
@@ -313,6 +316,7 @@ class AutoSpec:
         """
         self._args, self._kwargs = args, kwargs
         progress = not self.disable_progbar
+        start = time.perf_counter()
         if self.distributed:
             from pyro_autospec.engine.distributed import require_process_group
 
@@ -331,6 +335,7 @@ class AutoSpec:
             self._run = DiffusionRun(self.model, self.guide, self._settings(progress)).run(
                 args, kwargs
             )
+            self._run.wall_time = time.perf_counter() - start
             return self
         if self.method not in _DISCRETE_METHODS:
             raise ValueError(
@@ -344,21 +349,25 @@ class AutoSpec:
             max_plate_nesting=self.max_plate_nesting,
             continuous="allow",
         )
+        tracing = time.perf_counter() - start
         self._check_save_params(layout)
         warn_scales(layout, stacklevel=4)
         if layout.continuous:
             self._run_mixed(layout, args, kwargs, progress)
-            return self
-        self._check_warmup("discrete")
-        self.run_kind = "discrete"
-        self._run = DiscreteRun(
-            self.model,
-            layout,
-            self._settings(progress),
-            oracle=self.oracle,
-            guide=self.guide,
-            correction=self.correction,
-        ).run(args, kwargs)
+        else:
+            self._check_warmup("discrete")
+            self.run_kind = "discrete"
+            self._run = DiscreteRun(
+                self.model,
+                layout,
+                self._settings(progress),
+                oracle=self.oracle,
+                guide=self.guide,
+                correction=self.correction,
+            ).run(args, kwargs)
+        timing = self._run.timing
+        self._run.timing = OrderedDict([("tracing", tracing), *timing.items()])
+        self._run.wall_time = time.perf_counter() - start
         return self
 
     def _run_mixed(self, layout, args, kwargs, progress) -> None:
@@ -423,6 +432,22 @@ class AutoSpec:
     def layout(self):
         """The coordinate mapping of the discrete sites (after :meth:`run`)."""
         return None if self._run is None else self._run.layout
+
+    @property
+    def timing(self) -> dict[str, float]:
+        """Measured wall seconds of the last :meth:`run`, by stage, and ``"total"``.
+
+        The stages, in run order (those that ran): ``"tracing"`` (finding the sites),
+        ``"compiling"`` (the oracle), ``"nuts"`` (models with continuous sites), ``"oracle"``
+        (inside the oracle's methods), ``"engine"`` (the engine's own work), ``"evaluation"``
+        (the model's log joint, deterministic sites and log likelihood of every draw),
+        ``"self-check"`` and ``"correction"`` (guides). ``"total"`` is the whole ``run``; the
+        stages leave out only Python glue. ``summary()`` prints them.
+        """
+        run = self._check_run()
+        out = dict(run.timing)
+        out["total"] = run.wall_time
+        return out
 
     @property
     def results(self) -> list:
@@ -501,18 +526,52 @@ class AutoSpec:
         """
         return self._check_run().diagnostics()
 
-    def summary(self, prob: float = 0.9) -> None:
-        """Print a table like ``MCMC.summary`` (every site), the rounds saved and checks.
+    def summary(
+        self,
+        prob: float = 0.9,
+        var_names: str | Sequence[str] | None = None,
+        group: bool | None = None,
+    ) -> None:
+        """Print a table like ``MCMC.summary``, then what the run cost and its checks.
+
+        After the table: the measured wall time (per draw and per stage, see
+        :attr:`timing`), rounds and oracle rows of the whole run beside the sequential
+        sampler's, a line naming a likely faster exact method where the counts say so (see
+        :meth:`~pyro_autospec.infer.run_base.RunBase.speed_summary`), and the self-check.
 
         Parameters
         ----------
         prob : float
             Mass of the credible interval.
+        var_names : str or list of str, optional
+            Sites to show, or per-step groups: ``"x"`` selects ``x_0, x_1, ...``.
+        group : bool, optional
+            ``True``: one row per variable, per-step sites ``x_0 .. x_299`` stacked into one
+            (its elements' range of means, smallest ``n_eff``, largest ``r_hat``). ``False``:
+            one row per element. ``None`` (default): grouped when the per-element table
+            would exceed 40 rows.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def hmm(y):
+        ...     x = 0
+        ...     for t in pyro.markov(range(len(y))):
+        ...         x = pyro.sample(f"x_{t}", dist.Bernoulli(0.2 + 0.6 * x))
+        ...         pyro.sample(f"y_{t}", dist.Normal(x, 1.0), obs=y[t])
+        >>> fit = AutoSpec(hmm, num_samples=100, seed=0, disable_progbar=True)
+        >>> fit.run(torch.zeros(50))
+        AutoSpec(method='autospec', num_samples=100, num_chains=1, sites=['x_0..x_49'])
+        >>> fit.summary(group=True)  # doctest: +ELLIPSIS
+        <BLANKLINE>
+                    elements  min mean  max mean min n_eff max r_hat
+         x_0..x_49        50 ...
         """
-        self._check_run().summary(prob)
+        self._check_run().summary(prob, var_names=var_names, group=group)
 
     def rounds_summary(self) -> str:
-        """One paragraph: rounds per draw against the sequential sampler's ``n``."""
+        """The lines ``summary()`` prints after the table: measured seconds, rounds and rows
+        of the whole run, a likely faster exact method if any, and the self-check."""
         return self._check_run().rounds_summary()
 
     def weight_diagnostics(self) -> dict[str, Any]:
