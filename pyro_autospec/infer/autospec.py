@@ -597,6 +597,7 @@ class AutoSpec:
         coords: dict | None = None,
         dims: dict | None = None,
         log_likelihood: bool = True,
+        split_chains: bool = True,
     ):
         """ArviZ data: posterior, sample_stats, observed_data and the pointwise log likelihood.
 
@@ -605,15 +606,29 @@ class AutoSpec:
         traces, not ``Predictive``. Integer-valued discrete sites are stored as int64 so that
         ArviZ plots them as histograms; deterministic sites are in the posterior group.
 
+        **One chain of independent draws** (the default ``num_chains=1`` with an exact oracle,
+        or a diffusion guide) is exported as 2 chains of ``num_samples / 2`` draws in order
+        (or the smallest number of equal parts of 4 draws or more), so that ``az.summary``
+        computes ``r_hat`` instead of warning "Shape validation failed" (ArviZ needs 2 chains
+        of 4 draws). The draws are independent, so the split changes no statistic's meaning;
+        the groups' attribute ``chains_split_from = 1`` records it, and ``split_chains=False``
+        keeps one chain. Dependent draws (NUTS for continuous sites, ``correction="imh"`` or
+        ``"importance"``) keep their chains: for those, run ``num_chains=2`` or more, as with
+        ``MCMC``.
+
         Parameters
         ----------
         coords, dims : dict, optional
             As in ``az.from_pyro``.
         log_likelihood : bool
             Include the ``log_likelihood`` group (arrays ``[chain, draw, *batch_shape]``).
+        split_chains : bool
+            Split one chain of independent draws as above (default ``True``).
 
         Returns
         -------
         arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
         """
-        return self._check_run().to_inference_data(coords, dims, log_likelihood, method=self.method)
+        return self._check_run().to_inference_data(
+            coords, dims, log_likelihood, method=self.method, split_chains=split_chains
+        )

@@ -36,6 +36,7 @@ class DiffusionRun(RunBase):
     """Draws of a continuous-only model's latent sites from a diffusion guide."""
 
     unit = "diffusion steps"
+    independent_draws = True  # one engine run per chain; its draws are independent
 
     def __init__(self, model: Callable, guide: Any, settings: RunSettings):
         super().__init__(settings)

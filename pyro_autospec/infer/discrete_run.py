@@ -84,6 +84,11 @@ class DiscreteRun(RunBase):
         self.max_self_check_error: float | None = None
 
     @property
+    def independent_draws(self) -> bool:
+        """Exact oracle, no correction: every draw is an independent draw of the posterior."""
+        return self.guide is None and self.correction is None
+
+    @property
     def weights_tracked(self) -> bool:
         return self.guide is not None or self.correction is not None
 

@@ -116,6 +116,13 @@ def _wrap(line: str, width: int = 100) -> str:
     return text.replace("\0", " ")
 
 
+def _split(group: dict, chains: int) -> dict:
+    """``[1, N, ...]`` arrays as ``[chains, N // chains, ...]`` (draws in order)."""
+    return {
+        k: v.reshape((chains, v.shape[1] // chains) + tuple(v.shape[2:])) for k, v in group.items()
+    }
+
+
 def _integer_valued(value: torch.Tensor) -> bool:
     return not value.is_floating_point() or bool((value == value.round()).all())
 
@@ -273,6 +280,25 @@ class RunBase:
             f"for it with AutoSpec(model, ..., method='sequential')."
         )
 
+    #: Whether the draws are independent (exact draws, or a diffusion guide's): then one
+    #: chain may be exported to ArviZ as several (see :meth:`export_chains`).
+    independent_draws = False
+
+    def export_chains(self) -> int:
+        """Chains of the ArviZ export: ``num_chains``, or, for ONE chain of independent draws,
+        the smallest ``d >= 2`` that divides the draws with 4 or more per part (ArviZ's
+        R-hat needs 2 chains of 4 draws; for independent draws the split changes no
+        statistic's meaning). 1 when no such ``d`` exists (fewer than 8 draws, or a prime
+        number of draws).
+        """
+        if self.num_chains != 1 or not self.independent_draws:
+            return self.num_chains
+        draws = self.num_samples
+        for d in range(2, draws // 4 + 1):
+            if draws % d == 0:
+                return d
+        return 1
+
     # ----------------------------------------------------------------------------- reading
     def saved(self) -> OrderedDict:
         """Latent and deterministic sites, restricted to ``save_params`` if given."""
@@ -358,6 +384,7 @@ class RunBase:
         log_likelihood: bool = True,
         *,
         method: str = "autospec",
+        split_chains: bool = True,
     ):
         from pyro_autospec.diagnostics.arviz import to_inference_data
 
@@ -377,12 +404,18 @@ class RunBase:
         if self.wall_time is not None:
             attrs["wall_time"] = float(self.wall_time)
         attrs.update(extras.attrs)
+        pointwise = dict(self.pointwise) if log_likelihood else None
+        split = self.export_chains() if split_chains and self.num_chains == 1 else 1
+        if split > 1:
+            posterior, sample_stats = _split(posterior, split), _split(sample_stats, split)
+            pointwise = None if pointwise is None else _split(pointwise, split)
+            attrs["chains_split_from"] = 1
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*More chains .* than draws.*")
             return to_inference_data(
                 posterior,
                 sample_stats=sample_stats,
-                log_likelihood=dict(self.pointwise) if log_likelihood else None,
+                log_likelihood=pointwise,
                 observed_data=dict(self.observed),
                 coords=coords,
                 dims=dims,

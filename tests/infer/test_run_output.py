@@ -1,12 +1,19 @@
 """What a run tells its user: measured seconds per stage, rounds and rows of the whole run, a
 faster exact method where one likely is, and output that stays short for many sites."""
 
+import logging
+
+import arviz as az
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.ops import stats
 
+from pyro_autospec.diagnostics import effective_sample_size, split_gelman_rubin
 from pyro_autospec.infer import AutoSpec
+from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import ROWS_RATIO_FOR_ADVICE
 
 DATA = torch.tensor([1.2, -0.7, 0.3, 2.0, -1.5, 0.8, 0.1, -0.4])
@@ -81,3 +88,118 @@ def test_advice_rule_off_a_cpu(fit):
     del run.on_cpu
     assert run.faster_method(10, 16, 9.0, 8) == ""  # 1.1x n: within noise, no advice
     assert "on a CPU" in run.faster_method(10, 16, 40.0, 8)
+
+
+# ------------------------------------------------------------------------- many sites
+def hmm(y):
+    x = 0
+    for t in pyro.markov(range(len(y))):
+        x = pyro.sample(f"x_{t}", dist.Bernoulli(0.2 + 0.6 * x))
+        pyro.sample(f"y_{t}", dist.Normal(2.0 * x - 1.0, 1.0), obs=y[t])
+
+
+HMM_DATA = torch.linspace(-2.0, 2.0, 45)
+
+
+@pytest.fixture(scope="module")
+def hmm_fit():
+    return AutoSpec(hmm, num_samples=60, seed=1, disable_progbar=True).run(HMM_DATA)
+
+
+def test_repr_names_per_step_sites_as_one_range(hmm_fit):
+    assert repr(hmm_fit) == (
+        "AutoSpec(method='autospec', num_samples=60, num_chains=1, sites=['x_0..x_44'])"
+    )
+    assert compact_names(["p"] + [f"x_{t}" for t in range(300)]) == "['p', 'x_0..x_299']"
+    many = compact_names([f"a{i}" for i in range(30)])
+    assert many.endswith(", ... 22 more]") and len(many) < 100
+
+
+def test_summary_groups_per_step_sites(hmm_fit, capsys):
+    hmm_fit.summary()  # 45 rows would be printed one per element: grouped by default
+    out = capsys.readouterr().out
+    table = out.split("Number of divergences")[0]
+    assert len(table.splitlines()) < 12, table
+    (row,) = [line for line in table.splitlines() if line.strip().startswith("x_0..x_44")]
+    samples = hmm_fit.get_samples()
+    means = torch.stack([samples[f"x_{t}"].double().mean() for t in range(45)])
+    diag = hmm_fit.diagnostics()
+    n_eff = torch.stack([diag[f"x_{t}"]["n_eff"] for t in range(45)])
+    fields = row.split()
+    assert fields[1] == "45"
+    assert float(fields[2]) == pytest.approx(float(means.min()), abs=0.006)
+    assert float(fields[3]) == pytest.approx(float(means.max()), abs=0.006)
+    assert float(fields[4]) == pytest.approx(float(n_eff[~n_eff.isnan()].min()), abs=0.006)
+    assert "x_1," not in out  # no list of 45 names anywhere
+
+
+def test_summary_var_names_and_group_false(hmm_fit, capsys):
+    hmm_fit.summary(var_names=["x"], group=False)
+    out = capsys.readouterr().out
+    assert "x_0 " in out and "x_44 " in out and "elements" not in out
+    hmm_fit.summary(var_names="x_3")
+    out = capsys.readouterr().out.split("Number of divergences")[0]
+    assert "x_3 " in out and "x_4 " not in out
+    with pytest.raises(ValueError, match=r"not sites of the run.*'x_0\.\.x_44'"):
+        hmm_fit.summary(var_names=["nope"])
+
+
+def constant_element(y):
+    with pyro.plate("p", 3):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor([0.3, 1.0, 0.6])))
+        pyro.sample("y", dist.Normal(z.float(), 1.0), obs=y)
+
+
+def test_a_constant_element_leaves_the_others_ess_finite(capsys):
+    fit = AutoSpec(constant_element, num_samples=40, seed=0, disable_progbar=True)
+    fit.run(torch.zeros(3))
+    assert (fit.get_samples()["z"][:, 1] == 1).all()
+    diag = fit.diagnostics()["z"]
+    assert diag["n_eff"][1].isnan() and diag["r_hat"][1].isnan()
+    assert (
+        torch.isfinite(diag["n_eff"][[0, 2]]).all() and torch.isfinite(diag["r_hat"][[0, 2]]).all()
+    )
+    fit.summary()
+    assert "1 element(s) have n_eff nan" in capsys.readouterr().out
+
+
+def test_effective_sample_size_per_element():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 300, 4, generator=gen)
+    x[..., 1] = 3.0  # constant
+    x[0, :, 2], x[1, :, 2] = 0.0, 1.0  # constant within each chain only
+    ess = effective_sample_size(x)
+    assert ess[1].isnan() and ess[2].isnan()
+    together = stats.effective_sample_size(x[..., [0, 3]].double())
+    torch.testing.assert_close(ess[[0, 3]], together)  # the same estimator, element by element
+    rhat = split_gelman_rubin(x)
+    assert rhat[1].isnan() and rhat[2] > 10 and abs(rhat[0] - 1) < 0.05
+
+
+def test_one_chain_goes_to_arviz_without_warnings(hmm_fit, caplog):
+    idata = hmm_fit.to_inference_data()
+    assert idata.posterior["x_0"].shape == (2, 30)
+    assert idata.posterior.attrs["chains_split_from"] == 1
+    assert idata.sample_stats["lp"].shape == (2, 30)
+    assert idata.log_likelihood["y_0"].shape == (2, 30)
+    flat = idata.posterior["x_5"].values.reshape(-1)
+    np.testing.assert_array_equal(flat, hmm_fit.get_samples()["x_5"].numpy())  # in order
+    samples = hmm_fit.get_samples()
+    varying = [k for k, v in samples.items() if v.std() > 0.3][:3]
+    assert len(varying) == 3
+    with caplog.at_level(logging.WARNING):
+        table = az.summary(idata, var_names=varying)
+    assert "Shape validation failed" not in caplog.text
+    assert np.isfinite(table["r_hat"].values).all()
+    assert hmm_fit.to_inference_data(split_chains=False).posterior["x_0"].shape == (1, 60)
+
+
+@pytest.mark.parametrize(("draws", "chains"), [(45, 3), (7, 1), (8, 2), (13, 1)])
+def test_export_chains_rule(hmm_fit, draws, chains):
+    run = hmm_fit._run
+    saved = run.num_samples
+    run.num_samples = draws
+    try:
+        assert run.export_chains() == chains
+    finally:
+        run.num_samples = saved
