@@ -370,6 +370,73 @@ class AutoSpec:
         self._run.wall_time = time.perf_counter() - start
         return self
 
+    @poutine.block
+    def map(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """The most probable joint assignment of the discrete sites given the data (MAP).
+
+        The maximiser of ``p(x | data)`` over every joint assignment ``x`` of the discrete
+        latent sites (a Viterbi path for an HMM): a max-product pass of Pyro's
+        :func:`~pyro.infer.infer_discrete` with ``temperature=0`` over the model with every
+        discrete site enumerated, the same density the draws follow (masks and scales
+        included: see :mod:`pyro_autospec.infer.map_decode`). Where Pyro cannot decode the
+        model that way (``OneHotCategorical`` sites, for one) and the model has at most
+        ``2**16`` joint states, every state is scored instead
+        (:func:`~pyro_autospec.model.log_joint.enumerate_posterior`). Ties go to one of the
+        tied assignments. Needs no :meth:`run`.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The model's arguments (data included).
+
+        Returns
+        -------
+        dict
+            ``name -> Tensor`` for every discrete latent site, in the model's shape and dtype
+            (as one draw of :meth:`get_samples`, without the draw dimension).
+
+        Raises
+        ------
+        UnsupportedSiteError
+            For a model with continuous latent sites: condition them first, e.g.
+            ``AutoSpec(poutine.condition(model, data={"loc": loc}), ...).map(data)`` gives
+            the MAP of the discrete sites given ``loc``.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def hmm(y):
+        ...     x = 0
+        ...     for t in pyro.markov(range(len(y))):
+        ...         x = pyro.sample(f"x_{t}", dist.Bernoulli(0.1 + 0.8 * x))
+        ...         pyro.sample(f"y_{t}", dist.Normal(2.0 * x - 1.0, 1.0), obs=y[t])
+        >>> path = AutoSpec(hmm, num_samples=1).map(torch.tensor([-1.0, 0.9, 1.2, -0.2]))
+        >>> [int(path[f"x_{t}"]) for t in range(4)]
+        [0, 1, 1, 1]
+        """
+        from pyro_autospec.infer.map_decode import most_probable
+
+        layout = discover_sites(
+            self.model,
+            args,
+            kwargs,
+            max_plate_nesting=self.max_plate_nesting,
+            continuous="allow",
+        )
+        if layout.continuous:
+            names = compact_names([s.name for s in layout.continuous])
+            raise UnsupportedSiteError(
+                f"map() gives the most probable assignment of discrete sites; the model also "
+                f"has continuous latent sites {names}, whose MAP is not an enumeration. "
+                f"Condition them to get the discrete sites' MAP given their values, e.g. "
+                f"AutoSpec(pyro.poutine.condition(model, data={{name: value}}), ...).map(...) "
+                f"with values from get_samples() of a run."
+            )
+        warn_scales(layout, stacklevel=4)
+        if not layout.names:
+            return {}
+        return most_probable(self.model, args, kwargs, layout)
+
     def _run_mixed(self, layout, args, kwargs, progress) -> None:
         from pyro_autospec.infer.mixed_run import MixedRun
 
