@@ -61,7 +61,8 @@ class AutoSpec:
     """Draws of a Pyro model's latent sites given its data, with the interface of ``MCMC``.
 
     ``AutoSpec`` has the interface of :class:`pyro.infer.MCMC` (``run``, ``get_samples``,
-    ``diagnostics``, ``summary``) and picks a sampler by the model's latent sites:
+    ``diagnostics``, ``summary``), gives the most probable assignment of the discrete sites
+    with :meth:`map`, and picks a sampler by the model's latent sites:
 
     * **Discrete sites only**: exact, independent draws of ``p(x | data)``. Every draw follows
       the chain rule of the posterior in a uniformly random order, and autospeculation [1]
@@ -584,12 +585,14 @@ class AutoSpec:
             ``site -> {"n_eff": Tensor, "r_hat": Tensor}`` as ``MCMC.diagnostics``, plus
             ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
-            ``"wall_time"``. With a guide or a correction also ``"khat"`` and
+            ``"wall_time"`` per chain; ``"seconds"`` (measured, per stage and ``"total"``, as
+            :attr:`timing`) and ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
+            ``seconds`` of the whole run). With a guide or a correction also ``"khat"`` and
             ``"weights_ess"`` (per chain and ``"all"``) and ``"imh_acceptance"`` (the IMH
             chains' mean acceptance probability, or its estimate from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
             the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
-            ``"acceptance rate"`` and the ``"seconds"`` of each stage.
+            ``"acceptance rate"``.
         """
         return self._check_run().diagnostics()
 

@@ -180,6 +180,17 @@ class RunBase:
         self.timing["oracle"] = self.timing.get("oracle", 0.0) + oracle
         self.timing["engine"] = self.timing.get("engine", 0.0) + float(result.wall_time) - oracle
 
+    def whole_run(self) -> dict[str, float]:
+        """Counts of the whole run: ``rounds`` and ``oracle_rows`` summed over the engine runs,
+        the engine's ``draws`` (warm-up and guide draws included) and ``seconds`` (of
+        ``AutoSpec.run``, NaN when not measured)."""
+        return {
+            "rounds": sum(int(r.rounds) for r in self.results),
+            "oracle_rows": sum(int(r.oracle_rows) for r in self.results),
+            "draws": sum(self.engine_draws()),
+            "seconds": float("nan") if self.wall_time is None else float(self.wall_time),
+        }
+
     def engine_draws(self) -> list[int]:
         """Draws of each engine run in :attr:`results` (warm-up or guide draws included)."""
         return [int(r.num_samples) for r in self.results]
@@ -238,10 +249,9 @@ class RunBase:
         elif stages:
             lines.append(f"Wall time by stage (measured): {stages}.")
         per_draw_rounds = torch.cat([r.sample_rounds.double().cpu() for r in self.results])
-        draws = sum(self.engine_draws())
+        whole = self.whole_run()
+        draws, rounds, rows = whole["draws"], whole["rounds"], whole["oracle_rows"]
         runs = len(self.results)
-        rounds = sum(int(r.rounds) for r in self.results)
-        rows = sum(int(r.oracle_rows) for r in self.results)
         rows_per_draw = rows / max(draws, 1)
         seq_rounds, seq_rows = n * runs, n * draws
         engine_runs = "1 engine run" if runs == 1 else f"{runs} engine runs"
@@ -352,6 +362,8 @@ class RunBase:
         diag["seconds"] = dict(self.timing)
         if self.wall_time is not None:
             diag["seconds"]["total"] = self.wall_time
+        if self.results:
+            diag["whole run"] = self.whole_run()
         if unavailable:
             diag["unavailable"] = unavailable
         diag.update(self.extras().diagnostics)
@@ -403,6 +415,9 @@ class RunBase:
         attrs = {"inference_library": "pyro_autospec", "method": method}
         if self.wall_time is not None:
             attrs["wall_time"] = float(self.wall_time)
+        if self.results:
+            whole = self.whole_run()
+            attrs["rounds"], attrs["oracle_rows"] = whole["rounds"], whole["oracle_rows"]
         attrs.update(extras.attrs)
         pointwise = dict(self.pointwise) if log_likelihood else None
         split = self.export_chains() if split_chains and self.num_chains == 1 else 1

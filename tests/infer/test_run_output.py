@@ -44,8 +44,13 @@ def test_seconds_are_measured_per_stage(fit):
     # the oracle and engine stages add up to the engine runs' own clocks
     engine = sum(r.wall_time for r in fit.results)
     assert seconds["oracle"] + seconds["engine"] == pytest.approx(engine, rel=1e-9)
+    whole = fit.diagnostics()["whole run"]
+    assert whole["rounds"] == sum(r.rounds for r in fit.results)
+    assert whole["oracle_rows"] == sum(r.oracle_rows for r in fit.results)
+    assert whole["draws"] == 400 and whole["seconds"] == seconds["total"]
     idata = fit.to_inference_data()
     assert idata.posterior.attrs["wall_time"] == pytest.approx(seconds["total"])
+    assert idata.posterior.attrs["rounds"] == whole["rounds"]
 
 
 def test_summary_says_time_rounds_and_rows_of_the_whole_run(fit, capsys):
