@@ -577,7 +577,9 @@ class AutoSpec:
         """ESS and split R-hat per site (on float copies), divergences and engine counts.
 
         Works for any number of draws: with fewer than 4 draws per chain ``n_eff`` and
-        ``r_hat`` are NaN and ``"unavailable"`` says why.
+        ``r_hat`` are NaN and ``"unavailable"`` says why. Both are computed per element: an
+        element whose draws do not vary within a chain is NaN alone, the others keep their
+        values (:func:`~pyro_autospec.diagnostics.ess.effective_sample_size`).
 
         Returns
         -------
