@@ -35,19 +35,20 @@ def _varies_in_every_chain(flat: torch.Tensor) -> torch.Tensor:
 
 
 def effective_sample_size(value: torch.Tensor) -> torch.Tensor:
-    """ESS of every element of ``value`` (``Tensor[num_chains, num_draws, *shape]``).
+    """ESS of every element of ``value``, a ``Tensor[num_chains, num_draws, *shape]``.
 
     Pyro's estimator (Geyer's initial monotone sequence, as ``MCMC.summary``), computed per
     element: an element whose draws do not vary within some chain is NaN, and only it.
 
     Parameters
     ----------
-    value : Tensor[num_chains, num_draws, *shape]
-        At least 2 draws per chain.
+    value : Tensor
+        ``[num_chains, num_draws, *shape]``, at least 2 draws per chain.
 
     Returns
     -------
-    DoubleTensor[*shape]
+    DoubleTensor
+        ``[*shape]``.
 
     Examples
     --------
@@ -71,12 +72,13 @@ def split_gelman_rubin(value: torch.Tensor) -> torch.Tensor:
 
     Parameters
     ----------
-    value : Tensor[num_chains, num_draws, *shape]
-        At least 4 draws per chain.
+    value : Tensor
+        ``[num_chains, num_draws, *shape]``, at least 4 draws per chain.
 
     Returns
     -------
-    DoubleTensor[*shape]
+    DoubleTensor
+        ``[*shape]``.
 
     Examples
     --------
