@@ -257,6 +257,11 @@ def run_demo(
         f"Pyro's: one\ntraced infer_discrete call):\n"
     )
     print(_table(rows))
+    if worst > 2 * best:
+        print(
+            "(AutoSpec's slowest run is its first: the first oracle compiled in a process also "
+            "pays one-time\nimports.)"
+        )
     fastest = min(out["wall"], key=out["wall"].get)
     label = {
         "autospec": 'AutoSpec(method="autospec")',
