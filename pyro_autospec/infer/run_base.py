@@ -237,7 +237,11 @@ class RunBase:
         n = int(self.layout.num_coords)
         returned = self.num_chains * self.num_samples
         lines = []
-        stages = ", ".join(f"{k} {v:.2f} s" for k, v in self.timing.items() if k in STAGES)
+        stages = ", ".join(
+            f"{'NUTS' if k == 'nuts' else k} {v:.2f} s"
+            for k, v in self.timing.items()
+            if k in STAGES
+        )
         if self.wall_time is not None:
             other = self.wall_time - sum(v for k, v in self.timing.items() if k in STAGES)
             per_draw = self.wall_time / max(returned, 1)
