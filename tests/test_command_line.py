@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,12 +18,51 @@ def run(*args, timeout=600):
     return out.stdout
 
 
-def test_demo_small():
-    out = run(
-        "-m", "pyro_autospec", "demo", "--n", "128", "--num-samples", "4", "--exact-samples", "4000"
+def test_demo_smoke():
+    out = run("-m", "pyro_autospec", "demo", "--smoke")
+    # 1. a Pyro model through AutoSpec, its summary (measured seconds) and MAP path
+    assert "AutoSpec(method='autospec', num_samples=40, num_chains=1, sites=['x_0..x_11'])" in out
+    assert "Wall time (measured)" in out and "Self-check passed" in out
+    assert ">>> fit.map(rolls)" in out
+    # 2. ArviZ beside Pyro, with what the wall column covers
+    assert "az.summary of 40 draws" in out and "Pyro infer_discrete, vectorised" in out
+    assert "Wall time of 40 draws" in out and "Fastest here:" in out
+    # 3. exactness, 4. the engine race
+    assert "largest |z|" in out and "chi-square p-value" in out
+    assert "4. The engine race" in out and "rounds per draw" in out
+    assert "Warning" not in out and "Shape validation failed" not in out
+
+
+def test_demo_numbers():
+    from pyro_autospec.demo import run_demo
+
+    torch.set_num_threads(1)
+    out = run_demo(
+        num_rolls=10, num_samples=200, n=64, race_samples=4, exact_samples=1000, repeats=1
     )
-    assert "rounds/sample" in out and "autospec" in out and "sequential" in out
-    assert "chi-square p-value" in out
+    assert out["self_check"] and out["max_z"] < 4.5 and out["p_value"] > 1e-5
+    assert out["rounds_per_draw"]["sequential"] == 64 and out["rounds_per_draw"]["autospec"] < 64
+    assert set(out["wall"]) >= {"autospec", "sequential", "infer_discrete"}
+
+
+def test_demo_reference_is_exact():
+    """The demo's forward-backward against brute force over every path of a short casino."""
+    import itertools
+    import math
+
+    from pyro_autospec.demo import EMIT, TRANS, casino_rolls, exact_loaded_probability
+
+    rolls = casino_rolls(6, seed=3)
+    weights = {}
+    for path in itertools.product(range(2), repeat=6):
+        w = 0.5 * EMIT[path[0]][int(rolls[0])]
+        for t in range(1, 6):
+            w *= TRANS[path[t - 1]][path[t]] * EMIT[path[t]][int(rolls[t])]
+        weights[path] = w
+    total = math.fsum(weights.values())
+    for t, p in enumerate(exact_loaded_probability(rolls)):
+        brute = math.fsum(w for path, w in weights.items() if path[t] == 1) / total
+        assert abs(p - brute) < 1e-12
 
 
 def test_help():

@@ -19,6 +19,8 @@ References
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +36,7 @@ from pyro_autospec.infer.common import (
     check_schedule,
 )
 from pyro_autospec.infer.discrete_run import DiscreteRun, warn_scales
+from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
@@ -58,7 +61,8 @@ class AutoSpec:
     """Draws of a Pyro model's latent sites given its data, with the interface of ``MCMC``.
 
     ``AutoSpec`` has the interface of :class:`pyro.infer.MCMC` (``run``, ``get_samples``,
-    ``diagnostics``, ``summary``) and picks a sampler by the model's latent sites:
+    ``diagnostics``, ``summary``), gives the most probable assignment of the discrete sites
+    with :meth:`map`, and picks a sampler by the model's latent sites:
 
     * **Discrete sites only**: exact, independent draws of ``p(x | data)``. Every draw follows
       the chain rule of the posterior in a uniformly random order, and autospeculation [1]
@@ -274,9 +278,9 @@ class AutoSpec:
             layout = self._run.layout
             continuous = [s.name for s in layout.continuous]
             order = [s[0] for s in layout.signature if s[0] in set(continuous + layout.names)]
-            sites = order
+            sites = compact_names(order)
         elif self._run is not None:
-            sites = self._run.layout.names
+            sites = compact_names(self._run.layout.names)
         extra = ""
         if self.guide is not None or self.correction is not None:
             extra = f", guide={type(self.guide).__name__}, correction={self.correction!r}"
@@ -313,6 +317,7 @@ class AutoSpec:
         """
         self._args, self._kwargs = args, kwargs
         progress = not self.disable_progbar
+        start = time.perf_counter()
         if self.distributed:
             from pyro_autospec.engine.distributed import require_process_group
 
@@ -331,6 +336,7 @@ class AutoSpec:
             self._run = DiffusionRun(self.model, self.guide, self._settings(progress)).run(
                 args, kwargs
             )
+            self._run.wall_time = time.perf_counter() - start
             return self
         if self.method not in _DISCRETE_METHODS:
             raise ValueError(
@@ -344,22 +350,93 @@ class AutoSpec:
             max_plate_nesting=self.max_plate_nesting,
             continuous="allow",
         )
+        tracing = time.perf_counter() - start
         self._check_save_params(layout)
         warn_scales(layout, stacklevel=4)
         if layout.continuous:
             self._run_mixed(layout, args, kwargs, progress)
-            return self
-        self._check_warmup("discrete")
-        self.run_kind = "discrete"
-        self._run = DiscreteRun(
-            self.model,
-            layout,
-            self._settings(progress),
-            oracle=self.oracle,
-            guide=self.guide,
-            correction=self.correction,
-        ).run(args, kwargs)
+        else:
+            self._check_warmup("discrete")
+            self.run_kind = "discrete"
+            self._run = DiscreteRun(
+                self.model,
+                layout,
+                self._settings(progress),
+                oracle=self.oracle,
+                guide=self.guide,
+                correction=self.correction,
+            ).run(args, kwargs)
+        timing = self._run.timing
+        self._run.timing = OrderedDict([("tracing", tracing), *timing.items()])
+        self._run.wall_time = time.perf_counter() - start
         return self
+
+    @poutine.block
+    def map(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
+        """The most probable joint assignment of the discrete sites given the data (MAP).
+
+        The maximiser of ``p(x | data)`` over every joint assignment ``x`` of the discrete
+        latent sites (a Viterbi path for an HMM): a max-product pass of Pyro's
+        :func:`~pyro.infer.infer_discrete` with ``temperature=0`` over the model with every
+        discrete site enumerated, the same density the draws follow (masks and scales
+        included: see :mod:`pyro_autospec.infer.map_decode`). Where Pyro cannot decode the
+        model that way (``OneHotCategorical`` sites, for one) and the model has at most
+        ``2**16`` joint states, every state is scored instead
+        (:func:`~pyro_autospec.model.log_joint.enumerate_posterior`). Ties go to one of the
+        tied assignments. Needs no :meth:`run`.
+
+        Parameters
+        ----------
+        *args, **kwargs
+            The model's arguments (data included).
+
+        Returns
+        -------
+        dict
+            ``name -> Tensor`` for every discrete latent site, in the model's shape and dtype
+            (as one draw of :meth:`get_samples`, without the draw dimension).
+
+        Raises
+        ------
+        UnsupportedSiteError
+            For a model with continuous latent sites: condition them first, e.g.
+            ``AutoSpec(poutine.condition(model, data={"loc": loc}), ...).map(data)`` gives
+            the MAP of the discrete sites given ``loc``.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def hmm(y):
+        ...     x = 0
+        ...     for t in pyro.markov(range(len(y))):
+        ...         x = pyro.sample(f"x_{t}", dist.Bernoulli(0.1 + 0.8 * x))
+        ...         pyro.sample(f"y_{t}", dist.Normal(2.0 * x - 1.0, 1.0), obs=y[t])
+        >>> path = AutoSpec(hmm, num_samples=1).map(torch.tensor([-1.0, 0.9, 1.2, -0.2]))
+        >>> [int(path[f"x_{t}"]) for t in range(4)]
+        [0, 1, 1, 1]
+        """
+        from pyro_autospec.infer.map_decode import most_probable
+
+        layout = discover_sites(
+            self.model,
+            args,
+            kwargs,
+            max_plate_nesting=self.max_plate_nesting,
+            continuous="allow",
+        )
+        if layout.continuous:
+            names = compact_names([s.name for s in layout.continuous])
+            raise UnsupportedSiteError(
+                f"map() gives the most probable assignment of discrete sites; the model also "
+                f"has continuous latent sites {names}, whose MAP is not an enumeration. "
+                f"Condition them to get the discrete sites' MAP given their values, e.g. "
+                f"AutoSpec(pyro.poutine.condition(model, data={{name: value}}), ...).map(...) "
+                f"with values from get_samples() of a run."
+            )
+        warn_scales(layout, stacklevel=4)
+        if not layout.names:
+            return {}
+        return most_probable(self.model, args, kwargs, layout)
 
     def _run_mixed(self, layout, args, kwargs, progress) -> None:
         from pyro_autospec.infer.mixed_run import MixedRun
@@ -425,6 +502,22 @@ class AutoSpec:
         return None if self._run is None else self._run.layout
 
     @property
+    def timing(self) -> dict[str, float]:
+        """Measured wall seconds of the last :meth:`run`, by stage, and ``"total"``.
+
+        The stages, in run order (those that ran): ``"tracing"`` (finding the sites),
+        ``"compiling"`` (the oracle), ``"nuts"`` (models with continuous sites), ``"oracle"``
+        (inside the oracle's methods), ``"engine"`` (the engine's own work), ``"evaluation"``
+        (the model's log joint, deterministic sites and log likelihood of every draw),
+        ``"self-check"`` and ``"correction"`` (guides). ``"total"`` is the whole ``run``; the
+        stages leave out only Python glue. ``summary()`` prints them.
+        """
+        run = self._check_run()
+        out = dict(run.timing)
+        out["total"] = run.wall_time
+        return out
+
+    @property
     def results(self) -> list:
         """The engine's results (after :meth:`run`)."""
         return [] if self._run is None else self._run.results
@@ -484,7 +577,9 @@ class AutoSpec:
         """ESS and split R-hat per site (on float copies), divergences and engine counts.
 
         Works for any number of draws: with fewer than 4 draws per chain ``n_eff`` and
-        ``r_hat`` are NaN and ``"unavailable"`` says why.
+        ``r_hat`` are NaN and ``"unavailable"`` says why. Both are computed per element: an
+        element whose draws do not vary within a chain is NaN alone, the others keep their
+        values (:func:`~pyro_autospec.diagnostics.ess.effective_sample_size`).
 
         Returns
         -------
@@ -492,27 +587,63 @@ class AutoSpec:
             ``site -> {"n_eff": Tensor, "r_hat": Tensor}`` as ``MCMC.diagnostics``, plus
             ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
-            ``"wall_time"``. With a guide or a correction also ``"khat"`` and
+            ``"wall_time"`` per chain; ``"seconds"`` (measured, per stage and ``"total"``, as
+            :attr:`timing`) and ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
+            ``seconds`` of the whole run). With a guide or a correction also ``"khat"`` and
             ``"weights_ess"`` (per chain and ``"all"``) and ``"imh_acceptance"`` (the IMH
             chains' mean acceptance probability, or its estimate from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
             the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
-            ``"acceptance rate"`` and the ``"seconds"`` of each stage.
+            ``"acceptance rate"``.
         """
         return self._check_run().diagnostics()
 
-    def summary(self, prob: float = 0.9) -> None:
-        """Print a table like ``MCMC.summary`` (every site), the rounds saved and checks.
+    def summary(
+        self,
+        prob: float = 0.9,
+        var_names: str | Sequence[str] | None = None,
+        group: bool | None = None,
+    ) -> None:
+        """Print a table like ``MCMC.summary``, then what the run cost and its checks.
+
+        After the table: the measured wall time (per draw and per stage, see
+        :attr:`timing`), rounds and oracle rows of the whole run beside the sequential
+        sampler's, a line naming a likely faster exact method where the counts say so (see
+        :meth:`~pyro_autospec.infer.run_base.RunBase.speed_summary`), and the self-check.
 
         Parameters
         ----------
         prob : float
             Mass of the credible interval.
+        var_names : str or list of str, optional
+            Sites to show, or per-step groups: ``"x"`` selects ``x_0, x_1, ...``.
+        group : bool, optional
+            ``True``: one row per variable, per-step sites ``x_0 .. x_299`` stacked into one
+            (its elements' range of means, smallest ``n_eff``, largest ``r_hat``). ``False``:
+            one row per element. ``None`` (default): grouped when the per-element table
+            would exceed 40 rows.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def hmm(y):
+        ...     x = 0
+        ...     for t in pyro.markov(range(len(y))):
+        ...         x = pyro.sample(f"x_{t}", dist.Bernoulli(0.2 + 0.6 * x))
+        ...         pyro.sample(f"y_{t}", dist.Normal(x, 1.0), obs=y[t])
+        >>> fit = AutoSpec(hmm, num_samples=100, seed=0, disable_progbar=True)
+        >>> fit.run(torch.zeros(50))
+        AutoSpec(method='autospec', num_samples=100, num_chains=1, sites=['x_0..x_49'])
+        >>> fit.summary(group=True)  # doctest: +ELLIPSIS
+        <BLANKLINE>
+                    elements  min mean  max mean min n_eff max r_hat
+         x_0..x_49        50 ...
         """
-        self._check_run().summary(prob)
+        self._check_run().summary(prob, var_names=var_names, group=group)
 
     def rounds_summary(self) -> str:
-        """One paragraph: rounds per draw against the sequential sampler's ``n``."""
+        """The lines ``summary()`` prints after the table: measured seconds, rounds and rows
+        of the whole run, a likely faster exact method if any, and the self-check."""
         return self._check_run().rounds_summary()
 
     def weight_diagnostics(self) -> dict[str, Any]:
@@ -538,6 +669,7 @@ class AutoSpec:
         coords: dict | None = None,
         dims: dict | None = None,
         log_likelihood: bool = True,
+        split_chains: bool = True,
     ):
         """ArviZ data: posterior, sample_stats, observed_data and the pointwise log likelihood.
 
@@ -546,15 +678,29 @@ class AutoSpec:
         traces, not ``Predictive``. Integer-valued discrete sites are stored as int64 so that
         ArviZ plots them as histograms; deterministic sites are in the posterior group.
 
+        **One chain of independent draws** (the default ``num_chains=1`` with an exact oracle,
+        or a diffusion guide) is exported as 2 chains of ``num_samples / 2`` draws in order
+        (or the smallest number of equal parts of 4 draws or more), so that ``az.summary``
+        computes ``r_hat`` instead of warning "Shape validation failed" (ArviZ needs 2 chains
+        of 4 draws). The draws are independent, so the split changes no statistic's meaning;
+        the groups' attribute ``chains_split_from = 1`` records it, and ``split_chains=False``
+        keeps one chain. Dependent draws (NUTS for continuous sites, ``correction="imh"`` or
+        ``"importance"``) keep their chains: for those, run ``num_chains=2`` or more, as with
+        ``MCMC``.
+
         Parameters
         ----------
         coords, dims : dict, optional
             As in ``az.from_pyro``.
         log_likelihood : bool
             Include the ``log_likelihood`` group (arrays ``[chain, draw, *batch_shape]``).
+        split_chains : bool
+            Split one chain of independent draws as above (default ``True``).
 
         Returns
         -------
         arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
         """
-        return self._check_run().to_inference_data(coords, dims, log_likelihood, method=self.method)
+        return self._check_run().to_inference_data(
+            coords, dims, log_likelihood, method=self.method, split_chains=split_chains
+        )

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from pyro.ops import stats
 
+from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
 from pyro_autospec.model.discrete import SiteLayout
 
 __all__ = [
@@ -253,11 +254,10 @@ def site_diagnostics(samples: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
             )
             unavailable = {"n_eff": reason, "r_hat": reason}
             continue
-        try:
-            n_eff = stats.effective_sample_size(value)
-        except (RuntimeError, ValueError, AssertionError):
-            n_eff = torch.full(shape, math.nan, dtype=torch.float64)
-        out[name] = OrderedDict([("n_eff", n_eff), ("r_hat", stats.split_gelman_rubin(value))])
+        # per element: one constant element leaves the others' n_eff and r_hat finite
+        out[name] = OrderedDict(
+            [("n_eff", effective_sample_size(value)), ("r_hat", split_gelman_rubin(value))]
+        )
     return out, unavailable
 
 

@@ -9,6 +9,7 @@ density, so there is no importance weight and no correction; check the guide wit
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ class ContinuousView:
 class DiffusionRun(RunBase):
     """Draws of a continuous-only model's latent sites from a diffusion guide."""
 
+    unit = "diffusion steps"
+    independent_draws = True  # one engine run per chain; its draws are independent
+
     def __init__(self, model: Callable, guide: Any, settings: RunSettings):
         super().__init__(settings)
         self.model = model
@@ -51,7 +55,8 @@ class DiffusionRun(RunBase):
                     f"save_params names {unknown}, which are not continuous latent sites of the "
                     f"model ({guide_layout.names})"
                 )
-        trace = trace_model(self.model, args, kwargs)
+        with self.stage("tracing"):
+            trace = trace_model(self.model, args, kwargs)
         self.observed = {site.name: trace.nodes[site.name]["value"] for site in guide_layout.data}
         self.layout = ContinuousView(
             names=guide_layout.names,
@@ -63,6 +68,7 @@ class DiffusionRun(RunBase):
         pointwise = {name: [] for name in self.observed}
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
+            start = time.perf_counter()
             out = sample_continuous(
                 self.guide,
                 self.num_samples,
@@ -74,6 +80,11 @@ class DiffusionRun(RunBase):
                 **self.schedule,
             )
             self.results.append(out.diffusion)
+            self.add_engine_time(out.diffusion)
+            self.oracle_device = out.diffusion.samples.device
+            # the rest of sample_continuous: mapping the draws back and the model's log joint
+            rest = time.perf_counter() - start - float(out.diffusion.wall_time)
+            self.timing["evaluation"] = self.timing.get("evaluation", 0.0) + max(rest, 0.0)
             for name in guide_layout.names:
                 per_chain[name].append(out.samples[name])
             for name in pointwise:
@@ -91,23 +102,3 @@ class DiffusionRun(RunBase):
         self.extra = {k: torch.stack(v) for k, v in extra.items()}
         self.pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
         return self
-
-    def rounds_summary(self) -> str:
-        n = self.layout.num_coords
-        per_draw = torch.cat([r.sample_rounds.double() for r in self.results])
-        mean = float(per_draw.mean())
-        whole = max(r.rounds for r in self.results)
-        rows = sum(r.oracle_rows for r in self.results) / (self.num_samples * self.num_chains)
-        change = 1.0 - mean / n
-        verdict = (
-            f"{100 * change:.0f}% fewer rounds than sequential"
-            if change >= 0
-            else f"{100 * -change:.0f}% MORE rounds than sequential"
-        )
-        return (
-            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
-            f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
-            f"diffusion steps): {verdict}.\n"
-            f"Whole run: {whole} rounds per chain of {self.num_samples} draws (sequential: {n}); "
-            f"{rows:.1f} oracle rows per draw (sequential: {n})."
-        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,11 @@ class DiscreteRun(RunBase):
         self.max_self_check_error: float | None = None
 
     @property
+    def independent_draws(self) -> bool:
+        """Exact oracle, no correction: every draw is an independent draw of the posterior."""
+        return self.guide is None and self.correction is None
+
+    @property
     def weights_tracked(self) -> bool:
         return self.guide is not None or self.correction is not None
 
@@ -91,10 +97,12 @@ class DiscreteRun(RunBase):
 
         layout = self.layout
         source = self.oracle if self.guide is None else self.guide
-        oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+        with self.stage("compiling"):
+            oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
         device = self.device or getattr(oracle, "device", None)
+        self.oracle_device = device
         self.observed = dict(layout.observed)
         per_chain = {name: [] for name in layout.names}
         determ = {name: [] for name in layout.deterministic}
@@ -119,37 +127,43 @@ class DiscreteRun(RunBase):
                 **self.schedule,
             )
             self.results.append(result)
-            values = layout.from_coords(result.samples)
-            if device is not None:
-                values = {k: v.to(device) for k, v in values.items()}
-            joint = evaluate(
-                self.model,
-                args,
-                kwargs,
-                values,
-                shapes,
-                layout.max_plate_nesting,
-                observed_shapes=layout.observed_batch_shapes,
-                deterministic_shapes=layout.deterministic,
-            )
+            self.add_engine_time(result)
+            with self.stage("evaluation"):
+                values = layout.from_coords(result.samples)
+                if device is not None:
+                    values = {k: v.to(device) for k, v in values.items()}
+                joint = evaluate(
+                    self.model,
+                    args,
+                    kwargs,
+                    values,
+                    shapes,
+                    layout.max_plate_nesting,
+                    observed_shapes=layout.observed_batch_shapes,
+                    deterministic_shapes=layout.deterministic,
+                )
             lp = joint.total
             oracle_lp = result.log_prob.double().to(lp.device)
             log_weight = lp - oracle_lp
             if exact:
                 dtype = joint.dtype
                 normalizer = getattr(oracle, "log_normalizer", None)
-                self_check.append(
-                    check_exact_draws(
-                        lp,
-                        oracle_lp,
-                        joint.magnitude,
-                        dtype,
-                        log_normalizer=None if normalizer is None else normalizer().expand_as(lp),
-                        custom_oracle=custom,
+                with self.stage("self-check"):
+                    self_check.append(
+                        check_exact_draws(
+                            lp,
+                            oracle_lp,
+                            joint.magnitude,
+                            dtype,
+                            log_normalizer=None
+                            if normalizer is None
+                            else normalizer().expand_as(lp),
+                            custom_oracle=custom,
+                        )
                     )
-                )
             all_weights.append(log_weight.cpu())
-            keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
+            with self.stage("correction") if self.correction else nullcontext():
+                keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
             for name in layout.names:
                 per_chain[name].append(values[name][keep])
             for name in determ:
@@ -307,30 +321,10 @@ class DiscreteRun(RunBase):
     def extras(self) -> Extras:
         return self.guide_report()
 
-    def rounds_summary(self) -> str:
-        n = self.layout.num_coords
-        per_draw = torch.cat([r.sample_rounds.double() for r in self.results])
-        mean = float(per_draw.mean())
-        whole = max(r.rounds for r in self.results)
-        rows = sum(r.oracle_rows for r in self.results) / (
-            (self.num_samples + self.warmup_steps) * self.num_chains
+    def self_check_summary(self) -> str:
+        if self.max_self_check_error is None:
+            return ""
+        return (
+            f"Self-check passed: log p(x, data) - log q(x) is constant across draws "
+            f"(largest deviation {self.max_self_check_error:.2g})."
         )
-        change = 1.0 - mean / n
-        verdict = (
-            f"{100 * change:.0f}% fewer rounds than sequential"
-            if change >= 0
-            else f"{100 * -change:.0f}% MORE rounds than sequential"
-        )
-        text = (
-            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
-            f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
-            f"coordinates): {verdict}.\n"
-            f"Whole run: {whole} rounds per chain of {self.num_samples + self.warmup_steps} "
-            f"draws (sequential: {n}); {rows:.1f} oracle rows per draw (sequential: {n})."
-        )
-        if self.max_self_check_error is not None:
-            text += (
-                f"\nSelf-check passed: log p(x, data) - log q(x) is constant across draws "
-                f"(largest deviation {self.max_self_check_error:.2g})."
-            )
-        return text

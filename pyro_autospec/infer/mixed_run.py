@@ -29,6 +29,7 @@ from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
 from pyro_autospec.infer.common import check_exact_draws
+from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
@@ -84,7 +85,8 @@ class MixedRun(RunBase):
         from pyro_autospec.oracles.enum import EnumOracle
 
         layout = self.layout
-        self._check_enumeration(args, kwargs)
+        with self.stage("compiling"):
+            self._check_enumeration(args, kwargs)
         nuts_seeds = self.settings.seeds(self.num_chains)
         shifted = None if self.seed is None else _shift_seed(self.seed)
         (engine_seed,) = self.settings.seeds(1, shifted)
@@ -128,15 +130,16 @@ class MixedRun(RunBase):
 
         total = self.num_chains * self.num_samples
         flat = {k: torch.cat(v) for k, v in continuous.items()}  # [M, *shape], chain-major
-        start = time.perf_counter()
-        oracle = EnumOracle(
-            self.model,
-            args,
-            kwargs,
-            layout=layout,
-            continuous_values=flat,
-            device=self.device,
-        )
+        with self.stage("compiling"):
+            oracle = EnumOracle(
+                self.model,
+                args,
+                kwargs,
+                layout=layout,
+                continuous_values=flat,
+                device=self.device,
+            )
+        self.oracle_device = oracle.device
         result = sample_any_order(
             oracle,
             total,
@@ -146,30 +149,32 @@ class MixedRun(RunBase):
             progress=self.progress,
             **self.schedule,
         )
-        self.timing["discrete"] = time.perf_counter() - start
         self.results = [result]
-        values = layout.from_coords(result.samples)
-        values = {k: v.to(oracle.device) for k, v in values.items()}
-        values.update({k: v.to(oracle.device) for k, v in flat.items()})
-        joint = evaluate(
-            self.model,
-            args,
-            kwargs,
-            values,
-            layout.latent_shapes(),
-            layout.max_plate_nesting,
-            observed_shapes=layout.observed_batch_shapes,
-            deterministic_shapes=layout.deterministic,
-            per_draw_fallback=True,
-        )
+        self.add_engine_time(result)
+        with self.stage("evaluation"):
+            values = layout.from_coords(result.samples)
+            values = {k: v.to(oracle.device) for k, v in values.items()}
+            values.update({k: v.to(oracle.device) for k, v in flat.items()})
+            joint = evaluate(
+                self.model,
+                args,
+                kwargs,
+                values,
+                layout.latent_shapes(),
+                layout.max_plate_nesting,
+                observed_shapes=layout.observed_batch_shapes,
+                deterministic_shapes=layout.deterministic,
+                per_draw_fallback=True,
+            )
         oracle_lp = result.log_prob.double().to(joint.total.device)
-        self.max_self_check_error = check_exact_draws(
-            joint.total,
-            oracle_lp,
-            joint.magnitude,
-            joint.dtype,
-            log_normalizer=oracle.log_normalizer(),
-        )
+        with self.stage("self-check"):
+            self.max_self_check_error = check_exact_draws(
+                joint.total,
+                oracle_lp,
+                joint.magnitude,
+                joint.dtype,
+                log_normalizer=oracle.log_normalizer(),
+            )
 
         def by_chain(t):
             return t.reshape((self.num_chains, self.num_samples) + tuple(t.shape[1:]))
@@ -205,36 +210,29 @@ class MixedRun(RunBase):
         }
         report.diagnostics["divergences"] = divergences
         report.diagnostics["acceptance rate"] = rates
-        report.diagnostics["seconds"] = dict(self.timing)
         report.sample_stats["diverging"] = self._diverging
         report.attrs["continuous_sampler"] = "pyro NUTS (discrete sites enumerated)"
-        names = [s.name for s in self.layout.continuous]
+        names = compact_names([s.name for s in self.layout.continuous])
+        discrete = sum(self.timing.get(k, 0.0) for k in ("compiling", "oracle", "engine"))
         report.summary_lines.append(
             f"Continuous sites {names}: Pyro NUTS with the discrete sites enumerated out "
             f"({self.warmup_steps} warm-up steps per chain; acceptance rate "
             f"{', '.join(f'{r:.2f}' for r in rates.values())}; "
             f"{sum(len(v) for v in divergences.values())} divergences; "
-            f"{self.timing.get('nuts', 0.0):.1f} s). Discrete sites {self.layout.names}: one "
-            f"exact draw given each continuous draw ({self.timing.get('discrete', 0.0):.1f} s)."
+            f"{self.timing.get('nuts', 0.0):.1f} s). Discrete sites "
+            f"{compact_names(self.layout.names)}: "
+            f"one exact draw given each continuous draw ({discrete:.1f} s: compiling, oracle and "
+            f"engine)."
         )
         return report
 
-    def rounds_summary(self) -> str:
-        n = self.layout.num_coords
-        result = self.results[0]
-        mean = float(result.sample_rounds.double().mean())
-        total = self.num_chains * self.num_samples
-        text = (
-            f"Rounds ({self.method}) for the discrete sites: {mean:.2f} per draw on average "
-            f"(sequential: {n}); one engine run for all {total} draws took {result.rounds} "
-            f"rounds and {result.oracle_rows / total:.1f} oracle rows per draw."
+    def self_check_summary(self) -> str:
+        if self.max_self_check_error is None:
+            return ""
+        return (
+            f"Self-check passed: log p(x, theta, data) - log q(x | theta) equals each draw's "
+            f"log normaliser (largest deviation {self.max_self_check_error:.2g})."
         )
-        if self.max_self_check_error is not None:
-            text += (
-                f"\nSelf-check passed: log p(x, theta, data) - log q(x | theta) equals each "
-                f"draw's log normaliser (largest deviation {self.max_self_check_error:.2g})."
-            )
-        return text
 
 
 def _shift_seed(seed):

@@ -10,17 +10,37 @@ hooks :meth:`RunBase.extras` (one method, so that a kind's diagnostics live in o
 
 from __future__ import annotations
 
+import re
+import textwrap
+import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from pyro.infer.mcmc.util import select_samples
 
-from pyro_autospec.infer.common import chain_seeds, print_summary_table, site_diagnostics
+from pyro_autospec.infer.common import chain_seeds, site_diagnostics
 
-__all__ = ["Extras", "RunBase", "RunSettings"]
+__all__ = ["Extras", "RunBase", "RunSettings", "STAGES"]
+
+#: The stages of a run whose wall time is recorded in ``RunBase.timing``, in run order.
+STAGES = {
+    "tracing": "tracing the model",
+    "compiling": "compiling the oracle",
+    "nuts": "NUTS",
+    "oracle": "oracle",
+    "engine": "engine",
+    "evaluation": "evaluating the draws",
+    "self-check": "self-check",
+    "correction": "correction",
+}
+#: On a CPU, a run whose oracle rows per draw exceed ``n`` (the sequential sampler's) by this
+#: factor gets a line suggesting ``method="sequential"`` (see :meth:`RunBase.speed_summary`).
+ROWS_RATIO_FOR_ADVICE = 1.25
 
 _OWN_SEED = object()
 
@@ -88,6 +108,21 @@ class Extras:
     attrs: dict = field(default_factory=dict)
 
 
+def _wrap(line: str, width: int = 100) -> str:
+    """Fill a paragraph to ``width`` columns, never between a number and its unit."""
+    glued = re.sub(r"(\d) (s|ms|rows|rounds)\b", "\\1\0\\2", line)
+    glued = glued.replace("n = ", "n\0=\0")
+    text = textwrap.fill(glued, width, break_long_words=False, break_on_hyphens=False)
+    return text.replace("\0", " ")
+
+
+def _split(group: dict, chains: int) -> dict:
+    """``[1, N, ...]`` arrays as ``[chains, N // chains, ...]`` (draws in order)."""
+    return {
+        k: v.reshape((chains, v.shape[1] // chains) + tuple(v.shape[2:])) for k, v in group.items()
+    }
+
+
 def _integer_valued(value: torch.Tensor) -> bool:
     return not value.is_floating_point() or bool((value == value.round()).all())
 
@@ -122,15 +157,161 @@ class RunBase:
         self.results: list = []
         self.discrete_names: list = []
         self.layout: Any = None
+        #: Measured wall seconds of each stage (keys of :data:`STAGES`), filled by ``run``.
+        self.timing: OrderedDict = OrderedDict()
+        #: Measured wall seconds of the whole ``AutoSpec.run`` (set by ``AutoSpec``).
+        self.wall_time: float | None = None
+
+    # ------------------------------------------------------------------------------ timing
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Add the wall time of the ``with`` block to ``timing[name]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+
+    def add_engine_time(self, result) -> None:
+        """Split an engine result's wall time into ``"oracle"`` (inside the oracle's methods)
+        and ``"engine"`` (the rest: the engine's own bookkeeping and inputs)."""
+        oracle = float(result.timing.get("oracle", 0.0)) if result.timing else 0.0
+        oracle = min(oracle, float(result.wall_time))
+        self.timing["oracle"] = self.timing.get("oracle", 0.0) + oracle
+        self.timing["engine"] = self.timing.get("engine", 0.0) + float(result.wall_time) - oracle
+
+    def whole_run(self) -> dict[str, float]:
+        """Counts of the whole run: ``rounds`` and ``oracle_rows`` summed over the engine runs,
+        the engine's ``draws`` (warm-up and guide draws included) and ``seconds`` (of
+        ``AutoSpec.run``, NaN when not measured)."""
+        return {
+            "rounds": sum(int(r.rounds) for r in self.results),
+            "oracle_rows": sum(int(r.oracle_rows) for r in self.results),
+            "draws": sum(self.engine_draws()),
+            "seconds": float("nan") if self.wall_time is None else float(self.wall_time),
+        }
+
+    def engine_draws(self) -> list[int]:
+        """Draws of each engine run in :attr:`results` (warm-up or guide draws included)."""
+        return [int(r.num_samples) for r in self.results]
+
+    def on_cpu(self) -> bool:
+        """Whether the oracle answered on a CPU (where every oracle row costs time)."""
+        device = self.device
+        if device is None:
+            oracle = getattr(self, "oracle_device", None)
+            device = oracle if oracle is not None else torch.device("cpu")
+        return torch.device(device).type == "cpu"
 
     # ------------------------------------------------------------------------------- hooks
     def extras(self) -> Extras:
         """This kind's summary lines, diagnostics, sample stats and attributes."""
         return Extras()
 
-    def rounds_summary(self) -> str:
-        """One paragraph about rounds (kinds override it)."""
+    #: What the engine's coordinates are, in the rounds line.
+    unit = "coordinates"
+
+    def self_check_summary(self) -> str:
+        """The self-check's line (kinds with an exact oracle override it)."""
         return ""
+
+    def rounds_summary(self) -> str:
+        """Measured wall time per draw and per stage, rounds and rows, advice, self-check."""
+        lines = [line for line in (self.speed_summary(), self.self_check_summary()) if line]
+        return "\n".join(lines)
+
+    def speed_summary(self) -> str:
+        """Was it fast? Measured seconds, rounds and rows of the run, and a faster exact method.
+
+        The seconds are measured by :meth:`stage` around each stage of the run (``timing``)
+        and around the whole ``AutoSpec.run`` (``wall_time``); rounds and rows are the
+        engine's counts, summed over its runs (chains run one after the other). The sequential
+        sampler's counts are exact, not estimated: ``n`` rounds per engine run and ``n`` rows
+        per draw. Where the run did :data:`ROWS_RATIO_FOR_ADVICE` times the sequential
+        sampler's rows per draw or more on a CPU (where every row costs time), or more rows
+        and at least as many rounds on any device, one more line names ``method="sequential"``
+        as likely faster and says how to ask for it.
+        """
+        if not self.results or self.layout is None:
+            return ""
+        n = int(self.layout.num_coords)
+        returned = self.num_chains * self.num_samples
+        lines = []
+        stages = ", ".join(
+            f"{'NUTS' if k == 'nuts' else k} {v:.2f} s"
+            for k, v in self.timing.items()
+            if k in STAGES
+        )
+        if self.wall_time is not None:
+            other = self.wall_time - sum(v for k, v in self.timing.items() if k in STAGES)
+            per_draw = self.wall_time / max(returned, 1)
+            per = f"{1e3 * per_draw:.2f} ms" if per_draw < 1.0 else f"{per_draw:.2f} s"
+            lines.append(
+                f"Wall time (measured): {self.wall_time:.2f} s for {returned} draws ({per} per "
+                f"draw); by stage: {stages}, other {max(other, 0.0):.2f} s."
+            )
+        elif stages:
+            lines.append(f"Wall time by stage (measured): {stages}.")
+        per_draw_rounds = torch.cat([r.sample_rounds.double().cpu() for r in self.results])
+        whole = self.whole_run()
+        draws, rounds, rows = whole["draws"], whole["rounds"], whole["oracle_rows"]
+        runs = len(self.results)
+        rows_per_draw = rows / max(draws, 1)
+        seq_rounds, seq_rows = n * runs, n * draws
+        engine_runs = "1 engine run" if runs == 1 else f"{runs} engine runs"
+        lines.append(
+            f"Rounds ({self.method}): {float(per_draw_rounds.mean()):.2f} per draw on average "
+            f"(max {int(per_draw_rounds.max())}); the sequential sampler takes {n} per draw "
+            f"(n = {n} {self.unit}).\n"
+            f"Whole run: {rounds:,} rounds and {rows:,} oracle rows for {draws:,} draws in "
+            f"{engine_runs} ({rows_per_draw:.1f} rows per draw); the sequential sampler: "
+            f"{seq_rounds:,} rounds and {seq_rows:,} rows ({n} per draw)."
+        )
+        advice = self.faster_method(rounds, seq_rounds, rows_per_draw, n)
+        if advice:
+            lines.append(advice)
+        return "\n".join(_wrap(line) for line in "\n".join(lines).split("\n"))
+
+    def faster_method(self, rounds: int, seq_rounds: int, rows_per_draw: float, n: int) -> str:
+        """The line naming ``method="sequential"`` where it likely is faster ("" otherwise)."""
+        if self.method in ("sequential", "picard") or n <= 0:
+            return ""
+        ratio = rows_per_draw / n
+        more_rounds = rounds >= seq_rounds
+        cpu = self.on_cpu()
+        if ratio < ROWS_RATIO_FOR_ADVICE or not (cpu or more_rounds):
+            return ""
+        why = (
+            f"this run did {ratio:.1f}x the sequential sampler's oracle rows per draw "
+            f"({rows_per_draw:.1f} against n = {n})"
+        )
+        if more_rounds:
+            why += f" and at least its rounds ({rounds} against {seq_rounds})"
+        if cpu:
+            why += ", and on a CPU every oracle row costs time"
+        return (
+            f"Likely faster here: method='sequential' (the same exact law), since {why}. Ask "
+            f"for it with AutoSpec(model, ..., method='sequential')."
+        )
+
+    #: Whether the draws are independent (exact draws, or a diffusion guide's): then one
+    #: chain may be exported to ArviZ as several (see :meth:`export_chains`).
+    independent_draws = False
+
+    def export_chains(self) -> int:
+        """Chains of the ArviZ export: ``num_chains``, or, for ONE chain of independent draws,
+        the smallest ``d >= 2`` that divides the draws with 4 or more per part (ArviZ's
+        R-hat needs 2 chains of 4 draws; for independent draws the split changes no
+        statistic's meaning). 1 when no such ``d`` exists (fewer than 8 draws, or a prime
+        number of draws).
+        """
+        if self.num_chains != 1 or not self.independent_draws:
+            return self.num_chains
+        draws = self.num_samples
+        for d in range(2, draws // 4 + 1):
+            if draws % d == 0:
+                return d
+        return 1
 
     # ----------------------------------------------------------------------------- reading
     def saved(self) -> OrderedDict:
@@ -182,14 +363,21 @@ class RunBase:
             diag["mean rounds per draw"] = {
                 c: float(r.mean()) for c, r in zip(chains, rounds, strict=True)
             }
+        diag["seconds"] = dict(self.timing)
+        if self.wall_time is not None:
+            diag["seconds"]["total"] = self.wall_time
+        if self.results:
+            diag["whole run"] = self.whole_run()
         if unavailable:
             diag["unavailable"] = unavailable
         diag.update(self.extras().diagnostics)
         return diag
 
-    def summary(self, prob: float = 0.9) -> None:
+    def summary(self, prob: float = 0.9, var_names=None, group: bool | None = None) -> None:
+        from pyro_autospec.infer.display import print_summary
+
         samples = self._float_samples()
-        print_summary_table(samples, prob=prob)
+        print_summary(samples, prob=prob, var_names=var_names, group=group)
         if samples and next(iter(samples.values())).shape[1] < 4:
             print(
                 "n_eff and r_hat need at least 4 draws per chain: shown as nan (exact "
@@ -212,6 +400,7 @@ class RunBase:
         log_likelihood: bool = True,
         *,
         method: str = "autospec",
+        split_chains: bool = True,
     ):
         from pyro_autospec.diagnostics.arviz import to_inference_data
 
@@ -228,13 +417,24 @@ class RunBase:
         sample_stats["diverging"] = torch.zeros(extra["lp"].shape, dtype=torch.bool)
         sample_stats.update(extras.sample_stats)
         attrs = {"inference_library": "pyro_autospec", "method": method}
+        if self.wall_time is not None:
+            attrs["wall_time"] = float(self.wall_time)
+        if self.results:
+            whole = self.whole_run()
+            attrs["rounds"], attrs["oracle_rows"] = whole["rounds"], whole["oracle_rows"]
         attrs.update(extras.attrs)
+        pointwise = dict(self.pointwise) if log_likelihood else None
+        split = self.export_chains() if split_chains and self.num_chains == 1 else 1
+        if split > 1:
+            posterior, sample_stats = _split(posterior, split), _split(sample_stats, split)
+            pointwise = None if pointwise is None else _split(pointwise, split)
+            attrs["chains_split_from"] = 1
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*More chains .* than draws.*")
             return to_inference_data(
                 posterior,
                 sample_stats=sample_stats,
-                log_likelihood=dict(self.pointwise) if log_likelihood else None,
+                log_likelihood=pointwise,
                 observed_data=dict(self.observed),
                 coords=coords,
                 dims=dims,

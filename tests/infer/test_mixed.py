@@ -116,6 +116,12 @@ def test_summary_reports_both_stages(hmm_fit, capsys):
     assert "stay" in out and "x_0" in out
     assert "Pyro NUTS with the discrete sites enumerated out" in out
     assert "Self-check passed" in out and "log normaliser" in out
+    assert "Wall time (measured)" in out and "NUTS" in out  # the NUTS stage, measured
+    seconds = hmm_fit.timing
+    assert {"tracing", "compiling", "nuts", "oracle", "engine", "evaluation", "self-check"} <= set(
+        seconds
+    )
+    assert seconds["nuts"] <= seconds["total"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,112 @@
+"""The most probable joint assignment of a model's discrete sites (``AutoSpec.map``).
+
+A max-product pass: Pyro's :func:`~pyro.infer.infer_discrete` with ``temperature=0`` over
+the model with every discrete site enumerated in parallel. Pyro's pass leaves out the scales
+of ``poutine.scale`` (and of plates with a fixed subsample), while the draws follow the scaled
+density; so every scaled site's distribution is first replaced by one whose log density is
+the scaled one (:class:`ScaleIntoDensity`), and the pass maximises the density the draws
+follow. Where Pyro's pass cannot decode the model (``OneHotCategorical`` sites) and the model
+has few enough joint states, every state is scored instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from pyro import poutine
+from pyro.distributions import TorchDistribution
+from pyro.poutine.messenger import Messenger
+
+from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.errors import UnsupportedSiteError
+
+__all__ = ["MAX_BRUTE_FORCE_STATES", "ScaleIntoDensity", "most_probable"]
+
+#: Largest number of joint states scored one by one when the max-product pass cannot run.
+MAX_BRUTE_FORCE_STATES = 2**16
+
+
+class _Scaled(TorchDistribution):
+    """``base`` with log density ``scale * base.log_prob`` (support and enumeration kept)."""
+
+    arg_constraints: dict = {}
+
+    def __init__(self, base, scale):
+        self.base, self.scale = base, scale
+        super().__init__(base.batch_shape, base.event_shape, validate_args=False)
+
+    @property
+    def has_enumerate_support(self) -> bool:
+        return bool(getattr(self.base, "has_enumerate_support", False))
+
+    @property
+    def support(self):
+        return self.base.support
+
+    def enumerate_support(self, expand: bool = True) -> torch.Tensor:
+        return self.base.enumerate_support(expand=expand)
+
+    def expand(self, batch_shape, _instance=None):
+        return _Scaled(self.base.expand(batch_shape), self.scale)
+
+    def sample(self, sample_shape=()):
+        return self.base.sample(torch.Size(sample_shape))
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.base.log_prob(value)
+
+
+class ScaleIntoDensity(Messenger):
+    """Move each site's scale into its distribution's log density (scale 1 afterwards).
+
+    Put it outside the model (inside any enumeration or tracing handler): the model's own
+    ``poutine.scale`` and plates have set ``msg["scale"]`` by the time it sees a site.
+    """
+
+    def _process_message(self, msg: dict) -> None:
+        if msg["type"] != "sample":
+            return
+        scale = msg.get("scale", 1.0)
+        if isinstance(scale, torch.Tensor) or scale != 1.0:
+            msg["fn"] = _Scaled(msg["fn"], scale)
+            msg["scale"] = 1.0
+
+
+def most_probable(
+    model: Callable, args: tuple, kwargs: dict, layout: SiteLayout
+) -> dict[str, torch.Tensor]:
+    """``argmax_x p(x | data)`` over the discrete sites of ``layout`` (see the module).
+
+    Returns
+    -------
+    dict
+        ``name -> Tensor`` in the model's shape and dtype for every discrete latent site.
+    """
+    from pyro.infer import infer_discrete
+
+    from pyro_autospec.model.log_joint import enumerate_posterior
+    from pyro_autospec.model.tracing import parallel_enumeration
+
+    enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
+    decoder = infer_discrete(
+        enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0
+    )
+    try:
+        trace = poutine.trace(decoder).get_trace(*args, **kwargs)
+        return {name: trace.nodes[name]["value"].detach() for name in layout.names}
+    except (ValueError, RuntimeError, NotImplementedError, KeyError) as error:
+        states = math.prod(int(k) for k in layout.support_sizes.tolist())
+        if states > MAX_BRUTE_FORCE_STATES:
+            raise UnsupportedSiteError(
+                f"map(): Pyro's infer_discrete(temperature=0) could not decode this model "
+                f"({type(error).__name__}: {str(error).splitlines()[0]}), and its "
+                f"{layout.num_coords} discrete coordinates have {states:.3g} joint states, too "
+                f"many to score one by one (at most {MAX_BRUTE_FORCE_STATES}). "
+                f"OneHotCategorical sites are a known cause: write them as Categorical sites "
+                f"(and one_hot the value) for map()."
+            ) from error
+        states, log_prob = enumerate_posterior(model, args, kwargs, layout=layout)
+        best = states[int(log_prob.argmax())][None]
+        return {k: v[0] for k, v in layout.from_coords(best).items()}
