@@ -4,7 +4,8 @@ The blocks of one file run in order in one namespace (a block may use what an ea
 the same page defined), in a fresh namespace per file. A block that cannot run on its own (a
 method body, a script for ``torchrun``, a sketch that needs the reader's model) is marked as a
 fragment by the HTML comment ``<!-- fragment -->`` on the last non-blank line before its fence;
-it is skipped here. The convention is documented in ``docs/contributing.md``.
+it is skipped here. The convention is documented in ``docs/contributing.md``. A block that warns
+(other than a deprecation) fails too: a snippet shows the way that works without a warning.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: The marker that exempts the next Python block.
 FRAGMENT = "<!-- fragment"
+#: Warnings that come and go with the versions of other libraries; any other warning fails.
+VERSION_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 
 
@@ -109,8 +112,8 @@ def test_python_blocks_run_verbatim(path, tmp_path, monkeypatch):
         code = compile(block.source, block.label, "exec")
         output = io.StringIO()
         try:
-            with contextlib.redirect_stdout(output), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with contextlib.redirect_stdout(output), warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 exec(code, namespace)
         except Exception as error:  # noqa: BLE001 - reported with the block's place
             trace = "".join(traceback.format_exception(error)[-6:])
@@ -120,4 +123,10 @@ def test_python_blocks_run_verbatim(path, tmp_path, monkeypatch):
                 "run on its own with `<!-- fragment -->` on the line before its fence; see "
                 "docs/contributing.md)"
             )
+        ours = [w for w in caught if not issubclass(w.category, VERSION_WARNINGS)]
+        assert not ours, (
+            f"the Python block at {block.label} warns; a snippet shows the way that works "
+            "without a warning:\n"
+            + "\n".join(f"{w.category.__name__}: {str(w.message)[:300]}" for w in ours)
+        )
         print(f"{block.label}: {time.perf_counter() - start:.1f} s")
