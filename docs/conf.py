@@ -5,11 +5,17 @@ Build (warnings as errors, as ``tests/test_docs.py`` does)::
     sphinx-build -W --keep-going -b html docs docs/_build/html
 
 The tutorials are rendered from their committed outputs (never executed here): they are
-copied from ``tutorials/`` into ``docs/tutorials/`` (ignored by git) at every build.
+copied from ``tutorials/`` into ``docs/tutorials/`` (ignored by git) at every build, with the
+cell that sets ``SMOKE_TEST`` hidden and the title cell first.
+
+Math renders offline: MathJax 3 (one self-contained file, SVG output) comes from the
+``sphinx-mathjax-offline`` package and is copied into ``_static/mathjax/`` of the built site.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -54,7 +60,64 @@ nb_merge_streams = True
 
 html_theme = "furo"
 html_title = f"pyro-autospec {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
+
+#: MathJax 3 from the ``sphinx-mathjax-offline`` package: TeX input, SVG output, every TeX
+#: extension in the one file, so no font or component is fetched at run time.
+MATHJAX_FILE = "tex-svg-full.js"
+mathjax_path = f"mathjax/{MATHJAX_FILE}"
+
+
+def _mathjax_source() -> Path:
+    spec = importlib.util.find_spec("sphinx-mathjax-offline")
+    source = None
+    if spec is not None and spec.submodule_search_locations:
+        source = Path(next(iter(spec.submodule_search_locations))) / "static/mathjax"
+        source = source / MATHJAX_FILE
+    if source is None or not source.exists():
+        raise RuntimeError(
+            "the documentation bundles MathJax from the sphinx-mathjax-offline package, which "
+            'is not installed: pip install -c requirements-dev.txt -e ".[docs]"'
+        )
+    return source
+
+
+def _copy_mathjax(app, exception) -> None:
+    """Put the bundled MathJax where ``mathjax_path`` points, in the built site."""
+    if exception is None and app.builder.format == "html":
+        target = Path(app.outdir) / "_static" / "mathjax"
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(_mathjax_source(), target / MATHJAX_FILE)
+
+
+def setup(app):
+    _mathjax_source()  # fail early, with the way out, when the package is missing
+    app.connect("build-finished", _copy_mathjax)
+
+
+def _for_the_page(notebook: dict) -> dict:
+    """A tutorial as a page shows it: the title cell first, the ``SMOKE_TEST`` cell hidden.
+
+    The cell that switches CI's smoke mode on is for running the notebook, not for reading it:
+    it gets myst-nb's ``remove-cell`` tag, and a markdown cell that opens with a title moves
+    above it.
+    """
+    cells = notebook["cells"]
+    for cell in cells:
+        if cell["cell_type"] == "code" and "SMOKE_TEST =" in "".join(cell["source"]):
+            tags = cell.setdefault("metadata", {}).setdefault("tags", [])
+            if "remove-cell" not in tags:
+                tags.append("remove-cell")
+            break
+    titles = [
+        i
+        for i, cell in enumerate(cells)
+        if cell["cell_type"] == "markdown" and "".join(cell["source"]).lstrip().startswith("# ")
+    ]
+    if titles and titles[0] > 0:
+        cells.insert(0, cells.pop(titles[0]))
+    return notebook
 
 
 def _copy_tutorials() -> None:
@@ -64,7 +127,8 @@ def _copy_tutorials() -> None:
         shutil.rmtree(target)
     target.mkdir()
     for notebook in sorted((ROOT / "tutorials").glob("*.ipynb")):
-        shutil.copy2(notebook, target / notebook.name)
+        page = _for_the_page(json.loads(notebook.read_text(encoding="utf-8")))
+        (target / notebook.name).write_text(json.dumps(page, indent=1), encoding="utf-8")
 
 
 _copy_tutorials()

@@ -3,9 +3,7 @@ that ships points readers to internal notes they cannot see."""
 
 import importlib
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,24 +15,17 @@ import public_api  # noqa: E402
 
 #: Pages other documents link to with :doc: (docstrings included): they must exist.
 PAGES = ["index", "algorithm", "oracles", "choosing", "benchmarks", "pyro", "guides", "diffusion"]
-PAGES += ["api", "tutorials"]
+PAGES += ["api", "tutorials", "contributing"]
 
 #: Internal notes of the developers, which users cannot read.
 INTERNAL = re.compile(r"ALGORITHM\.md|PYRO_NOTES|RESEARCH\.md|STYLE\.md|/work/shared")
 SHIPPED = ["pyro_autospec", "docs", "benchmarks", "tutorials", "README.md"]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One full build (fresh output and doctrees, so every warning shows), as CI runs it."""
-    out = tmp_path_factory.mktemp("docs")
-    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-b", "html"]
-    command += ["-d", str(out / "doctrees"), "docs", str(out / "html")]
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    result.seconds = time.perf_counter() - start
-    result.html = out / "html"
-    return result
+@pytest.fixture
+def built(docs_build):
+    """The session's one build of the documentation (tests/conftest.py)."""
+    return docs_build
 
 
 def test_docs_build_without_warnings(built):
@@ -93,3 +84,20 @@ def test_no_internal_notes_referenced():
         "documentation pages instead (:doc:`/algorithm`, :doc:`/oracles`, :doc:`/pyro`, ...):\n"
         + "\n".join(hits)
     )
+
+
+def test_tutorial_pages_open_with_their_title(built):
+    """A tutorial page opens with its numbered title; the SMOKE_TEST cell is for CI, not readers."""
+    problems = []
+    for page in sorted((built.html / "tutorials").glob("*.html")):
+        html = page.read_text(encoding="utf-8")
+        body = html[html.index('role="main"') :]
+        title, cell = body.find("<h1"), body.find('class="cell')
+        if title < 0 or (0 <= cell < title):
+            problems.append(f"{page.name}: a cell comes before the title")
+        if "SMOKE_TEST =" in body:
+            problems.append(f"{page.name}: shows the cell that sets SMOKE_TEST")
+        heading = re.search(r"<h1>(.*?)<", body, re.S)
+        if not heading or not re.match(rf"{page.name[:2]} · ", heading.group(1).strip()):
+            problems.append(f"{page.name}: title {heading and heading.group(1)!r} not numbered")
+    assert not problems, "\n".join(problems)

@@ -32,7 +32,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# This checkout's package, not whatever pyro_autospec is installed (an editable install may
+# point at another checkout): the stamp's fingerprint and the kernel both use this one.
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
 
 import public_api  # noqa: E402
 
@@ -57,8 +59,12 @@ def current_stamp(smoke_test: bool = False) -> dict:
 
 @contextlib.contextmanager
 def _kernel_environment(smoke_test: bool) -> Iterator[None]:
-    """The kernel inherits this process's environment: set SMOKE_TEST's switch and the backend."""
-    saved = {key: os.environ.get(key) for key in ("CI", "MPLBACKEND")}
+    """The kernel inherits this process's environment: set SMOKE_TEST's switch, the backend, and
+    this checkout first on the kernel's ``sys.path``."""
+    saved = {key: os.environ.get(key) for key in ("CI", "MPLBACKEND", "PYTHONPATH")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     if smoke_test:
         os.environ["CI"] = "true"
     else:
