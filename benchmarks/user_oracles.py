@@ -69,8 +69,9 @@ from pyro_autospec.engine import sample_any_order  # noqa: E402
 from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
 
 DEFAULT_ORACLES = [
-    "nade:scale=1",
-    "nade:scale=0.25",
+    "nade:scale=2",
+    "nade:scale=0.5",
+    "nade:scale=0.1",
     "guide:steps=0",
     "guide:steps=300",
     "mixture:K=8",
@@ -134,7 +135,7 @@ def _guide(n: int, device: str, steps: int = 0, hidden: int = 64, layers: int = 
                 param.normal_(0.0, scale / param.shape[-1] ** 0.5)
     if steps:
         mix = ProductMixture(n, 4, components=8, seed=0)
-        data = sample_any_order(mix, 512, method="sequential", seed=1).samples
+        data = mix.sample(4096, seed=1)
         guide.train()
         guide.fit_to_samples(data, num_steps=steps, lr=3e-3, seed=0, disable_progbar=True)
     return guide.eval().to(device)

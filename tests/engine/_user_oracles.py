@@ -207,6 +207,14 @@ class ProductMixture:
         """``log mu(x)`` of full assignments ``x`` [B, n]: DoubleTensor[B]."""
         return torch.logsumexp(self._evidence(x, torch.ones_like(x, dtype=torch.bool)), -1)
 
+    def sample(self, num: int, seed: int = 0) -> torch.Tensor:
+        """``num`` exact draws (a component, then every coordinate): LongTensor[num, n]."""
+        g = torch.Generator().manual_seed(seed)
+        k = torch.multinomial(self.log_w.exp().cpu(), num, replacement=True, generator=g)
+        probs = self.log_theta.exp().cpu()[k]  # [num, n, q]
+        flat = torch.multinomial(probs.reshape(-1, self.num_values), 1, generator=g)
+        return flat.reshape(num, self.num_coords)
+
 
 class HandChain:
     """A binary Markov chain, stationary start, written by hand with ``log_marginals_at``

@@ -159,3 +159,9 @@ def test_exact_for_consistent_user_oracles_in_random_orders(method):
     result = sample_any_order(hand, 4000, method=method, seed=6)
     log_probs = hand.log_joint(joint_states(7, 2)).reshape([2] * 7)
     assert_samples_match(result.samples, log_probs, 2)
+
+
+def test_mixture_sample_is_exact():
+    mix = ProductMixture(4, 3, components=3, sharpness=1.5, seed=4)
+    log_probs = mix.log_joint(joint_states(4, 3)).reshape([3] * 4)
+    assert_samples_match(mix.sample(4000, seed=0), log_probs, 3)
