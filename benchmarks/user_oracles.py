@@ -214,7 +214,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_variant(oracle, draws: int, method: str, knobs: dict, args) -> dict:
+def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool) -> dict:
     _sync(args.device)
     start = time.perf_counter()
     r = sample_any_order(oracle, draws, method=method, seed=args.seed, **knobs)
@@ -227,7 +227,7 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args) -> dict:
         "wall": wall,
         "outside_us_per_row": 1e6 * (wall - r.timing.get("oracle", 0.0)) / max(1, r.oracle_rows),
     }
-    if args.count:
+    if count:
         counter = OutsideOracle()
         proxy = Flagged(oracle, counter)
         with counter:
@@ -254,6 +254,13 @@ def main(argv=None) -> None:
     parser.add_argument("--draws", nargs="+", type=int, default=[1, 16, 256])
     parser.add_argument("--n", type=int, default=1024, help="n of every oracle without n=")
     parser.add_argument("--no-count", dest="count", action="store_false", help="no op counts")
+    parser.add_argument(
+        "--count-draws",
+        nargs="+",
+        type=int,
+        help="count calls only at these draw counts (default: all of --draws); the counted "
+        "run repeats the timed one under a TorchFunctionMode, several times slower",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
@@ -263,6 +270,8 @@ def main(argv=None) -> None:
         args.oracles = [
             s.replace("n=4096", "n=128").replace("steps=300", "steps=5") for s in args.oracles
         ]
+    if args.count_draws is None:
+        args.count_draws = args.draws
     torch.set_num_threads(args.threads)
     variants = [(v, *parse_spec(v)) for v in args.variants]
     where = args.device
@@ -294,10 +303,10 @@ def main(argv=None) -> None:
             for _, method, knobs in variants:
                 sample_any_order(oracle, 2, method=method, seed=args.seed + 1, **knobs)
         for draws in args.draws:
-            results = {}
+            results, count = {}, args.count and draws in args.count_draws
             for v, m, k in variants:
                 try:
-                    results[v] = run_variant(oracle, draws, m, k, args)
+                    results[v] = run_variant(oracle, draws, m, k, args, count)
                 except Exception as error:  # report it in the table and go on
                     results[v] = f"{type(error).__name__}: {error}"
             baselines = [
@@ -314,7 +323,7 @@ def main(argv=None) -> None:
                 counts = (
                     f"{r['calls_per_round']:.0f} | {r['syncs_per_round']:.1f} | "
                     f"{r['oracle_calls_per_round']:.0f}"
-                    if args.count
+                    if count
                     else "- | - | -"
                 )
                 print(
