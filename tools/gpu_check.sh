@@ -5,16 +5,18 @@
 #   OUT=/some/dir tools/gpu_check.sh
 #   DEVICE=cpu SMOKE=1 tools/gpu_check.sh   # a dry run of the script itself on a CPU (seconds)
 #
-# Every step has its own time limit (seconds; override with the variables below), streams its
-# output to a file under $OUT (default: a new folder under /tmp) and the next step runs
-# whether it passed or not; the summary at the end (also $OUT/summary.txt) lists each step's
-# exit status and seconds (124: cut by its limit; the tables printed so far are kept).
+# Every step has its own time limit (seconds; the LIMIT_* variables below override them),
+# streams its output to a file under $OUT (default: a new folder under /tmp) and the next step
+# runs whether it passed or not; the summary at the end (also $OUT/summary.txt) lists each
+# step's exit status and seconds (124: cut by its limit; the table rows printed so far are kept).
 # Steps and default limits (sum 450 s, plus start-up):
-#   tests          60 s  pytest of every test that runs on CUDA (the files that use it, -k cuda)
-#   user_oracles  180 s  benchmarks/user_oracles.py --device cuda, 1 / 16 / 256 draws (no counts)
-#   user_counts    40 s  the same, 16 draws, with engine calls and host reads per round counted
-#   engine_race    70 s  benchmarks/engine.py --device cuda --parts overhead race ops
-#   rounds        100 s  benchmarks/rounds.py --device cuda (Markov, HMM, tree Potts)
+#   tests             LIMIT_TESTS=60     pytest of the tests that run on CUDA (-k cuda or device)
+#   user_oracles      LIMIT_USER=120     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
+#                                        the oracles in order of interest, as far as time goes
+#   user_oracles_256  LIMIT_USER_256=60  the same, 256 draws, four oracles, three methods
+#   user_counts       LIMIT_COUNTS=50    engine calls and host reads per round, 16 draws
+#   engine_race       LIMIT_ENGINE=80    benchmarks/engine.py --parts overhead race (n = 4096)
+#   rounds            LIMIT_ROUNDS=80    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -55,19 +57,25 @@ step tests "${LIMIT_TESTS:-60}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/infer/test_device.py tests/oracles/test_dpp.py \
     -k "cuda or device or chunk_budget"
 
-step user_oracles "${LIMIT_USER:-180}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
-    --draws 1 16 256 --no-count "${smoke[@]}"
+step user_oracles "${LIMIT_USER:-120}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+    --draws 1 16 --no-count "${smoke[@]}" --oracles nade:scale=0.5 mixture:K=64 \
+    user_chain:n=4096 markov hmm tree_potts nade:scale=2 mixture:K=8 guide:steps=0 nade:scale=0.1
 
-step user_counts "${LIMIT_COUNTS:-40}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
-    --draws 16 --oracles nade:scale=2 nade:scale=0.5 mixture:K=8 user_chain:n=4096 markov \
+step user_oracles_256 "${LIMIT_USER_256:-60}" "$PY" benchmarks/user_oracles.py \
+    --device "$DEVICE" --draws 256 --no-count "${smoke[@]}" \
+    --oracles mixture:K=8 markov hmm nade:scale=0.1 --variants autospec agr24 sequential
+
+step user_counts "${LIMIT_COUNTS:-50}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+    --draws 16 --oracles nade:scale=0.1 mixture:K=8 markov --variants autospec agr24 sequential \
     "${smoke[@]}"
 
-step engine_race "${LIMIT_ENGINE:-70}" "$PY" benchmarks/engine.py --device "$DEVICE" \
-    --parts overhead race ops --no-reference "${smoke[@]}"
+step engine_race "${LIMIT_ENGINE:-80}" "$PY" benchmarks/engine.py --device "$DEVICE" \
+    --parts overhead race --no-reference "${smoke[@]}"
 
 rounds_out="$OUT/rounds"
 mkdir -p "$rounds_out"
-step rounds "${LIMIT_ROUNDS:-100}" "$PY" benchmarks/rounds.py --device "$DEVICE" \
-    --families markov hmm tree_potts --num-samples 16 --jobs 8 --out "$rounds_out" "${smoke[@]}"
+step rounds "${LIMIT_ROUNDS:-80}" "$PY" benchmarks/rounds.py --device "$DEVICE" \
+    --families markov hmm --sizes 256 1024 4096 --num-samples 16 --jobs 8 \
+    --out "$rounds_out" "${smoke[@]}"
 
 echo "== done in $SECONDS s; outputs under $OUT" | tee -a "$OUT/summary.txt"
