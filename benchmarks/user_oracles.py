@@ -1,0 +1,346 @@
+"""The oracles users bring: autospec and every baseline, same oracle, same draws, one run.
+
+Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
+
+* ``nade``: an imperfect learned network, a one-hidden-layer order-agnostic NADE with random
+  weights (:class:`tests.engine._user_oracles.RandomNADE`, ``q = 4``): its conditionals are
+  not the marginals of one joint. Chain queries in one pass. Keys ``scale`` (smaller is
+  smoother), ``hidden``, ``chains`` (``false``: rows only), ``seed``, ``n``.
+* ``guide``: :class:`~pyro_autospec.guides.AnyOrderGuide` (``"mlp"``, ``q = 4``) used as the
+  oracle, its weights drawn at random like an untrained network's (``steps=0``), or then
+  trained ``steps`` Adam steps on exact draws of ``mixture:K=8`` (partly trained). Keys
+  ``steps``, ``hidden``, ``layers``, ``scale``, ``n``.
+* ``mixture``: a consistent dense oracle, a mixture of ``K`` product distributions on
+  ``[4]^n``, exact conditionals by Bayes (:class:`tests.engine._user_oracles.ProductMixture`).
+  Keys ``K``, ``sharpness``, ``n``.
+* ``user_chain``: a binary Markov chain written by hand with ``log_marginals_at`` only, no
+  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``.
+* ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
+  them. Key ``n``.
+
+Method variants (``--variants``): ``method`` or ``method:key=value,...``, each run as
+``sample_any_order(oracle, draws, method=method, seed=seed, **knobs)``; values are read as
+int, float, ``true``/``false``, ``none`` or else a string. New schedule knobs are measured
+without a change here, e.g. ``--variants autospec autospec:max_block=8 agr24 sequential``.
+
+For every oracle, draw count (``--draws``) and variant the table shows the rounds per draw
+(``sample_rounds``, mean) and of the whole run, rows per draw (also over ``n``), wall time per
+draw, the time outside the oracle's methods per row, and, from a second run of the same draws
+under a :class:`~torch.overrides.TorchFunctionMode`, the torch calls per round made OUTSIDE the
+oracle (the engine's: every torch function and tensor method, each a kernel launch or a
+dispatch) and the host reads among them (calls that make the host wait for a GPU: ``nonzero``,
+``.item()``, ``bool()``, boolean-mask indexing, ...; ``benchmarks/engine.py`` lists them). The
+oracle is wrapped for that run in a proxy that flags its own methods' calls, so an oracle's
+work never counts as the engine's. On a GPU the time inside the oracle is host time (kernels
+are not waited for), so "outside oracle / row" is only meaningful on a CPU. The last column is wall time over the fastest variant whose
+method is not ``autospec``.
+
+Usage::
+
+    python benchmarks/user_oracles.py                       # every oracle, 1 / 16 / 256 draws
+    python benchmarks/user_oracles.py --draws 1 16          # the README's "before" run
+    python benchmarks/user_oracles.py --oracles nade:scale=0.25 mixture:K=64 \\
+        --variants autospec autospec:max_block=8 agr24 sequential --draws 1 8
+    python benchmarks/user_oracles.py --device cuda         # on a GPU
+    python benchmarks/user_oracles.py --smoke               # seconds, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import _SYNCING, _bool_index  # noqa: E402
+from rounds import hmm, markov, tree_potts  # noqa: E402
+
+from pyro_autospec.engine import sample_any_order  # noqa: E402
+from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
+
+DEFAULT_ORACLES = [
+    "nade:scale=2",
+    "nade:scale=0.5",
+    "nade:scale=0.1",
+    "guide:steps=0",
+    "guide:steps=300",
+    "mixture:K=8",
+    "mixture:K=64",
+    "user_chain:n=4096",
+    "markov",
+    "hmm",
+    "tree_potts",
+]
+DEFAULT_VARIANTS = ["autospec", "autospec:max_block=8", "agr24", "speculative", "sequential"]
+ORACLE_METHODS = (
+    "log_marginals",
+    "log_marginals_at",
+    "log_marginals_chain",
+    "log_marginals_chain_then",
+)
+
+
+# ----------------------------------------------------------------------------- specs
+def parse_value(text: str):
+    """``"8"`` -> 8, ``"0.5"`` -> 0.5, ``"true"`` -> True, ``"none"`` -> None, else the text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``"name:k=v,k2=v2"`` -> ``("name", {"k": v, "k2": v2})``."""
+    name, _, rest = spec.partition(":")
+    knobs = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"bad spec {spec!r}: expected name:key=value,key=value")
+        knobs[key.strip()] = parse_value(value)
+    return name.strip(), knobs
+
+
+# ----------------------------------------------------------------------------- oracles
+def _guide(n: int, device: str, steps: int = 0, hidden: int = 64, layers: int = 1, scale=1.5):
+    """An ``"mlp"`` AnyOrderGuide with random weights N(0, scale^2 / fan_in) (an untrained
+    network's rows: far from any target, inconsistent across orders), then ``steps`` Adam
+    steps on exact draws of ``mixture:K=8`` (a partly trained one)."""
+    from pyro_autospec.guides import AnyOrderGuide
+
+    torch.manual_seed(0)
+    guide = AnyOrderGuide(
+        num_coords=n, num_values=4, architecture="mlp", hidden_dim=hidden, num_layers=layers
+    )
+    with torch.no_grad():
+        for param in guide.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, scale / param.shape[-1] ** 0.5)
+    if steps:
+        mix = ProductMixture(n, 4, components=8, seed=0)
+        data = mix.sample(4096, seed=1)
+        guide.train()
+        guide.fit_to_samples(data, num_steps=steps, lr=3e-3, seed=0, disable_progbar=True)
+    return guide.eval().to(device)
+
+
+def build_oracle(spec: str, n_default: int, device: str):
+    name, kw = parse_spec(spec)
+    n = int(kw.pop("n", n_default))
+    if name == "nade":
+        return RandomNADE(n, 4, device=device, **kw)
+    if name == "guide":
+        return _guide(n, device, **kw)
+    if name == "mixture":
+        return ProductMixture(n, 4, components=int(kw.pop("K", 8)), device=device, **kw)
+    if name == "user_chain":
+        return HandChain(n, device=device, **kw)
+    families = {"markov": markov, "hmm": hmm, "tree_potts": tree_potts}
+    if name in families:
+        if kw:
+            raise SystemExit(f"{name} takes only n; got {sorted(kw)}")
+        return families[name](n, device=device)
+    raise SystemExit(
+        f"unknown oracle {name!r}: one of nade, guide, mixture, user_chain, markov, hmm, tree_potts"
+    )
+
+
+# ----------------------------------------------------------------------------- counting
+class OutsideOracle(TorchFunctionMode):
+    """Counts torch calls (functions and tensor methods) made outside the oracle's methods,
+    and the host reads among them; the oracle's own are counted apart."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside = 0
+        self.engine = self.syncs = self.oracle = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.inside:
+            self.oracle += 1
+        else:
+            self.engine += 1
+            if getattr(func, "__name__", "") in _SYNCING or _bool_index(func, args):
+                self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Flagged:
+    """The oracle behind a proxy with the same attributes and query methods, whose calls
+    raise ``counter.inside`` while they run."""
+
+    def __init__(self, oracle, counter: OutsideOracle):
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+        for attr in ("device", "inference_safe", "num_draws"):
+            if getattr(oracle, attr, None) is not None:
+                setattr(self, attr, getattr(oracle, attr))
+        for name in ORACLE_METHODS:
+            method = getattr(oracle, name, None)
+            if callable(method):
+                setattr(self, name, self._flag(method, counter))
+
+    @staticmethod
+    def _flag(method, counter):
+        def call(*args, **kwargs):
+            counter.inside += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                counter.inside -= 1
+
+        return call
+
+
+# ----------------------------------------------------------------------------- runs
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool) -> dict:
+    _sync(args.device)
+    start = time.perf_counter()
+    r = sample_any_order(oracle, draws, method=method, seed=args.seed, **knobs)
+    _sync(args.device)
+    wall = time.perf_counter() - start
+    out = {
+        "rounds": r.rounds,
+        "rounds_per_draw": float(r.sample_rounds.double().mean()),
+        "rows_per_draw": r.oracle_rows / draws,
+        "wall": wall,
+        "outside_us_per_row": 1e6 * (wall - r.timing.get("oracle", 0.0)) / max(1, r.oracle_rows),
+    }
+    if count:
+        counter = OutsideOracle()
+        proxy = Flagged(oracle, counter)
+        with counter:
+            again = sample_any_order(proxy, draws, method=method, seed=args.seed, **knobs)
+        if not torch.equal(again.samples, r.samples):
+            raise RuntimeError(f"{method} {knobs}: the counted run drew other samples")
+        out["calls_per_round"] = counter.engine / r.rounds
+        out["syncs_per_round"] = counter.syncs / r.rounds
+        out["oracle_calls_per_round"] = counter.oracle / r.rounds
+    return out
+
+
+def describe(oracle, spec: str) -> str:
+    kinds = [m.replace("log_marginals", "").lstrip("_") or "rows" for m in ORACLE_METHODS[1:]]
+    has = [k for k, m in zip(kinds, ORACLE_METHODS[1:]) if callable(getattr(oracle, m, None))]
+    return f"{spec} (n = {oracle.num_coords}, q = {oracle.num_values}; {', '.join(has) or 'rows'})"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--smoke", action="store_true", help="n = 64, 1 and 4 draws (counted at 4): seconds"
+    )
+    parser.add_argument("--oracles", nargs="+", default=DEFAULT_ORACLES)
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    parser.add_argument("--draws", nargs="+", type=int, default=[1, 16, 256])
+    parser.add_argument("--n", type=int, default=1024, help="n of every oracle without n=")
+    parser.add_argument("--no-count", dest="count", action="store_false", help="no op counts")
+    parser.add_argument(
+        "--count-draws",
+        nargs="+",
+        type=int,
+        help="count calls only at these draw counts (default: all of --draws); the counted "
+        "run repeats the timed one under a TorchFunctionMode, several times slower",
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.n, args.draws = 64, [1, 4]
+        args.count_draws = args.count_draws or [4]
+        args.oracles = [
+            s.replace("n=4096", "n=128").replace("steps=300", "steps=5") for s in args.oracles
+        ]
+    if args.count_draws is None:
+        args.count_draws = args.draws
+    torch.set_num_threads(args.threads)
+    variants = [(v, *parse_spec(v)) for v in args.variants]
+    where = args.device
+    if torch.device(where).type == "cuda":
+        where += f" ({torch.cuda.get_device_name(torch.device(where))})"
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        load = "unknown"
+    print(
+        f"# Oracles users bring (torch {torch.__version__}, {args.threads} thread(s), {where}; "
+        f"load average {load})\n\n"
+        f"`{' '.join(['python', 'benchmarks/user_oracles.py', *sys.argv[1:]])}`\n"
+    )
+    print(
+        "| oracle | draws | variant | rounds/draw | rounds (run) | rows/draw | rows/draw / n "
+        "| wall/draw (s) | outside oracle / row (us) | engine calls / round | host reads / round "
+        "| oracle calls / round | this / fastest baseline |"
+    )
+    print("|" + "---|" * 13)
+    start = time.perf_counter()
+    notes = []
+    for spec in args.oracles:
+        built = time.perf_counter()
+        oracle = build_oracle(spec, args.n, args.device)
+        notes.append(f"- {describe(oracle, spec)}, built in {time.perf_counter() - built:.1f} s")
+        label, n = spec, oracle.num_coords
+        if torch.device(args.device).type != "cpu":  # context, kernels, allocator
+            for _, method, knobs in variants:
+                sample_any_order(oracle, 2, method=method, seed=args.seed + 1, **knobs)
+        for draws in args.draws:
+            results, count = {}, args.count and draws in args.count_draws
+            for v, m, k in variants:
+                try:
+                    results[v] = run_variant(oracle, draws, m, k, args, count)
+                except Exception as error:  # report it in the table and go on
+                    results[v] = f"{type(error).__name__}: {error}"
+            baselines = [
+                results[v]["wall"]
+                for v, m, _ in variants
+                if m != "autospec" and isinstance(results[v], dict)
+            ]
+            fastest = min(baselines) if baselines else math.nan
+            for v, _, _ in variants:
+                r = results[v]
+                if isinstance(r, str):
+                    print(f"| {label} | {draws} | {v} | fails: {r[:200]} |" + " |" * 9)
+                    continue
+                counts = (
+                    f"{r['calls_per_round']:.0f} | {r['syncs_per_round']:.1f} | "
+                    f"{r['oracle_calls_per_round']:.0f}"
+                    if count
+                    else "- | - | -"
+                )
+                print(
+                    f"| {label} | {draws} | {v} | {r['rounds_per_draw']:.1f} | {r['rounds']} | "
+                    f"{r['rows_per_draw']:.0f} | {r['rows_per_draw'] / n:.2f} | "
+                    f"{r['wall'] / draws:.4f} | {r['outside_us_per_row']:.1f} | {counts} | "
+                    f"{r['wall'] / fastest:.2f} |",
+                    flush=True,
+                )
+    print("\nOracles (size; query methods beyond `log_marginals`):\n")
+    print("\n".join(notes))
+    print(f"\n(total {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
