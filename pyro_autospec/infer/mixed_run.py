@@ -28,7 +28,7 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
-from pyro_autospec.infer.common import check_exact_draws
+from pyro_autospec.infer.common import SelfCheck
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
@@ -163,13 +163,9 @@ class MixedRun(RunBase):
             per_draw_fallback=True,
         )
         oracle_lp = result.log_prob.double().to(joint.total.device)
-        self.max_self_check_error = check_exact_draws(
-            joint.total,
-            oracle_lp,
-            joint.magnitude,
-            joint.dtype,
-            log_normalizer=oracle.log_normalizer(),
-        )
+        self_check = SelfCheck(oracle)
+        self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
+        self.max_self_check_error = self_check.check()
 
         def by_chain(t):
             return t.reshape((self.num_chains, self.num_samples) + tuple(t.shape[1:]))
