@@ -11,10 +11,14 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from pyro_autospec.infer.common import build_oracle, chain_seeds, check_schedule
+from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["AutoSpecKernel"]
+
+#: Earlier draws every new engine run's draws are checked against (the first ones).
+_SELF_CHECK_REFERENCE = 256
 
 
 class _NativeDtypes(poutine.messenger.Messenger):
@@ -80,6 +84,13 @@ class AutoSpecKernel(MCMCKernel):
     ``az.from_pyro(mcmc)`` gets a correct ``log_likelihood`` group.
     :class:`~pyro_autospec.infer.autospec.AutoSpec` keeps native dtypes everywhere and is the
     richer interface.
+
+    *Self-check.* As in :class:`~pyro_autospec.infer.autospec.AutoSpec`, the model is evaluated
+    at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
+    (:class:`~pyro_autospec.infer.common.SelfCheck`): each engine run's draws are checked
+    together with the first draws of the run (of every chain that ``MCMC`` runs in this
+    process with the same arguments), so that one draw per engine run is still compared. A
+    failure raises :class:`~pyro_autospec.infer.common.SelfCheckError` from ``mcmc.run``.
 
     Parameters
     ----------
@@ -156,6 +167,10 @@ class AutoSpecKernel(MCMCKernel):
         self._buffer: list[dict[str, torch.Tensor]] = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
+        self._self_check: SelfCheck | None = None
+        self._checked_call: tuple | None = None
+        #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
+        self.max_self_check_error: float | None = None
 
     # -- MCMCKernel interface -------------------------------------------------------------
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
@@ -170,6 +185,17 @@ class AutoSpecKernel(MCMCKernel):
         )
         self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
         self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
+        # chains of one MCMC run (same arguments) share the check; new arguments start afresh
+        call = (tuple(map(id, args)), tuple((k, id(v)) for k, v in sorted(kwargs.items())))
+        if self._self_check is None or call != self._checked_call:
+            self._self_check = SelfCheck(
+                self._oracle,
+                custom_oracle=not isinstance(self.oracle, str),
+                keep=_SELF_CHECK_REFERENCE,
+            )
+            self.max_self_check_error = None
+        self._self_check.oracle = self._oracle
+        self._checked_call = call
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
@@ -229,6 +255,7 @@ class AutoSpecKernel(MCMCKernel):
         self._counts["rounds"] += result.rounds
         self._counts["oracle_rows"] += result.oracle_rows
         values = self.layout.from_coords(result.samples.cpu())
+        self._check_draws(values, result.log_prob)
         rounds = result.sample_rounds.tolist()
         self._buffer = [
             (
@@ -237,6 +264,23 @@ class AutoSpecKernel(MCMCKernel):
             )
             for i in range(self.draws_per_run - 1, -1, -1)
         ]
+
+    def _check_draws(self, values: dict[str, torch.Tensor], oracle_log_prob) -> None:
+        """The self-check of this engine run's draws, pooled with the first earlier ones."""
+        layout = self.layout
+        device = getattr(self._oracle, "device", None)
+        if device is not None:
+            values = {k: v.to(device) for k, v in values.items()}
+        joint = evaluate(
+            self.user_model,
+            self._args,
+            self._kwargs,
+            values,
+            layout.latent_shapes(),
+            layout.max_plate_nesting,
+        )
+        self._self_check.add(joint.total, oracle_log_prob, joint.magnitude, joint.dtype)
+        self.max_self_check_error = self._self_check.check()
 
     def _next(self) -> dict[str, torch.Tensor]:
         if not self._buffer:
