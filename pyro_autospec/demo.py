@@ -149,7 +149,7 @@ def run_demo(
     )
 
     table = potts_table()
-    oracle = TabularOracle(table, log=True)
+    oracle = TabularOracle(logits=table)
     probs = oracle.log_probs.exp().flatten().numpy()
     q, m = oracle.num_values, oracle.num_coords
     print(
