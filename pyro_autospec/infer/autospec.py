@@ -265,6 +265,7 @@ class AutoSpec:
             self.schedule["distributed"] = True
         self.run_kind: str | None = None
         self._run = None
+        self._failure: str | None = None
         self._args: tuple = ()
         self._kwargs: dict = {}
 
@@ -310,7 +311,23 @@ class AutoSpec:
         -------
         AutoSpec
             ``self``.
+
+        Notes
+        -----
+        A run that raises (a failed self-check, an oracle or model error, ``KeyboardInterrupt``)
+        leaves no draws behind: the draws of any earlier run are discarded when a run starts,
+        and :meth:`get_samples` and the other readers raise until a run succeeds.
         """
+        # Forget the previous run first: a failure below must not leave its draws readable.
+        self._run, self.run_kind, self._failure = None, None, None
+        try:
+            return self._run_model(args, kwargs)
+        except BaseException as error:
+            self._run, self.run_kind = None, None
+            self._failure = f"{type(error).__name__}: {error}"
+            raise
+
+    def _run_model(self, args: tuple, kwargs: dict) -> AutoSpec:
         self._args, self._kwargs = args, kwargs
         progress = not self.disable_progbar
         if self.distributed:
@@ -416,6 +433,15 @@ class AutoSpec:
     # ---------------------------------------------------------------------------- reading
     def _check_run(self):
         if self._run is None:
+            if self._failure is not None:
+                failure = self._failure
+                if len(failure) > 300:
+                    failure = failure[:300] + "..."
+                raise RuntimeError(
+                    f"the last AutoSpec.run() failed ({failure}), so there are no draws to "
+                    f"read: the draws of earlier runs were discarded when it started. Fix the "
+                    f"cause and call run(*args, **kwargs) again."
+                )
             raise RuntimeError("call AutoSpec.run(*args, **kwargs) first")
         return self._run
 
