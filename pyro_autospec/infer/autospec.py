@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from pyro import poutine
 
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.infer.common import (
     CORRECTIONS,
     METHODS,
@@ -114,8 +115,10 @@ class AutoSpec:
         ``num_samples // 10``). Exact draws of a discrete model need none.
     max_plate_nesting : int, optional
         Found from the model when ``None``.
-    seed : int, torch.Generator or None
-        ``None`` follows torch's global RNG (``pyro.set_rng_seed``).
+    seed : int, torch.Generator, numpy.random.Generator or None
+        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). An int must lie in
+        ``[0, 2**64)``; other values raise at construction, as in every entry point
+        (:func:`~pyro_autospec.engine.keys.check_seed`).
     disable_progbar : bool
         Hide the progress bars.
     save_params : list of str, optional
@@ -253,7 +256,7 @@ class AutoSpec:
         self.correction = correction
         self._warmup_steps = None if warmup_steps is None else int(warmup_steps)
         self.max_plate_nesting = max_plate_nesting
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})

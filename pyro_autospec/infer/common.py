@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from pyro.ops import stats
 
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.model.discrete import SiteLayout
 
 __all__ = [
@@ -66,9 +67,15 @@ def check_schedule(schedule: dict) -> dict:
 
 
 def chain_seeds(
-    seed: int | torch.Generator | None, num: int, *, distributed: bool = False
+    seed: int | torch.Generator | np.random.Generator | None,
+    num: int,
+    *,
+    distributed: bool = False,
 ) -> list[int]:
     """``num`` engine seeds from ``seed``; ``None`` draws them from torch's global RNG.
+
+    ``seed`` is checked by :func:`~pyro_autospec.engine.keys.check_seed` (the check of every
+    entry point): an int in ``[0, 2**64)``, a torch or NumPy generator, or ``None``.
 
     With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler. With
     ``distributed=True`` every rank of the ``torch.distributed`` group gets rank 0's seeds
@@ -80,18 +87,13 @@ def chain_seeds(
     >>> chain_seeds(0, 2) == chain_seeds(0, 2)
     True
     """
-    if seed is None:
-        gen = None
-    elif isinstance(seed, torch.Generator):
-        gen = seed
-    elif isinstance(seed, (int, np.integer)):
-        gen = torch.Generator().manual_seed(int(seed))
+    seed = check_seed(seed)
+    if isinstance(seed, np.random.Generator):
+        seeds = [int(s) for s in seed.integers(0, 2**62, size=num)]
     else:
-        raise TypeError(
-            f"seed must be an int, a torch.Generator or None; got {type(seed).__name__}"
-        )
-    draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
-    seeds = [int(s) for s in draws.tolist()]
+        gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
+        draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
+        seeds = [int(s) for s in draws.tolist()]
     if distributed:
         from pyro_autospec.engine.distributed import broadcast_seeds
 

@@ -11,6 +11,7 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.log_joint import evaluate
@@ -100,8 +101,9 @@ class AutoSpecKernel(MCMCKernel):
         As in :class:`~pyro_autospec.infer.autospec.AutoSpec`.
     method : {"autospec", "sequential", "speculative", "agr24"}
     max_plate_nesting : int, optional
-    seed : int, torch.Generator or None
-        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). Chains run in one process
+    seed : int, torch.Generator, numpy.random.Generator or None
+        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). An int must lie in
+        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`). Chains run in one process
         continue one generator, so they differ; when ``MCMC`` runs chains in worker processes
         (it reseeds each worker with ``initial_seed + chain_id``) the worker's
         ``torch.initial_seed()`` is mixed into an int seed so that chains still differ.
@@ -156,12 +158,13 @@ class AutoSpecKernel(MCMCKernel):
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
         self.schedule = check_schedule(schedule)
+        seed = check_seed(seed)
         self._seed = None
-        if seed is None or isinstance(seed, torch.Generator):
+        if not isinstance(seed, int):
             self._generator = seed
         else:
-            self._seed = int(seed)
-            self._generator = torch.Generator().manual_seed(self._seed)
+            self._seed = seed
+            self._generator = torch.Generator().manual_seed(seed)
         self.layout: SiteLayout | None = None
         self._oracle = None
         self._buffer: list[dict[str, torch.Tensor]] = []
@@ -178,7 +181,7 @@ class AutoSpecKernel(MCMCKernel):
         self._args, self._kwargs = args, kwargs
         if self._seed is not None and multiprocessing.parent_process() is not None:
             self._generator = torch.Generator().manual_seed(
-                (self._seed * 1_000_003 + torch.initial_seed()) % 2**63
+                derive_seed(self._seed, torch.initial_seed())
             )
         self.layout = discover_sites(
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting

@@ -28,6 +28,7 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
+from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.infer.common import SelfCheck
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
@@ -114,7 +115,7 @@ class MixedRun(RunBase):
                 hook_fn=record,
             )
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed % 2**63)
+                torch.manual_seed(seed)  # from chain_seeds: in [0, 2**62)
                 mcmc.run(*args, **kwargs)
             draws = mcmc.get_samples()
             for name in continuous:
@@ -235,6 +236,6 @@ class MixedRun(RunBase):
 
 def _shift_seed(seed):
     """A second, independent stream from the user's seed (for the discrete engine run)."""
-    if isinstance(seed, torch.Generator):
+    if not isinstance(seed, int):  # a generator continues its own stream
         return seed
-    return (int(seed) * 1_000_003 + 12345) % 2**62
+    return derive_seed(seed, 1)
