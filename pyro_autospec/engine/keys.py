@@ -185,7 +185,8 @@ def check_seed(seed: Any) -> int | None | torch.Generator | np.random.Generator:
 
 
 def derive_seed(seed: int, index: int) -> int:
-    """Seed number ``index`` derived from a checked int ``seed``: an int in ``[0, 2**63)``.
+    """Seed number ``index`` (an int in ``[0, 2**64)``) derived from a checked int ``seed``:
+    an int in ``[0, 2**63)``.
 
     A hash of the pair (SplitMix64), for streams a run needs beside its own (another stage,
     a worker process): no arithmetic modulo a power of two, so nearby seeds and indices give
@@ -197,7 +198,7 @@ def derive_seed(seed: int, index: int) -> int:
     True
     """
     key = torch.tensor(seed_key(seed), dtype=torch.int64)
-    return int(bits(key, int(index)).item()) & ((1 << 63) - 1)
+    return int(bits(key, _signed(check_seed(int(index)))).item()) & ((1 << 63) - 1)
 
 
 def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:

@@ -85,3 +85,12 @@ def test_largest_seed_runs_autospec_reproducibly():
     a = AutoSpec(coin, num_samples=20, seed=2**64 - 1, disable_progbar=True).run()
     b = AutoSpec(coin, num_samples=20, seed=2**64 - 1, disable_progbar=True).run()
     assert torch.equal(a.get_samples()["z"], b.get_samples()["z"])
+
+
+def test_derived_seeds_cover_the_whole_range():
+    """Derived streams (a mixed run's discrete stage, the kernel's worker processes, which mix
+    in ``torch.initial_seed()`` up to 2**64 - 1) hash any pair of 64-bit values."""
+    from pyro_autospec.engine.keys import derive_seed
+
+    derived = {derive_seed(s, i) for s in (0, 2**64 - 1) for i in (0, 1, 2**63, 2**64 - 1)}
+    assert len(derived) == 8 and all(0 <= d < 2**63 for d in derived)
