@@ -94,3 +94,19 @@ def test_derived_seeds_cover_the_whole_range():
 
     derived = {derive_seed(s, i) for s in (0, 2**64 - 1) for i in (0, 1, 2**63, 2**64 - 1)}
     assert len(derived) == 8 and all(0 <= d < 2**63 for d in derived)
+
+
+def test_kernel_in_a_worker_process_mixes_any_initial_seed(monkeypatch):
+    """In an MCMC worker (reseeded with ``initial_seed + chain_id``) the int seed is mixed with
+    ``torch.initial_seed()``, whatever its size."""
+    import pyro_autospec.infer.kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module.multiprocessing, "parent_process", lambda: object())
+    draws = []
+    for initial in (2**64 - 1, 2**64 - 1, 5):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(initial)
+            kernel = AutoSpecKernel(coin, seed=2**64 - 1, draws_per_run=8)
+            kernel.setup(0)
+            draws.append(torch.stack([kernel.sample({})["z"] for _ in range(8)]))
+    assert torch.equal(draws[0], draws[1])  # same worker seed, same draws
