@@ -7,13 +7,17 @@ kernel path (``AutoSpecKernel`` inside ``MCMC``), with an ordinary exception and
 
 * the fault propagates (never swallowed, never turned into draws): ``KeyboardInterrupt``
   unchanged, an ordinary exception itself or as the cause of the library's error (model
-  errors during tracing are explained as a structure problem, with the original chained);
+  errors during tracing are explained as a structure problem, with the original chained; a
+  mixed model's batched evaluation after sampling retries one draw at a time, with a warning
+  that quotes the error);
 * no partial results are left: ``get_samples()`` raises after the failed run;
 * no global state is left behind (grad and inference mode, Pyro's handler stack);
 * the next run with the same seed is bit-identical to a clean run.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -41,9 +45,22 @@ def _raise(kind, k):
     raise Injected(f"injected at call {k}")
 
 
+def _check_fault(error, kind, k):
+    """``error`` is the fault injected at call ``k``: KeyboardInterrupt itself, an ordinary
+    fault itself or anywhere in the chain of causes of what was raised."""
+    message = f"injected at call {k}"
+    if kind is KeyboardInterrupt:
+        assert type(error) is KeyboardInterrupt and str(error) == message, repr(error)
+        return
+    assert isinstance(error, Exception), repr(error)
+    chain = error
+    while chain is not None and not isinstance(chain, Injected):
+        chain = chain.__cause__
+    assert chain is not None and str(chain).startswith(message), repr(error)
+
+
 class _raises:
-    """``pytest.raises`` for the fault injected at call ``k``: KeyboardInterrupt itself, an
-    ordinary fault itself or anywhere in the chain of causes of what was raised."""
+    """Like ``pytest.raises``, for the fault injected at call ``k`` (:func:`_check_fault`)."""
 
     def __init__(self, kind, k):
         self.kind, self.k = kind, k
@@ -53,15 +70,7 @@ class _raises:
 
     def __exit__(self, exc_type, error, tb):
         assert error is not None, f"the fault at call {self.k} was swallowed"
-        message = f"injected at call {self.k}"
-        if self.kind is KeyboardInterrupt:
-            assert exc_type is KeyboardInterrupt and str(error) == message, repr(error)
-            return True
-        assert isinstance(error, Exception), repr(error)
-        chain = error
-        while chain is not None and not isinstance(chain, Injected):
-            chain = chain.__cause__
-        assert chain is not None and str(chain).startswith(message), repr(error)
+        _check_fault(error, self.kind, self.k)
         return True
 
 
@@ -164,6 +173,57 @@ def test_autospec_path(source, kind):
         fit.run(DATA)
         _same(_draws(fit), clean)
         _same(fit.get_extra_fields(group_by_chain=True), extra)
+
+
+# -------------------------------------------------------------- AutoSpec path, mixed model
+MIXED_FAULTS = Faults()
+
+
+def mixed(data):
+    """A continuous site (NUTS, Pyro's RNG) and discrete ones (the engine) in one run."""
+    MIXED_FAULTS.tick()
+    loc = pyro.sample("loc", dist.Normal(0.0, 2.0))
+    with pyro.plate("p", len(data)):
+        z = pyro.sample("z", dist.Bernoulli(0.4))
+        pyro.sample("y", dist.Normal(loc * (2.0 * z - 1.0), 1.0), obs=data)
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_mixed_path(kind):
+    fit = AutoSpec(
+        mixed,
+        num_samples=3,
+        warmup_steps=3,
+        seed=1,
+        disable_progbar=True,
+        nuts_kwargs={"max_tree_depth": 2},
+    )
+    total, _ = _calls_of(MIXED_FAULTS, lambda: fit.run(DATA[:4]))
+    clean = _draws(fit)
+    # NUTS calls the model many times: before, during and after sampling (a few runs only)
+    ks = [1, total // 2, total] if kind is RuntimeError else [total // 2]
+    for k in ks:
+        MIXED_FAULTS.arm(k, kind)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                fit.run(DATA[:4])
+            except BaseException as error:
+                _check_fault(error, kind, k)
+            else:
+                # The one exception: the batched evaluation after sampling falls back to one
+                # trace per draw, with a warning that quotes the error; the fault is then
+                # retried, not swallowed, and the draws are those of a clean run.
+                assert kind is not KeyboardInterrupt
+                assert any(f"injected at call {k}" in str(w.message) for w in caught), k
+                _same(_draws(fit), clean)
+                continue
+        _clean_state()
+        with pytest.raises(RuntimeError, match="last AutoSpec.run\\(\\) failed"):
+            fit.get_samples()
+        MIXED_FAULTS.arm(None, kind)
+        fit.run(DATA[:4])
+        _same(_draws(fit), clean)
 
 
 # ------------------------------------------------------------------------------ engine path
