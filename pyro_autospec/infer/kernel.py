@@ -68,6 +68,40 @@ class _Cast:
         return value.to(torch.get_default_dtype())
 
 
+def _snapshot(value: Any) -> Any:
+    """What a call's arguments were: tensors copied (in-place changes show), the rest kept."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two snapshots are the same arguments (equal tensors, identical other objects)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_same(a[k], b[k]) for k in a)
+        )
+    return a is b
+
+
 class AutoSpecKernel(MCMCKernel):
     """An :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` whose every step is an exact draw.
 
@@ -171,7 +205,7 @@ class AutoSpecKernel(MCMCKernel):
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
         self._self_check: SelfCheck | None = None
-        self._checked_call: tuple | None = None
+        self._checked_call: Any = None
         #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
         self.max_self_check_error: float | None = None
 
@@ -189,8 +223,8 @@ class AutoSpecKernel(MCMCKernel):
         self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
         self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
-        call = (tuple(map(id, args)), tuple((k, id(v)) for k, v in sorted(kwargs.items())))
-        if self._self_check is None or call != self._checked_call:
+        call = _snapshot((args, kwargs))
+        if self._self_check is None or not _same(call, self._checked_call):
             self._self_check = SelfCheck(
                 self._oracle,
                 custom_oracle=not isinstance(self.oracle, str),

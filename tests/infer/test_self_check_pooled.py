@@ -86,3 +86,35 @@ def test_kernel_with_the_enumeration_oracle_passes():
     mcmc.run()
     assert mcmc.get_samples()["z"].shape == (6, 2)
     assert kernel.max_self_check_error is not None and kernel.max_self_check_error < 1e-6
+
+
+def observed(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+
+
+def test_kernel_starts_a_new_check_for_new_data():
+    """Setups with other argument values (another log Z) are not pooled, even when the data is
+    the same tensor changed in place; ``MCMC`` runs with equal values are."""
+
+    class NoNormaliser:  # the exact oracle, without log_normalizer: draws compared together
+        num_coords, num_values = 1, 2
+
+        def __init__(self, y):
+            self.y = y
+
+        def log_marginals(self, values, mask):
+            z = torch.tensor([0.0, 1.0])
+            logits = dist.Bernoulli(0.3).log_prob(z) + dist.Normal(2.0 * z, 1.0).log_prob(self.y)
+            return torch.log_softmax(logits.double(), -1).expand(values.shape[0], 1, 2)
+
+    y = torch.tensor(0.5)
+    kernel = AutoSpecKernel(observed, oracle=NoNormaliser(y), seed=0, draws_per_run=4)
+    for value in (0.5, -3.0, -3.0):
+        y.fill_(value)  # new data, same object: log Z differs
+        kernel.setup(0, y)
+        for _ in range(6):
+            kernel.sample({})
+        assert kernel.max_self_check_error < 1e-6
+    MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True).run(y)
+    assert kernel.max_self_check_error < 1e-6
