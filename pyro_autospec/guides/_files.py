@@ -67,5 +67,3 @@ def load_plain(path: Any, map_location: Any, what: str) -> dict:
             f"'config' and 'state_dict')"
         )
     return saved
-
-
