@@ -292,7 +292,7 @@ def run_demo(
         f"{'passed' if out['self_check'] else 'not run'} (log p(x, data) - log q(x) constant)."
     )
     table = potts_table()
-    oracle = TabularOracle(table, log=True)
+    oracle = TabularOracle(logits=table)
     probs = oracle.log_probs.exp().flatten().numpy()
     q, m = oracle.num_values, oracle.num_coords
     print(

@@ -131,8 +131,9 @@ def sample_any_order(
         of Anari, Gao and Rubinstein, knob ``window_scale``) and ``"gumbel_sequential"`` (the
         sequential Gumbel-max sampler with the noise ``"agr24"`` uses; same seed, same path).
         All are exact for the oracle's chain rule in the order used (:doc:`/choosing`).
-    seed : int, torch.Generator or None
-        Same seed, same draws, whatever the engine, device, batch or schedule.
+    seed : int, torch.Generator, numpy.random.Generator or None
+        Same seed, same draws, whatever the engine, device, batch or schedule. An int must lie
+        in ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
         ``"random"`` draws a fresh uniform order per draw (needed for the ``sqrt(n)`` bound);
         a fixed permutation is used for every draw.
@@ -185,6 +186,7 @@ def sample_any_order(
     >>> torch.equal(result.samples, slow.samples)
     True
     """
+    seed = keys.check_seed(seed)
     n, q = _check_oracle(oracle)
     if (
         not isinstance(num_samples, (int, np.integer))

@@ -332,7 +332,8 @@ def sample_sde(
         iteration with pre-drawn noise; APPROXIMATE, see ``error`` in the result.
     seed : int, numpy.random.Generator or torch.Generator, optional
         Root of all randomness (keyed by draw, block and try, in float64); the same seed gives
-        the same output whatever the engine, batch or schedule.
+        the same output whatever the engine, batch or schedule. An int must lie in
+        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
     device, dtype : optional
         Where and in which dtype the drift is called. Default: the drift's own ``device`` /
         ``dtype`` attributes (or its parameters for an ``nn.Module``), else those of ``x0``,
@@ -402,6 +403,7 @@ def sample_sde(
     >>> bool(result.sample_rounds.double().median() < 32)
     True
     """
+    seed = keys.check_seed(seed)
     grid = check_times(times)
     like = x0 if isinstance(x0, torch.Tensor) else None
     num_samples = _check_num_samples(num_samples)
@@ -536,6 +538,7 @@ def sample_diffusion(
     >>> bool((result.samples[:, 0].abs() - 1).abs().max() < 0.5)
     True
     """
+    seed = keys.check_seed(seed)
     dim = getattr(oracle, "dim", None)
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
         raise ValueError(

@@ -49,12 +49,25 @@ __all__ = [
 def check_drift_output(
     out, t: torch.Tensor, x: torch.Tensor, dim: int, name: str, offset: int = 0
 ) -> None:
-    """Raise :class:`OracleError` unless ``out`` is a finite Tensor[B, d]."""
+    """Raise :class:`OracleError` unless ``out`` is a finite floating Tensor[B, d].
+
+    The checks of a discrete oracle's rows, for a drift (or a mean oracle): the type, a
+    floating dtype (an integer or bool output is refused, never cast: its values were
+    truncated before the engine saw them), the shape, and finite entries (the first bad row is
+    named, ``offset`` being the call's first row within its round).
+    """
     rows = t.shape[0]
     if not isinstance(out, torch.Tensor):
         raise OracleError(
             f"{name} returned {type(out).__name__}; it must return a Tensor[B, d] "
             f"for t: Tensor[B], x: Tensor[B, d]"
+        )
+    if not out.dtype.is_floating_point:
+        raise OracleError(
+            f"{name} returned a tensor of dtype {out.dtype}; it must return floating point "
+            f"values (the dtype of its input x, {x.dtype}): an integer drift has lost its "
+            f"fractional part, and the engine does not cast it. Remove the integer cast (or "
+            f"rounding) from the {name}"
         )
     if out.shape != (rows, dim):
         raise OracleError(

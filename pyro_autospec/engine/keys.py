@@ -27,13 +27,18 @@ References
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
 __all__ = [
+    "SEED_LIMIT",
     "Tag",
     "bits",
+    "check_seed",
     "child",
+    "derive_seed",
     "draw_keys",
     "gumbel",
     "normal",
@@ -130,6 +135,72 @@ def child(key: torch.Tensor, tag: int | torch.Tensor, index: torch.Tensor | int)
     return bits(stream(key, tag), index)
 
 
+#: Int seeds are the integers in ``[0, SEED_LIMIT)``: the 64-bit keys, one per seed.
+SEED_LIMIT = 1 << 64
+
+
+def check_seed(seed: Any) -> int | None | torch.Generator | np.random.Generator:
+    """The one check of a user's seed, shared by every entry point.
+
+    ``AutoSpec``, ``AutoSpecKernel``, ``sample_any_order``, ``sample_diffusion`` and
+    ``sample_sde`` all accept the same seeds: ``None`` (fresh randomness), a
+    :class:`torch.Generator`, a :class:`numpy.random.Generator`, or an int (Python or NumPy,
+    not a bool) in ``[0, 2**64)``: every such int is its own 64-bit key, so two different
+    seeds never give the same run. Anything else raises; nothing is reduced modulo ``2**64``.
+
+    Returns
+    -------
+    The seed, an int as a Python ``int``.
+
+    Raises
+    ------
+    TypeError
+        For a value that is not an int, a generator or None (a bool or a float included).
+    ValueError
+        For an int outside ``[0, 2**64)``.
+
+    Examples
+    --------
+    >>> check_seed(2**64 - 1) == 2**64 - 1
+    True
+    >>> check_seed(-1)
+    Traceback (most recent call last):
+    ...
+    ValueError: seed must be an int in [0, 2**64), a torch.Generator, a numpy.random.Generator ...
+    """
+    if seed is None or isinstance(seed, (torch.Generator, np.random.Generator)):
+        return seed
+    shown = repr(seed)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    message = (
+        "seed must be an int in [0, 2**64), a torch.Generator, a numpy.random.Generator or "
+        f"None; got {shown} ({type(seed).__name__})"
+    )
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(message)
+    if not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(message)
+    return int(seed)
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """Seed number ``index`` (an int in ``[0, 2**64)``) derived from a checked int ``seed``:
+    an int in ``[0, 2**63)``.
+
+    A hash of the pair (SplitMix64), for streams a run needs beside its own (another stage,
+    a worker process): no arithmetic modulo a power of two, so nearby seeds and indices give
+    unrelated seeds.
+
+    Examples
+    --------
+    >>> derive_seed(0, 1) == derive_seed(0, 1) != derive_seed(0, 2)
+    True
+    """
+    key = torch.tensor(seed_key(seed), dtype=torch.int64)
+    return int(bits(key, _signed(check_seed(int(index)))).item()) & ((1 << 63) - 1)
+
+
 def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
     """The root key of a run from a seed (an int, ``None`` for fresh entropy, or a generator).
 
@@ -144,12 +215,8 @@ def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
         value = int(seed.integers(0, 2**62))
     elif seed is None:
         value = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
-    elif isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
-        value = int(seed)
     else:
-        raise TypeError(
-            f"seed must be an int, None, or a numpy/torch Generator; got {type(seed).__name__}"
-        )
+        value = check_seed(seed)
     return int(_fmix(torch.tensor(_signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())
 
 

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from pyro.nn import PyroModule
 
+from pyro_autospec.guides._files import load_plain, plain
 from pyro_autospec.guides.networks import GraphNet, MaskedTransformer, ResidualMLP
 from pyro_autospec.oracles._util import chain_rows
 
@@ -1032,10 +1033,10 @@ class AnyOrderGuide(PyroModule):
         """
         torch.save(
             {
-                "config": dict(self.config),
+                "config": plain(self.config),
                 "edges": self.edges.cpu(),
                 "state_dict": self.state_dict(),
-                "loss": list(self.loss_history),
+                "loss": plain(list(self.loss_history)),
             },
             path,
         )
@@ -1064,8 +1065,14 @@ class AnyOrderGuide(PyroModule):
         Returns
         -------
         AnyOrderGuide
+
+        Raises
+        ------
+        pickle.UnpicklingError
+            When the file holds anything but tensors and plain data: it is loaded with
+            ``torch.load(weights_only=True)``, so a file someone sent cannot run code.
         """
-        saved = torch.load(path, map_location=map_location, weights_only=False)
+        saved = load_plain(path, map_location, "AnyOrderGuide")
         config = dict(saved["config"])
         n, q = config.pop("num_coords"), config.pop("num_values")
         if model is None:

@@ -35,6 +35,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
+from pyro_autospec.guides._files import load_plain, plain
 from pyro_autospec.guides.training import train
 from pyro_autospec.model import (
     ContinuousLayout,
@@ -495,7 +496,11 @@ class DiffusionGuide(PyroModule):
     def save(self, path: str) -> None:
         """Save the configuration, the ``state_dict`` and the loss history to ``path``."""
         torch.save(
-            {"config": self.config, "state_dict": self.state_dict(), "loss": self.loss_history},
+            {
+                "config": plain(self.config),
+                "state_dict": self.state_dict(),
+                "loss": plain(list(self.loss_history)),
+            },
             path,
         )
 
@@ -508,8 +513,12 @@ class DiffusionGuide(PyroModule):
         model_kwargs: dict | None = None,
         map_location: Any = None,
     ) -> DiffusionGuide:
-        """Rebuild a guide saved by :meth:`save` for ``model`` (same site and data shapes)."""
-        saved = torch.load(path, map_location=map_location, weights_only=False)
+        """Rebuild a guide saved by :meth:`save` for ``model`` (same site and data shapes).
+
+        The file is read with ``torch.load(weights_only=True)``: a file that holds anything but
+        tensors and plain data is refused (``pickle.UnpicklingError``) and runs no code.
+        """
+        saved = load_plain(path, map_location, "DiffusionGuide")
         guide = cls(model, model_args, model_kwargs, **saved["config"])
         guide.load_state_dict(saved["state_dict"])
         guide.loss_history = list(saved.get("loss", []))

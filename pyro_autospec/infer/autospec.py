@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from pyro import poutine
 
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.infer.common import (
     CORRECTIONS,
     METHODS,
@@ -118,8 +119,10 @@ class AutoSpec:
         ``num_samples // 10``). Exact draws of a discrete model need none.
     max_plate_nesting : int, optional
         Found from the model when ``None``.
-    seed : int, torch.Generator or None
-        ``None`` follows torch's global RNG (``pyro.set_rng_seed``).
+    seed : int, torch.Generator, numpy.random.Generator or None
+        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). An int must lie in
+        ``[0, 2**64)``; other values raise at construction, as in every entry point
+        (:func:`~pyro_autospec.engine.keys.check_seed`).
     disable_progbar : bool
         Hide the progress bars.
     save_params : list of str, optional
@@ -257,7 +260,7 @@ class AutoSpec:
         self.correction = correction
         self._warmup_steps = None if warmup_steps is None else int(warmup_steps)
         self.max_plate_nesting = max_plate_nesting
-        self.seed = seed
+        self.seed = check_seed(seed)
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})
@@ -269,6 +272,7 @@ class AutoSpec:
             self.schedule["distributed"] = True
         self.run_kind: str | None = None
         self._run = None
+        self._failure: str | None = None
         self._args: tuple = ()
         self._kwargs: dict = {}
 
@@ -314,7 +318,23 @@ class AutoSpec:
         -------
         AutoSpec
             ``self``.
+
+        Notes
+        -----
+        A run that raises (a failed self-check, an oracle or model error, ``KeyboardInterrupt``)
+        leaves no draws behind: the draws of any earlier run are discarded when a run starts,
+        and :meth:`get_samples` and the other readers raise until a run succeeds.
         """
+        # Forget the previous run first: a failure below must not leave its draws readable.
+        self._run, self.run_kind, self._failure = None, None, None
+        try:
+            return self._run_model(args, kwargs)
+        except BaseException as error:
+            self._run, self.run_kind = None, None
+            self._failure = f"{type(error).__name__}: {error}"
+            raise
+
+    def _run_model(self, args: tuple, kwargs: dict) -> AutoSpec:
         self._args, self._kwargs = args, kwargs
         progress = not self.disable_progbar
         start = time.perf_counter()
@@ -493,6 +513,15 @@ class AutoSpec:
     # ---------------------------------------------------------------------------- reading
     def _check_run(self):
         if self._run is None:
+            if self._failure is not None:
+                failure = self._failure
+                if len(failure) > 300:
+                    failure = failure[:300] + "..."
+                raise RuntimeError(
+                    f"the last AutoSpec.run() failed ({failure}), so there are no draws to "
+                    f"read: the draws of earlier runs were discarded when it started. Fix the "
+                    f"cause and call run(*args, **kwargs) again."
+                )
             raise RuntimeError("call AutoSpec.run(*args, **kwargs) first")
         return self._run
 

@@ -15,12 +15,14 @@ import torch
 from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.model.discrete import SiteLayout
 
 __all__ = [
     "CORRECTIONS",
     "METHODS",
     "MIN_DRAWS_FOR_DIAGNOSTICS",
+    "SelfCheck",
     "SelfCheckError",
     "build_oracle",
     "chain_seeds",
@@ -66,9 +68,15 @@ def check_schedule(schedule: dict) -> dict:
 
 
 def chain_seeds(
-    seed: int | torch.Generator | None, num: int, *, distributed: bool = False
+    seed: int | torch.Generator | np.random.Generator | None,
+    num: int,
+    *,
+    distributed: bool = False,
 ) -> list[int]:
     """``num`` engine seeds from ``seed``; ``None`` draws them from torch's global RNG.
+
+    ``seed`` is checked by :func:`~pyro_autospec.engine.keys.check_seed` (the check of every
+    entry point): an int in ``[0, 2**64)``, a torch or NumPy generator, or ``None``.
 
     With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler. With
     ``distributed=True`` every rank of the ``torch.distributed`` group gets rank 0's seeds
@@ -80,18 +88,13 @@ def chain_seeds(
     >>> chain_seeds(0, 2) == chain_seeds(0, 2)
     True
     """
-    if seed is None:
-        gen = None
-    elif isinstance(seed, torch.Generator):
-        gen = seed
-    elif isinstance(seed, (int, np.integer)):
-        gen = torch.Generator().manual_seed(int(seed))
+    seed = check_seed(seed)
+    if isinstance(seed, np.random.Generator):
+        seeds = [int(s) for s in seed.integers(0, 2**62, size=num)]
     else:
-        raise TypeError(
-            f"seed must be an int, a torch.Generator or None; got {type(seed).__name__}"
-        )
-    draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
-    seeds = [int(s) for s in draws.tolist()]
+        gen = torch.Generator().manual_seed(seed) if isinstance(seed, int) else seed
+        draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
+        seeds = [int(s) for s in draws.tolist()]
     if distributed:
         from pyro_autospec.engine.distributed import broadcast_seeds
 
@@ -217,6 +220,101 @@ def check_exact_draws(
         f"exact draws of the model's posterior. Draw {i}: log p(x, data) = "
         f"{float(log_joint[i]):.6g}, log q(x) = {float(oracle_log_prob[i]):.6g}. {advice}"
     )
+
+
+class SelfCheck:
+    """The self-check of a whole run: every draw of every chain (or engine run) pooled.
+
+    For an exact oracle, ``log p(x, data) - log q(x)`` is one constant ``log Z`` for every draw
+    of the run, whichever chain or engine run produced it; checking each chain on its own
+    compares nothing when a chain holds one draw. Every path from a model to exact draws
+    (:class:`~pyro_autospec.infer.discrete_run.DiscreteRun`,
+    :class:`~pyro_autospec.infer.mixed_run.MixedRun`,
+    :class:`~pyro_autospec.infer.kernel.AutoSpecKernel`) adds its draws here and calls
+    :meth:`check`, which runs :func:`check_exact_draws` on all of them.
+
+    Parameters
+    ----------
+    oracle : MarginalOracle
+        The oracle that produced the draws. If it has ``log_normalizer()`` (one ``log Z``, or
+        one per draw of a family), each draw is compared with it; otherwise the draws are
+        compared with each other.
+    custom_oracle : bool
+        Word the error for an oracle the user passed.
+    keep : int, optional
+        Pool at most this many earlier draws (the first ones) with each new batch, for a
+        sampler that checks as it goes (:class:`~pyro_autospec.infer.kernel.AutoSpecKernel`):
+        every new draw is still compared with the reference draws, in bounded memory.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Oracle:  # an exact oracle of a density with log Z = log 2
+    ...     pass
+    >>> check = SelfCheck(Oracle())
+    >>> lp = torch.tensor([-2.0], dtype=torch.float64)
+    >>> check.add(lp, lp - 0.5, lp.abs(), torch.float64)
+    >>> check.add(lp - 1.0, lp - 1.5, lp.abs(), torch.float64)  # another chain, same log Z
+    >>> check.check()
+    0.0
+    """
+
+    def __init__(self, oracle: Any, *, custom_oracle: bool = False, keep: int | None = None):
+        self.oracle = oracle
+        self.custom_oracle = custom_oracle
+        self.keep = keep
+        self._parts: list[tuple[torch.Tensor, ...]] = []
+        self._dtype: torch.dtype | None = None
+        self.max_error: float | None = None
+
+    def add(
+        self,
+        log_joint: torch.Tensor,
+        oracle_log_prob: torch.Tensor,
+        magnitude: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> None:
+        """Add a batch of draws (DoubleTensors[N]; ``dtype`` as in :func:`check_exact_draws`)."""
+        device = log_joint.device
+        self._parts.append(
+            (
+                log_joint.detach().double(),
+                oracle_log_prob.detach().double().to(device),
+                magnitude.detach().double().to(device),
+            )
+        )
+        if self._dtype is None or _eps(dtype) > _eps(self._dtype):
+            self._dtype = dtype
+
+    def check(self) -> float:
+        """Check every draw added so far; return the largest deviation (also ``max_error``).
+
+        Raises
+        ------
+        SelfCheckError
+            When the draws disagree (see :func:`check_exact_draws`).
+        """
+        if not self._parts:
+            return 0.0
+        device = self._parts[0][0].device
+        lp, q, magnitude = (torch.cat([p[k].to(device) for p in self._parts]) for k in range(3))
+        normalizer = getattr(self.oracle, "log_normalizer", None)
+        if normalizer is not None:
+            normalizer = normalizer().double().to(device)
+            if normalizer.numel() == 1:
+                normalizer = normalizer.reshape(()).expand_as(lp)
+        error = check_exact_draws(
+            lp,
+            q,
+            magnitude,
+            self._dtype,
+            log_normalizer=normalizer,
+            custom_oracle=self.custom_oracle,
+        )
+        self.max_error = error if self.max_error is None else max(self.max_error, error)
+        if self.keep is not None and lp.numel() > self.keep:
+            self._parts = [(lp[: self.keep], q[: self.keep], magnitude[: self.keep])]
+        return self.max_error
 
 
 def site_diagnostics(samples: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:

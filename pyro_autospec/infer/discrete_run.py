@@ -2,8 +2,8 @@
 
 With the default oracle (exact enumeration, compiled once) or a user's exact oracle, every draw
 is an exact, independent draw of ``p(x | data)``, and the run checks it: ``log p(x, data) -
-log q(x)`` must be the same for every draw (see
-:func:`~pyro_autospec.infer.common.check_exact_draws`). With a guide (an approximate oracle)
+log q(x)`` must be the same for every draw of every chain (see
+:class:`~pyro_autospec.infer.common.SelfCheck`). With a guide (an approximate oracle)
 each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
 ``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
@@ -20,10 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_autospec.infer.common import (
-    build_oracle,
-    check_exact_draws,
-)
+from pyro_autospec.infer.common import SelfCheck, build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
@@ -112,7 +109,8 @@ class DiscreteRun(RunBase):
             extra["log_weight"] = []
         if self.correction == "imh":
             extra["accepted"], extra["acceptance_rate"] = [], []
-        all_weights, self_check = [], []
+        all_weights = []
+        self_check = SelfCheck(oracle, custom_oracle=custom) if exact else None
         num_draws = self.num_samples + self.warmup_steps
         shapes = layout.latent_shapes()
         self.results = []
@@ -145,22 +143,9 @@ class DiscreteRun(RunBase):
             lp = joint.total
             oracle_lp = result.log_prob.double().to(lp.device)
             log_weight = lp - oracle_lp
-            if exact:
-                dtype = joint.dtype
-                normalizer = getattr(oracle, "log_normalizer", None)
+            if self_check is not None:
                 with self.stage("self-check"):
-                    self_check.append(
-                        check_exact_draws(
-                            lp,
-                            oracle_lp,
-                            joint.magnitude,
-                            dtype,
-                            log_normalizer=None
-                            if normalizer is None
-                            else normalizer().expand_as(lp),
-                            custom_oracle=custom,
-                        )
-                    )
+                    self_check.add(lp, oracle_lp, joint.magnitude, joint.dtype)
             all_weights.append(log_weight.cpu())
             with self.stage("correction") if self.correction else nullcontext():
                 keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
@@ -183,8 +168,10 @@ class DiscreteRun(RunBase):
             extra["oracle_log_prob"].append(oracle_lp[keep])
             if "log_weight" in extra:
                 extra["log_weight"].append(log_weight[keep])
-        if exact and self_check:
-            self.max_self_check_error = max(self_check)
+        if self_check is not None:
+            # every draw of every chain at once: one draw per chain still compares draws
+            with self.stage("self-check"):
+                self.max_self_check_error = self_check.check()
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
         self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
         self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
@@ -325,6 +312,7 @@ class DiscreteRun(RunBase):
         if self.max_self_check_error is None:
             return ""
         return (
-            f"Self-check passed: log p(x, data) - log q(x) is constant across draws "
-            f"(largest deviation {self.max_self_check_error:.2g})."
+            f"Self-check passed: log p(x, data) - log q(x) is constant across all "
+            f"{self.num_chains * (self.num_samples + self.warmup_steps)} draws of the run "
+            f"(every chain; largest deviation {self.max_self_check_error:.2g})."
         )

@@ -11,10 +11,15 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
-from pyro_autospec.infer.common import build_oracle, chain_seeds, check_schedule
+from pyro_autospec.engine.keys import check_seed, derive_seed
+from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["AutoSpecKernel"]
+
+#: Earlier draws every new engine run's draws are checked against (the first ones).
+_SELF_CHECK_REFERENCE = 256
 
 
 class _NativeDtypes(poutine.messenger.Messenger):
@@ -63,6 +68,40 @@ class _Cast:
         return value.to(torch.get_default_dtype())
 
 
+def _snapshot(value: Any) -> Any:
+    """What a call's arguments were: tensors copied (in-place changes show), the rest kept."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two snapshots are the same arguments (equal tensors, identical other objects)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(_same(a[k], b[k]) for k in a)
+        )
+    return a is b
+
+
 class AutoSpecKernel(MCMCKernel):
     """An :class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` whose every step is an exact draw.
 
@@ -81,6 +120,13 @@ class AutoSpecKernel(MCMCKernel):
     :class:`~pyro_autospec.infer.autospec.AutoSpec` keeps native dtypes everywhere and is the
     richer interface.
 
+    *Self-check.* As in :class:`~pyro_autospec.infer.autospec.AutoSpec`, the model is evaluated
+    at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
+    (:class:`~pyro_autospec.infer.common.SelfCheck`): each engine run's draws are checked
+    together with the first draws of the run (of every chain that ``MCMC`` runs in this
+    process with the same arguments), so that one draw per engine run is still compared. A
+    failure raises :class:`~pyro_autospec.infer.common.SelfCheckError` from ``mcmc.run``.
+
     Parameters
     ----------
     model : callable
@@ -89,8 +135,9 @@ class AutoSpecKernel(MCMCKernel):
         As in :class:`~pyro_autospec.infer.autospec.AutoSpec`.
     method : {"autospec", "sequential", "speculative", "agr24"}
     max_plate_nesting : int, optional
-    seed : int, torch.Generator or None
-        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). Chains run in one process
+    seed : int, torch.Generator, numpy.random.Generator or None
+        ``None`` follows torch's global RNG (``pyro.set_rng_seed``). An int must lie in
+        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`). Chains run in one process
         continue one generator, so they differ; when ``MCMC`` runs chains in worker processes
         (it reseeds each worker with ``initial_seed + chain_id``) the worker's
         ``torch.initial_seed()`` is mixed into an int seed so that chains still differ.
@@ -145,17 +192,22 @@ class AutoSpecKernel(MCMCKernel):
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
         self.schedule = check_schedule(schedule)
+        seed = check_seed(seed)
         self._seed = None
-        if seed is None or isinstance(seed, torch.Generator):
+        if not isinstance(seed, int):
             self._generator = seed
         else:
-            self._seed = int(seed)
-            self._generator = torch.Generator().manual_seed(self._seed)
+            self._seed = seed
+            self._generator = torch.Generator().manual_seed(seed)
         self.layout: SiteLayout | None = None
         self._oracle = None
         self._buffer: list[dict[str, torch.Tensor]] = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
+        self._self_check: SelfCheck | None = None
+        self._checked_call: Any = None
+        #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
+        self.max_self_check_error: float | None = None
 
     # -- MCMCKernel interface -------------------------------------------------------------
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
@@ -163,13 +215,24 @@ class AutoSpecKernel(MCMCKernel):
         self._args, self._kwargs = args, kwargs
         if self._seed is not None and multiprocessing.parent_process() is not None:
             self._generator = torch.Generator().manual_seed(
-                (self._seed * 1_000_003 + torch.initial_seed()) % 2**63
+                derive_seed(self._seed, torch.initial_seed())
             )
         self.layout = discover_sites(
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
         self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
         self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
+        # chains of one MCMC run (same arguments) share the check; new arguments start afresh
+        call = _snapshot((args, kwargs))
+        if self._self_check is None or not _same(call, self._checked_call):
+            self._self_check = SelfCheck(
+                self._oracle,
+                custom_oracle=not isinstance(self.oracle, str),
+                keep=_SELF_CHECK_REFERENCE,
+            )
+            self.max_self_check_error = None
+        self._self_check.oracle = self._oracle
+        self._checked_call = call
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
@@ -229,6 +292,7 @@ class AutoSpecKernel(MCMCKernel):
         self._counts["rounds"] += result.rounds
         self._counts["oracle_rows"] += result.oracle_rows
         values = self.layout.from_coords(result.samples.cpu())
+        self._check_draws(values, result.log_prob)
         rounds = result.sample_rounds.tolist()
         self._buffer = [
             (
@@ -237,6 +301,23 @@ class AutoSpecKernel(MCMCKernel):
             )
             for i in range(self.draws_per_run - 1, -1, -1)
         ]
+
+    def _check_draws(self, values: dict[str, torch.Tensor], oracle_log_prob) -> None:
+        """The self-check of this engine run's draws, pooled with the first earlier ones."""
+        layout = self.layout
+        device = getattr(self._oracle, "device", None)
+        if device is not None:
+            values = {k: v.to(device) for k, v in values.items()}
+        joint = evaluate(
+            self.user_model,
+            self._args,
+            self._kwargs,
+            values,
+            layout.latent_shapes(),
+            layout.max_plate_nesting,
+        )
+        self._self_check.add(joint.total, oracle_log_prob, joint.magnitude, joint.dtype)
+        self.max_self_check_error = self._self_check.check()
 
     def _next(self) -> dict[str, torch.Tensor]:
         if not self._buffer:

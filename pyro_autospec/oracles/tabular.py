@@ -21,14 +21,20 @@ class TabularOracle(ExactOracle):
 
     Parameters
     ----------
-    table : Tensor or array of shape [q] * n
-        The joint distribution: probabilities (non-negative) or log probabilities; it need not
-        be normalised. With ``log=None`` the table is read as log probabilities when it has a
-        negative entry (``-inf`` included) and as probabilities otherwise.
+    logits : Tensor or array of shape [q] * n, optional
+        The joint distribution as log-potentials (unnormalised log probabilities; ``-inf`` for
+        impossible states). Any real values: a table of log-potentials that are all ``>= 0``
+        is read as log values all the same.
+    probs : Tensor or array of shape [q] * n, optional
+        The joint distribution as non-negative weights (unnormalised probabilities).
+        Pass exactly one of ``logits`` and ``probs``.
     device : str or torch.device, optional
-        Where to keep the table (default: where ``table`` is, else CPU).
-    log : bool, optional
-        Force the reading of ``table``: True for log probabilities, False for probabilities.
+        Where to keep the table (default: where the table is, else CPU).
+    table, log
+        Removed: a table passed by position (or with ``log=``) raises a ``TypeError`` that
+        says to pass ``logits=`` or ``probs=``. The table used to be read as log values when
+        it had a negative entry, which read log-potentials that are all ``>= 0`` as
+        probabilities.
 
     Attributes
     ----------
@@ -56,49 +62,70 @@ class TabularOracle(ExactOracle):
     --------
     >>> import torch
     >>> joint = torch.tensor([[0.4, 0.1], [0.2, 0.3]])  # P(x0, x1)
-    >>> oracle = TabularOracle(joint)
+    >>> oracle = TabularOracle(probs=joint)
     >>> values = torch.tensor([[1, 0]])
     >>> mask = torch.tensor([[True, False]])
     >>> oracle.log_marginals(values, mask)[0, 1].exp()  # P(x1 | x0 = 1)
     tensor([0.4000, 0.6000], dtype=torch.float64)
+
+    Log-potentials, ``exp(2)`` on the diagonal (probabilities ``[.44, .06, .06, .44]``):
+
+    >>> coupled = TabularOracle(logits=torch.tensor([[2.0, 0.0], [0.0, 2.0]]))
+    >>> coupled.log_probs.exp().flatten()
+    tensor([0.4404, 0.0596, 0.0596, 0.4404], dtype=torch.float64)
     """
 
     def __init__(
         self,
-        table: Any,
-        device: str | torch.device | None = None,
+        table: Any = None,
         *,
+        logits: Any = None,
+        probs: Any = None,
+        device: str | torch.device | None = None,
         log: bool | None = None,
     ) -> None:
-        t = as_float64(table, "table", device, allow_neg_inf=True)
+        if table is not None or log is not None:
+            hint = {True: "logits=", False: "probs="}.get(log, "logits= or probs=")
+            raise TypeError(
+                "TabularOracle takes the joint table as logits= (log-potentials: unnormalised "
+                "log probabilities, -inf for impossible states) or probs= (non-negative "
+                "weights); it no longer guesses which from the sign of the entries (a table of "
+                f"log-potentials >= 0 was read as probabilities). Pass the table as {hint}"
+                "; log=True meant logits=, log=False probs=."
+            )
+        if (logits is None) == (probs is None):
+            raise TypeError(
+                "TabularOracle needs exactly one of logits= (log-potentials) and probs= "
+                f"(non-negative weights); got {'both' if logits is not None else 'neither'}"
+            )
+        name = "logits" if probs is None else "probs"
+        t = as_float64(logits if probs is None else probs, name, device, allow_neg_inf=True)
         if t.dim() < 1:
             raise ValueError(
-                "table must have one dimension per coordinate, shape [q] * n; got a scalar"
+                f"{name} must have one dimension per coordinate, shape [q] * n; got a scalar"
             )
         q = t.shape[0]
         if any(s != q for s in t.shape) or q < 1:
             raise ValueError(
-                f"table must have shape [q] * n (every coordinate with the same number of "
+                f"{name} must have shape [q] * n (every coordinate with the same number of "
                 f"values; pad smaller supports with probability 0); got {tuple(t.shape)}"
             )
         if t.numel() > _MAX_TABLE_ENTRIES:
             raise ValueError(
-                f"table has {t.numel()} entries (more than {_MAX_TABLE_ENTRIES}); use a "
+                f"{name} has {t.numel()} entries (more than {_MAX_TABLE_ENTRIES}); use a "
                 f"structured oracle (MarkovChainOracle, HMMOracle, TreePottsOracle, ...) instead"
             )
-        if log is None:
-            log = bool((t < 0).any())
-        if not log:
+        if probs is not None:
             if (t < 0).any():
                 raise ValueError(
-                    "table has negative probabilities; pass log=True for log probabilities"
+                    "probs has negative entries; pass log-potentials as logits= instead"
                 )
             t = t.log()
         total = torch.logsumexp(t.reshape(-1), 0)
         if not torch.isfinite(total):
             raise ValueError(
-                "table gives zero total mass; pass a table with at least one positive probability "
-                "(or log=True if it holds log probabilities)"
+                f"{name} gives zero total mass; pass a table with at least one possible state "
+                f"(a positive probability, or a finite log-potential)"
             )
         self.log_probs = t - total
         self.num_coords = t.dim()

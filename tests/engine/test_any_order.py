@@ -92,7 +92,7 @@ CASES = [(target, "default") for target in sorted(TARGETS)] + [
 @pytest.mark.parametrize("target, schedule", CASES)
 def test_random_order_exact(target, schedule):
     table = TARGETS[target]()
-    oracle = TabularOracle(table, log=True)
+    oracle = TabularOracle(logits=table)
     result = sample_any_order(oracle, 4000, seed=11, **SCHEDULES[schedule])
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
     # log_prob is the oracle's chain rule: for an exact oracle, the joint log probability.
@@ -103,7 +103,7 @@ def test_random_order_exact(target, schedule):
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_fixed_order_exact(target):
     table = TARGETS[target]()
-    oracle = TabularOracle(table, log=True)
+    oracle = TabularOracle(logits=table)
     n = oracle.num_coords
     order = list(range(n))[::-1]
     result = sample_any_order(oracle, 4000, seed=3, order=order, max_block=n)
@@ -112,7 +112,7 @@ def test_fixed_order_exact(target):
 
 
 def test_sequential_exact_and_counts():
-    oracle = TabularOracle(potts_target(), log=True)
+    oracle = TabularOracle(logits=potts_target())
     result = sample_any_order(oracle, 3000, method="sequential", seed=5)
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
     n = oracle.num_coords
@@ -125,7 +125,7 @@ class ShuffledOracle:
     """A third-party oracle written against the protocol only (full rows, no targets, float32)."""
 
     def __init__(self, table):
-        self.inner = TabularOracle(table, log=True)
+        self.inner = TabularOracle(logits=table)
         self.num_coords = self.inner.num_coords
         self.num_values = self.inner.num_values
 
@@ -142,7 +142,7 @@ def test_any_protocol_oracle_exact():
 
 
 def test_same_seed_same_output():
-    oracle = TabularOracle(potts_target(), log=True)
+    oracle = TabularOracle(logits=potts_target())
     a = sample_any_order(oracle, 200, seed=7)
     b = sample_any_order(oracle, 200, seed=7)
     c = sample_any_order(oracle, 200, seed=8)
@@ -157,7 +157,7 @@ def test_same_seed_same_output():
 
 
 def test_result_fields():
-    oracle = TabularOracle(potts_target(), log=True)
+    oracle = TabularOracle(logits=potts_target())
     result = sample_any_order(oracle, 40, seed=0)
     n = oracle.num_coords
     assert result.samples.shape == (40, n) and result.samples.dtype == torch.int64

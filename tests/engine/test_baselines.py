@@ -13,7 +13,7 @@ from tests.stats import assert_samples_match, state_index
 @pytest.mark.parametrize("method", ["speculative", "agr24"])
 @pytest.mark.parametrize("target", ["pairs_equal", "near_deterministic", "potts"])
 def test_baseline_exact(method, target):
-    oracle = TabularOracle(TARGETS[target](), log=True)
+    oracle = TabularOracle(logits=TARGETS[target]())
     result = sample_any_order(oracle, 4000, seed=21, method=method)
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
     idx = torch.from_numpy(state_index(result.samples, oracle.num_values))
@@ -22,7 +22,7 @@ def test_baseline_exact(method, target):
 
 @pytest.mark.parametrize("window", [1, 3, 16])
 def test_speculative_windows_exact(window):
-    oracle = TabularOracle(TARGETS["pairs_equal"](), log=True)
+    oracle = TabularOracle(logits=TARGETS["pairs_equal"]())
     result = sample_any_order(oracle, 4000, seed=5, method="speculative", window=window)
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
 
@@ -41,7 +41,7 @@ def test_agr24_equals_sequential_gumbel_max_path_by_path(window_scale):
 
 
 def test_gumbel_sequential_exact():
-    oracle = TabularOracle(TARGETS["potts"](), log=True)
+    oracle = TabularOracle(logits=TARGETS["potts"]())
     result = sample_any_order(oracle, 4000, seed=4, method="gumbel_sequential")
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
 

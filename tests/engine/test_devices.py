@@ -59,7 +59,7 @@ def _oracles(device: str) -> dict:
         ),
         "spanning_tree": SpanningTreeOracle(side * side, torch.tensor(grid), device=device),
         "curie_weiss": CurieWeissOracle(n, beta=1.0, device=device),
-        "tabular": TabularOracle(table, device=device, log=True),
+        "tabular": TabularOracle(logits=table, device=device),
     }
 
 

@@ -37,7 +37,7 @@ def _oracles() -> dict:
     grid += [(r * 3 + c, (r + 1) * 3 + c) for r in range(2) for c in range(3)]
     pts = torch.rand(n, 2, generator=g, dtype=torch.float64)
     return {
-        "tabular": TabularOracle(TARGETS["pairs_equal"](), log=True),
+        "tabular": TabularOracle(logits=TARGETS["pairs_equal"]()),
         "markov": MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], n),
         "hmm": HMMOracle(torch.full((3,), 1 / 3), T, torch.randn(n, 3, generator=g)),
         "tree_potts": TreePottsOracle(

@@ -15,7 +15,7 @@ class Wrapped:
     """A full-row oracle whose output passes through ``corrupt``."""
 
     def __init__(self, corrupt, num_coords=2, num_values=2):
-        self.inner = TabularOracle(good_table(), log=True)
+        self.inner = TabularOracle(logits=good_table())
         self.corrupt = corrupt
         self.num_coords = num_coords
         self.num_values = num_values
@@ -85,7 +85,7 @@ def test_not_an_oracle():
 
 
 def test_bad_arguments():
-    oracle = TabularOracle(good_table(), log=True)
+    oracle = TabularOracle(logits=good_table())
     with pytest.raises(ValueError, match="num_samples"):
         sample_any_order(oracle, 0)
     with pytest.raises(ValueError, match="method must be one of"):
@@ -107,7 +107,7 @@ def test_impossible_prefix_rows_are_not_errors():
     """Rows conditioned on a zero-probability drafted prefix may be NaN: they are ignored."""
     table = torch.zeros(2, 2, 2, dtype=torch.float64)
     table[0, 0, 0] = table[1, 1, 1] = 1.0  # x0 = x1 = x2: drafts are often impossible
-    oracle = TabularOracle(table)  # returns NaN rows on impossible conditionings
+    oracle = TabularOracle(probs=table)  # returns NaN rows on impossible conditionings
     result = sample_any_order(oracle, 200, seed=0)
     assert ((result.samples == result.samples[:, :1]).all(1)).all()
 

@@ -91,7 +91,7 @@ def _close(got: torch.Tensor, expected: torch.Tensor, atol: float, exact_zeros: 
 
 def tabular_reference(log_prob, n: int, q: int) -> TabularOracle:
     """The TabularOracle of the enumerated joint."""
-    return TabularOracle(enumerate_joint(log_prob, n, q), log=True)
+    return TabularOracle(logits=enumerate_joint(log_prob, n, q))
 
 
 # -- chain queries -------------------------------------------------------------------------------

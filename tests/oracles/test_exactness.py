@@ -44,7 +44,7 @@ def test_tabular():
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(3, 3, 3, 3, generator=gen, dtype=torch.float64)
     table[0, 1] = -math.inf
-    check(TabularOracle(table, log=True), lambda x: float(table[x]), seed=1)
+    check(TabularOracle(logits=table), lambda x: float(table[x]), seed=1)
 
 
 def test_markov_chain():

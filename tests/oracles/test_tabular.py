@@ -19,7 +19,7 @@ def test_matches_naive_enumeration(n, q):
     gen = torch.Generator().manual_seed(n * 10 + q)
     log_table = torch.randn([q] * n, generator=gen, dtype=torch.float64) * 2
     log_table.view(-1)[::5] = float("-inf")  # some impossible states
-    oracle = TabularOracle(log_table)
+    oracle = TabularOracle(logits=log_table)
     values, mask, targets = random_queries(n, q, 40, seed=n + q)
     out = oracle.log_marginals(values, mask)
     out_at = oracle.log_marginals_at(values, mask, targets)
@@ -36,14 +36,10 @@ def test_matches_naive_enumeration(n, q):
 
 def test_probabilities_and_logs_agree():
     gen = torch.Generator().manual_seed(0)
-    probs = (
-        torch.rand(2, 3, 3, 2, generator=gen)[..., :2, :]
-        if False
-        else torch.rand([3] * 3, generator=gen, dtype=torch.float64)
-    )
-    a = TabularOracle(probs)
-    b = TabularOracle(probs.log())
-    c = TabularOracle(probs / probs.sum(), log=False)
+    probs = torch.rand([3] * 3, generator=gen, dtype=torch.float64)
+    a = TabularOracle(probs=probs)
+    b = TabularOracle(logits=probs.log())
+    c = TabularOracle(probs=probs / probs.sum())
     values, mask, targets = random_queries(3, 3, 20, seed=1)
     torch.testing.assert_close(a.log_marginals(values, mask), b.log_marginals(values, mask))
     torch.testing.assert_close(a.log_marginals(values, mask), c.log_marginals(values, mask))
@@ -51,7 +47,7 @@ def test_probabilities_and_logs_agree():
 
 
 def test_pinned_coordinates_are_point_masses_and_batch_of_one():
-    oracle = TabularOracle(torch.tensor([[0.4, 0.1], [0.2, 0.3]]))
+    oracle = TabularOracle(probs=torch.tensor([[0.4, 0.1], [0.2, 0.3]]))
     values = torch.tensor([[1, 7]])  # junk at the unpinned coordinate
     mask = torch.tensor([[True, False]])
     out = oracle.log_marginals(values, mask)
@@ -62,13 +58,13 @@ def test_pinned_coordinates_are_point_masses_and_batch_of_one():
 
 
 def test_impossible_pins_give_nan_not_error():
-    oracle = TabularOracle(torch.tensor([[0.5, 0.0], [0.0, 0.5]]))
+    oracle = TabularOracle(probs=torch.tensor([[0.5, 0.0], [0.0, 0.5]]))
     out = oracle.log_marginals(torch.tensor([[0, 1]]), torch.tensor([[True, True]]))
     assert torch.isnan(out).all()
 
 
 def test_protocol_and_large_batches_are_chunked():
-    oracle = TabularOracle(torch.rand([2] * 12, dtype=torch.float64))
+    oracle = TabularOracle(probs=torch.rand([2] * 12, dtype=torch.float64))
     assert isinstance(oracle, MarginalOracle) and has_targeted_marginals(oracle)
     assert oracle.num_coords == 12 and oracle.num_values == 2
     values, mask, targets = random_queries(12, 2, 1500, seed=3)
@@ -80,7 +76,7 @@ def test_protocol_and_large_batches_are_chunked():
 
 
 def test_to_device_copy():
-    oracle = TabularOracle(torch.rand(2, 2))
+    oracle = TabularOracle(probs=torch.rand(2, 2))
     moved = oracle.to("cpu")
     assert moved is not oracle and moved.log_probs.device.type == "cpu"
 
@@ -92,21 +88,50 @@ def test_to_device_copy():
         (torch.zeros(2, 2), "zero total mass"),
         (torch.tensor(0.5), "one dimension per coordinate"),
         (torch.tensor([[0.5, float("nan")], [0.1, 0.1]]), "NaN"),
-        ("abc", "table must be a tensor"),
+        ("abc", "probs must be a tensor"),
     ],
 )
 def test_constructor_errors(table, message):
     with pytest.raises(ValueError, match=message):
-        TabularOracle(table)
+        TabularOracle(probs=table)
 
 
-def test_negative_probabilities_rejected_when_log_false():
-    with pytest.raises(ValueError, match="log=True"):
-        TabularOracle(torch.tensor([0.5, -0.1]), log=False)
+def test_negative_probabilities_rejected():
+    with pytest.raises(ValueError, match="logits="):
+        TabularOracle(probs=torch.tensor([0.5, -0.1]))
+
+
+def test_log_potentials_that_are_all_nonnegative_are_read_as_logits():
+    """The issue's table: exp(2) on the diagonal, not a probability table [.5, 0, 0, .5]."""
+    from pyro_autospec.engine import sample_any_order
+    from tests.stats import assert_samples_match
+
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    oracle = TabularOracle(logits=logits)
+    expected = torch.softmax(logits.flatten().double(), 0)
+    torch.testing.assert_close(oracle.log_probs.exp().flatten(), expected)
+    assert abs(float(expected[0]) - 0.44) < 0.005 and abs(float(expected[1]) - 0.06) < 0.005
+    samples = sample_any_order(oracle, 4000, seed=0).samples
+    assert_samples_match(samples, expected.log().reshape(2, 2), q=2)
+
+
+@pytest.mark.parametrize("call", ["positional", "positional_log", "log_keyword", "both", "none"])
+def test_the_reading_of_a_table_is_never_guessed(call):
+    table = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    make = {
+        "positional": lambda: TabularOracle(table),
+        "positional_log": lambda: TabularOracle(table, log=True),
+        "log_keyword": lambda: TabularOracle(table=table, log=False),
+        "both": lambda: TabularOracle(logits=table, probs=table),
+        "none": lambda: TabularOracle(),
+    }[call]
+    match = "exactly one of logits= .* and probs=" if call in ("both", "none") else "logits="
+    with pytest.raises(TypeError, match=match):
+        make()
 
 
 def test_query_shape_errors():
-    oracle = TabularOracle(torch.rand(2, 2))
+    oracle = TabularOracle(probs=torch.rand(2, 2))
     with pytest.raises(ValueError, match="values must have shape"):
         oracle.log_marginals(
             torch.zeros(3, 3, dtype=torch.long), torch.zeros(3, 3, dtype=torch.bool)
@@ -130,7 +155,7 @@ def test_every_structured_oracle_moves_to_a_device():
     )
 
     oracles = [
-        TabularOracle(torch.rand(2, 2, 2)),
+        TabularOracle(probs=torch.rand(2, 2, 2)),
         MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.1, 0.9]], 3),
         HMMOracle([0.5, 0.5], [[0.9, 0.1], [0.1, 0.9]], torch.zeros(3, 2)),
         TreePottsOracle([(0, 1), (1, 2)], 1.0, torch.zeros(3, 2), 2),
@@ -155,7 +180,7 @@ def test_chain_queries_by_rows(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     log_table = torch.randn([3] * 5, generator=gen, dtype=torch.float64)
     log_table.view(-1)[::4] = float("-inf")  # impossible prefixes
-    oracle = TabularOracle(log_table)
+    oracle = TabularOracle(logits=log_table)
     values, mask, chain = random_chains(5, 3, 80, 7, seed=3)  # chains longer than n: padding
     assert assert_chain_matches_rows(oracle, values, mask, chain) > 80
     asked = []

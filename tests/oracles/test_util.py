@@ -18,7 +18,7 @@ from pyro_autospec.oracles.base import has_chain_marginals
 
 def small_oracles():
     return [
-        TabularOracle(torch.rand(2, 2, 2)),
+        TabularOracle(probs=torch.rand(2, 2, 2)),
         MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.1, 0.9]], 3),
         HMMOracle([0.5, 0.5], [[0.9, 0.1], [0.1, 0.9]], torch.zeros(3, 2)),
         TreePottsOracle([(0, 1), (1, 2)], 1.0, torch.zeros(3, 2), 2),

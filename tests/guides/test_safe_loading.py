@@ -1,0 +1,96 @@
+"""Guide files are loaded with ``torch.load(weights_only=True)``: a file that carries a pickled
+callable is refused and its payload never runs; the library's own files load."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyro_autospec.guides import AnyOrderGuide, DiffusionGuide
+from tests.guides._models import ising_chain
+
+PAYLOAD_RAN = []
+
+
+def _payload(tag):
+    """What a malicious file would run when unpickled (here: it only records that it ran)."""
+    PAYLOAD_RAN.append(tag)
+    return {}
+
+
+class _Callable:
+    def __reduce__(self):
+        return (_payload, ("ran",))
+
+
+def _poisoned(path, config):
+    torch.save({"config": config, "state_dict": {}, "loss": [], "extra": _Callable()}, path)
+
+
+def test_the_payload_would_run_under_a_plain_torch_load(tmp_path):
+    """The test file is a real attack: unrestricted unpickling runs it."""
+    _poisoned(tmp_path / "evil.pt", {})
+    PAYLOAD_RAN.clear()
+    torch.load(tmp_path / "evil.pt", weights_only=False)
+    assert PAYLOAD_RAN == ["ran"]
+    PAYLOAD_RAN.clear()
+
+
+def test_any_order_guide_refuses_a_pickled_callable(tmp_path):
+    guide = AnyOrderGuide(num_coords=3, num_values=2, hidden_dim=8)
+    path = tmp_path / "evil.pt"
+    _poisoned(path, guide.config)
+    PAYLOAD_RAN.clear()
+    with pytest.raises(pickle.UnpicklingError, match=r"AnyOrderGuide.load refused .*run code"):
+        AnyOrderGuide.load(path)
+    assert PAYLOAD_RAN == []
+
+
+def test_diffusion_guide_refuses_a_pickled_callable(tmp_path):
+    path = tmp_path / "evil.pt"
+    _poisoned(path, {"hidden_dim": 8})
+    PAYLOAD_RAN.clear()
+    with pytest.raises(pickle.UnpicklingError, match=r"DiffusionGuide.load refused"):
+        DiffusionGuide.load(str(path), lambda: None)
+    assert PAYLOAD_RAN == []
+
+
+def test_the_library_files_load_with_weights_only(tmp_path):
+    data = torch.tensor([1.0, -0.5, 0.2, 0.9])
+    guide = AnyOrderGuide(ising_chain, (data,), architecture="graph", hidden_dim=8)
+    guide.fit_to_samples(torch.randint(0, 2, (16, 4)), num_steps=2, disable_progbar=True)
+    guide.save(tmp_path / "guide.pt")
+    saved = torch.load(tmp_path / "guide.pt", weights_only=True)
+    assert set(saved) == {"config", "edges", "state_dict", "loss"}
+    assert all(isinstance(x, float) for x in saved["loss"])
+    copy = AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (data,))
+    assert copy.config == guide.config and copy.loss_history == guide.loss_history
+
+
+def test_a_file_that_is_not_a_guide_is_named(tmp_path):
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(ValueError, match="not a file written by AnyOrderGuide.save"):
+        AnyOrderGuide.load(tmp_path / "list.pt")
+
+
+def test_no_unrestricted_torch_load_in_the_package():
+    """Every torch.load in pyro_autospec passes weights_only=True."""
+    root = Path(__file__).resolve().parents[2] / "pyro_autospec"
+    found = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "load"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "torch"
+            ):
+                flag = [k for k in node.keywords if k.arg == "weights_only"]
+                ok = flag and isinstance(flag[0].value, ast.Constant) and flag[0].value.value
+                found.append((path.name, node.lineno, bool(ok)))
+    assert found and all(ok for _, _, ok in found), found

@@ -1,0 +1,112 @@
+"""Every entry point accepts the same seeds and refuses the others with the same message.
+
+Ints in ``[0, 2**64)`` (each its own 64-bit key), torch and NumPy generators, and ``None``.
+Negative ints, ints ``>= 2**64``, bools, floats and strings raise; nothing is reduced modulo
+``2**64`` (``-1`` and ``2**64 - 1`` used to be the same seed; ``2**64`` overflowed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
+from pyro_autospec.engine.keys import check_seed, seed_key
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel
+from pyro_autospec.oracles import MarkovChainOracle
+from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
+
+CHAIN = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.2, 0.8]]), 6)
+DENOISER = FiniteSupportDenoiser(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))
+TIMES = torch.linspace(0, 1, 5)
+
+
+def coin():
+    pyro.sample("z", dist.Bernoulli(0.3))
+
+
+ENTRY_POINTS = {
+    "AutoSpec": lambda seed: AutoSpec(coin, num_samples=2, seed=seed, disable_progbar=True).run(),
+    "AutoSpecKernel": lambda seed: AutoSpecKernel(coin, seed=seed),
+    "sample_any_order": lambda seed: sample_any_order(CHAIN, 2, seed=seed),
+    "sample_diffusion": lambda seed: sample_diffusion(DENOISER, 2, num_steps=4, seed=seed),
+    "sample_sde": lambda seed: sample_sde(lambda t, x: -x, TIMES, torch.zeros(2), 2, seed=seed),
+}
+MESSAGE = r"seed must be an int in \[0, 2\*\*64\), a torch.Generator, a numpy.random.Generator"
+BAD = {
+    "negative": (-1, ValueError),
+    "2**64": (2**64, ValueError),
+    "huge": (10**30, ValueError),
+    "np.int64 negative": (np.int64(-5), ValueError),
+    "bool": (True, TypeError),
+    "np.bool_": (np.bool_(True), TypeError),
+    "float": (1.0, TypeError),
+    "string": ("0", TypeError),
+    "tensor": (torch.tensor(0), TypeError),
+}
+GOOD = {
+    "0": 0,
+    "2**64 - 1": 2**64 - 1,
+    "2**63": 2**63,
+    "np.uint64": np.uint64(2**64 - 1),
+    "torch.Generator": torch.Generator().manual_seed(0),
+    "numpy.Generator": np.random.default_rng(0),
+    "None": None,
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_bad_seeds_raise_the_same_error_everywhere(entry, bad):
+    seed, error = BAD[bad]
+    with pytest.raises(error, match=MESSAGE):
+        ENTRY_POINTS[entry](seed)
+
+
+@pytest.mark.parametrize("good", sorted(GOOD))
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_good_seeds_work_everywhere(entry, good):
+    seed = GOOD[good]
+    ENTRY_POINTS[entry](seed)
+
+
+def test_no_two_int_seeds_share_a_key():
+    """The edge of the range is its own seed (no reduction modulo 2**64)."""
+    keys = {seed_key(s) for s in (0, 1, 2**63 - 1, 2**63, 2**64 - 1)}
+    assert len(keys) == 5
+    assert check_seed(np.uint64(7)) == 7 and type(check_seed(np.int32(7))) is int
+
+
+def test_largest_seed_runs_autospec_reproducibly():
+    a = AutoSpec(coin, num_samples=20, seed=2**64 - 1, disable_progbar=True).run()
+    b = AutoSpec(coin, num_samples=20, seed=2**64 - 1, disable_progbar=True).run()
+    assert torch.equal(a.get_samples()["z"], b.get_samples()["z"])
+
+
+def test_derived_seeds_cover_the_whole_range():
+    """Derived streams (a mixed run's discrete stage, the kernel's worker processes, which mix
+    in ``torch.initial_seed()`` up to 2**64 - 1) hash any pair of 64-bit values."""
+    from pyro_autospec.engine.keys import derive_seed
+
+    derived = {derive_seed(s, i) for s in (0, 2**64 - 1) for i in (0, 1, 2**63, 2**64 - 1)}
+    assert len(derived) == 8 and all(0 <= d < 2**63 for d in derived)
+
+
+def test_kernel_in_a_worker_process_mixes_any_initial_seed(monkeypatch):
+    """In an MCMC worker (reseeded with ``initial_seed + chain_id``) the int seed is mixed with
+    ``torch.initial_seed()``, whatever its size."""
+    import pyro_autospec.infer.kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module.multiprocessing, "parent_process", lambda: object())
+    draws = []
+    for initial in (2**64 - 1, 2**64 - 1, 5):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(initial)
+            kernel = AutoSpecKernel(coin, seed=2**64 - 1, draws_per_run=8)
+            kernel.setup(0)
+            draws.append(torch.stack([kernel.sample({})["z"] for _ in range(8)]))
+    assert torch.equal(draws[0], draws[1])  # same worker seed, same draws

@@ -1,0 +1,120 @@
+"""The runtime self-check pools every draw of a run, whatever the path and the chains.
+
+For an exact oracle ``log p(x, data) - log q(x)`` is the same constant ``log Z`` for every draw
+of the run, so the check compares draws across chains (and, for ``AutoSpecKernel``, across the
+engine runs that feed ``MCMC``): one draw per chain must not make it vacuous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel, SelfCheckError
+
+
+def biased():
+    """Two coins far from uniform: a uniform oracle is not its posterior."""
+    with pyro.plate("p", 2):
+        pyro.sample("z", dist.Bernoulli(0.95))
+
+
+class Uniform:
+    """A uniform oracle over two binary coordinates: exact for another density."""
+
+    num_coords, num_values = 2, 2
+
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 2, 2), -math.log(2.0), dtype=torch.float64)
+
+
+def _fit(num_samples, num_chains, seed=0):
+    return AutoSpec(
+        biased,
+        num_samples=num_samples,
+        num_chains=num_chains,
+        oracle=Uniform(),
+        seed=seed,
+        disable_progbar=True,
+    )
+
+
+def test_one_draw_per_chain_is_checked_across_chains():
+    """Four chains of one draw: the check must compare the four draws (it used to pass)."""
+    with pytest.raises(SelfCheckError, match="NOT exact"):
+        _fit(1, 4).run()
+
+
+def test_pooled_and_single_chain_agree():
+    """The same number of draws raises whether they come in one chain or in several."""
+    with pytest.raises(SelfCheckError):
+        _fit(4, 1).run()
+    with pytest.raises(SelfCheckError):
+        _fit(2, 2).run()
+
+
+def test_a_passing_run_reports_the_pooled_deviation(capsys):
+    fit = AutoSpec(biased, num_samples=1, num_chains=6, seed=0, disable_progbar=True).run()
+    fit.summary()
+    assert "Self-check passed" in capsys.readouterr().out
+
+
+def test_kernel_runs_the_self_check():
+    """AutoSpecKernel checks its draws like AutoSpec (it skipped the check)."""
+    kernel = AutoSpecKernel(biased, oracle=Uniform(), seed=0, draws_per_run=8)
+    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
+    with pytest.raises(SelfCheckError, match="NOT exact"):
+        mcmc.run()
+
+
+def test_kernel_pools_draws_across_engine_runs():
+    """One draw per engine run: the check compares the draws of successive runs."""
+    kernel = AutoSpecKernel(biased, oracle=Uniform(), seed=0, draws_per_run=1)
+    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
+    with pytest.raises(SelfCheckError, match="NOT exact"):
+        mcmc.run()
+
+
+def test_kernel_with_the_enumeration_oracle_passes():
+    kernel = AutoSpecKernel(biased, seed=0, draws_per_run=1)
+    mcmc = MCMC(kernel, num_samples=6, warmup_steps=0, num_chains=1, disable_progbar=True)
+    mcmc.run()
+    assert mcmc.get_samples()["z"].shape == (6, 2)
+    assert kernel.max_self_check_error is not None and kernel.max_self_check_error < 1e-6
+
+
+def observed(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+
+
+def test_kernel_starts_a_new_check_for_new_data():
+    """Setups with other argument values (another log Z) are not pooled, even when the data is
+    the same tensor changed in place; ``MCMC`` runs with equal values are."""
+
+    class NoNormaliser:  # the exact oracle, without log_normalizer: draws compared together
+        num_coords, num_values = 1, 2
+
+        def __init__(self, y):
+            self.y = y
+
+        def log_marginals(self, values, mask):
+            z = torch.tensor([0.0, 1.0])
+            logits = dist.Bernoulli(0.3).log_prob(z) + dist.Normal(2.0 * z, 1.0).log_prob(self.y)
+            return torch.log_softmax(logits.double(), -1).expand(values.shape[0], 1, 2)
+
+    y = torch.tensor(0.5)
+    kernel = AutoSpecKernel(observed, oracle=NoNormaliser(y), seed=0, draws_per_run=4)
+    for value in (0.5, -3.0, -3.0):
+        y.fill_(value)  # new data, same object: log Z differs
+        kernel.setup(0, y)
+        for _ in range(6):
+            kernel.sample({})
+        assert kernel.max_self_check_error < 1e-6
+    MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True).run(y)
+    assert kernel.max_self_check_error < 1e-6
