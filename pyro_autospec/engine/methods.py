@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 
 from pyro_autospec.engine.schedule import BlockPolicy
 
-__all__ = ["METHODS", "Method", "block_policy", "default_schedule", "resolve_knobs"]
+__all__ = [
+    "METHODS",
+    "Method",
+    "block_policy",
+    "default_schedule",
+    "knob_names",
+    "resolve_knobs",
+]
 
 DISCRETE, DIFFUSION = "discrete", "diffusion"
 
@@ -130,6 +137,18 @@ def default_schedule(num_coords: int) -> dict:
         "race_depth": 1,
         "token_below": None,
     }
+
+
+def knob_names(setting: str = DISCRETE) -> tuple[str, ...]:
+    """Every knob some method of ``setting`` accepts (the setting's common knobs, the
+    ``"autospec"`` schedule's and the baselines' own), in a stable order."""
+    names = list(COMMON_KNOBS[setting])
+    if setting == DISCRETE:
+        names += [k for k in default_schedule(1) if k not in names]
+    for method in METHODS.values():
+        if setting in method.settings:
+            names += [k for k in method.knobs if k not in names]
+    return tuple(names)
 
 
 def block_policy(knobs: dict) -> BlockPolicy:

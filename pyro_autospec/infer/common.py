@@ -16,6 +16,7 @@ from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
 from pyro_autospec.engine.keys import check_seed
+from pyro_autospec.engine.methods import DISCRETE, knob_names
 from pyro_autospec.model.discrete import SiteLayout
 
 __all__ = [
@@ -33,13 +34,8 @@ __all__ = [
     "summary_table",
 ]
 
-SCHEDULE_KNOBS = (
-    "rho",
-    "max_block",
-    "max_rows_per_round",
-    "max_elements",
-    "max_concurrent_draws",
-)
+#: The engine's schedule knobs on ``[q]^n`` (each method accepts its own; the engine checks).
+SCHEDULE_KNOBS = knob_names(DISCRETE)
 CORRECTIONS = (None, "importance", "imh")
 METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
 #: ``split_gelman_rubin`` and ``effective_sample_size`` need this many draws per chain.

@@ -67,7 +67,18 @@ def test_summary_says_time_rounds_and_rows_of_the_whole_run(fit, capsys):
     assert "fewer rounds" not in out and "faster than" not in out
 
 
-def test_a_faster_exact_method_is_named_when_rows_say_so(fit, capsys):
+def test_a_faster_exact_method_is_named_when_rows_say_so(capsys):
+    # the block rule with recursive races on whole blocks: several times n rows on this model
+    fit = AutoSpec(
+        chain,
+        num_samples=200,
+        num_chains=2,
+        seed=0,
+        disable_progbar=True,
+        blocks="fixed",
+        token_below=0,
+        race_depth=None,
+    ).run(DATA)
     rows_per_draw = sum(r.oracle_rows for r in fit.results) / 400
     assert rows_per_draw >= ROWS_RATIO_FOR_ADVICE * 8  # this seed: several times n
     fit.summary()
