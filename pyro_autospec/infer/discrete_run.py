@@ -7,6 +7,13 @@ log q(x)`` must be the same for every draw (see
 each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
 ``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
+
+*Which sampler.* With the default oracle on a CPU, ``sampler="auto"`` draws by forward
+filtering, backward sampling (:mod:`pyro_autospec.infer.ffbs`: one elimination pass, then all
+draws at once) whenever the model's factor graph has an elimination that fits, and by the
+any-order engine (``method``) otherwise; ``"engine"`` always takes the engine, ``"ffbs"``
+requires the elimination. Both are exact and self-checked on every draw; ``results[i].method``
+and the summary say which ran.
 """
 
 from __future__ import annotations
@@ -23,11 +30,15 @@ from pyro_autospec.infer.common import (
     build_oracle,
     check_exact_draws,
 )
+from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
 
-__all__ = ["DiscreteRun", "warn_scales"]
+__all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
+
+#: Values of ``AutoSpec(sampler=...)``.
+SAMPLERS = ("auto", "engine", "ffbs")
 
 # Fewer guide draws than this give no Pareto k-hat.
 _MIN_DRAWS_FOR_KHAT = 5
@@ -60,6 +71,8 @@ class DiscreteRun(RunBase):
     guide : MarginalOracle, optional
         An approximate oracle (replaces ``oracle``).
     correction : {None, "importance", "imh"}
+    sampler : {"auto", "engine", "ffbs"}
+        See the module's notes.
     """
 
     def __init__(
@@ -71,8 +84,10 @@ class DiscreteRun(RunBase):
         oracle: Any,
         guide: Any,
         correction: str | None,
+        sampler: str = "auto",
     ):
         super().__init__(settings)
+        self.sampler = sampler
         self.model = model
         self.layout = layout
         self.oracle = oracle
@@ -81,6 +96,7 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
+        self.ffbs_plan = None
 
     @property
     def weights_tracked(self) -> bool:
@@ -91,7 +107,20 @@ class DiscreteRun(RunBase):
 
         layout = self.layout
         source = self.oracle if self.guide is None else self.guide
-        oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+        plan = None
+        if self._wants_ffbs():
+            oracle = self._ffbs_oracle(args, kwargs)
+            plan = plan_ffbs(oracle)
+            if plan is None and self.sampler == "ffbs":
+                raise ValueError(
+                    "sampler='ffbs' needs an elimination of the model's discrete sites that "
+                    "fits: plates that nest along the sites' order, and buckets of at most "
+                    "2^22 entries (see pyro_autospec.infer.ffbs); use sampler='auto', which "
+                    "falls back to the any-order engine"
+                )
+        else:
+            oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+        self.ffbs_plan = plan
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
         device = self.device or getattr(oracle, "device", None)
@@ -109,15 +138,18 @@ class DiscreteRun(RunBase):
         shapes = layout.latent_shapes()
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
-            result = sample_any_order(
-                oracle,
-                num_draws,
-                method=self.method,
-                seed=seed,
-                device=device,
-                progress=self.progress,
-                **self.schedule,
-            )
+            if plan is not None:
+                result = sample_exact(plan, num_draws, seed)
+            else:
+                result = sample_any_order(
+                    oracle,
+                    num_draws,
+                    method=self.method,
+                    seed=seed,
+                    device=device,
+                    progress=self.progress,
+                    **self.schedule,
+                )
             self.results.append(result)
             values = layout.from_coords(result.samples)
             if device is not None:
@@ -137,14 +169,18 @@ class DiscreteRun(RunBase):
             log_weight = lp - oracle_lp
             if exact:
                 dtype = joint.dtype
-                normalizer = getattr(oracle, "log_normalizer", None)
+                if plan is not None:
+                    log_z = torch.full_like(lp, plan.log_normalizer)
+                else:
+                    normalizer = getattr(oracle, "log_normalizer", None)
+                    log_z = None if normalizer is None else normalizer().expand_as(lp)
                 self_check.append(
                     check_exact_draws(
                         lp,
                         oracle_lp,
                         joint.magnitude,
                         dtype,
-                        log_normalizer=None if normalizer is None else normalizer().expand_as(lp),
+                        log_normalizer=log_z,
                         custom_oracle=custom,
                     )
                 )
@@ -178,6 +214,27 @@ class DiscreteRun(RunBase):
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
+
+    def _wants_ffbs(self) -> bool:
+        """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""
+        if self.sampler == "engine" or self.guide is not None or self.correction is not None:
+            return False
+        if not (isinstance(self.oracle, str) and self.oracle == "enum"):
+            return False
+        if self.sampler == "ffbs":
+            return True
+        # "auto": the CPU, a single process and the default method (the engine's methods
+        # are asked for by name; on a GPU the rounds of autospeculation are its point)
+        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
+        return on_cpu and self.method == "autospec" and not self.settings.distributed
+
+    def _ffbs_oracle(self, args: tuple, kwargs: dict):
+        """The compiled factors (lazy: the contraction is measured only if the engine runs)."""
+        from pyro_autospec.oracles.enum import EnumOracle
+
+        return EnumOracle(
+            self.model, args, kwargs, layout=self.layout, device=self.device, lazy=True
+        )
 
     def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
         """Indices of the draws a chain returns, after the correction."""
@@ -305,7 +362,12 @@ class DiscreteRun(RunBase):
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:
-        return self.guide_report()
+        report = self.guide_report()
+        if self.results:
+            # which sampler made the draws: "ffbs", or the engine's method
+            report.attrs["sampler"] = self.results[0].method
+            report.diagnostics["sampler"] = self.results[0].method
+        return report
 
     def rounds_summary(self) -> str:
         n = self.layout.num_coords
@@ -322,12 +384,19 @@ class DiscreteRun(RunBase):
             else f"{100 * -change:.0f}% MORE rounds than sequential"
         )
         text = (
-            f"Rounds ({self.method}): {mean:.2f} per draw on average (max "
+            f"Rounds ({self.results[0].method}): {mean:.2f} per draw on average (max "
             f"{int(per_draw.max())}); the sequential sampler takes {n} per draw (n = {n} "
             f"coordinates): {verdict}.\n"
             f"Whole run: {whole} rounds per chain of {self.num_samples + self.warmup_steps} "
             f"draws (sequential: {n}); {rows:.1f} oracle rows per draw (sequential: {n})."
         )
+        if self.ffbs_plan is not None:
+            text += (
+                f"\nSampler: forward filtering, backward sampling (exact; one elimination pass "
+                f"of {self.ffbs_plan.forward_seconds:.3g} s, then every draw at once in "
+                f"{self.ffbs_plan.num_steps} sequential steps; sampler='engine' runs "
+                f"{self.method} instead)."
+            )
         if self.max_self_check_error is not None:
             text += (
                 f"\nSelf-check passed: log p(x, data) - log q(x) is constant across draws "
