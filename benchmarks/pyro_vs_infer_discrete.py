@@ -208,8 +208,9 @@ def timed_parts(parts: dict):
     import pyro_autospec.engine as engine_mod
 
     wrapped.append((engine_mod, "sample_any_order", "sampler"))
-    if hasattr(run_mod, "sample_exact"):
-        wrapped.append((run_mod, "sample_exact", "sampler"))
+    wrapped.append((run_mod, "sample_exact", "sampler"))
+    wrapped.append((run_mod, "plan_ffbs", "forward pass"))
+    wrapped.append((run_mod.DiscreteRun, "_ffbs_oracle", "build oracle"))
     saved = []
     for module, name, label in wrapped:
         fn = getattr(module, name)
@@ -237,15 +238,16 @@ def median_of(fn, repeats: int) -> float:
 
 def profile(cases: dict, draws: int, repeats: int) -> None:
     print(
-        "| model | n | sampler | total s | discover sites | build oracle | sampler | "
-        "evaluate | self-check | rest |"
+        "| model | n | sampler | total s | discover sites | build oracle | forward pass | "
+        "sampler | evaluate | self-check | rest |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    warm_model, warm_args, _ = tiny_case()
+    run_autospec(warm_model, warm_args, 2)  # imports and first calls, outside the timings
+    run_autospec(warm_model, warm_args, 2, sampler="engine")
     for name, (make, size, _) in cases.items():
         model, args, n = make(size)
         for kwargs in ({}, {"sampler": "engine"}):
-            if kwargs and "sampler" not in AutoSpec.__init__.__code__.co_varnames:
-                continue
             runs = []
             for _ in range(repeats):
                 parts: dict = {}
@@ -257,7 +259,14 @@ def profile(cases: dict, draws: int, repeats: int) -> None:
             rest = wall - sum(parts.values())
             cells = [
                 parts.get(k, 0.0)
-                for k in ("discover sites", "build oracle", "sampler", "evaluate", "self-check")
+                for k in (
+                    "discover sites",
+                    "build oracle",
+                    "forward pass",
+                    "sampler",
+                    "evaluate",
+                    "self-check",
+                )
             ]
             print(
                 f"| {name} | {n} | {method} | {wall:.3f} | "

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.infer.common import (
+    SelfCheckError,
     build_oracle,
     check_exact_draws,
 )
@@ -154,16 +155,23 @@ class DiscreteRun(RunBase):
             values = layout.from_coords(result.samples)
             if device is not None:
                 values = {k: v.to(device) for k, v in values.items()}
-            joint = evaluate(
-                self.model,
-                args,
-                kwargs,
-                values,
-                shapes,
-                layout.max_plate_nesting,
-                observed_shapes=layout.observed_batch_shapes,
-                deterministic_shapes=layout.deterministic,
-            )
+
+            def evaluate_draws(check_mixing: bool, values=values):
+                return evaluate(
+                    self.model,
+                    args,
+                    kwargs,
+                    values,
+                    shapes,
+                    layout.max_plate_nesting,
+                    observed_shapes=layout.observed_batch_shapes,
+                    deterministic_shapes=layout.deterministic,
+                    check_mixing=check_mixing,
+                )
+
+            # Exact draws are self-checked, which a batch that mixes draws fails: the model
+            # is then evaluated again, one draw alone, only to say why.
+            joint = evaluate_draws(check_mixing=not exact)
             lp = joint.total
             oracle_lp = result.log_prob.double().to(lp.device)
             log_weight = lp - oracle_lp
@@ -174,8 +182,8 @@ class DiscreteRun(RunBase):
                 else:
                     normalizer = getattr(oracle, "log_normalizer", None)
                     log_z = None if normalizer is None else normalizer().expand_as(lp)
-                self_check.append(
-                    check_exact_draws(
+                try:
+                    deviation = check_exact_draws(
                         lp,
                         oracle_lp,
                         joint.magnitude,
@@ -183,7 +191,10 @@ class DiscreteRun(RunBase):
                         log_normalizer=log_z,
                         custom_oracle=custom,
                     )
-                )
+                except SelfCheckError:
+                    evaluate_draws(check_mixing=True)  # raises if the batch mixed draws
+                    raise
+                self_check.append(deviation)
             all_weights.append(log_weight.cpu())
             keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
             for name in layout.names:
