@@ -237,10 +237,6 @@ def timed_parts(parts: dict):
         _ = common_mod
 
 
-def median_of(fn, repeats: int) -> float:
-    return statistics.median(fn() for _ in range(repeats))
-
-
 def profile(cases: dict, draws: int, repeats: int) -> None:
     print(
         "| model | n | sampler | total s | discover sites | build oracle | forward pass | "
@@ -291,14 +287,22 @@ def table(cases: dict, draws: int, repeats: int) -> None:
         f"infer_discrete s ({draws} draws) | infer_discrete fixed s | ratio |"
     )
     print("|---|---|---|---|---|---|---|---|")
+    warm_model, warm_args, _ = tiny_case()
+    run_autospec(warm_model, warm_args, 2)  # imports and first calls, outside the timings
+    run_infer_discrete(warm_model, warm_args, 2)
     for name, (make, size, _) in cases.items():
         model, args, n = make(size)
-        auto = [run_autospec(model, args, draws) for _ in range(repeats)]
-        wall = statistics.median(w for w, _ in auto)
-        fixed = median_of(lambda m=model, a=args: run_autospec(m, a, 1)[0], repeats)
-        fit = auto[0][1]
-        ref = median_of(lambda m=model, a=args: run_infer_discrete(m, a, draws), repeats)
-        ref_fixed = median_of(lambda m=model, a=args: run_infer_discrete(m, a, 1), repeats)
+        # interleaved, so that a load on a shared machine hits both alike
+        times: dict = {"auto": [], "auto1": [], "ref": [], "ref1": []}
+        for _ in range(repeats):
+            seconds, fit = run_autospec(model, args, draws)
+            times["auto"].append(seconds)
+            times["ref"].append(run_infer_discrete(model, args, draws))
+            times["auto1"].append(run_autospec(model, args, 1)[0])
+            times["ref1"].append(run_infer_discrete(model, args, 1))
+        wall, fixed, ref, ref_fixed = (
+            statistics.median(times[k]) for k in ("auto", "auto1", "ref", "ref1")
+        )
         print(
             f"| {name} | {n} | {wall:.3f} | {fixed:.3f} | {fit.results[0].method} | "
             f"{ref:.3f} | {ref_fixed:.3f} | {wall / ref:.2f}x |"
