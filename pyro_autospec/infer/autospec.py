@@ -482,7 +482,10 @@ class AutoSpec:
 
             * ``n_rounds`` (long): rounds in which the draw's discrete sites had an oracle
               query in flight (its latency; the sequential sampler takes ``n`` per draw);
-            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws;
+              for forward filtering, backward sampling (``results[0].method == "ffbs"``),
+              the backward pass's sequential steps, one per site;
+            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws (0
+              for ``"ffbs"``, which queries no oracle);
             * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw (every
               site's scaled, masked log density: the density the draws follow);
             * ``oracle_log_prob`` (float64): the draw's log probability under the oracle's

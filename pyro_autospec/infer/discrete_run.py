@@ -402,11 +402,13 @@ class DiscreteRun(RunBase):
             f"draws (sequential: {n}); {rows:.1f} oracle rows per draw (sequential: {n})."
         )
         if self.ffbs_plan is not None:
-            text += (
-                f"\nSampler: forward filtering, backward sampling (exact; one elimination pass "
-                f"of {self.ffbs_plan.forward_seconds:.3g} s, then every draw at once in "
-                f"{self.ffbs_plan.num_steps} sequential steps; sampler='engine' runs "
-                f"{self.method} instead)."
+            plan = self.ffbs_plan
+            text = (
+                f"Sampler: forward filtering, backward sampling (exact): one elimination pass "
+                f"over the model's factors ({plan.forward_seconds:.3g} s), then every draw at "
+                f"once in {plan.num_steps} sequential steps, one per site (the sequential "
+                f"sampler takes {n} per draw: n = {n} coordinates); no oracle rows. "
+                f"sampler='engine' runs method={self.method!r} instead."
             )
         if self.max_self_check_error is not None:
             text += (

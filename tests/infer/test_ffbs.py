@@ -240,3 +240,25 @@ def test_engine_methods_and_guides_keep_the_engine():
     )
     with pytest.raises(ValueError, match="sampler must be one of"):
         AutoSpec(hmm, num_samples=10, sampler="gibbs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_ffbs_on_cuda():
+    trans, locs = TRANS.cuda(), LOCS.cuda()
+
+    def model(ys):
+        z = 0
+        for t in pyro.markov(range(len(ys))):
+            z = pyro.sample(f"z_{t}", dist.Categorical(trans[z]))
+            pyro.sample(f"y_{t}", dist.Normal(locs[z], 1.0), obs=ys[t])
+
+    fit = sample(model, YS.cuda(), num_samples=6000, seed=2, device="cuda")
+    assert fit.results[0].method == "ffbs"
+    samples = fit.get_samples()
+    assert samples["z_0"].device.type == "cuda"
+    states, probs = enumerate_joint([3] * 4, hmm_joint)
+    names = [f"z_{t}" for t in range(4)]
+    cpu = {k: v.cpu() for k, v in samples.items()}
+    assert_draws_follow(flatten_draws(cpu, names), states, probs)
+    auto = sample(model, YS.cuda(), num_samples=10, sampler="auto", device="cuda")
+    assert auto.results[0].method == "autospec"  # on a GPU "auto" keeps the engine
