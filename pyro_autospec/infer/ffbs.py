@@ -7,8 +7,9 @@ log-density factors, plates included) computes one message per site (*forward fi
 then every draw samples the sites in the reverse order, each from its bucket's factor given
 the sites already drawn (*backward sampling*). On a hidden Markov chain this is the
 forward-filtering backward-sampling algorithm; on several chains coupled per step (a dynamic
-Bayesian network, a factorial HMM) it is the same over the steps' joint states. The forward
-pass is done once per run; the backward pass is one sequence of batched gathers for all
+Bayesian network, a factorial HMM) it is the same over the steps' joint states. The order is
+greedy: the site whose bucket is smallest, ties in trace order, sites inside a plate before the
+sites outside it that they share a factor with. The forward pass is done once per run; the backward pass is one sequence of batched gathers for all
 draws of a chain (``num_sites`` sequential steps, vectorised over draws and plates).
 
 Every draw also gets ``log q(x)``: the sum of the log conditionals it was drawn from. With
@@ -158,6 +159,42 @@ class FFBSPlan:
         return tuple(shape)
 
 
+def _elimination_order(scopes: list, has: list, support: list) -> list:
+    """A greedy elimination order: the site whose bucket is smallest, ties in trace order.
+
+    A site may go only when every neighbour's plates are among its own (sites inside a plate
+    before the sites outside it that they share a factor with). On a chain this is the
+    forward order; a site shared by many (a global site sampled first) goes last.
+    """
+    num = len(has)
+    neighbours = [set() for _ in range(num)]
+    for scope in scopes:
+        for v in scope:
+            neighbours[v] |= scope
+    for v in range(num):
+        neighbours[v].discard(v)
+    remaining = set(range(num))
+
+    def key(v):
+        eligible = all(has[u] <= has[v] for u in neighbours[v])
+        size = support[v] * math.prod(support[u] for u in neighbours[v])
+        return (not eligible, size, v)
+
+    keys = {v: key(v) for v in remaining}
+    order = []
+    while remaining:
+        v = min(remaining, key=keys.__getitem__)
+        order.append(v)
+        remaining.discard(v)
+        for u in neighbours[v]:
+            neighbours[u] |= neighbours[v]
+            neighbours[u].discard(u)
+            neighbours[u].discard(v)
+        for u in neighbours[v]:
+            keys[u] = key(u)
+    return order
+
+
 def plan_ffbs(oracle) -> FFBSPlan | None:
     """Variable elimination over a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`.
 
@@ -206,8 +243,8 @@ def plan_ffbs(oracle) -> FFBSPlan | None:
     support = [spec.support_size for spec in specs]
     device = oracle.device
 
-    # elimination order: deeper plates first, then trace order
-    order = sorted(range(len(specs)), key=lambda i: (-len(has[i]), i))
+    scopes = [{var_of[d] for d in dims if d in var_of} for _, dims, _ in oracle._terms]
+    order = _elimination_order(scopes, has, support)
     position = {site: k for k, site in enumerate(order)}
     pending: list[list] = [[] for _ in order]  # per position: factors (tensor, sites)
 

@@ -234,6 +234,36 @@ def test_a_bucket_too_large_goes_to_the_engine(monkeypatch):
         sample(hmm, YS, num_samples=10, sampler="ffbs")
 
 
+def star(y):
+    """A global site sampled first, then five sites that each share a factor with it."""
+    g = pyro.sample("g", dist.Bernoulli(0.4))
+    for i in range(5):
+        z = pyro.sample(f"z{i}", dist.Bernoulli(0.3 + 0.4 * g))
+        pyro.sample(f"y{i}", dist.Normal(z + g, 0.8), obs=y[i])
+
+
+STAR_Y = torch.tensor([0.2, 1.9, 1.1, -0.4, 0.8])
+
+
+def star_joint(s):
+    g, zs = s[0], s[1:]
+    total = lp(dist.Bernoulli(0.4), float(g))
+    for i, z in enumerate(zs):
+        total += lp(dist.Bernoulli(0.3 + 0.4 * g), float(z))
+        total += lp(dist.Normal(z + g, 0.8), STAR_Y[i])
+    return total
+
+
+def test_greedy_order_eliminates_a_global_site_last(monkeypatch):
+    # in trace order the global site's bucket would hold all six sites (64 entries)
+    monkeypatch.setattr(ffbs, "MAX_BUCKET_ENTRIES", 4)
+    fit = sample(star, STAR_Y, seed=4)
+    assert fit.results[0].method == "ffbs"
+    states, probs = enumerate_joint([2] * 6, star_joint)
+    draws = flatten_draws(fit.get_samples(), ["g"] + [f"z{i}" for i in range(5)])
+    assert_draws_follow(draws, states, probs)
+
+
 def test_engine_methods_and_guides_keep_the_engine():
     assert sample(hmm, YS, num_samples=10, sampler="auto", method="agr24").results[0].method == (
         "agr24"
