@@ -9,8 +9,9 @@ the sites already drawn (*backward sampling*). On a hidden Markov chain this is 
 forward-filtering backward-sampling algorithm; on several chains coupled per step (a dynamic
 Bayesian network, a factorial HMM) it is the same over the steps' joint states. The order is
 greedy: the site whose bucket is smallest, ties in trace order, sites inside a plate before the
-sites outside it that they share a factor with. The forward pass is done once per run; the backward pass is one sequence of batched gathers for all
-draws of a chain (``num_sites`` sequential steps, vectorised over draws and plates).
+sites outside it that they share a factor with. The forward pass is done once per run; the
+backward pass is one sequence of batched gathers for all draws of a chain (``num_sites``
+sequential steps, vectorised over draws and plates).
 
 Every draw also gets ``log q(x)``: the sum of the log conditionals it was drawn from. With
 ``log Z`` from the forward pass, the run's self-check
