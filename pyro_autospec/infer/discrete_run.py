@@ -97,7 +97,7 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
-        self.ffbs_plan = None
+        self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
     def weights_tracked(self) -> bool:
@@ -121,7 +121,6 @@ class DiscreteRun(RunBase):
                 )
         else:
             oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
-        self.ffbs_plan = plan
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
         device = self.device or getattr(oracle, "device", None)
@@ -218,6 +217,8 @@ class DiscreteRun(RunBase):
                 extra["log_weight"].append(log_weight[keep])
         if exact and self_check:
             self.max_self_check_error = max(self_check)
+        if plan is not None:  # what the summary reports; the buckets' tables are let go
+            self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
         self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
         self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
@@ -405,8 +406,8 @@ class DiscreteRun(RunBase):
             plan = self.ffbs_plan
             text = (
                 f"Sampler: forward filtering, backward sampling (exact): one elimination pass "
-                f"over the model's factors ({plan.forward_seconds:.3g} s), then every draw at "
-                f"once in {plan.num_steps} sequential steps, one per site (the sequential "
+                f"over the model's factors ({plan['forward_seconds']:.3g} s), then every draw "
+                f"at once in {plan['steps']} sequential steps, one per site (the sequential "
                 f"sampler takes {n} per draw: n = {n} coordinates); no oracle rows. "
                 f"sampler='engine' runs method={self.method!r} instead."
             )

@@ -292,3 +292,15 @@ def test_ffbs_on_cuda():
     assert_draws_follow(flatten_draws(cpu, names), states, probs)
     auto = sample(model, YS.cuda(), num_samples=10, sampler="auto", device="cuda")
     assert auto.results[0].method == "autospec"  # on a GPU "auto" keeps the engine
+
+
+def test_a_discrete_run_traces_the_model_four_times():
+    calls = []
+
+    def counted(ys):
+        calls.append(1)
+        hmm(ys)
+
+    sample(counted, YS, num_samples=50, sampler="auto")
+    # two structure traces, the enumerated trace, the batched evaluation of the draws
+    assert len(calls) == 4
