@@ -36,7 +36,7 @@ from pyro_autospec.infer.common import (
     chain_seeds,
     check_schedule,
 )
-from pyro_autospec.infer.discrete_run import DiscreteRun, warn_scales
+from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
@@ -142,6 +142,17 @@ class AutoSpec:
         run with the same ``seed``. Model evaluations after sampling and, for models with
         continuous sites, the NUTS chains run on every rank (rank 0's seeds); only the
         discrete draws are shared out. ``seed=None`` takes rank 0's seeds.
+    sampler : {"auto", "engine", "ffbs"}
+        How exact draws of a discrete-only model are made. ``"auto"`` (default): on a CPU
+        with the default oracle and ``method="autospec"``, by forward filtering, backward
+        sampling (:mod:`~pyro_autospec.infer.ffbs`: one variable-elimination pass over the
+        model's factors, then all draws at once, vectorised) whenever the elimination fits
+        (chains, coupled chains, plates of chains, mixtures), else by the any-order engine.
+        ``"engine"``: always the engine's ``method`` (autospeculation's rounds).
+        ``"ffbs"``: always the elimination (an error if it does not fit). Both are exact and
+        self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the engine's method),
+        ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler`` attribute say which
+        ran.
     **schedule
         Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
         ``max_concurrent_draws`` (continuous batching); they
@@ -225,6 +236,7 @@ class AutoSpec:
         device: str | torch.device | None = None,
         nuts_kwargs: dict | None = None,
         distributed: bool = False,
+        sampler: str = "auto",
         **schedule: Any,
     ):
         if not callable(model):
@@ -235,6 +247,8 @@ class AutoSpec:
             raise ValueError(f"num_chains must be a positive int; got {num_chains!r}")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}; got {sampler!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"correction must be None, 'importance' or 'imh'; got {correction!r}")
         if guide is not None and not (isinstance(oracle, str) and oracle == "enum"):
@@ -258,6 +272,7 @@ class AutoSpec:
         self.method = method
         self.guide = guide
         self.correction = correction
+        self.sampler = sampler
         self._warmup_steps = None if warmup_steps is None else int(warmup_steps)
         self.max_plate_nesting = max_plate_nesting
         self.seed = check_seed(seed)
@@ -385,6 +400,7 @@ class AutoSpec:
                 oracle=self.oracle,
                 guide=self.guide,
                 correction=self.correction,
+                sampler=self.sampler,
             ).run(args, kwargs)
         timing = self._run.timing
         self._run.timing = OrderedDict([("tracing", tracing), *timing.items()])
@@ -588,7 +604,10 @@ class AutoSpec:
 
             * ``n_rounds`` (long): rounds in which the draw's discrete sites had an oracle
               query in flight (its latency; the sequential sampler takes ``n`` per draw);
-            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws;
+              for forward filtering, backward sampling (``results[0].method == "ffbs"``),
+              the backward pass's sequential steps, one per site;
+            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws (0
+              for ``"ffbs"``, which queries no oracle);
             * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw (every
               site's scaled, masked log density: the density the draws follow);
             * ``oracle_log_prob`` (float64): the draw's log probability under the oracle's

@@ -237,6 +237,9 @@ class SelfCheck:
         compared with each other.
     custom_oracle : bool
         Word the error for an oracle the user passed.
+    log_normalizer : float, optional
+        ``log Z`` of the draws' law when the sampler knows it (forward filtering's), used in
+        place of ``oracle.log_normalizer()``.
     keep : int, optional
         Pool at most this many earlier draws (the first ones) with each new batch, for a
         sampler that checks as it goes (:class:`~pyro_autospec.infer.kernel.AutoSpecKernel`):
@@ -255,8 +258,16 @@ class SelfCheck:
     0.0
     """
 
-    def __init__(self, oracle: Any, *, custom_oracle: bool = False, keep: int | None = None):
+    def __init__(
+        self,
+        oracle: Any,
+        *,
+        custom_oracle: bool = False,
+        log_normalizer: float | None = None,
+        keep: int | None = None,
+    ):
         self.oracle = oracle
+        self.log_normalizer = log_normalizer
         self.custom_oracle = custom_oracle
         self.keep = keep
         self._parts: list[tuple[torch.Tensor, ...]] = []
@@ -295,7 +306,10 @@ class SelfCheck:
         device = self._parts[0][0].device
         lp, q, magnitude = (torch.cat([p[k].to(device) for p in self._parts]) for k in range(3))
         normalizer = getattr(self.oracle, "log_normalizer", None)
-        if normalizer is not None:
+        if self.log_normalizer is not None:
+            normalizer = torch.tensor(float(self.log_normalizer), dtype=torch.float64)
+            normalizer = normalizer.to(device)
+        elif normalizer is not None:
             normalizer = normalizer().double().to(device)
             if normalizer.numel() == 1:
                 normalizer = normalizer.reshape(()).expand_as(lp)

@@ -7,6 +7,13 @@ log q(x)`` must be the same for every draw of every chain (see
 each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
 ``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
+
+*Which sampler.* With the default oracle on a CPU, ``sampler="auto"`` draws by forward
+filtering, backward sampling (:mod:`pyro_autospec.infer.ffbs`: one elimination pass, then all
+draws at once) whenever the model's factor graph has an elimination that fits, and by the
+any-order engine (``method``) otherwise; ``"engine"`` always takes the engine, ``"ffbs"``
+requires the elimination. Both are exact and self-checked on every draw; ``results[i].method``
+and the summary say which ran.
 """
 
 from __future__ import annotations
@@ -20,12 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_autospec.infer.common import SelfCheck, build_oracle
+from pyro_autospec.infer.common import SelfCheck, SelfCheckError, build_oracle
+from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import evaluate
 
-__all__ = ["DiscreteRun", "warn_scales"]
+__all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
+
+#: Values of ``AutoSpec(sampler=...)``.
+SAMPLERS = ("auto", "engine", "ffbs")
 
 # Fewer guide draws than this give no Pareto k-hat.
 _MIN_DRAWS_FOR_KHAT = 5
@@ -58,6 +69,8 @@ class DiscreteRun(RunBase):
     guide : MarginalOracle, optional
         An approximate oracle (replaces ``oracle``).
     correction : {None, "importance", "imh"}
+    sampler : {"auto", "engine", "ffbs"}
+        See the module's notes.
     """
 
     def __init__(
@@ -69,8 +82,10 @@ class DiscreteRun(RunBase):
         oracle: Any,
         guide: Any,
         correction: str | None,
+        sampler: str = "auto",
     ):
         super().__init__(settings)
+        self.sampler = sampler
         self.model = model
         self.layout = layout
         self.oracle = oracle
@@ -79,6 +94,7 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
+        self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
     def independent_draws(self) -> bool:
@@ -94,7 +110,19 @@ class DiscreteRun(RunBase):
 
         layout = self.layout
         source = self.oracle if self.guide is None else self.guide
-        with self.stage("compiling"):
+        plan = None
+        if self._wants_ffbs():
+            with self.stage("compiling"):
+                oracle = self._ffbs_oracle(args, kwargs)
+                plan = plan_ffbs(oracle)
+            if plan is None and self.sampler == "ffbs":
+                raise ValueError(
+                    "sampler='ffbs' needs an elimination of the model's discrete sites that "
+                    "fits: plates that nest along the sites' order, and buckets of at most "
+                    "2^22 entries (see pyro_autospec.infer.ffbs); use sampler='auto', which "
+                    "falls back to the any-order engine"
+                )
+        else:
             oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
@@ -110,27 +138,34 @@ class DiscreteRun(RunBase):
         if self.correction == "imh":
             extra["accepted"], extra["acceptance_rate"] = [], []
         all_weights = []
-        self_check = SelfCheck(oracle, custom_oracle=custom) if exact else None
+        self_check = None
+        if exact:
+            log_z = None if plan is None else plan.log_normalizer
+            self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
         num_draws = self.num_samples + self.warmup_steps
         shapes = layout.latent_shapes()
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
-            result = sample_any_order(
-                oracle,
-                num_draws,
-                method=self.method,
-                seed=seed,
-                device=device,
-                progress=self.progress,
-                **self.schedule,
-            )
+            if plan is not None:
+                result = sample_exact(plan, num_draws, seed)
+            else:
+                result = sample_any_order(
+                    oracle,
+                    num_draws,
+                    method=self.method,
+                    seed=seed,
+                    device=device,
+                    progress=self.progress,
+                    **self.schedule,
+                )
             self.results.append(result)
             self.add_engine_time(result)
-            with self.stage("evaluation"):
-                values = layout.from_coords(result.samples)
-                if device is not None:
-                    values = {k: v.to(device) for k, v in values.items()}
-                joint = evaluate(
+            values = layout.from_coords(result.samples)
+            if device is not None:
+                values = {k: v.to(device) for k, v in values.items()}
+
+            def evaluate_draws(check_mixing: bool, values=values):
+                return evaluate(
                     self.model,
                     args,
                     kwargs,
@@ -139,7 +174,14 @@ class DiscreteRun(RunBase):
                     layout.max_plate_nesting,
                     observed_shapes=layout.observed_batch_shapes,
                     deterministic_shapes=layout.deterministic,
+                    check_mixing=check_mixing,
                 )
+
+            # Exact draws are self-checked, which a batch that mixes draws fails: the model
+            # is then evaluated again, one draw alone, only to say why.
+            with self.stage("evaluation"):
+                joint = evaluate_draws(check_mixing=not exact)
+            explain = evaluate_draws
             lp = joint.total
             oracle_lp = result.log_prob.double().to(lp.device)
             log_weight = lp - oracle_lp
@@ -171,7 +213,13 @@ class DiscreteRun(RunBase):
         if self_check is not None:
             # every draw of every chain at once: one draw per chain still compares draws
             with self.stage("self-check"):
-                self.max_self_check_error = self_check.check()
+                try:
+                    self.max_self_check_error = self_check.check()
+                except SelfCheckError:
+                    explain(check_mixing=True)  # raises if the batch mixed draws
+                    raise
+        if plan is not None:  # what the summary reports; the buckets' tables are let go
+            self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
         self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
         self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
@@ -179,6 +227,27 @@ class DiscreteRun(RunBase):
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
+
+    def _wants_ffbs(self) -> bool:
+        """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""
+        if self.sampler == "engine" or self.guide is not None or self.correction is not None:
+            return False
+        if not (isinstance(self.oracle, str) and self.oracle == "enum"):
+            return False
+        if self.sampler == "ffbs":
+            return True
+        # "auto": the CPU, a single process and the default method (the engine's methods
+        # are asked for by name; on a GPU the rounds of autospeculation are its point)
+        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
+        return on_cpu and self.method == "autospec" and not self.settings.distributed
+
+    def _ffbs_oracle(self, args: tuple, kwargs: dict):
+        """The compiled factors (lazy: the contraction is measured only if the engine runs)."""
+        from pyro_autospec.oracles.enum import EnumOracle
+
+        return EnumOracle(
+            self.model, args, kwargs, layout=self.layout, device=self.device, lazy=True
+        )
 
     def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
         """Indices of the draws a chain returns, after the correction."""
@@ -306,7 +375,12 @@ class DiscreteRun(RunBase):
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:
-        return self.guide_report()
+        report = self.guide_report()
+        if self.results:
+            # which sampler made the draws: "ffbs", or the engine's method
+            report.attrs["sampler"] = self.results[0].method
+            report.diagnostics["sampler"] = self.results[0].method
+        return report
 
     def self_check_summary(self) -> str:
         if self.max_self_check_error is None:
@@ -315,4 +389,23 @@ class DiscreteRun(RunBase):
             f"Self-check passed: log p(x, data) - log q(x) is constant across all "
             f"{self.num_chains * (self.num_samples + self.warmup_steps)} draws of the run "
             f"(every chain; largest deviation {self.max_self_check_error:.2g})."
+        )
+
+    def rounds_line(self, n: int, whole: dict) -> str:
+        if self.ffbs_plan is None:
+            return super().rounds_line(n, whole)
+        plan = self.ffbs_plan
+        return (
+            f"Sampler: forward filtering, backward sampling (exact): one elimination pass "
+            f"over the model's factors ({plan['forward_seconds']:.3g} s), then every draw "
+            f"at once in {plan['steps']} sequential steps, one per site (the sequential "
+            f"sampler takes {n} per draw: n = {n} coordinates); no oracle rows. "
+            f"sampler='engine' runs method={self.method!r} instead."
+        )
+
+    def faster_method(self, rounds: int, seq_rounds: int, rows_per_draw: float, n: int) -> str:
+        return (
+            ""
+            if self.ffbs_plan is not None
+            else super().faster_method(rounds, seq_rounds, rows_per_draw, n)
         )

@@ -252,14 +252,26 @@ class RunBase:
             )
         elif stages:
             lines.append(f"Wall time by stage (measured): {stages}.")
-        per_draw_rounds = torch.cat([r.sample_rounds.double().cpu() for r in self.results])
         whole = self.whole_run()
+        draws, rounds, rows = whole["draws"], whole["rounds"], whole["oracle_rows"]
+        rows_per_draw = rows / max(draws, 1)
+        seq_rounds = n * len(self.results)
+        lines.append(self.rounds_line(n, whole))
+        advice = self.faster_method(rounds, seq_rounds, rows_per_draw, n)
+        if advice:
+            lines.append(advice)
+        return "\n".join(_wrap(line) for line in "\n".join(lines).split("\n"))
+
+    def rounds_line(self, n: int, whole: dict) -> str:
+        """Rounds per draw and the whole run's rounds and rows, beside the sequential
+        sampler's exact counts."""
+        per_draw_rounds = torch.cat([r.sample_rounds.double().cpu() for r in self.results])
         draws, rounds, rows = whole["draws"], whole["rounds"], whole["oracle_rows"]
         runs = len(self.results)
         rows_per_draw = rows / max(draws, 1)
         seq_rounds, seq_rows = n * runs, n * draws
         engine_runs = "1 engine run" if runs == 1 else f"{runs} engine runs"
-        lines.append(
+        return (
             f"Rounds ({self.method}): {float(per_draw_rounds.mean()):.2f} per draw on average "
             f"(max {int(per_draw_rounds.max())}); the sequential sampler takes {n} per draw "
             f"(n = {n} {self.unit}).\n"
@@ -267,10 +279,6 @@ class RunBase:
             f"{engine_runs} ({rows_per_draw:.1f} rows per draw); the sequential sampler: "
             f"{seq_rounds:,} rounds and {seq_rows:,} rows ({n} per draw)."
         )
-        advice = self.faster_method(rounds, seq_rounds, rows_per_draw, n)
-        if advice:
-            lines.append(advice)
-        return "\n".join(_wrap(line) for line in "\n".join(lines).split("\n"))
 
     def faster_method(self, rounds: int, seq_rounds: int, rows_per_draw: float, n: int) -> str:
         """The line naming ``method="sequential"`` where it likely is faster ("" otherwise)."""

@@ -47,6 +47,10 @@ from pyro_autospec.model.tracing import (
 __all__ = ["DiscreteSite", "SiteLayout", "discover_sites"]
 
 _NUM_STRUCTURE_CHECKS = 8
+# A model whose latent sites are all discrete is traced this many times: any Python branch on
+# a discrete value also fails in the enumerated trace that every such run makes next (the value
+# is then a tensor of the site's whole support), and every exact draw is self-checked.
+_NUM_DISCRETE_STRUCTURE_CHECKS = 2
 
 
 @dataclass
@@ -318,6 +322,16 @@ def _unravel(flat: int, shape: torch.Size) -> list[int]:
     return list(reversed(out))
 
 
+def _has_continuous(trace) -> bool:
+    """Whether a trace has a continuous latent sample site."""
+    return any(
+        site["type"] == "sample"
+        and site_role(site) == "latent"
+        and not site["fn"].support.is_discrete
+        for site in trace.nodes.values()
+    )
+
+
 def _signature(trace) -> tuple:
     out = []
     for name, site in trace.nodes.items():
@@ -444,7 +458,10 @@ def discover_sites(
     """Find a model's discrete latent sites and check that AutoSpec can sample them exactly.
 
     The model is traced under ``poutine.block`` a few times (with a forked torch RNG, so the
-    global random state is left unchanged) to check that its structure does not change.
+    global random state is left unchanged) to check that its structure does not change: twice
+    when its latent sites are all discrete (a Python branch on a discrete value also fails
+    when the model is traced under enumeration, as every AutoSpec run then does), eight times
+    when it has continuous ones.
 
     Parameters
     ----------
@@ -489,7 +506,11 @@ def discover_sites(
     kwargs = {} if kwargs is None else kwargs
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(20260101)
-        raw = [trace_model(model, args, kwargs, prune=False) for _ in range(_NUM_STRUCTURE_CHECKS)]
+        raw = [trace_model(model, args, kwargs, prune=False)]
+        checks = (
+            _NUM_STRUCTURE_CHECKS if _has_continuous(raw[0]) else _NUM_DISCRETE_STRUCTURE_CHECKS
+        )
+        raw += [trace_model(model, args, kwargs, prune=False) for _ in range(checks - 1)]
     check_subsampling(raw[0])
     traces = [prune_subsample_sites(t) for t in raw]
     trace = traces[0]

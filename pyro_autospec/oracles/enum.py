@@ -205,6 +205,11 @@ class EnumOracle:
         a :class:`~pyro_autospec.oracles.PairwiseChainOracle` built from the factors (the
         same numbers, ``O(q^2)`` per target instead of a contraction per row). ``False``
         always contracts.
+    lazy : bool
+        Compile the factors only, and leave the measurement of the contraction (which
+        refuses an intractable elimination, or plates that do not nest as a tree) and the
+        chain lowering to the first query. For callers that read the factors themselves
+        (:func:`~pyro_autospec.infer.ffbs.plan_ffbs`); the queries are the same.
 
     Attributes
     ----------
@@ -282,6 +287,7 @@ class EnumOracle:
         continuous_values: Mapping[str, torch.Tensor] | None = None,
         max_elements: int = 2**27,
         lower_chains: bool = True,
+        lazy: bool = False,
     ):
         if batch_size < 2:
             raise ValueError(f"batch_size must be >= 2, got {batch_size}")
@@ -307,6 +313,7 @@ class EnumOracle:
         self.num_draws = None if self._continuous is None else self._num_continuous
         self.device = None if device is None else torch.device(device)
         self.lower_chains = bool(lower_chains)
+        self._lazy = bool(lazy)
         self._compile()
 
     def __repr__(self) -> str:
@@ -541,11 +548,19 @@ class EnumOracle:
         self._sum_dims = enum_symbols
         self._dim_to_size = dim_to_size
         self._family = self._continuous is not None and num > 1
-        self._row_entries = self._measure()
         self._log_normalizer = None
-        lower = self.lower_chains and not self._family
         self._chain_order = self._chain_position = None
-        self._chain = self._lower_to_chain() if lower else None
+        self._row_entries = self._chain = None
+        if not self._lazy:
+            self._prepare_queries()
+
+    def _prepare_queries(self) -> None:
+        """Measure the contraction (refusing an intractable one) and lower a chain."""
+        if self._row_entries is not None:
+            return
+        self._row_entries = self._measure()
+        if self.lower_chains and not self._family:
+            self._chain = self._lower_to_chain()
 
     def _simplify(self, terms, evidence, draws, enum_symbols):
         """Contract plates that no enumerated site lives in, and fold factors into supersets.
@@ -741,6 +756,7 @@ class EnumOracle:
             ``log P(X_i = v | X_S = values_S, data)``; ``-inf`` outside each site's support.
         """
         values, mask, draws = self._check(values, mask, draws)
+        self._prepare_queries()
         if values.shape[0] == 0:
             return torch.empty(
                 0, self.num_coords, self.num_values, dtype=torch.float64, device=self.device
@@ -795,6 +811,7 @@ class EnumOracle:
         DoubleTensor[B, k, q]
         """
         values, mask, draws = self._check(values, mask, draws)
+        self._prepare_queries()
         targets = torch.as_tensor(targets, dtype=torch.long, device=self.device)
         if (
             self._chain is not None
@@ -838,6 +855,7 @@ class EnumOracle:
         DoubleTensor[C, L, q]
         """
         values, mask, draws = self._check(values, mask, draws)
+        self._prepare_queries()
         chain = torch.as_tensor(chain, dtype=torch.long, device=values.device)
         if self._chain is not None:
             values, mask, chain = self._to_chain(values, mask, chain)
@@ -868,6 +886,7 @@ class EnumOracle:
         DoubleTensor[B] (family) or a 0-dim DoubleTensor
         """
         if self._log_normalizer is None:
+            self._prepare_queries()
             num = 1 if self._continuous is None else self._num_continuous
             everything = torch.arange(num, device=self.device)
             logz = []

@@ -99,10 +99,13 @@ def chi_square_p_value(draws, states, log_prob):
     return scipy.stats.chisquare(observed, wanted).pvalue
 
 
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_autospec_draws_are_exact(name):
+def test_autospec_draws_are_exact(name, sampler):
     model, args, num_samples = CASES[name]
-    autospec = AutoSpec(model, num_samples=num_samples, seed=0, disable_progbar=True)
+    autospec = AutoSpec(
+        model, num_samples=num_samples, seed=0, disable_progbar=True, sampler=sampler
+    )
     autospec.run(*args)
     layout = autospec.layout
     states, log_prob = enumerate_posterior(model, args, layout=layout)

@@ -35,8 +35,20 @@ from tests.infer._brute_force import (
 )
 from tests.infer._pyro_hmm_examples import model_1, model_2, model_3
 
+_SAMPLER = {"name": "auto"}
+
+
+@pytest.fixture(autouse=True, params=["auto", "engine"])
+def sampler(request):
+    """Every test twice: the default sampler (forward filtering, backward sampling on these
+    models) and the any-order engine."""
+    _SAMPLER["name"] = request.param
+    yield request.param
+    _SAMPLER["name"] = "auto"
+
 
 def sample(model, *args, num_samples=3000, seed=0, **kwargs):
+    kwargs.setdefault("sampler", _SAMPLER["name"])
     return AutoSpec(model, num_samples=num_samples, seed=seed, disable_progbar=True, **kwargs).run(
         *args
     )

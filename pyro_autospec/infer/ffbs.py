@@ -1,0 +1,336 @@
+"""Exact draws of a tractable model by forward filtering, backward sampling, all draws at once.
+
+The chain rule of the posterior in one fixed elimination order, with the conditionals read off
+incremental messages: variable elimination over the factor graph that
+:class:`~pyro_autospec.oracles.enum.EnumOracle` compiled (the model's scaled, masked
+log-density factors, plates included) computes one message per site (*forward filtering*),
+then every draw samples the sites in the reverse order, each from its bucket's factor given
+the sites already drawn (*backward sampling*). On a hidden Markov chain this is the
+forward-filtering backward-sampling algorithm; on several chains coupled per step (a dynamic
+Bayesian network, a factorial HMM) it is the same over the steps' joint states. The order is
+greedy: the site whose bucket is smallest, ties in trace order, sites inside a plate before the
+sites outside it that they share a factor with. The forward pass is done once per run; the
+backward pass is one sequence of batched gathers for all draws of a chain (``num_sites``
+sequential steps, vectorised over draws and plates).
+
+Every draw also gets ``log q(x)``: the sum of the log conditionals it was drawn from. With
+``log Z`` from the forward pass, the run's self-check
+(:func:`~pyro_autospec.infer.common.check_exact_draws`) tests ``log p(x, data) - log q(x) =
+log Z`` for every draw, where ``log p(x, data)`` comes from running the model on the draw.
+
+:func:`plan_ffbs` returns ``None`` when the elimination does not fit: plates that do not nest
+along the order (a site outside a plate whose factor couples sites inside it, with those
+sites eliminated after it), a bucket larger than :data:`MAX_BUCKET_ENTRIES` or all buckets
+together larger than :data:`MAX_TOTAL_ENTRIES`, or a model with no possible assignment. The
+run then uses the any-order engine, which refuses or samples such models as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pyro_autospec.engine.result import SampleResult
+
+__all__ = ["FFBSPlan", "MAX_BUCKET_ENTRIES", "MAX_TOTAL_ENTRIES", "plan_ffbs", "sample_exact"]
+
+#: Largest bucket (a product of factors over one site and its neighbours) in entries.
+MAX_BUCKET_ENTRIES = 2**22
+#: Largest sum of the stored buckets' entries (float64: 8 bytes each).
+MAX_TOTAL_ENTRIES = 2**25
+
+
+@dataclass
+class _Bucket:
+    site: int  # index into the oracle's evidence specs (sites in trace order)
+    later: tuple  # sites eliminated after this one that its factor depends on
+    table: torch.Tensor  # [*plates, K_site, *K_later], log space
+
+
+@dataclass
+class FFBSPlan:
+    """A compiled elimination: the buckets in elimination order, ``log Z`` and the layout.
+
+    Attributes
+    ----------
+    buckets : list
+        One per site, in elimination order.
+    log_normalizer : float
+        ``log sum_x p(x, data)`` (the oracle's constant included).
+    num_coords : int
+    plate_sizes : tuple of int
+        Sizes of the plates in the canonical order of the plan.
+    forward_seconds : float
+        Time of the forward pass.
+    """
+
+    buckets: list
+    log_normalizer: float
+    num_coords: int
+    plate_sizes: tuple
+    site_plates: list  # per site: its plate symbols' positions, in the site's batch order
+    site_coords: list  # per site: its coordinate slice
+    forward_seconds: float
+    device: torch.device
+
+    @property
+    def num_steps(self) -> int:
+        """Sequential steps of the backward pass (one per site)."""
+        return len(self.buckets)
+
+    def sample(self, num_draws: int, seed: int) -> SampleResult:
+        """``num_draws`` exact draws, vectorised, from the generator seeded by ``seed``.
+
+        Returns
+        -------
+        SampleResult
+            ``method="ffbs"``; ``rounds`` and ``sample_rounds`` count the sequential steps of
+            the backward pass (one per site), ``oracle_rows`` is 0 (no oracle query).
+        """
+        start = time.perf_counter()
+        device = self.device
+        gen = torch.Generator(device=device).manual_seed(int(seed) % 2**63)
+        num_plates = len(self.plate_sizes)
+        values: dict[int, torch.Tensor] = {}
+        log_q = torch.zeros(num_draws, dtype=torch.float64, device=device)
+        aranges = []
+        zero = torch.zeros([1] * (num_plates + 1), dtype=torch.long, device=device)
+        for i, size in enumerate(self.plate_sizes):
+            shape = [1] * (num_plates + 1)
+            shape[i + 1] = size
+            aranges.append(torch.arange(size, device=device).reshape(shape))
+        for bucket in reversed(self.buckets):
+            table = bucket.table
+            k = table.shape[num_plates]
+            if bucket.later:
+                # [*K_later, *plates, K]: index the later sites' draws and the plates
+                order = list(range(num_plates + 1, table.dim())) + list(range(num_plates + 1))
+                moved = table.permute(order)
+                index = tuple(values[s] for s in bucket.later) + tuple(
+                    a if moved.shape[len(bucket.later) + i] > 1 else zero
+                    for i, a in enumerate(aranges)
+                )
+                logits = moved[index]
+            else:
+                logits = table.unsqueeze(0)
+            shape = self._site_shape(bucket.site, num_draws)
+            logits = logits.expand(shape + (k,))
+            log_probs = torch.log_softmax(logits, dim=-1)
+            cdf = log_probs.exp().cumsum(-1)
+            u = torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
+            u = u * cdf[..., -1]
+            x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
+            picked = log_probs.gather(-1, x)
+            # a rounding edge may land on an impossible value: take the most likely one there
+            bad = ~torch.isfinite(picked)
+            if bool(bad.any()):
+                best = log_probs.argmax(-1, keepdim=True)
+                x = torch.where(bad, best, x)
+                picked = log_probs.gather(-1, x)
+            x = x.squeeze(-1)
+            log_q += picked.squeeze(-1).reshape(num_draws, -1).sum(1)
+            values[bucket.site] = x
+        samples = torch.empty(num_draws, self.num_coords, dtype=torch.long, device=device)
+        for site, (coords, plates) in enumerate(
+            zip(self.site_coords, self.site_plates, strict=True)
+        ):
+            # the site's plates in its own batch order first, the unit dims after: C order
+            rest = [d for d in range(1, num_plates + 1) if d - 1 not in plates]
+            x = values[site].permute([0] + [p + 1 for p in plates] + rest)
+            samples[:, coords] = x.reshape(num_draws, -1)
+        steps = self.num_steps
+        return SampleResult(
+            samples=samples,
+            log_prob=log_q,
+            rounds=steps,
+            sample_rounds=torch.full((num_draws,), steps, dtype=torch.long, device=device),
+            oracle_rows=0,
+            method="ffbs",
+            wall_time=time.perf_counter() - start,
+            timing={"forward": self.forward_seconds},
+        )
+
+    def _site_shape(self, site: int, num_draws: int) -> tuple:
+        shape = [num_draws] + [1] * len(self.plate_sizes)
+        for p in self.site_plates[site]:
+            shape[p + 1] = self.plate_sizes[p]
+        return tuple(shape)
+
+
+def _elimination_order(scopes: list, has: list, support: list) -> list:
+    """A greedy elimination order: the site whose bucket is smallest, ties in trace order.
+
+    A site may go only when every neighbour's plates are among its own (sites inside a plate
+    before the sites outside it that they share a factor with). On a chain this is the
+    forward order; a site shared by many (a global site sampled first) goes last.
+    """
+    num = len(has)
+    neighbours = [set() for _ in range(num)]
+    for scope in scopes:
+        for v in scope:
+            neighbours[v] |= scope
+    for v in range(num):
+        neighbours[v].discard(v)
+    remaining = set(range(num))
+
+    def key(v):
+        eligible = all(has[u] <= has[v] for u in neighbours[v])
+        size = support[v] * math.prod(support[u] for u in neighbours[v])
+        return (not eligible, size, v)
+
+    keys = {v: key(v) for v in remaining}
+    order = []
+    while remaining:
+        v = min(remaining, key=keys.__getitem__)
+        order.append(v)
+        remaining.discard(v)
+        for u in neighbours[v]:
+            neighbours[u] |= neighbours[v]
+            neighbours[u].discard(u)
+            neighbours[u].discard(v)
+        for u in neighbours[v]:
+            keys[u] = key(u)
+    return order
+
+
+def plan_ffbs(oracle) -> FFBSPlan | None:
+    """Variable elimination over a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`.
+
+    Parameters
+    ----------
+    oracle : EnumOracle
+        Compiled for one target (not a family of continuous draws).
+
+    Returns
+    -------
+    FFBSPlan or None
+        ``None`` when the elimination does not fit (see the module's notes).
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_autospec.oracles.enum import EnumOracle
+    >>> def model(y):
+    ...     z = 0
+    ...     for t in pyro.markov(range(len(y))):
+    ...         z = pyro.sample(f"z_{t}", dist.Bernoulli(0.2 + 0.6 * z))
+    ...         pyro.sample(f"y_{t}", dist.Normal(z, 1.0), obs=y[t])
+    >>> plan = plan_ffbs(EnumOracle(model, (torch.tensor([0.1, 0.9, 1.2]),)))
+    >>> result = plan.sample(4, seed=0)
+    >>> result.samples.shape, result.method, plan.num_steps
+    (torch.Size([4, 3]), 'ffbs', 3)
+    """
+    if getattr(oracle, "num_draws", None) is not None:
+        return None
+    start = time.perf_counter()
+    specs = oracle._evidence
+    draws = oracle._draws_symbol
+    sizes = oracle._dim_to_size
+    var_of = {}
+    for index, spec in enumerate(specs):
+        var_of[spec.dims[-2]] = index
+    plates = sorted(
+        {d for spec in specs for d in spec.dims[:-2]}
+        | {d for _, dims, _ in oracle._terms for d in dims if d not in var_of and d != draws}
+    )
+    plate_pos = {p: i for i, p in enumerate(plates)}
+    plate_sizes = tuple(int(sizes[p]) for p in plates)
+    num_plates = len(plates)
+    site_plates = [[plate_pos[d] for d in spec.dims[:-2]] for spec in specs]
+    has = [frozenset(ps) for ps in site_plates]
+    support = [spec.support_size for spec in specs]
+    device = oracle.device
+
+    scopes = [{var_of[d] for d in dims if d in var_of} for _, dims, _ in oracle._terms]
+    order = _elimination_order(scopes, has, support)
+    position = {site: k for k, site in enumerate(order)}
+    pending: list[list] = [[] for _ in order]  # per position: factors (tensor, sites)
+
+    def add(tensor: torch.Tensor, sites: tuple) -> float | None:
+        if not sites:
+            return float(tensor.sum())
+        pending[min(position[s] for s in sites)].append((tensor, sites))
+        return None
+
+    log_z = float(oracle._constant.sum())
+    for tensor, dims, _ in oracle._terms:
+        tensor = torch.as_tensor(tensor).detach()
+        t = tensor.view(tensor.shape)
+        if draws in dims:
+            axis = dims.index(draws)
+            if t.shape[axis] != 1:
+                return None
+            t = t.squeeze(axis)
+            dims = dims.replace(draws, "")
+        sites = tuple(sorted((var_of[d] for d in dims if d in var_of), key=position.get))
+        perm = [dims.index(p) for p in plates if p in dims] + [
+            dims.index(specs[s].dims[-2]) for s in sites
+        ]
+        if len(perm) != len(dims):
+            return None
+        t = t.permute(perm)
+        shape = [plate_sizes[i] if p in dims else 1 for i, p in enumerate(plates)]
+        shape += [support[s] for s in sites]
+        t = t.reshape(shape)
+        extra = add(t, sites)
+        if extra is not None:
+            log_z += extra
+    total = 0
+    buckets = []
+    for k, site in enumerate(order):
+        factors = pending[k]
+        later = sorted({s for _, ss in factors for s in ss if s != site}, key=position.get)
+        names = [site] + later
+        shape = [1] * num_plates + [support[s] for s in names]
+        for t, _ in factors:
+            for i in range(num_plates):
+                shape[i] = max(shape[i], t.shape[i])
+        entries = math.prod(shape)
+        total += entries
+        if entries > MAX_BUCKET_ENTRIES or total > MAX_TOTAL_ENTRIES:
+            return None
+        table = torch.zeros(shape, dtype=torch.float64, device=device)
+        for t, ss in factors:
+            view = list(t.shape[:num_plates]) + [1] * len(names)
+            for s in ss:
+                view[num_plates + names.index(s)] = support[s]
+            aligned = t.permute(
+                list(range(num_plates)) + [num_plates + ss.index(s) for s in names if s in ss]
+            ).reshape(view)
+            table = table + aligned
+        # plates the site is outside of: product over them (a sum of logs), unless a later
+        # site lives in them (then they do not nest along this order)
+        for i in range(num_plates):
+            if table.shape[i] > 1 and i not in has[site]:
+                if any(i in has[s] for s in later):
+                    return None
+                table = table.sum(i, keepdim=True)
+        buckets.append(_Bucket(site, tuple(later), table))
+        message = torch.logsumexp(table, dim=num_plates)
+        for i in range(num_plates):
+            if message.shape[i] > 1 and not any(i in has[s] for s in later):
+                message = message.sum(i, keepdim=True)
+        if later:
+            pending[position[later[0]]].append((message, tuple(later)))
+        else:
+            log_z += float(message.sum())
+    if not math.isfinite(log_z):
+        return None
+    return FFBSPlan(
+        buckets=buckets,
+        log_normalizer=log_z,
+        num_coords=oracle.num_coords,
+        plate_sizes=plate_sizes,
+        site_plates=site_plates,
+        site_coords=[spec.coords for spec in specs],
+        forward_seconds=time.perf_counter() - start,
+        device=torch.device(device),
+    )
+
+
+def sample_exact(plan: FFBSPlan, num_draws: int, seed: int) -> SampleResult:
+    """``num_draws`` exact draws of a plan (:meth:`FFBSPlan.sample`), seeded by ``seed``."""
+    return plan.sample(num_draws, seed)
