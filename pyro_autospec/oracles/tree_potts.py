@@ -617,10 +617,12 @@ class TreePottsOracle(ChainThen, ExactOracle):
             if lo == hi:
                 continue
             below = child[lo:hi]
-            has = (below >= 0).unsqueeze(-1)
-            below = below.clamp(min=1)  # an event's previous version is the entry before it
-            delta = up.index_select(0, below) - up.index_select(0, below - 1)
-            running = torch.where(has, delta, 0.0).cumsum(0)
+            has = below >= 0
+            # an event's previous version is the entry before it; entries without a child
+            # read entry 0 (ignored), which exists even when it is the only one
+            below = torch.where(has, below, 0)
+            delta = up.index_select(0, below) - up.index_select(0, (below - 1).clamp(min=0))
+            running = torch.where(has.unsqueeze(-1), delta, 0.0).cumsum(0)
             head = first[lo:hi]
             incoming[lo:hi] = (
                 incoming.index_select(0, head) + running - running.index_select(0, head - lo)

@@ -205,3 +205,21 @@ def test_chain_queries_on_deep_and_wide_trees(name):
     oracle = TreePottsOracle(edges, 0.7, fields, num_values=3)
     values, mask, chain = random_chains(n, 3, 30, 12, seed=6, pin_probability=0.1)
     assert assert_chain_matches_rows(oracle, values, mask, chain) > 30 * 3
+
+
+def test_one_targeted_row_with_nothing_pinned():
+    """A single row (one draw sampled sequentially) once indexed past the only version."""
+    n = 64
+    edges = torch.tensor([[i, i + 1] for i in range(n - 1)])
+    oracle = TreePottsOracle(
+        edges,
+        torch.full((n - 1,), 0.7, dtype=torch.float64),
+        torch.zeros(n, 2, dtype=torch.float64),
+        num_values=2,
+    )
+    values = torch.zeros(2, n, dtype=torch.long)
+    mask = torch.zeros(2, n, dtype=torch.bool)
+    one = oracle.log_marginals_at(values[:1], mask[:1], torch.tensor([[0]]))
+    two = oracle.log_marginals_at(values, mask, torch.tensor([[0], [0]]))
+    torch.testing.assert_close(one[0], two[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(one.exp().sum(-1), torch.ones(1, 1, dtype=torch.float64))
