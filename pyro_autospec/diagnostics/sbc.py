@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.stats
 import torch
 
 __all__ = ["SBCResult", "sbc", "plot_sbc_ranks", "rank_uniformity_pvalue"]
@@ -60,6 +59,9 @@ def rank_uniformity_pvalue(ranks: np.ndarray, num_posterior_samples: int, num_bi
     expected = probs * ranks.size
     if expected.min() < MIN_EXPECTED:
         return float("nan")
+    # scipy.stats takes over a second to import: only a calibration check pays for it
+    import scipy.stats
+
     return float(scipy.stats.chisquare(observed, expected).pvalue)
 
 
@@ -294,6 +296,8 @@ def plot_sbc_ranks(
     axes = np.asarray(axes).reshape(-1)
     edges, probs = _bin_probs(result.num_posterior_samples + 1, num_bins)
     num = result.num_simulations
+    import scipy.stats  # see rank_uniformity_pvalue
+
     lower = scipy.stats.binom.ppf((1 - prob) / 2, num, probs)
     upper = scipy.stats.binom.ppf(1 - (1 - prob) / 2, num, probs)
     centres = np.arange(num_bins)

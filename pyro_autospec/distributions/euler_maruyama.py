@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
+from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.engine.diffusion import (
     SampleResult,
     euler_maruyama_log_prob,
@@ -180,6 +181,6 @@ class EulerMaruyamaPath(TorchDistribution):
         options = {
             k: self.sampler_options[k] for k in ("device", "dtype") if k in self.sampler_options
         }
-        shape = torch.broadcast_shapes(value.shape[:-2], self.batch_shape)
+        shape = broadcast_shape(value.shape[:-2], self.batch_shape)
         value = value.expand(shape + value.shape[-2:])
         return euler_maruyama_log_prob(self.drift, self.times, value, scale=self.scale, **options)

@@ -40,6 +40,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 
+from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model import AutoSpecModelError, SiteLayout, log_joint
 
 __all__ = [
@@ -233,7 +234,7 @@ def joint_log_prob(
             if site["type"] != "sample":
                 continue
             lp = site["log_prob"].detach().to(torch.float64)
-            lp = lp.expand(torch.broadcast_shapes(lp.shape, (size,) + (1,) * mpn))
+            lp = lp.expand(broadcast_shape(lp.shape, (size,) + (1,) * mpn))
             total = total + lp.reshape(size, -1).sum(-1)
         parts.append(total)
     return torch.cat(parts)

@@ -34,6 +34,7 @@ from pyro import poutine
 from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import prune_subsample_sites
 
+from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model.continuous import ContinuousLayout
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
@@ -183,7 +184,7 @@ def _run_chunk(
             total = torch.zeros(n, dtype=torch.float64, device=device)
             magnitude = torch.zeros(n, dtype=torch.float64, device=device)
         try:
-            full = torch.broadcast_shapes(lp.shape, (n,) + (1,) * mpn)
+            full = broadcast_shape(lp.shape, (n,) + (1,) * mpn)
         except RuntimeError as e:
             raise AutoSpecModelError(f"Site '{name}': " + _MIXED_DRAWS) from e
         lp = lp.expand(full)
