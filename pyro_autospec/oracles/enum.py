@@ -158,6 +158,26 @@ def _intractable_error(entries: float) -> IntractableEnumerationError:
     )
 
 
+def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerationError:
+    """torch's limit of 64 tensor dims reached: enumeration gives every live site a dim."""
+    last = f" (the model failed after site '{seen[-1]}')" if seen else ""
+    names = layout.names
+    shown = ", ".join(f"'{n}'" for n in names[:4]) + (", ..." if len(names) > 4 else "")
+    return IntractableEnumerationError(
+        f"The model has {len(names)} discrete latent sites ({shown}), more than exact "
+        f"enumeration can hold{last}: Pyro's parallel enumeration gives every discrete site its "
+        f"own tensor dim, and torch supports at most 64 dims per tensor (of which the plates "
+        f"take {layout.max_plate_nesting} and AutoSpec's batch of draws 1). "
+        f"pyro.markov frees the dim of a site once the chain has moved past it, and a pyro.plate "
+        f"gives all its elements one dim, but sites that stay coupled (a grid written with one "
+        f"pyro.sample per cell) each keep theirs. Ways out: declare repeated sites in a "
+        f"pyro.plate and chains with pyro.markov, or sample the sites with a learned guide, "
+        f"guide = AnyOrderGuide(model, args); guide.fit_posterior(*args); then "
+        f"AutoSpec(model, guide=guide, correction='imh'), which needs no enumeration (see "
+        f"tutorials/07_beyond_enumeration)."
+    )
+
+
 class EnumOracle:
     """Exact conditional marginals of a Pyro model's discrete latent sites, compiled once.
 
@@ -395,6 +415,8 @@ class EnumOracle:
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
             if "memory" in str(e) or "allocate" in str(e):
                 raise _intractable_error(float("inf")) from e
+            if "up to 64 dims" in str(e):
+                raise _too_many_dims_error(self.layout, recorder.names) from e
             raise structure_error(e, recorder.names, "under enumeration") from e
         return trace
 
@@ -464,6 +486,7 @@ class EnumOracle:
 
         # evidence: where each discrete site's pins go
         evidence, enum_symbols = [], set()
+        site_plates: dict[str, tuple[str, str]] = {}  # enum symbol -> (site, its plates)
         for site in layout.sites:
             node = trace.nodes.get(site.name)
             if node is None or node["infer"].get("_enumerate_dim") is None:
@@ -483,6 +506,7 @@ class EnumOracle:
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
             dim_to_size[symbol] = site.support_size
+            site_plates[symbol] = (site.name, plates)
             evidence.append(
                 _Evidence(
                     site.name,
@@ -525,6 +549,7 @@ class EnumOracle:
             ordinal = frozenset(
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
+            self._check_plate_coupling(name, dims, ordinal, site_plates)
             if not set(dims) & enum_symbols:  # no discrete site in it: a constant per draw
                 keep = [i for i, d in enumerate(dims) if d != draws]
                 part = tensor.sum(keep) if keep else tensor
@@ -546,6 +571,38 @@ class EnumOracle:
         lower = self.lower_chains and not self._family
         self._chain_order = self._chain_position = None
         self._chain = self._lower_to_chain() if lower else None
+
+    def _check_plate_coupling(self, name, dims, ordinal, site_plates) -> None:
+        """Refuse a factor outside a plate that reads a discrete site inside it.
+
+        Enumeration gives all elements of a plated site one tensor dim: a factor inside the
+        plate sees each element's own value, but one outside it (an Ising coupling summed over
+        the grid) can only see them all equal. Pyro's ``TraceEnum_ELBO`` has the same rule
+        ("no variable outside of a plate depends on an enumerated variable inside it") and
+        ``infer_discrete`` silently samples the wrong law there.
+        """
+        for symbol in dims:
+            if symbol not in site_plates:
+                continue
+            site, plates = site_plates[symbol]
+            outside = [p for p in plates if p not in ordinal]
+            if not outside:
+                continue
+            names = ", ".join(f"'{self._symbol_to_plate[p]}'" for p in outside)
+            what = f"Site '{name}'" if name != site else f"The log density of site '{site}'"
+            raise IntractableEnumerationError(
+                f"{what} lies outside plate(s) {names} but depends on the discrete site "
+                f"'{site}' sampled inside them: it couples the elements of one plate with each "
+                f"other, which enumeration cannot express. Enumeration gives all elements of "
+                f"a plated site one shared tensor dim, so a factor outside the plate sees them "
+                f"all take the same value (Pyro's TraceEnum_ELBO forbids this, and "
+                f"infer_discrete silently samples the wrong law). Ways out: compute the "
+                f"factor inside the plate, from each element's own value and sites outside "
+                f"it; write the coupled elements as separate sites (a pyro.markov loop over "
+                f"rows keeps a narrow grid tractable); or sample the model with a learned "
+                f"guide, which needs no enumeration: guide = AnyOrderGuide(model, args); "
+                f"guide.fit_posterior(*args); AutoSpec(model, guide=guide, correction='imh')."
+            )
 
     def _simplify(self, terms, evidence, draws, enum_symbols):
         """Contract plates that no enumerated site lives in, and fold factors into supersets.

@@ -1,0 +1,49 @@
+"""Refusals that teach: each names the site or plate, the cause and a way out (issue 32)."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+
+from pyro_autospec.infer import AutoSpec, IntractableEnumerationError
+from pyro_autospec.oracles.enum import EnumOracle
+
+
+def run(model, *args, **kwargs):
+    kwargs.setdefault("num_samples", 2)
+    return AutoSpec(model, disable_progbar=True, **kwargs).run(*args)
+
+
+def test_more_sites_than_tensor_dims_points_to_a_guide():
+    def star():  # 70 sites each coupled to the first: every one keeps its own dim
+        root = pyro.sample("x_0", dist.Bernoulli(0.5))
+        for i in range(1, 70):
+            x = pyro.sample(f"x_{i}", dist.Bernoulli(0.5))
+            pyro.factor(f"f_{i}", 0.3 * (2 * root - 1) * (2 * x - 1))
+
+    with pytest.raises(IntractableEnumerationError) as info:
+        EnumOracle(star)
+    text = str(info.value)
+    assert "70 discrete latent sites" in text and "'x_0'" in text
+    assert "own tensor dim" in text and "64 dims" in text
+    assert "guide=guide" in text and "AnyOrderGuide" in text
+    assert "control flow" not in text and "reduce a sampled value" not in text
+
+
+def ising_one_plated_site():
+    """An Ising grid as one plated site, its coupling summed with keepdim=True."""
+    with pyro.plate("rows", 4, dim=-2), pyro.plate("cols", 4, dim=-1):
+        x = pyro.sample("x", dist.Bernoulli(0.5))
+    s = 2 * x - 1
+    down = (s[..., 1:, :] * s[..., :-1, :]).sum((-1, -2), keepdim=True)
+    right = (s[..., :, 1:] * s[..., :, :-1]).sum((-1, -2), keepdim=True)
+    pyro.factor("coupling", 0.4 * (down + right))
+
+
+def test_coupling_inside_one_plated_site_names_the_cause():
+    with pytest.raises(IntractableEnumerationError) as info:
+        run(ising_one_plated_site)
+    text = str(info.value)
+    assert "Site 'coupling' lies outside plate(s) 'rows', 'cols'" in text
+    assert "discrete site 'x'" in text and "couples the elements of one plate" in text
+    assert "guide=guide" in text
+    assert "log q(x)" not in text and "Please report" not in text
