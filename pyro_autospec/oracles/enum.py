@@ -472,6 +472,7 @@ class EnumOracle:
     def _compile(self) -> None:
         traces = self._traces()
         trace = traces[0]
+        self._check_markov_history(trace)
         layout = self.layout
         plate_to_symbol = trace.plate_to_symbol
         self._symbol_to_plate = {s: p for p, s in plate_to_symbol.items()}
@@ -571,6 +572,35 @@ class EnumOracle:
         lower = self.lower_chains and not self._family
         self._chain_order = self._chain_position = None
         self._chain = self._lower_to_chain() if lower else None
+
+    @staticmethod
+    def _check_markov_history(trace) -> None:
+        """Refuse a site whose distribution reaches past its ``pyro.markov`` history.
+
+        ``pyro.markov(history=h)`` lets enumeration reuse the tensor dim of a site more than
+        ``h`` steps back. A site that still depends on such a site gets that very dim: its
+        distribution's parameters already vary along the dim it is enumerated into, and its
+        log density is read on the diagonal (silently wrong in Pyro's ``infer_discrete``).
+        """
+        holder: dict[int, str] = {}  # enum dim -> the last site enumerated there
+        for name, node in trace.nodes.items():
+            if node["type"] != "sample" or node["is_observed"]:
+                continue
+            dim = (node.get("infer") or {}).get("_enumerate_dim")
+            if dim is None:
+                continue
+            batch_shape = node["fn"].batch_shape
+            if len(batch_shape) >= -dim and batch_shape[dim] > 1 and dim in holder:
+                earlier = holder[dim]
+                raise AutoSpecModelError(
+                    f"Site '{name}' depends on site '{earlier}', which lies further back than "
+                    f"its pyro.markov history keeps: enumeration reused the tensor dim of "
+                    f"'{earlier}' for '{name}', so the dependence cannot be expressed (Pyro's "
+                    f"infer_discrete silently samples the wrong law here). Ways out: raise "
+                    f"history in pyro.markov(..., history=h) to the longest lag the model "
+                    f"uses (history=2 for a second-order chain), or drop the dependence."
+                )
+            holder[dim] = name
 
     def _check_plate_coupling(self, name, dims, ordinal, site_plates) -> None:
         """Refuse a factor outside a plate that reads a discrete site inside it.

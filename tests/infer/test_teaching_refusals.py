@@ -3,8 +3,10 @@
 import pyro
 import pyro.distributions as dist
 import pytest
+import torch
 
-from pyro_autospec.infer import AutoSpec, IntractableEnumerationError
+from pyro_autospec.infer import AutoSpec, AutoSpecModelError, IntractableEnumerationError
+from pyro_autospec.infer.sites import enumerate_posterior
 from pyro_autospec.oracles.enum import EnumOracle
 
 
@@ -47,3 +49,31 @@ def test_coupling_inside_one_plated_site_names_the_cause():
     assert "discrete site 'x'" in text and "couples the elements of one plate" in text
     assert "guide=guide" in text
     assert "log q(x)" not in text and "Please report" not in text
+
+
+def second_order_chain(history):
+    def model():
+        before, last = torch.tensor(0.0), torch.tensor(0.0)
+        for t in pyro.markov(range(5), history=history):
+            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.2 + 0.3 * before + 0.4 * last))
+            before, last = last, x
+
+    return model
+
+
+def test_dependence_past_the_markov_history_names_the_sites():
+    with pytest.raises(AutoSpecModelError) as info:
+        EnumOracle(second_order_chain(history=1))
+    text = str(info.value)
+    assert "Site 'x_2' depends on site 'x_0'" in text
+    assert "pyro.markov history" in text and "history=2" in text
+    assert "Please report" not in text
+    # with the history the model needs, the oracle is exact
+    oracle = EnumOracle(second_order_chain(history=2))
+    states, log_prob = enumerate_posterior(second_order_chain(history=2))
+    values = torch.zeros(2, 5, dtype=torch.long)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    marginals = oracle.log_marginals(values, mask)[0].exp()
+    for i in range(5):
+        expected = log_prob.exp()[states[:, i] == 1].sum()
+        assert abs(float(marginals[i, 1]) - float(expected)) < 1e-10
