@@ -433,6 +433,58 @@ def _check_no_vectorized_markov(trace) -> None:
             )
 
 
+def _check_continuous_parents(
+    model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int, names: list[str]
+) -> None:
+    """Refuse a continuous latent site whose distribution depends on a discrete one.
+
+    The model is traced once with its discrete sites enumerated (each at its own dim left of
+    the plates): a continuous site whose distribution has a batch dim there reads a discrete
+    site. A model that cannot be traced so is left to the later stages, which name its fault.
+    """
+    from pyro import poutine
+
+    from pyro_autospec.model.tracing import parallel_enumeration, quiet_warnings
+
+    enumerated = poutine.infer_config(model, parallel_enumeration)
+    try:
+        with poutine.block(), quiet_warnings(), torch.no_grad():
+            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
+            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
+        return
+    holder: dict[int, str] = {}
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample" or site_role(node) != "latent":
+            continue
+        dim = (node.get("infer") or {}).get("_enumerate_dim")
+        if dim is not None:
+            holder[dim] = name
+            continue
+        if name not in names:
+            continue
+        batch_shape = node["fn"].batch_shape
+        parents = [
+            holder[d]
+            for d in sorted(holder, reverse=True)
+            if len(batch_shape) >= -d and batch_shape[d] > 1
+        ]
+        if parents:
+            listed = ", ".join(f"'{p}'" for p in parents)
+            first = parents[0]
+            raise UnsupportedSiteError(
+                f"Site '{name}' (continuous, {type(node['fn']).__name__}) has a distribution that "
+                f"depends on the discrete site(s) {listed}. AutoSpec samples the continuous "
+                f"sites first (NUTS with the discrete sites summed out) and then the discrete "
+                f"sites given each continuous draw, so a continuous site must not depend on a "
+                f"discrete one. Ways out: sample one continuous value per value of '{first}' "
+                f"before it and select with '{first}' (e.g. `with pyro.plate('{name}_per_value', "
+                f"K): values = pyro.sample('{name}', ...)`, then `Vindex(values)[..., {first}]`), "
+                f"as a mixture's component parameters are; or condition '{name}' on a value with "
+                f"poutine.condition."
+            )
+
+
 def discover_sites(
     model: Callable,
     args: tuple = (),
@@ -572,6 +624,10 @@ def discover_sites(
         )
         offset += block.num_coords
         sites.append(block)
+    if continuous_sites and sites:
+        _check_continuous_parents(
+            model, args, kwargs, max_plate_nesting, [c.name for c in continuous_sites]
+        )
     if not sites:
         extra = (
             f" Its latent sites {[s.name for s in continuous_sites]} are all continuous: use "

@@ -5,7 +5,12 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.infer import AutoSpec, AutoSpecModelError, IntractableEnumerationError
+from pyro_autospec.infer import (
+    AutoSpec,
+    AutoSpecModelError,
+    IntractableEnumerationError,
+    UnsupportedSiteError,
+)
 from pyro_autospec.infer.sites import enumerate_posterior
 from pyro_autospec.oracles.enum import EnumOracle
 
@@ -77,3 +82,25 @@ def test_dependence_past_the_markov_history_names_the_sites():
     for i in range(5):
         expected = log_prob.exp()[states[:, i] == 1].sum()
         assert abs(float(marginals[i, 1]) - float(expected)) < 1e-10
+
+
+def scale_depends_on_z(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    scale = pyro.sample("scale", dist.LogNormal(z, 1.0))
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(0.0, scale), obs=y)
+
+
+def test_continuous_site_depending_on_a_discrete_one_is_refused_before_nuts(monkeypatch):
+    import pyro_autospec.infer.mixed_run as mixed_run
+
+    def no_nuts(*args, **kwargs):
+        raise AssertionError("NUTS started")
+
+    monkeypatch.setattr(mixed_run, "MCMC", no_nuts)
+    with pytest.raises(UnsupportedSiteError) as info:
+        run(scale_depends_on_z, torch.randn(10), warmup_steps=5)
+    text = str(info.value)
+    assert "Site 'scale' (continuous, LogNormal)" in text
+    assert "depends on the discrete site(s) 'z'" in text and "Vindex" in text
+    assert "expected (M,)" not in text
