@@ -419,6 +419,28 @@ def _compare_signatures(expected: tuple, actual: tuple) -> None:
     raise DynamicStructureError("The order of the model's sample sites changes between runs.")
 
 
+def _check_plate_sizes(trace) -> None:
+    """Refuse a vectorized plate declared without a size (``pyro.plate("data")``)."""
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        for frame in node["cond_indep_stack"]:
+            if frame.vectorized and (frame.size is None or frame.size < 0):
+                value = node.get("value")
+                shape = tuple(value.shape) if torch.is_tensor(value) else ()
+                dim = frame.dim if frame.dim is not None else -1
+                size = shape[dim] if shape and -len(shape) <= dim else None
+                example = size if size is not None else "N"
+                raise AutoSpecModelError(
+                    f"Plate '{frame.name}' (around site '{name}') has no size: "
+                    f"pyro.plate('{frame.name}') without a size lets its dim {dim} take any "
+                    f"size, but AutoSpec batches draws and enumerated values next to the "
+                    f"model's plates and needs every plate's size. Give it: "
+                    f"pyro.plate('{frame.name}', {example})"
+                    + (f" (site '{name}' has {size} elements there)." if size else ".")
+                )
+
+
 def _check_no_vectorized_markov(trace) -> None:
     """Refuse ``pyro.contrib.funsor.vectorized_markov``: without funsor's handlers it makes
     overlapping duplicate sites (named ``x_slice(0, 3, None)``), not the chain the user wrote."""
@@ -546,6 +568,7 @@ def discover_sites(
     traces = [prune_subsample_sites(t) for t in raw]
     trace = traces[0]
     _check_no_vectorized_markov(trace)
+    _check_plate_sizes(trace)
     signature = _signature(trace)
     for other in traces[1:]:
         _compare_signatures(signature, _signature(other))

@@ -104,3 +104,17 @@ def test_continuous_site_depending_on_a_discrete_one_is_refused_before_nuts(monk
     assert "Site 'scale' (continuous, LogNormal)" in text
     assert "depends on the discrete site(s) 'z'" in text and "Vindex" in text
     assert "expected (M,)" not in text
+
+
+def test_plate_without_a_size_says_so():
+    def model(y):
+        p = pyro.sample("z", dist.Bernoulli(0.5))
+        with pyro.plate("data"):
+            pyro.sample("y", dist.Normal(p, 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model, torch.randn(5))
+    text = str(info.value)
+    assert "Plate 'data' (around site 'y') has no size" in text
+    assert "pyro.plate('data', 5)" in text
+    assert "no `pyro.plate` declares" not in text and "keepdim" not in text
