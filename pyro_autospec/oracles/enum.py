@@ -551,6 +551,7 @@ class EnumOracle:
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
             self._check_plate_coupling(name, dims, ordinal, site_plates)
+            self._check_dim_sizes(name, packed, dim_to_size, ordinal, site_plates)
             if not set(dims) & enum_symbols:  # no discrete site in it: a constant per draw
                 keep = [i for i, d in enumerate(dims) if d != draws]
                 part = tensor.sum(keep) if keep else tensor
@@ -601,6 +602,49 @@ class EnumOracle:
                     f"uses (history=2 for a second-order chain), or drop the dependence."
                 )
             holder[dim] = name
+
+    def _check_dim_sizes(self, name, packed, dim_to_size, ordinal, site_plates) -> None:
+        """Refuse a log density whose plate dim has another size than the plate's.
+
+        It happens when a plated discrete site is reduced over its plate (``a.sum(-1)``) and
+        fed into another plate: the site's enumeration dim shifts into a plate's dim, and the
+        contraction would fail with a raw einsum or broadcast error.
+        """
+        for size, symbol in zip(packed.shape, packed._pyro_dims, strict=True):
+            expected = dim_to_size.get(symbol)
+            if expected is None or size in (1, expected):
+                continue
+            plate = self._symbol_to_plate.get(symbol)
+            if symbol == self._draws_symbol:
+                what = f"AutoSpec's batch of draws (size {expected})"
+            elif plate is not None:
+                what = f"plate '{plate}' (size {expected})"
+            else:
+                what = f"discrete site '{site_plates[symbol][0]}' ({expected} values)"
+            inside = {p for _, plates in site_plates.values() for p in plates} - set(ordinal)
+            suspects = [
+                site
+                for site, plates in site_plates.values()
+                if set(plates) & inside and self.layout[site].support_size == size
+            ]
+            blame = (
+                f" Probably the discrete site(s) {', '.join(repr(s) for s in suspects)} "
+                f"(sampled in a plate '{name}' is not in) were reduced over their plate"
+                if suspects
+                else " Probably a plated discrete site was reduced over its plate"
+            )
+            raise IntractableEnumerationError(
+                f"Site '{name}' has a log density of the wrong shape under enumeration: its dim "
+                f"for {what} has size {size}, so the enumerated values of a discrete site landed "
+                f"on a dim that belongs to something else.{blame} (e.g. a.sum(-1)) and fed into "
+                f"'{name}', which shifts the enumeration dims. A site outside a plate cannot "
+                f"depend on the elements of a discrete site inside it under enumeration (one dim "
+                f"holds all elements' values). Ways out: compute what '{name}' needs inside that "
+                f"plate from each element's own value; write the elements as separate sites; "
+                f"replace a sum of Bernoulli elements by one Binomial count site; or use a learned"
+                f" guide, which needs no enumeration: guide = AnyOrderGuide(model, args); "
+                f"guide.fit_posterior(*args); AutoSpec(model, guide=guide, correction='imh')."
+            )
 
     def _check_plate_coupling(self, name, dims, ordinal, site_plates) -> None:
         """Refuse a factor outside a plate that reads a discrete site inside it.

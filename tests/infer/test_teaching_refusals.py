@@ -118,3 +118,21 @@ def test_plate_without_a_size_says_so():
     assert "Plate 'data' (around site 'y') has no size" in text
     assert "pyro.plate('data', 5)" in text
     assert "no `pyro.plate` declares" not in text and "keepdim" not in text
+
+
+def plate_sum_into_another_plate(y):
+    z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+    with pyro.plate("pa", 2):
+        a = pyro.sample("a", dist.Bernoulli(0.2 + 0.3 * (z == 1).float()))
+    with pyro.plate("pb", 3):
+        b = pyro.sample("b", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(a.sum(-1) + b, 1.0), obs=y)
+
+
+def test_plate_sum_fed_into_another_plate_names_the_sites():
+    with pytest.raises(IntractableEnumerationError) as info:
+        run(plate_sum_into_another_plate, torch.zeros(3))
+    text = str(info.value)
+    assert "Site 'y' has a log density of the wrong shape under enumeration" in text
+    assert "discrete site(s) 'a'" in text and "a.sum(-1)" in text and "guide=guide" in text
+    assert "einsum" not in text and "broadcast a dimension" not in text
