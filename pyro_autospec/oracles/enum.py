@@ -158,6 +158,60 @@ def _intractable_error(entries: float) -> IntractableEnumerationError:
     )
 
 
+class _WithoutMarkov(poutine.messenger.Messenger):
+    """Hide ``pyro.markov`` from enumeration: every enumerated site gets a dim of its own.
+
+    It sits between the model (whose ``pyro.markov`` contexts mark each site's scope) and
+    ``poutine.enum`` (which recycles dims by that scope), and removes the mark.
+    """
+
+    def _pyro_sample(self, msg):
+        if msg.get("infer"):
+            msg["infer"].pop("_markov_scope", None)
+
+
+def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
+    """Sites that see two sites holding one enumeration dim (``pyro.markov`` recycled it).
+
+    Replays ``poutine.enum``'s own bookkeeping: a site sees the enumerated sites in its
+    markov scope (the same depth), and each of those passes its value's dims downstream. Two
+    different sites on one dim there means the site's distribution cannot tell them apart.
+    """
+    depth_of, dims_of = {}, {}
+    conflicts = []
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        infer = node.get("infer") or {}
+        scope = infer.get("_markov_scope")
+        if scope is None:
+            continue
+        holders: dict[int, set] = {}
+        for other, depth in scope.items():
+            if depth_of.get(other) != depth:
+                continue
+            for dim, id_ in dims_of.get(other, {}).items():
+                holders.setdefault(dim, {}).setdefault(id_, other)
+        shared = sorted({s for ids in holders.values() if len(ids) > 1 for s in ids.values()})
+        if shared:
+            conflicts.append((name, shared))
+        depth_of[name] = infer.get("_markov_depth")
+        if infer.get("_dim_to_id"):
+            dims_of[name] = dict(infer["_dim_to_id"])
+    return conflicts
+
+
+def _markov_conflict_error(conflicts, reason: str) -> IntractableEnumerationError:
+    name, shared = conflicts[0]
+    listed = ", ".join(f"'{s}'" for s in shared)
+    return IntractableEnumerationError(
+        f"Site '{name}' sees sites {listed}, to which pyro.markov gave one tensor dim (a "
+        f"pyro.markov(..., keep=True) loop entered again, as in a grid, reuses dims of sites a "
+        f"later site still reads); Pyro's own enumeration is wrong there. AutoSpec then gives "
+        f"every site its own dim, which this model does not fit: {reason}"
+    )
+
+
 def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerationError:
     """torch's limit of 64 tensor dims reached: enumeration gives every live site a dim."""
     last = f" (the model failed after site '{seen[-1]}')" if seen else ""
@@ -288,6 +342,8 @@ class EnumOracle:
     True
     """
 
+    _markov = True  # False: pyro.markov hidden from enumeration (see _compile)
+
     def __init__(
         self,
         model: Callable,
@@ -403,9 +459,10 @@ class EnumOracle:
                 return enumerated(*args, **kwargs)
 
         recorder = SiteRecorder()
+        traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
         try:
             with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
-                enum_model = poutine.enum(with_draws, first_available_dim=-(mpn + 2))
+                enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
                 trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
                 trace = prune_subsample_sites(trace)
                 trace.compute_log_prob()
@@ -470,7 +527,18 @@ class EnumOracle:
         return None
 
     def _compile(self) -> None:
+        self._markov = True
         traces = self._traces()
+        conflicts = _markov_conflicts(traces[0])
+        if conflicts:
+            # pyro.markov gave two sites one dim while a later site still reads both (a
+            # re-entered keep=True loop, as in a grid): Pyro's own enumeration is wrong there.
+            # Every site gets its own dim instead: exact, if the sites fit torch's 64 dims.
+            self._markov = False
+            try:
+                traces = self._traces()
+            except IntractableEnumerationError as error:
+                raise _markov_conflict_error(conflicts, str(error)) from error
         trace = traces[0]
         self._check_markov_history(trace)
         layout = self.layout
