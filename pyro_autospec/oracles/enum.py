@@ -590,6 +590,13 @@ class EnumOracle:
         # model factors: every site's scaled, masked log density
         device = self.device
         terms, constant = [], None
+        raw: dict[str, tuple] = {}  # site -> (log density, dims, role), for the pointwise form
+        self._plate_dim = {
+            plate_to_symbol[f.name]: f.dim
+            for node in trace.nodes.values()
+            for f in node.get("cond_indep_stack", ())
+            if f.vectorized and f.name in plate_to_symbol
+        }
         for name, node in trace.nodes.items():
             if node["type"] != "sample" or site_role(node) in ("deterministic", "subsample"):
                 continue
@@ -618,6 +625,7 @@ class EnumOracle:
             ordinal = frozenset(
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
+            raw[name] = (tensor, dims, site_role(node))
             self._check_plate_coupling(name, dims, ordinal, site_plates)
             self._check_dim_sizes(name, packed, dim_to_size, ordinal, site_plates)
             if not set(dims) & enum_symbols:  # no discrete site in it: a constant per draw
@@ -631,6 +639,7 @@ class EnumOracle:
         if constant is None:
             constant = torch.zeros((), dtype=torch.float64, device=self.device)
         self._constant = constant.expand(num) if constant.dim() == 0 else constant
+        self._raw_factors = raw
         self._terms = self._simplify(terms, evidence, draws, enum_symbols)
         self._evidence = evidence
         self._sum_dims = enum_symbols
@@ -1087,6 +1096,108 @@ class EnumOracle:
         if draws is None:
             return self._log_normalizer
         return self._log_normalizer[torch.as_tensor(draws, device=self.device)]
+
+    def pointwise_log_likelihood(self) -> dict[str, torch.Tensor]:
+        """The log likelihood of every observed element with the discrete sites summed out.
+
+        For an observed site ``y`` whose elements each read their own discrete sites (a
+        mixture's assignment ``z_i``: same plates as ``y``, read by nothing else, depending
+        on no other discrete site), ``log p(y_i | theta) = logsumexp_z [log p(z_i | theta) +
+        log p(y_i | z_i, theta)]`` given each draw's continuous values ``theta``: the
+        pointwise form LOO and WAIC need. An observed site that reads no discrete site keeps
+        its log density. Masked terms are left out, as in the log joint.
+
+        Returns
+        -------
+        dict of str -> DoubleTensor[M, *batch_shape]
+            One row per continuous draw (``M = num_draws``; ``M = 1`` without continuous
+            sites), in the layout's order of observed sites.
+
+        Raises
+        ------
+        ValueError
+            When some observed site's elements share a discrete site, or a site is scaled:
+            the message names the sites. There is no per-observation marginal then; the
+            conditional form (given the draw's discrete values) is the one left.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     with pyro.plate("data", 2):
+        ...         z = pyro.sample("z", dist.Bernoulli(0.5))
+        ...         pyro.sample("y", dist.Normal(3.0 * z, 1.0), obs=y)
+        >>> out = EnumOracle(model, (torch.tensor([0.0, 3.0]),)).pointwise_log_likelihood()
+        >>> out["y"].shape
+        torch.Size([1, 2])
+        """
+        draws, enum = self._draws_symbol, self._sum_dims
+        site_of = {spec.dims[-2]: spec for spec in self._evidence}
+        num = 1 if self._continuous is None else self._num_continuous
+        out = OrderedDict()
+        for name, batch_shape in self.layout.observed_batch_shapes.items():
+            if name not in self._raw_factors:
+                continue
+            tensor, dims, _ = self._raw_factors[name]
+            read = set(dims) & enum
+            group = {site_of[s].name for s in read}
+            if name in self.layout.scales or group & set(self.layout.scales):
+                raise ValueError(
+                    f"observed site '{name}' or a discrete site it reads is scaled "
+                    f"(poutine.scale or a subsampled plate): no per-observation marginal"
+                )
+            parts = [(tensor, dims)]
+            for other, (other_tensor, other_dims, _) in self._raw_factors.items():
+                shared = set(other_dims) & read
+                if other == name or not shared:
+                    continue
+                listed = ", ".join(sorted(f"'{site_of[s].name}'" for s in shared))
+                if other not in group:
+                    raise ValueError(
+                        f"site '{other}' also reads the discrete site(s) {listed} that observed "
+                        f"site '{name}' reads, so they cannot be summed out per observation"
+                    )
+                beyond = set(other_dims) & enum - read
+                if beyond:
+                    more = ", ".join(sorted(f"'{site_of[s].name}'" for s in beyond))
+                    raise ValueError(
+                        f"the discrete site '{other}' that observed site '{name}' reads depends "
+                        f"on discrete site(s) {more}, which '{name}' does not read: its elements "
+                        f"are not independent given the continuous sites"
+                    )
+                parts.append((other_tensor, other_dims))
+            plates = set(dims) - enum - {draws}
+            for symbol in read:
+                spec = site_of[symbol]
+                own = set(spec.dims) - {symbol, draws}
+                if own != plates:
+                    raise ValueError(
+                        f"the discrete site '{spec.name}' is shared by several elements of "
+                        f"observed site '{name}' (it is not in all of its plates), so it "
+                        f"cannot be summed out per observation"
+                    )
+            order = "".join(sorted(set().union(*(set(d) for _, d in parts))))
+            total = sum(_align(t, d, order) for t, d in parts)
+            summed = [i for i, d in enumerate(order) if d in read]
+            if summed:
+                total = total.logsumexp(summed)
+            kept = "".join(d for d in order if d not in read)
+            out[name] = self._to_batch(total, kept, num, batch_shape)
+        return out
+
+    def _to_batch(self, tensor, dims, num, batch_shape) -> torch.Tensor:
+        """A packed ``tensor`` (draws and plate dims) as ``[num, *batch_shape]``."""
+        rank = len(batch_shape)
+        order, shape = [], [num] + list(batch_shape)
+        target = [self._draws_symbol] + [None] * rank
+        for symbol in dims:
+            if symbol != self._draws_symbol:
+                target[rank + self._plate_dim[symbol] + 1] = symbol
+        present = [d for d in target if d is not None and d in dims]
+        order = [dims.index(d) for d in present]
+        tensor = tensor.permute(order) if order else tensor
+        view = [tensor.shape[present.index(d)] if d in present else 1 for d in target]
+        return tensor.reshape(view).expand(shape).clone()
 
     def _check(self, values, mask, draws):
         values = torch.as_tensor(values, device=self.device)
