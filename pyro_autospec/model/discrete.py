@@ -374,6 +374,33 @@ def _check_discrete_site(name: str, site: dict) -> None:
         )
 
 
+def _check_observed_shape(name: str, site: dict) -> None:
+    """Refuse an observation with batch dims its distribution does not have (no plate)."""
+    fn, value = site["fn"], site["value"]
+    if not torch.is_tensor(value):
+        return
+    event_dim = len(fn.event_shape)
+    value_batch = value.shape[: value.dim() - event_dim]
+    extra = len(value_batch) - len(fn.batch_shape)
+    wide = [(i - len(value_batch), s) for i, s in enumerate(value_batch[:extra]) if s > 1]
+    if not wide:
+        return
+    dim, size = wide[0]
+    plates = ", ".join(
+        f"'{f.name}' ({f.size}, dim {f.dim})" for f in site["cond_indep_stack"] if f.vectorized
+    )
+    where = f" inside plate(s) {plates}" if plates else ""
+    raise AutoSpecModelError(
+        f"Observed site '{name}'{where} has a value of shape {tuple(value.shape)}, but its "
+        f"distribution has batch shape {tuple(fn.batch_shape)}: its dim {dim} of size {size} "
+        f"is declared by no pyro.plate, and its log density is broadcast over it. AutoSpec "
+        f"(like Pyro's enumeration) places its batch of draws and enumerated values left of "
+        f"the declared plates, where that dim would collide with them. Declare it: wrap the "
+        f"site in pyro.plate('...', {size}, dim={dim}) (the data's rows then are independent "
+        f"given the latent sites), or move it to the event with .to_event()."
+    )
+
+
 def _check_plates(name: str, site: dict, max_plate_nesting: int, latent: bool) -> None:
     fn = site["fn"]
     plates = plate_dims(site)
@@ -599,6 +626,7 @@ def discover_sites(
         if role in ("factor", "subsample"):
             continue
         if role == "data":
+            _check_observed_shape(name, site)
             _check_plates(name, site, max_plate_nesting, latent=False)
             observed[name] = site["value"].detach()
             observed_shapes[name] = fn.batch_shape

@@ -136,3 +136,18 @@ def test_plate_sum_fed_into_another_plate_names_the_sites():
     assert "Site 'y' has a log density of the wrong shape under enumeration" in text
     assert "discrete site(s) 'a'" in text and "a.sum(-1)" in text and "guide=guide" in text
     assert "einsum" not in text and "broadcast a dimension" not in text
+
+
+def test_observation_wider_than_its_plate_names_the_dim():
+    def model():
+        with pyro.plate("data", 5):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Normal(z, 1.0), obs=torch.zeros(2, 5))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "Observed site 'y' inside plate(s) 'data' (5, dim -1)" in text
+    assert "shape (2, 5)" in text and "dim -2 of size 2" in text
+    assert "pyro.plate('...', 2, dim=-2)" in text
+    assert "must match the size" not in text
