@@ -374,6 +374,38 @@ def _check_discrete_site(name: str, site: dict) -> None:
         )
 
 
+def _check_finite_data(name: str, site: dict) -> None:
+    """Refuse NaN or infinite observed values that the model does not mask out."""
+    value = site["value"]
+    if not torch.is_tensor(value) or not value.is_floating_point():
+        return
+    bad = ~torch.isfinite(value.detach())
+    event_dim = len(site["fn"].event_shape)
+    if event_dim:
+        bad = bad.flatten(-event_dim).any(-1)
+    fn = site["fn"]
+    for mask in (site.get("mask"), getattr(fn, "_mask", None)):  # poutine.mask, fn.mask()
+        if mask is False:
+            return
+        if torch.is_tensor(mask):
+            shape = torch.broadcast_shapes(mask.shape, bad.shape)
+            bad = bad.expand(shape) & mask.bool().expand(shape)
+    if not bool(bad.any()):
+        return
+    first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
+    count = int(bad.sum())
+    sample = value.detach()[first] if first else value.detach()
+    shown = float(sample.reshape(-1)[0]) if sample.numel() else float("nan")
+    raise AutoSpecModelError(
+        f"The data of observed site '{name}' hold {count} value(s) that are not finite (the "
+        f"first at index {first}: {shown}). A NaN or infinite observation has no density, so "
+        f"no posterior exists; this is the data, not the model or the sampler. Remove those "
+        f"entries, or mask them out and give them any finite value: `with "
+        f"poutine.mask(mask=torch.isfinite(y)): pyro.sample('{name}', ..., "
+        f"obs=torch.nan_to_num(y))` (Pyro's support check rejects a NaN even where masked)."
+    )
+
+
 def _check_observed_shape(name: str, site: dict) -> None:
     """Refuse an observation with batch dims its distribution does not have (no plate)."""
     fn, value = site["fn"], site["value"]
@@ -626,6 +658,7 @@ def discover_sites(
         if role in ("factor", "subsample"):
             continue
         if role == "data":
+            _check_finite_data(name, site)
             _check_observed_shape(name, site)
             _check_plates(name, site, max_plate_nesting, latent=False)
             observed[name] = site["value"].detach()

@@ -151,3 +151,30 @@ def test_observation_wider_than_its_plate_names_the_dim():
     assert "shape (2, 5)" in text and "dim -2 of size 2" in text
     assert "pyro.plate('...', 2, dim=-2)" in text
     assert "must match the size" not in text
+
+
+def noisy_bits(y):
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_data_blames_the_data_and_the_site(bad):
+    with pytest.raises(AutoSpecModelError) as info:
+        run(noisy_bits, torch.tensor([0.0, bad, 1.0]))
+    text = str(info.value)
+    assert "The data of observed site 'y' hold 1 value(s) that are not finite" in text
+    assert "index (1,)" in text and "poutine.mask(mask=torch.isfinite(y))" in text
+    assert "oracle" not in text and "Binomial" not in text
+
+
+def test_masked_non_finite_data_are_accepted():
+    def masked(y):
+        with pyro.plate("data", len(y)):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            with pyro.poutine.mask(mask=torch.isfinite(y)):
+                pyro.sample("y", dist.Normal(z, 1.0), obs=torch.nan_to_num(y, nan=0.0))
+
+    fit = run(masked, torch.tensor([0.0, float("nan"), 1.0]), num_samples=4)
+    assert fit.get_samples()["z"].shape == (4, 3)
