@@ -40,6 +40,7 @@ from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
+    assertion_error,
     quiet_warnings,
     site_role,
     structure_error,
@@ -151,6 +152,8 @@ def _run_chunk(
             trace.compute_log_prob()
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise structure_error(e, recorder.names, "on a batch of draws") from e
+    except AssertionError as e:
+        raise assertion_error(e, recorder.names, "on a batch of draws", mpn) from e
 
     device = None
     total = magnitude = None

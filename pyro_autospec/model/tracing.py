@@ -20,7 +20,11 @@ from pyro import poutine
 from pyro.poutine.subsample_messenger import _Subsample
 from pyro.poutine.util import prune_subsample_sites
 
-from pyro_autospec.model.errors import DynamicStructureError, SubsamplingError
+from pyro_autospec.model.errors import (
+    AutoSpecModelError,
+    DynamicStructureError,
+    SubsamplingError,
+)
 
 __all__ = [
     "DRAWS_PLATE",
@@ -250,6 +254,26 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         f"value over a plate or batch dimension; use tensor operations (torch.where, Vindex, "
         f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
         f"structure is fixed."
+    )
+
+
+def assertion_error(
+    error: AssertionError, seen: list[str], what: str, max_plate_nesting: int
+) -> AutoSpecModelError:
+    """An :class:`AutoSpecModelError` for an ``assert`` in the model that fails on the extra
+    batch dims AutoSpec runs it with (the draws dim, and enumeration dims under enumeration).
+    """
+    last = f" after site '{seen[-1]}'" if seen else ""
+    said = f" ({error})" if str(error) else ""
+    draws = -(max_plate_nesting + 1)
+    return AutoSpecModelError(
+        f"The model raised AssertionError{said}{last} when AutoSpec ran it {what}. AutoSpec "
+        f"runs the model with extra batch dims left of its plates: one for a batch of draws "
+        f"(dim {draws}) and, under enumeration, one per discrete site from dim {draws - 1} "
+        f"leftwards, as Pyro's enumeration does (there, one dim further right). A shape assert "
+        f"written for one draw fails there: assert on the rightmost dims (x.shape[-k:] == ...) "
+        f"or on plate sizes, not on x.dim() or x.shape[0]. See 'Extra batch dims' in the "
+        f"README."
     )
 
 

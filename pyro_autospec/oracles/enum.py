@@ -51,6 +51,7 @@ from pyro_autospec.model.errors import (
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
+    assertion_error,
     parallel_enumeration,
     quiet_warnings,
     site_role,
@@ -475,6 +476,8 @@ class EnumOracle:
             if "up to 64 dims" in str(e):
                 raise _too_many_dims_error(self.layout, recorder.names) from e
             raise structure_error(e, recorder.names, "under enumeration") from e
+        except AssertionError as e:
+            raise assertion_error(e, recorder.names, "under enumeration", mpn) from e
         return trace
 
     def _traces(self) -> list:

@@ -178,3 +178,17 @@ def test_masked_non_finite_data_are_accepted():
 
     fit = run(masked, torch.tensor([0.0, float("nan"), 1.0]), num_samples=4)
     assert fit.get_samples()["z"].shape == (4, 3)
+
+
+def test_shape_assert_failing_on_the_extra_batch_dims_explains_them():
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        w = pyro.sample("w", dist.Bernoulli(0.3 + 0.4 * z))
+        assert w.dim() <= 2, f"w has shape {tuple(w.shape)}"  # holds under Pyro's enumeration
+        pyro.sample("y", dist.Normal(w, 1.0), obs=torch.tensor(1.0))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "The model raised AssertionError (w has shape" in text and "after site 'w'" in text
+    assert "extra batch dims" in text and "x.shape[-k:]" in text and "README" in text
