@@ -41,6 +41,7 @@ from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
     assertion_error,
+    compute_log_prob,
     quiet_warnings,
     site_role,
     structure_error,
@@ -149,7 +150,7 @@ def _run_chunk(
         with poutine.block(), recorder, quiet_warnings():
             trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
             trace = prune_subsample_sites(trace)
-            trace.compute_log_prob()
+            compute_log_prob(trace, "on a batch of draws")
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise structure_error(e, recorder.names, "on a batch of draws") from e
     except AssertionError as e:

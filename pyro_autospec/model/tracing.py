@@ -35,6 +35,7 @@ __all__ = [
     "plate_nesting",
     "scaled_sites",
     "site_role",
+    "compute_log_prob",
     "structure_error",
     "trace_model",
 ]
@@ -255,6 +256,69 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
         f"structure is fixed."
     )
+
+
+def _base(fn):
+    """The distribution inside Pyro's wrappers (mask, to_event, expand)."""
+    while type(fn).__name__ in ("MaskedDistribution", "Independent", "ExpandedDistribution"):
+        fn = fn.base_dist
+    return fn
+
+
+def _is_custom(fn) -> bool:
+    """A distribution class written outside Pyro and PyTorch (a user's own)."""
+    module = type(_base(fn)).__module__ or ""
+    return not module.startswith(("pyro.", "torch."))
+
+
+def _custom_log_prob_error(name: str, fn, what: str, reason: str) -> AutoSpecModelError:
+    fn = _base(fn)
+    kind = type(fn).__name__
+    return AutoSpecModelError(
+        f"Site '{name}': the log_prob of its distribution {kind} (module "
+        f"{type(fn).__module__}) {reason} when AutoSpec ran the model {what}. AutoSpec, like "
+        f"Pyro's enumeration, evaluates every site on a batch of draws and on enumerated "
+        f"values of the discrete sites, as extra batch dims left of the plates, so a "
+        f"distribution's log_prob must broadcast over leading batch dims of its parameters and "
+        f"of the value, and return their broadcast batch shape (use broadcasting arithmetic, "
+        f"not reshape(-1), view, flatten or fixed dim indices). Check it with parameters "
+        f"expanded by a leading dim: {kind}(param.expand(2, *param.shape)).log_prob(value)."
+    )
+
+
+def compute_log_prob(trace, what: str) -> None:
+    """``trace.compute_log_prob()``, naming a user's distribution whose log_prob does not
+    broadcast over the extra batch dims (it raises, or returns another shape)."""
+    try:
+        trace.compute_log_prob()
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample" or not _is_custom(site["fn"]):
+                continue
+            try:
+                site["fn"].log_prob(site["value"])
+            except (RuntimeError, ValueError, TypeError, IndexError) as inner:
+                reason = f"raised '{error_reason(inner)}'"
+                raise _custom_log_prob_error(name, site["fn"], what, reason) from error
+        raise
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or "unscaled_log_prob" not in site:
+            continue
+        fn, value = _base(site["fn"]), site["value"]  # Pyro's wrappers would expand it
+        if not _is_custom(fn) or not torch.is_tensor(value):
+            continue
+        value_batch = value.shape[: value.dim() - len(fn.event_shape)]
+        try:
+            expected = torch.broadcast_shapes(fn.batch_shape, value_batch)
+            actual = torch.as_tensor(fn.log_prob(value)).shape
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            continue  # Pyro's wrappers evaluated it; nothing to compare
+        if actual != expected:
+            reason = (
+                f"returned shape {tuple(actual)} for batch shape {tuple(fn.batch_shape)} and "
+                f"value shape {tuple(value.shape)} (expected {tuple(expected)})"
+            )
+            raise _custom_log_prob_error(name, fn, what, reason)
 
 
 def assertion_error(

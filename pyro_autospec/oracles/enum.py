@@ -52,6 +52,7 @@ from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
     assertion_error,
+    compute_log_prob,
     parallel_enumeration,
     quiet_warnings,
     site_role,
@@ -466,7 +467,7 @@ class EnumOracle:
                 enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
                 trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
                 trace = prune_subsample_sites(trace)
-                trace.compute_log_prob()
+                compute_log_prob(trace, "under enumeration")
                 trace.pack_tensors()
         except AutoSpecModelError:
             raise

@@ -192,3 +192,51 @@ def test_shape_assert_failing_on_the_extra_batch_dims_explains_them():
     text = str(info.value)
     assert "The model raised AssertionError (w has shape" in text and "after site 'w'" in text
     assert "extra batch dims" in text and "x.shape[-k:]" in text and "README" in text
+
+
+class FlatLoc(dist.TorchDistribution):
+    """A user's distribution whose log_prob is written for one draw: it flattens its loc."""
+
+    arg_constraints = {}
+    support = dist.constraints.real
+
+    def __init__(self, loc):
+        self.loc = loc
+        super().__init__(batch_shape=loc.shape)
+
+    def log_prob(self, value):
+        return -0.5 * (value - self.loc.reshape(-1)) ** 2
+
+
+class SummedLoc(FlatLoc):
+    """Another whose log_prob returns the wrong shape (it sums the batch dims away)."""
+
+    def log_prob(self, value):
+        return (-0.5 * (value - self.loc) ** 2).sum()
+
+
+def flat_loc_model(y):
+    with pyro.plate("data", 3):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", FlatLoc(2.0 * z), obs=y)
+
+
+def summed_loc_model(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    pyro.sample("y", SummedLoc(2.0 * z), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, y, kind, what",
+    [
+        (flat_loc_model, torch.tensor([0.0, 2.0, 2.0]), "FlatLoc", "raised"),
+        (summed_loc_model, torch.tensor(1.0), "SummedLoc", "returned shape"),
+    ],
+)
+def test_custom_log_prob_that_does_not_broadcast_names_the_distribution(model, y, kind, what):
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model, y)
+    text = str(info.value)
+    assert f"Site 'y': the log_prob of its distribution {kind}" in text and what in text
+    assert "must broadcast over leading batch dims" in text
+    assert "control flow" not in text and "reduce a sampled value" not in text
