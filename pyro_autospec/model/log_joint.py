@@ -41,6 +41,7 @@ from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
     assertion_error,
+    batching_advice,
     compute_log_prob,
     quiet_warnings,
     site_role,
@@ -300,8 +301,7 @@ def evaluate(
         reason = str(error).split(". ")[0]
     warnings.warn(
         f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
-        f"one draw at a time ({num_draws} traces). To batch it, index with Vindex "
-        f"(pyro.ops.indexing) or ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+        f"one draw at a time ({num_draws} traces). " + batching_advice(model, args, kwargs or {}),
         UserWarning,
         stacklevel=3,
     )

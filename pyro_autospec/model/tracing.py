@@ -321,6 +321,55 @@ def compute_log_prob(trace, what: str) -> None:
             raise _custom_log_prob_error(name, fn, what, reason)
 
 
+def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
+    """How to make a model run on a batch of continuous draws: name the plates that share a dim.
+
+    A continuous site in a plate (a mixture's ``components``) that shares its dim with the
+    plate of the sites indexed by it (``data``) cannot batch: indexing consumes that dim, so
+    the draws land on the other plate. Otherwise the usual cause is plain indexing.
+    """
+    try:
+        trace = trace_model(model, args, kwargs)
+    except Exception:  # noqa: BLE001 - only advice; the plain-indexing hint stands
+        trace = None
+    clashes, continuous = [], []
+    if trace is not None:
+        continuous = [
+            name
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and site_role(site) == "latent"
+            and not site["fn"].support.is_discrete
+        ]
+        frames = {
+            name: [f for f in site["cond_indep_stack"] if f.vectorized]
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+        }
+        for name in continuous:
+            for frame in frames.get(name, ()):
+                for other, other_frames in frames.items():
+                    if other in continuous:
+                        continue
+                    for g in other_frames:
+                        if g.dim == frame.dim and g.name != frame.name:
+                            clashes.append((name, frame, other, g))
+    if not clashes:
+        return (
+            "To batch it, index with Vindex (pyro.ops.indexing) or ellipses, e.g. "
+            "Vindex(locs)[..., z] instead of locs[z]."
+        )
+    name, frame, other, g = clashes[0]
+    return (
+        f"The continuous site '{name}' lives in plate '{frame.name}' (dim {frame.dim}), the same "
+        f"dim as plate '{g.name}' of site '{other}': indexing '{name}' by a discrete site "
+        f"consumes that dim, so a batch of draws of '{name}' lands on plate '{g.name}'. To "
+        f"batch it, sample '{name}' as one vector site outside the plates, e.g. "
+        f"pyro.sample('{name}', dist.Normal(0.0, 1.0).expand([{frame.size}]).to_event(1)), "
+        f"and index it with Vindex({name})[..., z]."
+    )
+
+
 def assertion_error(
     error: AssertionError, seen: list[str], what: str, max_plate_nesting: int
 ) -> AutoSpecModelError:

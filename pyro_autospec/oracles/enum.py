@@ -52,6 +52,7 @@ from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
     assertion_error,
+    batching_advice,
     compute_log_prob,
     parallel_enumeration,
     quiet_warnings,
@@ -497,8 +498,7 @@ class EnumOracle:
             warnings.warn(
                 f"The model does not broadcast over a batch of draws of its continuous sites "
                 f"({reason}), so EnumOracle traced it once per draw ({self._num_continuous} "
-                f"traces). To trace it once, index with Vindex (pyro.ops.indexing) or "
-                f"ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+                f"traces). " + batching_advice(self.model, self.args, self.kwargs),
                 UserWarning,
                 stacklevel=5,
             )

@@ -1,9 +1,12 @@
 """Refusals that teach: each names the site or plate, the cause and a way out (issue 32)."""
 
+import warnings
+
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.ops.indexing import Vindex
 
 from pyro_autospec.infer import (
     AutoSpec,
@@ -240,3 +243,34 @@ def test_custom_log_prob_that_does_not_broadcast_names_the_distribution(model, y
     assert f"Site 'y': the log_prob of its distribution {kind}" in text and what in text
     assert "must broadcast over leading batch dims" in text
     assert "control flow" not in text and "reduce a sampled value" not in text
+
+
+def plated_components(data):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+    with pyro.plate("components", 3):
+        locs = pyro.sample("locs", dist.Normal(0.0, 5.0))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+
+def vector_components(data):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+    locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([3]).to_event(1))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+
+def test_mixture_plates_sharing_a_dim_are_named_in_the_warning():
+    data = torch.tensor([-1.0, 0.5, 2.0, 3.0, -2.5])
+    draws = {"weights": torch.full((4, 3), 1 / 3), "locs": torch.randn(4, 3)}
+    with pytest.warns(UserWarning) as record:
+        EnumOracle(plated_components, (data,), continuous_values=draws)
+    text = " ".join(str(w.message) for w in record)
+    assert "'locs' lives in plate 'components' (dim -1)" in text
+    assert "plate 'data' of site 'z'" in text and ".to_event(1)" in text
+    assert "index with Vindex" not in text  # the model already does
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the advised form batches: no warning
+        EnumOracle(vector_components, (data,), continuous_values=draws)
