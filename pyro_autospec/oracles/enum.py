@@ -1113,7 +1113,7 @@ class EnumOracle:
 
         Returns
         -------
-        dict of str -> DoubleTensor[M, *batch_shape]
+        dict of str -> ``DoubleTensor[M, *batch_shape]``
             One row per continuous draw (``M = num_draws``; ``M = 1`` without continuous
             sites), in the layout's order of observed sites.
 
