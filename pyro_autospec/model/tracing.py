@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -247,6 +248,22 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
             f"example a count larger than an enumerated Binomial total), so the model has no "
             f"density there. Restrict that site's support to the feasible values (e.g. a "
             f"Categorical over them) or mask the impossible terms with poutine.mask."
+        )
+    mismatch = re.search(
+        r"Shape mismatch inside plate\('([^']+)'\) at site (\S+) dim (-?\d+)", reason
+    )
+    if mismatch:
+        plate, site, dim = mismatch.groups()
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. Site '{site}' has at dim {dim}, "
+            f"the dim of plate '{plate}', a size other than the plate's: a value it reads has "
+            f"lost a batch dim, so AutoSpec's extra batch dims (a batch of draws left of the "
+            f"plates, and enumerated values) shifted into the plate's place. The usual cause is "
+            f"a plated site reduced over its plate and fed into another plate (a.sum(-1)). "
+            f"Under enumeration a site outside a plate cannot read the elements of a discrete "
+            f"site inside it at all: compute '{site}' inside the plate of what it reads, write "
+            f"the elements as separate sites, or, for a sum of Bernoulli elements, sample one "
+            f"Binomial count instead."
         )
     return DynamicStructureError(
         f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "

@@ -274,3 +274,18 @@ def test_mixture_plates_sharing_a_dim_are_named_in_the_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the advised form batches: no warning
         EnumOracle(vector_components, (data,), continuous_values=draws)
+
+
+def test_plate_sum_without_enumeration_mismatch_names_the_plate_and_the_fix():
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        with pyro.plate("pa", 2):
+            a = pyro.sample("a", dist.Bernoulli(0.3 + 0.4 * z))
+        with pyro.plate("pb", 3):
+            pyro.sample("y", dist.Normal(a.sum(-1), 1.0), obs=torch.zeros(3))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "Site 'y' has at dim -1, the dim of plate 'pb', a size other than the plate's" in text
+    assert "a.sum(-1)" in text and "Binomial" in text
