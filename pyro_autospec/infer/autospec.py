@@ -716,15 +716,27 @@ class AutoSpec:
         self,
         coords: dict | None = None,
         dims: dict | None = None,
-        log_likelihood: bool = True,
+        log_likelihood: bool | str = "auto",
         split_chains: bool = True,
     ):
         """ArviZ data: posterior, sample_stats, observed_data and the pointwise log likelihood.
 
-        The log likelihood of every observed site (given every latent site of the draw,
-        discrete ones included; masked, not scaled) is computed from batched conditioned
-        traces, not ``Predictive``. Integer-valued discrete sites are stored as int64 so that
-        ArviZ plots them as histograms; deterministic sites are in the posterior group.
+        The ``log_likelihood`` group (arrays ``[chain, draw, *batch_shape]``, masked, not
+        scaled) comes in two forms:
+
+        * ``"marginal"``: every observed element's log likelihood given the draw's continuous
+          sites, with the discrete sites it reads summed out (a mixture's
+          ``log sum_k w_k N(y_i; mu_k, s_k)``). It is what ``az.loo`` and ``az.waic`` need to
+          estimate predictive accuracy, and exists when each observed element reads discrete
+          sites of its own (same plates, read by nothing else, depending on no other discrete
+          site) and the model can be enumerated.
+        * ``"conditional"``: given every latent site of the draw, discrete ones included,
+          computed from batched conditioned traces. LOO on it treats each draw's sampled
+          assignment as a parameter, which is not usable for model comparison.
+
+        Integer-valued discrete sites are stored as int64 so that ArviZ plots them as
+        histograms; deterministic sites are in the posterior group. Every group's attribute
+        ``log_likelihood_form`` says which form was stored.
 
         **One chain of independent draws** (the default ``num_chains=1`` with an exact oracle,
         or a diffusion guide) is exported as 2 chains of ``num_samples / 2`` draws in order
@@ -740,8 +752,10 @@ class AutoSpec:
         ----------
         coords, dims : dict, optional
             As in ``az.from_pyro``.
-        log_likelihood : bool
-            Include the ``log_likelihood`` group (arrays ``[chain, draw, *batch_shape]``).
+        log_likelihood : {"auto", "marginal", "conditional", False}
+            ``"auto"`` (default, also ``True``): ``"marginal"`` where the model allows it,
+            else ``"conditional"`` with a warning that names the reason. ``"marginal"``
+            raises where it does not exist. ``False`` leaves the group out.
         split_chains : bool
             Split one chain of independent draws as above (default ``True``).
 

@@ -124,6 +124,7 @@ class DiscreteRun(RunBase):
                 )
         else:
             oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+        self._args, self._kwargs, self._oracle = args, kwargs, oracle
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
         device = self.device or getattr(oracle, "device", None)
@@ -248,6 +249,28 @@ class DiscreteRun(RunBase):
         return EnumOracle(
             self.model, args, kwargs, layout=self.layout, device=self.device, lazy=True
         )
+
+    def marginal_pointwise(self) -> dict:
+        """The pointwise log likelihood with the discrete sites summed out per observation
+        (see :meth:`~pyro_autospec.oracles.enum.EnumOracle.pointwise_log_likelihood`): it
+        depends on no latent site here, so every draw has the same values."""
+        from pyro_autospec.model.errors import AutoSpecModelError
+        from pyro_autospec.oracles.enum import EnumOracle
+
+        oracle = self._oracle
+        if not isinstance(oracle, EnumOracle):
+            try:
+                oracle = EnumOracle(self.model, self._args, self._kwargs, layout=self.layout)
+            except AutoSpecModelError as error:
+                first = str(error).split(". ")[0]
+                raise ValueError(
+                    f"the model's discrete sites cannot be enumerated ({first})"
+                ) from error
+        shape = (self.num_chains, self.num_samples)
+        return {
+            name: value[0].to(self.pointwise[name].device).expand(shape + value.shape[1:])
+            for name, value in oracle.pointwise_log_likelihood().items()
+        }
 
     def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
         """Indices of the draws a chain returns, after the correction."""

@@ -181,6 +181,7 @@ class MixedRun(RunBase):
         self.samples = OrderedDict((k, by_chain(values[k])) for k in trace_order)
         self.deterministic = OrderedDict((k, by_chain(v)) for k, v in joint.deterministic.items())
         self.pointwise = {k: by_chain(v) for k, v in joint.pointwise.items()}
+        self._oracle, self._by_chain = oracle, by_chain
         self.observed = dict(layout.observed)
         rows = result.oracle_rows / total
         self.extra = {
@@ -193,6 +194,13 @@ class MixedRun(RunBase):
         }
         self._diverging = torch.stack(diverging)
         return self
+
+    def marginal_pointwise(self) -> dict:
+        """The pointwise log likelihood given each draw's continuous values, with the discrete
+        sites summed out per observation (see
+        :meth:`~pyro_autospec.oracles.enum.EnumOracle.pointwise_log_likelihood`)."""
+        out = self._oracle.pointwise_log_likelihood()
+        return {k: self._by_chain(v.to(self.pointwise[k].device)) for k, v in out.items()}
 
     def extras(self) -> Extras:
         chains = [f"chain {i}" for i in range(self.num_chains)]

@@ -401,11 +401,52 @@ class RunBase:
         for line in extras.summary_lines:
             print(line)
 
+    def marginal_pointwise(self) -> dict:
+        """``name -> Tensor[C, S, *batch_shape]``: the pointwise log likelihood with the
+        discrete sites summed out per observation; ``ValueError`` (with the reason) when the
+        model has no such form. A model without discrete sites has only one form."""
+        if not self.discrete_names:
+            return dict(self.pointwise)
+        raise ValueError("this kind of run cannot sum its discrete sites out")
+
+    def _log_likelihood_group(self, log_likelihood) -> tuple[dict | None, str | None]:
+        """The ``log_likelihood`` group asked for, and its form (``"marginal"`` or
+        ``"conditional"``)."""
+        forms = (True, False, None, "auto", "marginal", "conditional")
+        if not any(log_likelihood is f or log_likelihood == f for f in forms):
+            raise ValueError(
+                f"log_likelihood must be 'auto' (the default: 'marginal' where the model allows "
+                f"it, else 'conditional'), 'marginal', 'conditional' or False; got "
+                f"{log_likelihood!r}"
+            )
+        if log_likelihood is False or log_likelihood is None:
+            return None, None
+        if log_likelihood == "conditional":
+            return dict(self.pointwise), "conditional"
+        try:
+            return self.marginal_pointwise(), "marginal"
+        except ValueError as error:
+            if log_likelihood == "marginal":
+                raise ValueError(
+                    f"log_likelihood='marginal' is not available for this model: {error}. "
+                    f"Use log_likelihood='conditional' (each draw's log likelihood given its "
+                    f"own discrete values), which LOO and WAIC cannot use to compare models."
+                ) from error
+            warnings.warn(
+                f"The ArviZ log_likelihood group is conditional on each draw's sampled "
+                f"discrete values: {error}. az.loo and az.waic on it do not estimate the "
+                f"predictive accuracy of the model (they would need the discrete sites summed "
+                f"out per observation). Pass log_likelihood='conditional' to silence this.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return dict(self.pointwise), "conditional"
+
     def to_inference_data(
         self,
         coords: dict | None = None,
         dims: dict | None = None,
-        log_likelihood: bool = True,
+        log_likelihood: bool | str = "auto",
         *,
         method: str = "autospec",
         split_chains: bool = True,
@@ -431,7 +472,9 @@ class RunBase:
             whole = self.whole_run()
             attrs["rounds"], attrs["oracle_rows"] = whole["rounds"], whole["oracle_rows"]
         attrs.update(extras.attrs)
-        pointwise = dict(self.pointwise) if log_likelihood else None
+        pointwise, form = self._log_likelihood_group(log_likelihood)
+        if form is not None:
+            attrs["log_likelihood_form"] = form
         split = self.export_chains() if split_chains and self.num_chains == 1 else 1
         if split > 1:
             posterior, sample_stats = _split(posterior, split), _split(sample_stats, split)

@@ -388,6 +388,65 @@ def _check_discrete_site(name: str, site: dict) -> None:
         )
 
 
+def _check_finite_data(name: str, site: dict) -> None:
+    """Refuse NaN or infinite observed values that the model does not mask out."""
+    value = site["value"]
+    if not torch.is_tensor(value) or not value.is_floating_point():
+        return
+    bad = ~torch.isfinite(value.detach())
+    event_dim = len(site["fn"].event_shape)
+    if event_dim:
+        bad = bad.flatten(-event_dim).any(-1)
+    fn = site["fn"]
+    for mask in (site.get("mask"), getattr(fn, "_mask", None)):  # poutine.mask, fn.mask()
+        if mask is False:
+            return
+        if torch.is_tensor(mask):
+            shape = torch.broadcast_shapes(mask.shape, bad.shape)
+            bad = bad.expand(shape) & mask.bool().expand(shape)
+    if not bool(bad.any()):
+        return
+    first = tuple(int(i) for i in bad.nonzero()[0]) if bad.dim() else ()
+    count = int(bad.sum())
+    sample = value.detach()[first] if first else value.detach()
+    shown = float(sample.reshape(-1)[0]) if sample.numel() else float("nan")
+    raise AutoSpecModelError(
+        f"The data of observed site '{name}' hold {count} value(s) that are not finite (the "
+        f"first at index {first}: {shown}). A NaN or infinite observation has no density, so "
+        f"no posterior exists; this is the data, not the model or the sampler. Remove those "
+        f"entries, or mask them out and give them any finite value: `with "
+        f"poutine.mask(mask=torch.isfinite(y)): pyro.sample('{name}', ..., "
+        f"obs=torch.nan_to_num(y))` (Pyro's support check rejects a NaN even where masked)."
+    )
+
+
+def _check_observed_shape(name: str, site: dict) -> None:
+    """Refuse an observation with batch dims its distribution does not have (no plate)."""
+    fn, value = site["fn"], site["value"]
+    if not torch.is_tensor(value):
+        return
+    event_dim = len(fn.event_shape)
+    value_batch = value.shape[: value.dim() - event_dim]
+    extra = len(value_batch) - len(fn.batch_shape)
+    wide = [(i - len(value_batch), s) for i, s in enumerate(value_batch[:extra]) if s > 1]
+    if not wide:
+        return
+    dim, size = wide[0]
+    plates = ", ".join(
+        f"'{f.name}' ({f.size}, dim {f.dim})" for f in site["cond_indep_stack"] if f.vectorized
+    )
+    where = f" inside plate(s) {plates}" if plates else ""
+    raise AutoSpecModelError(
+        f"Observed site '{name}'{where} has a value of shape {tuple(value.shape)}, but its "
+        f"distribution has batch shape {tuple(fn.batch_shape)}: its dim {dim} of size {size} "
+        f"is declared by no pyro.plate, and its log density is broadcast over it. AutoSpec "
+        f"(like Pyro's enumeration) places its batch of draws and enumerated values left of "
+        f"the declared plates, where that dim would collide with them. Declare it: wrap the "
+        f"site in pyro.plate('...', {size}, dim={dim}) (the data's rows then are independent "
+        f"given the latent sites), or move it to the event with .to_event()."
+    )
+
+
 def _check_plates(name: str, site: dict, max_plate_nesting: int, latent: bool) -> None:
     fn = site["fn"]
     plates = plate_dims(site)
@@ -433,6 +492,28 @@ def _compare_signatures(expected: tuple, actual: tuple) -> None:
     raise DynamicStructureError("The order of the model's sample sites changes between runs.")
 
 
+def _check_plate_sizes(trace) -> None:
+    """Refuse a vectorized plate declared without a size (``pyro.plate("data")``)."""
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        for frame in node["cond_indep_stack"]:
+            if frame.vectorized and (frame.size is None or frame.size < 0):
+                value = node.get("value")
+                shape = tuple(value.shape) if torch.is_tensor(value) else ()
+                dim = frame.dim if frame.dim is not None else -1
+                size = shape[dim] if shape and -len(shape) <= dim else None
+                example = size if size is not None else "N"
+                raise AutoSpecModelError(
+                    f"Plate '{frame.name}' (around site '{name}') has no size: "
+                    f"pyro.plate('{frame.name}') without a size lets its dim {dim} take any "
+                    f"size, but AutoSpec batches draws and enumerated values next to the "
+                    f"model's plates and needs every plate's size. Give it: "
+                    f"pyro.plate('{frame.name}', {example})"
+                    + (f" (site '{name}' has {size} elements there)." if size else ".")
+                )
+
+
 def _check_no_vectorized_markov(trace) -> None:
     """Refuse ``pyro.contrib.funsor.vectorized_markov``: without funsor's handlers it makes
     overlapping duplicate sites (named ``x_slice(0, 3, None)``), not the chain the user wrote."""
@@ -444,6 +525,58 @@ def _check_no_vectorized_markov(trace) -> None:
                 f"handlers; run as plain Pyro, it makes overlapping duplicate sites. Write the "
                 f"chain with pyro.markov (a Python loop over time steps) instead; AutoSpec's "
                 f"enumeration oracle contracts it efficiently."
+            )
+
+
+def _check_continuous_parents(
+    model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int, names: list[str]
+) -> None:
+    """Refuse a continuous latent site whose distribution depends on a discrete one.
+
+    The model is traced once with its discrete sites enumerated (each at its own dim left of
+    the plates): a continuous site whose distribution has a batch dim there reads a discrete
+    site. A model that cannot be traced so is left to the later stages, which name its fault.
+    """
+    from pyro import poutine
+
+    from pyro_autospec.model.tracing import parallel_enumeration, quiet_warnings
+
+    enumerated = poutine.infer_config(model, parallel_enumeration)
+    try:
+        with poutine.block(), quiet_warnings(), torch.no_grad():
+            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
+            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
+        return
+    holder: dict[int, str] = {}
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample" or site_role(node) != "latent":
+            continue
+        dim = (node.get("infer") or {}).get("_enumerate_dim")
+        if dim is not None:
+            holder[dim] = name
+            continue
+        if name not in names:
+            continue
+        batch_shape = node["fn"].batch_shape
+        parents = [
+            holder[d]
+            for d in sorted(holder, reverse=True)
+            if len(batch_shape) >= -d and batch_shape[d] > 1
+        ]
+        if parents:
+            listed = ", ".join(f"'{p}'" for p in parents)
+            first = parents[0]
+            raise UnsupportedSiteError(
+                f"Site '{name}' (continuous, {type(node['fn']).__name__}) has a distribution that "
+                f"depends on the discrete site(s) {listed}. AutoSpec samples the continuous "
+                f"sites first (NUTS with the discrete sites summed out) and then the discrete "
+                f"sites given each continuous draw, so a continuous site must not depend on a "
+                f"discrete one. Ways out: sample one continuous value per value of '{first}' "
+                f"before it and select with '{first}' (e.g. `with pyro.plate('{name}_per_value', "
+                f"K): values = pyro.sample('{name}', ...)`, then `Vindex(values)[..., {first}]`), "
+                f"as a mixture's component parameters are; or condition '{name}' on a value with "
+                f"poutine.condition."
             )
 
 
@@ -515,6 +648,7 @@ def discover_sites(
     traces = [prune_subsample_sites(t) for t in raw]
     trace = traces[0]
     _check_no_vectorized_markov(trace)
+    _check_plate_sizes(trace)
     signature = _signature(trace)
     for other in traces[1:]:
         _compare_signatures(signature, _signature(other))
@@ -545,6 +679,8 @@ def discover_sites(
         if role in ("factor", "subsample"):
             continue
         if role == "data":
+            _check_finite_data(name, site)
+            _check_observed_shape(name, site)
             _check_plates(name, site, max_plate_nesting, latent=False)
             observed[name] = site["value"].detach()
             observed_shapes[name] = fn.batch_shape
@@ -593,6 +729,10 @@ def discover_sites(
         )
         offset += block.num_coords
         sites.append(block)
+    if continuous_sites and sites:
+        _check_continuous_parents(
+            model, args, kwargs, max_plate_nesting, [c.name for c in continuous_sites]
+        )
     if not sites:
         extra = (
             f" Its latent sites {[s.name for s in continuous_sites]} are all continuous: use "

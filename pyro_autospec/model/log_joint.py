@@ -41,6 +41,9 @@ from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
+    assertion_error,
+    batching_advice,
+    compute_log_prob,
     quiet_warnings,
     site_role,
     structure_error,
@@ -149,9 +152,11 @@ def _run_chunk(
         with poutine.block(), recorder, quiet_warnings():
             trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
             trace = prune_subsample_sites(trace)
-            trace.compute_log_prob()
+            compute_log_prob(trace, "on a batch of draws")
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
         raise structure_error(e, recorder.names, "on a batch of draws") from e
+    except AssertionError as e:
+        raise assertion_error(e, recorder.names, "on a batch of draws", mpn) from e
 
     device = None
     total = magnitude = None
@@ -297,8 +302,7 @@ def evaluate(
         reason = str(error).split(". ")[0]
     warnings.warn(
         f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
-        f"one draw at a time ({num_draws} traces). To batch it, index with Vindex "
-        f"(pyro.ops.indexing) or ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+        f"one draw at a time ({num_draws} traces). " + batching_advice(model, args, kwargs or {}),
         UserWarning,
         stacklevel=3,
     )

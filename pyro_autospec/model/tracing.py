@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 
@@ -20,7 +21,11 @@ from pyro import poutine
 from pyro.poutine.subsample_messenger import _Subsample
 from pyro.poutine.util import prune_subsample_sites
 
-from pyro_autospec.model.errors import DynamicStructureError, SubsamplingError
+from pyro_autospec.model.errors import (
+    AutoSpecModelError,
+    DynamicStructureError,
+    SubsamplingError,
+)
 
 __all__ = [
     "DRAWS_PLATE",
@@ -31,6 +36,7 @@ __all__ = [
     "plate_nesting",
     "scaled_sites",
     "site_role",
+    "compute_log_prob",
     "structure_error",
     "trace_model",
 ]
@@ -243,6 +249,22 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
             f"density there. Restrict that site's support to the feasible values (e.g. a "
             f"Categorical over them) or mask the impossible terms with poutine.mask."
         )
+    mismatch = re.search(
+        r"Shape mismatch inside plate\('([^']+)'\) at site (\S+) dim (-?\d+)", reason
+    )
+    if mismatch:
+        plate, site, dim = mismatch.groups()
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. Site '{site}' has at dim {dim}, "
+            f"the dim of plate '{plate}', a size other than the plate's: a value it reads has "
+            f"lost a batch dim, so AutoSpec's extra batch dims (a batch of draws left of the "
+            f"plates, and enumerated values) shifted into the plate's place. The usual cause is "
+            f"a plated site reduced over its plate and fed into another plate (a.sum(-1)). "
+            f"Under enumeration a site outside a plate cannot read the elements of a discrete "
+            f"site inside it at all: compute '{site}' inside the plate of what it reads, write "
+            f"the elements as separate sites, or, for a sum of Bernoulli elements, sample one "
+            f"Binomial count instead."
+        )
     return DynamicStructureError(
         f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "
         f"batched (and enumerated) values of its discrete sites, so the model must not branch "
@@ -250,6 +272,138 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         f"value over a plate or batch dimension; use tensor operations (torch.where, Vindex, "
         f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
         f"structure is fixed."
+    )
+
+
+def _base(fn):
+    """The distribution inside Pyro's wrappers (mask, to_event, expand)."""
+    while type(fn).__name__ in ("MaskedDistribution", "Independent", "ExpandedDistribution"):
+        fn = fn.base_dist
+    return fn
+
+
+def _is_custom(fn) -> bool:
+    """A distribution class written outside Pyro and PyTorch (a user's own)."""
+    module = type(_base(fn)).__module__ or ""
+    return not module.startswith(("pyro.", "torch."))
+
+
+def _custom_log_prob_error(name: str, fn, what: str, reason: str) -> AutoSpecModelError:
+    fn = _base(fn)
+    kind = type(fn).__name__
+    return AutoSpecModelError(
+        f"Site '{name}': the log_prob of its distribution {kind} (module "
+        f"{type(fn).__module__}) {reason} when AutoSpec ran the model {what}. AutoSpec, like "
+        f"Pyro's enumeration, evaluates every site on a batch of draws and on enumerated "
+        f"values of the discrete sites, as extra batch dims left of the plates, so a "
+        f"distribution's log_prob must broadcast over leading batch dims of its parameters and "
+        f"of the value, and return their broadcast batch shape (use broadcasting arithmetic, "
+        f"not reshape(-1), view, flatten or fixed dim indices). Check it with parameters "
+        f"expanded by a leading dim: {kind}(param.expand(2, *param.shape)).log_prob(value)."
+    )
+
+
+def compute_log_prob(trace, what: str) -> None:
+    """``trace.compute_log_prob()``, naming a user's distribution whose log_prob does not
+    broadcast over the extra batch dims (it raises, or returns another shape)."""
+    try:
+        trace.compute_log_prob()
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample" or not _is_custom(site["fn"]):
+                continue
+            try:
+                site["fn"].log_prob(site["value"])
+            except (RuntimeError, ValueError, TypeError, IndexError) as inner:
+                reason = f"raised '{error_reason(inner)}'"
+                raise _custom_log_prob_error(name, site["fn"], what, reason) from error
+        raise
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or "unscaled_log_prob" not in site:
+            continue
+        fn, value = _base(site["fn"]), site["value"]  # Pyro's wrappers would expand it
+        if not _is_custom(fn) or not torch.is_tensor(value):
+            continue
+        value_batch = value.shape[: value.dim() - len(fn.event_shape)]
+        try:
+            expected = torch.broadcast_shapes(fn.batch_shape, value_batch)
+            actual = torch.as_tensor(fn.log_prob(value)).shape
+        except (RuntimeError, ValueError, TypeError, IndexError):
+            continue  # Pyro's wrappers evaluated it; nothing to compare
+        if actual != expected:
+            reason = (
+                f"returned shape {tuple(actual)} for batch shape {tuple(fn.batch_shape)} and "
+                f"value shape {tuple(value.shape)} (expected {tuple(expected)})"
+            )
+            raise _custom_log_prob_error(name, fn, what, reason)
+
+
+def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
+    """How to make a model run on a batch of continuous draws: name the plates that share a dim.
+
+    A continuous site in a plate (a mixture's ``components``) that shares its dim with the
+    plate of the sites indexed by it (``data``) cannot batch: indexing consumes that dim, so
+    the draws land on the other plate. Otherwise the usual cause is plain indexing.
+    """
+    try:
+        trace = trace_model(model, args, kwargs)
+    except Exception:  # noqa: BLE001 - only advice; the plain-indexing hint stands
+        trace = None
+    clashes, continuous = [], []
+    if trace is not None:
+        continuous = [
+            name
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and site_role(site) == "latent"
+            and not site["fn"].support.is_discrete
+        ]
+        frames = {
+            name: [f for f in site["cond_indep_stack"] if f.vectorized]
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+        }
+        for name in continuous:
+            for frame in frames.get(name, ()):
+                for other, other_frames in frames.items():
+                    if other in continuous:
+                        continue
+                    for g in other_frames:
+                        if g.dim == frame.dim and g.name != frame.name:
+                            clashes.append((name, frame, other, g))
+    if not clashes:
+        return (
+            "To batch it, index with Vindex (pyro.ops.indexing) or ellipses, e.g. "
+            "Vindex(locs)[..., z] instead of locs[z]."
+        )
+    name, frame, other, g = clashes[0]
+    return (
+        f"The continuous site '{name}' lives in plate '{frame.name}' (dim {frame.dim}), the same "
+        f"dim as plate '{g.name}' of site '{other}': indexing '{name}' by a discrete site "
+        f"consumes that dim, so a batch of draws of '{name}' lands on plate '{g.name}'. To "
+        f"batch it, sample '{name}' as one vector site outside the plates, e.g. "
+        f"pyro.sample('{name}', dist.Normal(0.0, 1.0).expand([{frame.size}]).to_event(1)), "
+        f"and index it with Vindex({name})[..., z]."
+    )
+
+
+def assertion_error(
+    error: AssertionError, seen: list[str], what: str, max_plate_nesting: int
+) -> AutoSpecModelError:
+    """An :class:`AutoSpecModelError` for an ``assert`` in the model that fails on the extra
+    batch dims AutoSpec runs it with (the draws dim, and enumeration dims under enumeration).
+    """
+    last = f" after site '{seen[-1]}'" if seen else ""
+    said = f" ({error})" if str(error) else ""
+    draws = -(max_plate_nesting + 1)
+    return AutoSpecModelError(
+        f"The model raised AssertionError{said}{last} when AutoSpec ran it {what}. AutoSpec "
+        f"runs the model with extra batch dims left of its plates: one for a batch of draws "
+        f"(dim {draws}) and, under enumeration, one per discrete site from dim {draws - 1} "
+        f"leftwards, as Pyro's enumeration does (there, one dim further right). A shape assert "
+        f"written for one draw fails there: assert on the rightmost dims (x.shape[-k:] == ...) "
+        f"or on plate sizes, not on x.dim() or x.shape[0]. See 'Extra batch dims' in the "
+        f"README."
     )
 
 

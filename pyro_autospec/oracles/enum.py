@@ -51,6 +51,9 @@ from pyro_autospec.model.errors import (
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
+    assertion_error,
+    batching_advice,
+    compute_log_prob,
     parallel_enumeration,
     quiet_warnings,
     site_role,
@@ -155,6 +158,80 @@ def _intractable_error(entries: float) -> IntractableEnumerationError:
         f"eliminated locally, use a learned guide (AnyOrderGuide with a correction), or "
         f"NumPyro's DiscreteHMCGibbs / MixedHMC. A guide-based Metropolis-within-Gibbs step may "
         f"follow in a later release."
+    )
+
+
+class _WithoutMarkov(poutine.messenger.Messenger):
+    """Hide ``pyro.markov`` from enumeration: every enumerated site gets a dim of its own.
+
+    It sits between the model (whose ``pyro.markov`` contexts mark each site's scope) and
+    ``poutine.enum`` (which recycles dims by that scope), and removes the mark.
+    """
+
+    def _pyro_sample(self, msg):
+        if msg.get("infer"):
+            msg["infer"].pop("_markov_scope", None)
+
+
+def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
+    """Sites that see two sites holding one enumeration dim (``pyro.markov`` recycled it).
+
+    Replays ``poutine.enum``'s own bookkeeping: a site sees the enumerated sites in its
+    markov scope (the same depth), and each of those passes its value's dims downstream. Two
+    different sites on one dim there means the site's distribution cannot tell them apart.
+    """
+    depth_of, dims_of = {}, {}
+    conflicts = []
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        infer = node.get("infer") or {}
+        scope = infer.get("_markov_scope")
+        if scope is None:
+            continue
+        holders: dict[int, set] = {}
+        for other, depth in scope.items():
+            if depth_of.get(other) != depth:
+                continue
+            for dim, id_ in dims_of.get(other, {}).items():
+                holders.setdefault(dim, {}).setdefault(id_, other)
+        shared = sorted({s for ids in holders.values() if len(ids) > 1 for s in ids.values()})
+        if shared:
+            conflicts.append((name, shared))
+        depth_of[name] = infer.get("_markov_depth")
+        if infer.get("_dim_to_id"):
+            dims_of[name] = dict(infer["_dim_to_id"])
+    return conflicts
+
+
+def _markov_conflict_error(conflicts, reason: str) -> IntractableEnumerationError:
+    name, shared = conflicts[0]
+    listed = ", ".join(f"'{s}'" for s in shared)
+    return IntractableEnumerationError(
+        f"Site '{name}' sees sites {listed}, to which pyro.markov gave one tensor dim (a "
+        f"pyro.markov(..., keep=True) loop entered again, as in a grid, reuses dims of sites a "
+        f"later site still reads); Pyro's own enumeration is wrong there. AutoSpec then gives "
+        f"every site its own dim, which this model does not fit: {reason}"
+    )
+
+
+def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerationError:
+    """torch's limit of 64 tensor dims reached: enumeration gives every live site a dim."""
+    last = f" (the model failed after site '{seen[-1]}')" if seen else ""
+    names = layout.names
+    shown = ", ".join(f"'{n}'" for n in names[:4]) + (", ..." if len(names) > 4 else "")
+    return IntractableEnumerationError(
+        f"The model has {len(names)} discrete latent sites ({shown}), more than exact "
+        f"enumeration can hold{last}: Pyro's parallel enumeration gives every discrete site its "
+        f"own tensor dim, and torch supports at most 64 dims per tensor (of which the plates "
+        f"take {layout.max_plate_nesting} and AutoSpec's batch of draws 1). "
+        f"pyro.markov frees the dim of a site once the chain has moved past it, and a pyro.plate "
+        f"gives all its elements one dim, but sites that stay coupled (a grid written with one "
+        f"pyro.sample per cell) each keep theirs. Ways out: declare repeated sites in a "
+        f"pyro.plate and chains with pyro.markov, or sample the sites with a learned guide, "
+        f"guide = AnyOrderGuide(model, args); guide.fit_posterior(*args); then "
+        f"AutoSpec(model, guide=guide, correction='imh'), which needs no enumeration (see "
+        f"tutorials/07_beyond_enumeration)."
     )
 
 
@@ -273,6 +350,8 @@ class EnumOracle:
     True
     """
 
+    _markov = True  # False: pyro.markov hidden from enumeration (see _compile)
+
     def __init__(
         self,
         model: Callable,
@@ -390,19 +469,24 @@ class EnumOracle:
                 return enumerated(*args, **kwargs)
 
         recorder = SiteRecorder()
+        traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
         try:
             with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
-                enum_model = poutine.enum(with_draws, first_available_dim=-(mpn + 2))
+                enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
                 trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
                 trace = prune_subsample_sites(trace)
-                trace.compute_log_prob()
+                compute_log_prob(trace, "under enumeration")
                 trace.pack_tensors()
         except AutoSpecModelError:
             raise
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
             if "memory" in str(e) or "allocate" in str(e):
                 raise _intractable_error(float("inf")) from e
+            if "up to 64 dims" in str(e):
+                raise _too_many_dims_error(self.layout, recorder.names) from e
             raise structure_error(e, recorder.names, "under enumeration") from e
+        except AssertionError as e:
+            raise assertion_error(e, recorder.names, "under enumeration", mpn) from e
         return trace
 
     def _traces(self) -> list:
@@ -421,8 +505,7 @@ class EnumOracle:
             warnings.warn(
                 f"The model does not broadcast over a batch of draws of its continuous sites "
                 f"({reason}), so EnumOracle traced it once per draw ({self._num_continuous} "
-                f"traces). To trace it once, index with Vindex (pyro.ops.indexing) or "
-                f"ellipses, e.g. Vindex(locs)[..., z] instead of locs[z].",
+                f"traces). " + batching_advice(self.model, self.args, self.kwargs),
                 UserWarning,
                 stacklevel=5,
             )
@@ -455,8 +538,20 @@ class EnumOracle:
         return None
 
     def _compile(self) -> None:
+        self._markov = True
         traces = self._traces()
+        conflicts = _markov_conflicts(traces[0])
+        if conflicts:
+            # pyro.markov gave two sites one dim while a later site still reads both (a
+            # re-entered keep=True loop, as in a grid): Pyro's own enumeration is wrong there.
+            # Every site gets its own dim instead: exact, if the sites fit torch's 64 dims.
+            self._markov = False
+            try:
+                traces = self._traces()
+            except IntractableEnumerationError as error:
+                raise _markov_conflict_error(conflicts, str(error)) from error
         trace = traces[0]
+        self._check_markov_history(trace)
         layout = self.layout
         plate_to_symbol = trace.plate_to_symbol
         self._symbol_to_plate = {s: p for p, s in plate_to_symbol.items()}
@@ -471,6 +566,7 @@ class EnumOracle:
 
         # evidence: where each discrete site's pins go
         evidence, enum_symbols = [], set()
+        site_plates: dict[str, tuple[str, str]] = {}  # enum symbol -> (site, its plates)
         for site in layout.sites:
             node = trace.nodes.get(site.name)
             if node is None or node["infer"].get("_enumerate_dim") is None:
@@ -490,6 +586,7 @@ class EnumOracle:
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
             dim_to_size[symbol] = site.support_size
+            site_plates[symbol] = (site.name, plates)
             evidence.append(
                 _Evidence(
                     site.name,
@@ -504,6 +601,13 @@ class EnumOracle:
         # model factors: every site's scaled, masked log density
         device = self.device
         terms, constant = [], None
+        raw: dict[str, tuple] = {}  # site -> (log density, dims, role), for the pointwise form
+        self._plate_dim = {
+            plate_to_symbol[f.name]: f.dim
+            for node in trace.nodes.values()
+            for f in node.get("cond_indep_stack", ())
+            if f.vectorized and f.name in plate_to_symbol
+        }
         for name, node in trace.nodes.items():
             if node["type"] != "sample" or site_role(node) in ("deterministic", "subsample"):
                 continue
@@ -532,6 +636,9 @@ class EnumOracle:
             ordinal = frozenset(
                 plate_to_symbol[f.name] for f in node["cond_indep_stack"] if f.vectorized
             )
+            raw[name] = (tensor, dims, site_role(node))
+            self._check_plate_coupling(name, dims, ordinal, site_plates)
+            self._check_dim_sizes(name, packed, dim_to_size, ordinal, site_plates)
             if not set(dims) & enum_symbols:  # no discrete site in it: a constant per draw
                 keep = [i for i, d in enumerate(dims) if d != draws]
                 part = tensor.sum(keep) if keep else tensor
@@ -543,6 +650,7 @@ class EnumOracle:
         if constant is None:
             constant = torch.zeros((), dtype=torch.float64, device=self.device)
         self._constant = constant.expand(num) if constant.dim() == 0 else constant
+        self._raw_factors = raw
         self._terms = self._simplify(terms, evidence, draws, enum_symbols)
         self._evidence = evidence
         self._sum_dims = enum_symbols
@@ -561,6 +669,110 @@ class EnumOracle:
         self._row_entries = self._measure()
         if self.lower_chains and not self._family:
             self._chain = self._lower_to_chain()
+
+    @staticmethod
+    def _check_markov_history(trace) -> None:
+        """Refuse a site whose distribution reaches past its ``pyro.markov`` history.
+
+        ``pyro.markov(history=h)`` lets enumeration reuse the tensor dim of a site more than
+        ``h`` steps back. A site that still depends on such a site gets that very dim: its
+        distribution's parameters already vary along the dim it is enumerated into, and its
+        log density is read on the diagonal (silently wrong in Pyro's ``infer_discrete``).
+        """
+        holder: dict[int, str] = {}  # enum dim -> the last site enumerated there
+        for name, node in trace.nodes.items():
+            if node["type"] != "sample" or node["is_observed"]:
+                continue
+            dim = (node.get("infer") or {}).get("_enumerate_dim")
+            if dim is None:
+                continue
+            batch_shape = node["fn"].batch_shape
+            if len(batch_shape) >= -dim and batch_shape[dim] > 1 and dim in holder:
+                earlier = holder[dim]
+                raise AutoSpecModelError(
+                    f"Site '{name}' depends on site '{earlier}', which lies further back than "
+                    f"its pyro.markov history keeps: enumeration reused the tensor dim of "
+                    f"'{earlier}' for '{name}', so the dependence cannot be expressed (Pyro's "
+                    f"infer_discrete silently samples the wrong law here). Ways out: raise "
+                    f"history in pyro.markov(..., history=h) to the longest lag the model "
+                    f"uses (history=2 for a second-order chain), or drop the dependence."
+                )
+            holder[dim] = name
+
+    def _check_dim_sizes(self, name, packed, dim_to_size, ordinal, site_plates) -> None:
+        """Refuse a log density whose plate dim has another size than the plate's.
+
+        It happens when a plated discrete site is reduced over its plate (``a.sum(-1)``) and
+        fed into another plate: the site's enumeration dim shifts into a plate's dim, and the
+        contraction would fail with a raw einsum or broadcast error.
+        """
+        for size, symbol in zip(packed.shape, packed._pyro_dims, strict=True):
+            expected = dim_to_size.get(symbol)
+            if expected is None or size in (1, expected):
+                continue
+            plate = self._symbol_to_plate.get(symbol)
+            if symbol == self._draws_symbol:
+                what = f"AutoSpec's batch of draws (size {expected})"
+            elif plate is not None:
+                what = f"plate '{plate}' (size {expected})"
+            else:
+                what = f"discrete site '{site_plates[symbol][0]}' ({expected} values)"
+            inside = {p for _, plates in site_plates.values() for p in plates} - set(ordinal)
+            suspects = [
+                site
+                for site, plates in site_plates.values()
+                if set(plates) & inside and self.layout[site].support_size == size
+            ]
+            blame = (
+                f" Probably the discrete site(s) {', '.join(repr(s) for s in suspects)} "
+                f"(sampled in a plate '{name}' is not in) were reduced over their plate"
+                if suspects
+                else " Probably a plated discrete site was reduced over its plate"
+            )
+            raise IntractableEnumerationError(
+                f"Site '{name}' has a log density of the wrong shape under enumeration: its dim "
+                f"for {what} has size {size}, so the enumerated values of a discrete site landed "
+                f"on a dim that belongs to something else.{blame} (e.g. a.sum(-1)) and fed into "
+                f"'{name}', which shifts the enumeration dims. A site outside a plate cannot "
+                f"depend on the elements of a discrete site inside it under enumeration (one dim "
+                f"holds all elements' values). Ways out: compute what '{name}' needs inside that "
+                f"plate from each element's own value; write the elements as separate sites; "
+                f"replace a sum of Bernoulli elements by one Binomial count site; or use a learned"
+                f" guide, which needs no enumeration: guide = AnyOrderGuide(model, args); "
+                f"guide.fit_posterior(*args); AutoSpec(model, guide=guide, correction='imh')."
+            )
+
+    def _check_plate_coupling(self, name, dims, ordinal, site_plates) -> None:
+        """Refuse a factor outside a plate that reads a discrete site inside it.
+
+        Enumeration gives all elements of a plated site one tensor dim: a factor inside the
+        plate sees each element's own value, but one outside it (an Ising coupling summed over
+        the grid) can only see them all equal. Pyro's ``TraceEnum_ELBO`` has the same rule
+        ("no variable outside of a plate depends on an enumerated variable inside it") and
+        ``infer_discrete`` silently samples the wrong law there.
+        """
+        for symbol in dims:
+            if symbol not in site_plates:
+                continue
+            site, plates = site_plates[symbol]
+            outside = [p for p in plates if p not in ordinal]
+            if not outside:
+                continue
+            names = ", ".join(f"'{self._symbol_to_plate[p]}'" for p in outside)
+            what = f"Site '{name}'" if name != site else f"The log density of site '{site}'"
+            raise IntractableEnumerationError(
+                f"{what} lies outside plate(s) {names} but depends on the discrete site "
+                f"'{site}' sampled inside them: it couples the elements of one plate with each "
+                f"other, which enumeration cannot express. Enumeration gives all elements of "
+                f"a plated site one shared tensor dim, so a factor outside the plate sees them "
+                f"all take the same value (Pyro's TraceEnum_ELBO forbids this, and "
+                f"infer_discrete silently samples the wrong law). Ways out: compute the "
+                f"factor inside the plate, from each element's own value and sites outside "
+                f"it; write the coupled elements as separate sites (a pyro.markov loop over "
+                f"rows keeps a narrow grid tractable); or sample the model with a learned "
+                f"guide, which needs no enumeration: guide = AnyOrderGuide(model, args); "
+                f"guide.fit_posterior(*args); AutoSpec(model, guide=guide, correction='imh')."
+            )
 
     def _simplify(self, terms, evidence, draws, enum_symbols):
         """Contract plates that no enumerated site lives in, and fold factors into supersets.
@@ -907,6 +1119,108 @@ class EnumOracle:
         if draws is None:
             return self._log_normalizer
         return self._log_normalizer[torch.as_tensor(draws, device=self.device)]
+
+    def pointwise_log_likelihood(self) -> dict[str, torch.Tensor]:
+        """The log likelihood of every observed element with the discrete sites summed out.
+
+        For an observed site ``y`` whose elements each read their own discrete sites (a
+        mixture's assignment ``z_i``: same plates as ``y``, read by nothing else, depending
+        on no other discrete site), ``log p(y_i | theta) = logsumexp_z [log p(z_i | theta) +
+        log p(y_i | z_i, theta)]`` given each draw's continuous values ``theta``: the
+        pointwise form LOO and WAIC need. An observed site that reads no discrete site keeps
+        its log density. Masked terms are left out, as in the log joint.
+
+        Returns
+        -------
+        dict of str -> ``DoubleTensor[M, *batch_shape]``
+            One row per continuous draw (``M = num_draws``; ``M = 1`` without continuous
+            sites), in the layout's order of observed sites.
+
+        Raises
+        ------
+        ValueError
+            When some observed site's elements share a discrete site, or a site is scaled:
+            the message names the sites. There is no per-observation marginal then; the
+            conditional form (given the draw's discrete values) is the one left.
+
+        Examples
+        --------
+        >>> import torch, pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     with pyro.plate("data", 2):
+        ...         z = pyro.sample("z", dist.Bernoulli(0.5))
+        ...         pyro.sample("y", dist.Normal(3.0 * z, 1.0), obs=y)
+        >>> out = EnumOracle(model, (torch.tensor([0.0, 3.0]),)).pointwise_log_likelihood()
+        >>> out["y"].shape
+        torch.Size([1, 2])
+        """
+        draws, enum = self._draws_symbol, self._sum_dims
+        site_of = {spec.dims[-2]: spec for spec in self._evidence}
+        num = 1 if self._continuous is None else self._num_continuous
+        out = OrderedDict()
+        for name, batch_shape in self.layout.observed_batch_shapes.items():
+            if name not in self._raw_factors:
+                continue
+            tensor, dims, _ = self._raw_factors[name]
+            read = set(dims) & enum
+            group = {site_of[s].name for s in read}
+            if name in self.layout.scales or group & set(self.layout.scales):
+                raise ValueError(
+                    f"observed site '{name}' or a discrete site it reads is scaled "
+                    f"(poutine.scale or a subsampled plate): no per-observation marginal"
+                )
+            parts = [(tensor, dims)]
+            for other, (other_tensor, other_dims, _) in self._raw_factors.items():
+                shared = set(other_dims) & read
+                if other == name or not shared:
+                    continue
+                listed = ", ".join(sorted(f"'{site_of[s].name}'" for s in shared))
+                if other not in group:
+                    raise ValueError(
+                        f"site '{other}' also reads the discrete site(s) {listed} that observed "
+                        f"site '{name}' reads, so they cannot be summed out per observation"
+                    )
+                beyond = set(other_dims) & enum - read
+                if beyond:
+                    more = ", ".join(sorted(f"'{site_of[s].name}'" for s in beyond))
+                    raise ValueError(
+                        f"the discrete site '{other}' that observed site '{name}' reads depends "
+                        f"on discrete site(s) {more}, which '{name}' does not read: its elements "
+                        f"are not independent given the continuous sites"
+                    )
+                parts.append((other_tensor, other_dims))
+            plates = set(dims) - enum - {draws}
+            for symbol in read:
+                spec = site_of[symbol]
+                own = set(spec.dims) - {symbol, draws}
+                if own != plates:
+                    raise ValueError(
+                        f"the discrete site '{spec.name}' is shared by several elements of "
+                        f"observed site '{name}' (it is not in all of its plates), so it "
+                        f"cannot be summed out per observation"
+                    )
+            order = "".join(sorted(set().union(*(set(d) for _, d in parts))))
+            total = sum(_align(t, d, order) for t, d in parts)
+            summed = [i for i, d in enumerate(order) if d in read]
+            if summed:
+                total = total.logsumexp(summed)
+            kept = "".join(d for d in order if d not in read)
+            out[name] = self._to_batch(total, kept, num, batch_shape)
+        return out
+
+    def _to_batch(self, tensor, dims, num, batch_shape) -> torch.Tensor:
+        """A packed ``tensor`` (draws and plate dims) as ``[num, *batch_shape]``."""
+        rank = len(batch_shape)
+        order, shape = [], [num] + list(batch_shape)
+        target = [self._draws_symbol] + [None] * rank
+        for symbol in dims:
+            if symbol != self._draws_symbol:
+                target[rank + self._plate_dim[symbol] + 1] = symbol
+        present = [d for d in target if d is not None and d in dims]
+        order = [dims.index(d) for d in present]
+        tensor = tensor.permute(order) if order else tensor
+        view = [tensor.shape[present.index(d)] if d in present else 1 for d in target]
+        return tensor.reshape(view).expand(shape).clone()
 
     def _check(self, values, mask, draws):
         values = torch.as_tensor(values, device=self.device)

@@ -84,8 +84,9 @@ def test_gaussian_mixture_means(mixture_fit):
 
 
 def test_mixture_arviz_log_likelihood_is_given_every_latent_site(mixture_fit):
-    """The pointwise log likelihood uses the draw's own assignments, not prior draws."""
-    idata = mixture_fit.to_inference_data()
+    """The conditional pointwise log likelihood uses the draw's own assignments, not prior
+    draws."""
+    idata = mixture_fit.to_inference_data(log_likelihood="conditional")
     assert set(idata.posterior.data_vars) == {"locs", "assignment"}
     samples = mixture_fit.get_samples(group_by_chain=True)
     locs = samples["locs"].double()

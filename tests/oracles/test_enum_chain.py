@@ -14,6 +14,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model.errors import IntractableEnumerationError
 from pyro_autospec.oracles import PairwiseChainOracle
 from pyro_autospec.oracles.enum import EnumOracle
 from tests.oracles._oracle_reference import (
@@ -60,7 +61,16 @@ def plated(ys, lengths=None):
 
 
 def coupled(ys):
-    """Two chains in a plate plus a factor over the whole plate: not independent chains."""
+    """Two chains in a plate plus a site all their elements share: not independent chains."""
+    shared = pyro.sample("shared", dist.Categorical(torch.ones(3) / 3))
+    with pyro.plate("chains", 2):
+        z0 = pyro.sample("z_0", dist.Categorical(torch.ones(3) / 3))
+        z1 = pyro.sample("z_1", dist.Categorical(TRANS[z0]))
+        pyro.factor("agree", (z1 == shared).float())
+
+
+def coupled_over_the_plate(ys):
+    """A factor outside the plate that reads its elements: enumeration cannot express it."""
     with pyro.plate("chains", 2):
         z0 = pyro.sample("z_0", dist.Categorical(torch.ones(3) / 3))
         z1 = pyro.sample("z_1", dist.Categorical(TRANS[z0]))
@@ -96,6 +106,8 @@ def test_chain_models_are_lowered_and_others_are_not():
     assert EnumOracle(skip_chain, (YS[:3],))._chain is None
     assert EnumOracle(plated, (YS[:3, None].expand(3, 2),))._chain is not None
     assert EnumOracle(coupled, (YS[:2],))._chain is None
+    with pytest.raises(IntractableEnumerationError, match="outside plate"):
+        EnumOracle(coupled_over_the_plate, (YS[:2],))
 
 
 def test_chains_in_a_plate_equal_brute_force_and_contraction():

@@ -1,0 +1,291 @@
+"""Refusals that teach: each names the site or plate, the cause and a way out (issue 32)."""
+
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.ops.indexing import Vindex
+
+from pyro_autospec.infer import (
+    AutoSpec,
+    AutoSpecModelError,
+    IntractableEnumerationError,
+    UnsupportedSiteError,
+)
+from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.oracles.enum import EnumOracle
+
+
+def run(model, *args, **kwargs):
+    kwargs.setdefault("num_samples", 2)
+    return AutoSpec(model, disable_progbar=True, **kwargs).run(*args)
+
+
+def test_more_sites_than_tensor_dims_points_to_a_guide():
+    def star():  # 70 sites each coupled to the first: every one keeps its own dim
+        root = pyro.sample("x_0", dist.Bernoulli(0.5))
+        for i in range(1, 70):
+            x = pyro.sample(f"x_{i}", dist.Bernoulli(0.5))
+            pyro.factor(f"f_{i}", 0.3 * (2 * root - 1) * (2 * x - 1))
+
+    with pytest.raises(IntractableEnumerationError) as info:
+        EnumOracle(star)
+    text = str(info.value)
+    assert "70 discrete latent sites" in text and "'x_0'" in text
+    assert "own tensor dim" in text and "64 dims" in text
+    assert "guide=guide" in text and "AnyOrderGuide" in text
+    assert "control flow" not in text and "reduce a sampled value" not in text
+
+
+def ising_one_plated_site():
+    """An Ising grid as one plated site, its coupling summed with keepdim=True."""
+    with pyro.plate("rows", 4, dim=-2), pyro.plate("cols", 4, dim=-1):
+        x = pyro.sample("x", dist.Bernoulli(0.5))
+    s = 2 * x - 1
+    down = (s[..., 1:, :] * s[..., :-1, :]).sum((-1, -2), keepdim=True)
+    right = (s[..., :, 1:] * s[..., :, :-1]).sum((-1, -2), keepdim=True)
+    pyro.factor("coupling", 0.4 * (down + right))
+
+
+def test_coupling_inside_one_plated_site_names_the_cause():
+    with pytest.raises(IntractableEnumerationError) as info:
+        run(ising_one_plated_site)
+    text = str(info.value)
+    assert "Site 'coupling' lies outside plate(s) 'rows', 'cols'" in text
+    assert "discrete site 'x'" in text and "couples the elements of one plate" in text
+    assert "guide=guide" in text
+    assert "log q(x)" not in text and "Please report" not in text
+
+
+def second_order_chain(history):
+    def model():
+        before, last = torch.tensor(0.0), torch.tensor(0.0)
+        for t in pyro.markov(range(5), history=history):
+            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.2 + 0.3 * before + 0.4 * last))
+            before, last = last, x
+
+    return model
+
+
+def test_dependence_past_the_markov_history_names_the_sites():
+    with pytest.raises(AutoSpecModelError) as info:
+        EnumOracle(second_order_chain(history=1))
+    text = str(info.value)
+    assert "Site 'x_2' depends on site 'x_0'" in text
+    assert "pyro.markov history" in text and "history=2" in text
+    assert "Please report" not in text
+    # with the history the model needs, the oracle is exact
+    oracle = EnumOracle(second_order_chain(history=2))
+    states, log_prob = enumerate_posterior(second_order_chain(history=2))
+    values = torch.zeros(2, 5, dtype=torch.long)
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    marginals = oracle.log_marginals(values, mask)[0].exp()
+    for i in range(5):
+        expected = log_prob.exp()[states[:, i] == 1].sum()
+        assert abs(float(marginals[i, 1]) - float(expected)) < 1e-10
+
+
+def scale_depends_on_z(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    scale = pyro.sample("scale", dist.LogNormal(z, 1.0))
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(0.0, scale), obs=y)
+
+
+def test_continuous_site_depending_on_a_discrete_one_is_refused_before_nuts(monkeypatch):
+    import pyro_autospec.infer.mixed_run as mixed_run
+
+    def no_nuts(*args, **kwargs):
+        raise AssertionError("NUTS started")
+
+    monkeypatch.setattr(mixed_run, "MCMC", no_nuts)
+    with pytest.raises(UnsupportedSiteError) as info:
+        run(scale_depends_on_z, torch.randn(10), warmup_steps=5)
+    text = str(info.value)
+    assert "Site 'scale' (continuous, LogNormal)" in text
+    assert "depends on the discrete site(s) 'z'" in text and "Vindex" in text
+    assert "expected (M,)" not in text
+
+
+def test_plate_without_a_size_says_so():
+    def model(y):
+        p = pyro.sample("z", dist.Bernoulli(0.5))
+        with pyro.plate("data"):
+            pyro.sample("y", dist.Normal(p, 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model, torch.randn(5))
+    text = str(info.value)
+    assert "Plate 'data' (around site 'y') has no size" in text
+    assert "pyro.plate('data', 5)" in text
+    assert "no `pyro.plate` declares" not in text and "keepdim" not in text
+
+
+def plate_sum_into_another_plate(y):
+    z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+    with pyro.plate("pa", 2):
+        a = pyro.sample("a", dist.Bernoulli(0.2 + 0.3 * (z == 1).float()))
+    with pyro.plate("pb", 3):
+        b = pyro.sample("b", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(a.sum(-1) + b, 1.0), obs=y)
+
+
+def test_plate_sum_fed_into_another_plate_names_the_sites():
+    with pytest.raises(IntractableEnumerationError) as info:
+        run(plate_sum_into_another_plate, torch.zeros(3))
+    text = str(info.value)
+    assert "Site 'y' has a log density of the wrong shape under enumeration" in text
+    assert "discrete site(s) 'a'" in text and "a.sum(-1)" in text and "guide=guide" in text
+    assert "einsum" not in text and "broadcast a dimension" not in text
+
+
+def test_observation_wider_than_its_plate_names_the_dim():
+    def model():
+        with pyro.plate("data", 5):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Normal(z, 1.0), obs=torch.zeros(2, 5))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "Observed site 'y' inside plate(s) 'data' (5, dim -1)" in text
+    assert "shape (2, 5)" in text and "dim -2 of size 2" in text
+    assert "pyro.plate('...', 2, dim=-2)" in text
+    assert "must match the size" not in text
+
+
+def noisy_bits(y):
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_data_blames_the_data_and_the_site(bad):
+    with pytest.raises(AutoSpecModelError) as info:
+        run(noisy_bits, torch.tensor([0.0, bad, 1.0]))
+    text = str(info.value)
+    assert "The data of observed site 'y' hold 1 value(s) that are not finite" in text
+    assert "index (1,)" in text and "poutine.mask(mask=torch.isfinite(y))" in text
+    assert "oracle" not in text and "Binomial" not in text
+
+
+def test_masked_non_finite_data_are_accepted():
+    def masked(y):
+        with pyro.plate("data", len(y)):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            with pyro.poutine.mask(mask=torch.isfinite(y)):
+                pyro.sample("y", dist.Normal(z, 1.0), obs=torch.nan_to_num(y, nan=0.0))
+
+    fit = run(masked, torch.tensor([0.0, float("nan"), 1.0]), num_samples=4)
+    assert fit.get_samples()["z"].shape == (4, 3)
+
+
+def test_shape_assert_failing_on_the_extra_batch_dims_explains_them():
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        w = pyro.sample("w", dist.Bernoulli(0.3 + 0.4 * z))
+        assert w.dim() <= 2, f"w has shape {tuple(w.shape)}"  # holds under Pyro's enumeration
+        pyro.sample("y", dist.Normal(w, 1.0), obs=torch.tensor(1.0))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "The model raised AssertionError (w has shape" in text and "after site 'w'" in text
+    assert "extra batch dims" in text and "x.shape[-k:]" in text and "README" in text
+
+
+class FlatLoc(dist.TorchDistribution):
+    """A user's distribution whose log_prob is written for one draw: it flattens its loc."""
+
+    arg_constraints = {}
+    support = dist.constraints.real
+
+    def __init__(self, loc):
+        self.loc = loc
+        super().__init__(batch_shape=loc.shape)
+
+    def log_prob(self, value):
+        return -0.5 * (value - self.loc.reshape(-1)) ** 2
+
+
+class SummedLoc(FlatLoc):
+    """Another whose log_prob returns the wrong shape (it sums the batch dims away)."""
+
+    def log_prob(self, value):
+        return (-0.5 * (value - self.loc) ** 2).sum()
+
+
+def flat_loc_model(y):
+    with pyro.plate("data", 3):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", FlatLoc(2.0 * z), obs=y)
+
+
+def summed_loc_model(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    pyro.sample("y", SummedLoc(2.0 * z), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, y, kind, what",
+    [
+        (flat_loc_model, torch.tensor([0.0, 2.0, 2.0]), "FlatLoc", "raised"),
+        (summed_loc_model, torch.tensor(1.0), "SummedLoc", "returned shape"),
+    ],
+)
+def test_custom_log_prob_that_does_not_broadcast_names_the_distribution(model, y, kind, what):
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model, y)
+    text = str(info.value)
+    assert f"Site 'y': the log_prob of its distribution {kind}" in text and what in text
+    assert "must broadcast over leading batch dims" in text
+    assert "control flow" not in text and "reduce a sampled value" not in text
+
+
+def plated_components(data):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+    with pyro.plate("components", 3):
+        locs = pyro.sample("locs", dist.Normal(0.0, 5.0))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+
+def vector_components(data):
+    weights = pyro.sample("weights", dist.Dirichlet(torch.ones(3)))
+    locs = pyro.sample("locs", dist.Normal(0.0, 5.0).expand([3]).to_event(1))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+
+def test_mixture_plates_sharing_a_dim_are_named_in_the_warning():
+    data = torch.tensor([-1.0, 0.5, 2.0, 3.0, -2.5])
+    draws = {"weights": torch.full((4, 3), 1 / 3), "locs": torch.randn(4, 3)}
+    with pytest.warns(UserWarning) as record:
+        EnumOracle(plated_components, (data,), continuous_values=draws)
+    text = " ".join(str(w.message) for w in record)
+    assert "'locs' lives in plate 'components' (dim -1)" in text
+    assert "plate 'data' of site 'z'" in text and ".to_event(1)" in text
+    assert "index with Vindex" not in text  # the model already does
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the advised form batches: no warning
+        EnumOracle(vector_components, (data,), continuous_values=draws)
+
+
+def test_plate_sum_without_enumeration_mismatch_names_the_plate_and_the_fix():
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        with pyro.plate("pa", 2):
+            a = pyro.sample("a", dist.Bernoulli(0.3 + 0.4 * z))
+        with pyro.plate("pb", 3):
+            pyro.sample("y", dist.Normal(a.sum(-1), 1.0), obs=torch.zeros(3))
+
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model)
+    text = str(info.value)
+    assert "Site 'y' has at dim -1, the dim of plate 'pb', a size other than the plate's" in text
+    assert "a.sum(-1)" in text and "Binomial" in text
