@@ -123,7 +123,8 @@ class DiscreteRun(RunBase):
                     "falls back to the any-order engine"
                 )
         else:
-            oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+            with self.stage("compiling"):
+                oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
         self._args, self._kwargs, self._oracle = args, kwargs, oracle
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
@@ -237,10 +238,11 @@ class DiscreteRun(RunBase):
             return False
         if self.sampler == "ffbs":
             return True
-        # "auto": the CPU, a single process and the default method (the engine's methods
-        # are asked for by name; on a GPU the rounds of autospeculation are its point)
+        # "auto": the CPU and the default method (the engine's methods are asked for by
+        # name; on a GPU the rounds of autospeculation are its point). With distributed=True
+        # every rank draws every draw (one cheap pass): all ranks and a single process agree.
         on_cpu = self.device is None or torch.device(self.device).type == "cpu"
-        return on_cpu and self.method == "autospec" and not self.settings.distributed
+        return on_cpu and self.method == "autospec"
 
     def _ffbs_oracle(self, args: tuple, kwargs: dict):
         """The compiled factors (lazy: the contraction is measured only if the engine runs)."""

@@ -174,13 +174,15 @@ class _WithoutMarkov(poutine.messenger.Messenger):
 
 
 def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
-    """Sites that see two sites holding one enumeration dim (``pyro.markov`` recycled it).
+    """Sites that see a site whose enumeration dim ``pyro.markov`` already gave to another.
 
-    Replays ``poutine.enum``'s own bookkeeping: a site sees the enumerated sites in its
-    markov scope (the same depth), and each of those passes its value's dims downstream. Two
-    different sites on one dim there means the site's distribution cannot tell them apart.
+    Replays ``poutine.enum``'s bookkeeping: a site sees the enumerated sites in its markov
+    scope (the same depth). Each enumerated site holds its own dim under an id; when a site's
+    ``_dim_to_id`` maps that dim to another id, the dim was recycled while the first site is
+    still in scope, and a distribution reading both cannot tell them apart. (A plain chain
+    never does this: a site leaves the scope before its dim is reused.)
     """
-    depth_of, dims_of = {}, {}
+    depth_of, own, holder = {}, {}, {}
     conflicts = []
     for name, node in trace.nodes.items():
         if node["type"] != "sample":
@@ -189,18 +191,22 @@ def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
         scope = infer.get("_markov_scope")
         if scope is None:
             continue
-        holders: dict[int, set] = {}
+        now = infer.get("_dim_to_id") or {}
+        shared = set()
         for other, depth in scope.items():
-            if depth_of.get(other) != depth:
+            if depth_of.get(other) != depth or other not in own:
                 continue
-            for dim, id_ in dims_of.get(other, {}).items():
-                holders.setdefault(dim, {}).setdefault(id_, other)
-        shared = sorted({s for ids in holders.values() if len(ids) > 1 for s in ids.values()})
+            dim, id_ = own[other]
+            current = now.get(dim)
+            if current is not None and current != id_:
+                shared |= {other, holder.get((dim, current), other)}
         if shared:
-            conflicts.append((name, shared))
+            conflicts.append((name, sorted(shared)))
         depth_of[name] = infer.get("_markov_depth")
-        if infer.get("_dim_to_id"):
-            dims_of[name] = dict(infer["_dim_to_id"])
+        dim = infer.get("_enumerate_dim")
+        if dim is not None and not node["is_observed"] and dim in now:
+            own[name] = (dim, now[dim])
+            holder[(dim, now[dim])] = name
     return conflicts
 
 

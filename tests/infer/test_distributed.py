@@ -36,6 +36,7 @@ def discrete_run(seed, distributed: bool) -> dict:
         seed=seed,
         disable_progbar=True,
         distributed=distributed,
+        sampler="engine",  # the engine shares draws out (forward filtering draws them all)
     ).run(DATA)
     out = {k: v.detach().cpu() for k, v in fit.get_samples(group_by_chain=True).items()}
     if distributed:  # each chain's 7 draws were shared out over the ranks

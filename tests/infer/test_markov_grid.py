@@ -84,3 +84,34 @@ def test_grid_draws_follow_the_posterior():
 def test_grid_too_large_for_own_dims_is_refused_with_the_cause():
     with pytest.raises(IntractableEnumerationError, match=r"keep=True.*64 dims"):
         EnumOracle(lambda: grid(9))
+
+
+def test_a_long_chain_keeps_recycling_dims():
+    """A plain pyro.markov chain is not a conflict: its sites leave the scope before their
+    dims are reused, so a chain longer than torch's 64 dims still enumerates."""
+    import pyro_autospec.oracles.enum as enum_module
+
+    trans = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
+
+    def hmm(ys):
+        z = 0
+        for t in pyro.markov(range(len(ys))):
+            z = pyro.sample(f"z_{t}", dist.Categorical(trans[z]))
+            pyro.sample(f"y_{t}", dist.Normal(2.0 * z - 1.0, 1.0), obs=ys[t])
+
+    ys = torch.linspace(-1, 1, 100)
+    seen = []
+    original = enum_module._markov_conflicts
+
+    def spy(trace):
+        seen.append(original(trace))
+        return seen[-1]
+
+    enum_module._markov_conflicts = spy
+    try:
+        fit = AutoSpec(hmm, num_samples=5, seed=0, disable_progbar=True, sampler="engine")
+        fit.run(ys)
+    finally:
+        enum_module._markov_conflicts = original
+    assert seen and seen[0] == []
+    assert fit.get_samples()["z_99"].shape == (5,)

@@ -31,7 +31,11 @@ def chain(y):  # the README's noisy Ising chain: 8 per-step sites
 
 @pytest.fixture(scope="module")
 def fit():
-    return AutoSpec(chain, num_samples=200, num_chains=2, seed=0, disable_progbar=True).run(DATA)
+    # the engine's counts (the default sampler on a CPU here is forward filtering, backward
+    # sampling, which has no rounds to report)
+    return AutoSpec(
+        chain, num_samples=200, num_chains=2, seed=0, disable_progbar=True, sampler="engine"
+    ).run(DATA)
 
 
 def test_seconds_are_measured_per_stage(fit):
@@ -75,6 +79,7 @@ def test_a_faster_exact_method_is_named_when_rows_say_so(capsys):
         num_chains=2,
         seed=0,
         disable_progbar=True,
+        sampler="engine",
         blocks="fixed",
         token_below=0,
         race_depth=None,
