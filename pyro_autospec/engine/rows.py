@@ -422,6 +422,12 @@ class OracleRows:
             raise OracleError(
                 f"oracle.{name} must return floating point log probabilities, got {out.dtype}"
             )
+        if out.device != self.device and out.device.type != self.device.type:
+            raise OracleError(
+                f"oracle.{name} returned a tensor on {out.device}, but its inputs are on "
+                f"{self.device}: return the output on the inputs' device (values.device), or "
+                f"pass device= to the sampler to run where the oracle computes"
+            )
 
     @staticmethod
     def raise_bad(answer: Answer, error: torch.Tensor, what: str) -> None:

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from pyro.infer.mcmc.util import select_samples
 
@@ -336,6 +337,16 @@ class RunBase:
         group_by_chain: bool = False,
         include_discrete: bool = True,
     ) -> dict[str, torch.Tensor]:
+        if num_samples is not None and (
+            not isinstance(num_samples, (int, np.integer))
+            or isinstance(num_samples, bool)
+            or num_samples < 1
+        ):
+            raise ValueError(
+                f"get_samples(num_samples=...) takes a positive int (that many draws picked at "
+                f"random with replacement, as pyro.infer.MCMC does) or None (every draw); got "
+                f"{num_samples!r}"
+            )
         samples = self.saved()
         if not include_discrete:
             samples = {k: v for k, v in samples.items() if k not in self.discrete_names}

@@ -159,3 +159,15 @@ class Float32Rows:
 def test_float32_rounding_in_a_float64_row_is_accepted_and_renormalised():
     result = sample_any_order(Float32Rows(), 4, seed=0)
     assert result.samples.shape == (4, 12)
+
+
+class OtherDevice:
+    num_coords, num_values = 5, 2
+
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 5, 2), 0.5).log().to("meta")
+
+
+def test_output_on_another_device_is_named():
+    with pytest.raises(OracleError, match="returned a tensor on meta, but its inputs are on cpu"):
+        sample_any_order(OtherDevice(), 2, seed=0)

@@ -29,3 +29,14 @@ def test_bad_device_and_schedule_knob():
 def test_method_list_is_consistent():
     with pytest.raises(ValueError, match="speculative"):
         AutoSpec(model, num_samples=10, method="gibbs")
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 2.5, True])
+def test_get_samples_num_samples_is_checked(bad):
+    def coin():
+        pyro.sample("x", dist.Bernoulli(0.3))
+
+    fit = AutoSpec(coin, num_samples=10, seed=0, disable_progbar=True).run()
+    with pytest.raises(ValueError, match="positive int"):
+        fit.get_samples(num_samples=bad)
+    assert fit.get_samples(num_samples=3)["x"].shape == (3,)
