@@ -143,21 +143,26 @@ def sample_any_order(
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
-        start as earlier ones finish) and ``max_elements`` (memory per oracle call). None of
-        them changes the law of the output; only ``max_block`` and the windows change which
-        numbers the draws read.
+        start as earlier ones finish; only the draws in flight hold an order and partial
+        samples, so it bounds the engine's memory beside the ``N x n`` output) and
+        ``max_elements`` (memory per oracle call). None of them changes the law of the
+        output; only ``max_block`` and the windows change which numbers the draws read.
 
     Returns
     -------
     SampleResult
-        ``samples`` LongTensor[N, n], ``log_prob`` float64[N], ``orders`` LongTensor[N, n],
-        ``rounds``, ``sample_rounds`` LongTensor[N], ``oracle_rows``, ``wall_time``.
+        ``samples`` LongTensor[N, n], ``log_prob`` float64[N], ``orders`` LongTensor[N, n]
+        (computed from the seed when first read), ``rounds``, ``sample_rounds``
+        LongTensor[N], ``oracle_rows``, ``wall_time``.
 
     Raises
     ------
     OracleError
         If the oracle returns NaN, rows that do not sum to one, rows with no mass, or tensors
         of the wrong shape or dtype.
+    MemoryError
+        Before anything of the run's size is allocated, if the samples (``8 N n`` bytes) and
+        the state of the draws in flight cannot fit in this machine's memory.
 
     Examples
     --------
