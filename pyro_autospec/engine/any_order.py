@@ -36,7 +36,12 @@ from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.result import SampleResult
-from pyro_autospec.engine.rows import OracleRows
+from pyro_autospec.engine.rows import (
+    OracleRows,
+    VisitOrders,
+    check_output_size,
+    draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
+)
 from pyro_autospec.engine.schedule import leaf_starts
 from pyro_autospec.engine.windows import WindowSampler
 from pyro_autospec.oracles.base import oracle_num_draws
@@ -83,22 +88,6 @@ def check_order(order, n: int) -> torch.Tensor | None:
             f"order must be a permutation of range({n}): every coordinate exactly once"
         )
     return torch.as_tensor(perm, dtype=torch.long)
-
-
-def draw_orders(order: torch.Tensor | None, draw_keys: torch.Tensor, n: int) -> torch.Tensor:
-    """Visiting orders LongTensor[D, n]: keyed uniform permutations, or a fixed one tiled.
-
-    Draw ``s``'s random order sorts the coordinates by ``bits(stream(draw_key, ORDER), i)``,
-    so it depends on the seed and the draw's number only.
-    """
-    device = draw_keys.device
-    if order is None:
-        scores = keys.bits(
-            keys.stream(draw_keys, keys.Tag.ORDER).unsqueeze(1),
-            torch.arange(n, device=device).unsqueeze(0),
-        )
-        return torch.argsort(scores, dim=1, stable=True)
-    return order.to(device).expand(draw_keys.numel(), n).clone()
 
 
 def sample_any_order(
@@ -155,21 +144,26 @@ def sample_any_order(
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
-        start as earlier ones finish) and ``max_elements`` (memory per oracle call). None of
-        them changes the law of the output; only ``max_block`` and the windows change which
-        numbers the draws read.
+        start as earlier ones finish; only the draws in flight hold an order and partial
+        samples, so it bounds the engine's memory beside the ``N x n`` output) and
+        ``max_elements`` (memory per oracle call). None of them changes the law of the
+        output; only ``max_block`` and the windows change which numbers the draws read.
 
     Returns
     -------
     SampleResult
-        ``samples`` LongTensor[N, n], ``log_prob`` float64[N], ``orders`` LongTensor[N, n],
-        ``rounds``, ``sample_rounds`` LongTensor[N], ``oracle_rows``, ``wall_time``.
+        ``samples`` LongTensor[N, n], ``log_prob`` float64[N], ``orders`` LongTensor[N, n]
+        (computed from the seed when first read), ``rounds``, ``sample_rounds``
+        LongTensor[N], ``oracle_rows``, ``wall_time``.
 
     Raises
     ------
     OracleError
         If the oracle returns NaN, rows that do not sum to one, rows with no mass, or tensors
         of the wrong shape or dtype.
+    MemoryError
+        Before anything of the run's size is allocated, if the samples (``8 N n`` bytes) and
+        the state of the draws in flight cannot fit in this machine's memory.
 
     Examples
     --------
@@ -205,6 +199,11 @@ def sample_any_order(
         )
     knobs = resolve_knobs(method, DISCRETE, default_schedule(n), schedule)
     _check_knobs(knobs)
+    # before anything of the run's size is allocated: the samples [N, n] must fit, and the
+    # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
+    # per coordinate of each)
+    in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
+    check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
@@ -265,8 +264,12 @@ def run_any_order(
     num_samples = int(draw_ids.numel())
     draw_ids = draw_ids.to(device)
     draw_keys = keys.draw_keys(root_key, draw_ids)
-    orders = draw_orders(order, draw_keys, n)
-    rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids)
+    orders = VisitOrders(order, draw_keys, n)
+    # the fast engine holds the orders of the draws in flight only; the reference engine
+    # (for small tests) all of them
+    concurrency = knobs.get("max_concurrent_draws")
+    lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
+    rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids, lanes=lanes)
     if engine == "reference":
         from pyro_autospec.engine.reference import run_discrete
 
@@ -319,7 +322,7 @@ def run_any_order(
     return SampleResult(
         samples=samples.cpu(),
         log_prob=log_prob.cpu(),
-        orders=orders.cpu(),
+        orders=orders.to("cpu"),  # computed from the keys when first read
         rounds=int(rounds),
         sample_rounds=sample_rounds.cpu(),
         oracle_rows=int(total_rows),

@@ -21,6 +21,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.rejection import accept_draft
+from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import OracleRows
 from pyro_autospec.engine.tables import Table, take
 
@@ -55,7 +56,9 @@ class DiscreteBlocks:
         self.q = rows.q
         self.width = int(width)
         self.dtype = value_dtype(self.q)
-        self.samples = torch.zeros(num_draws, rows.n, dtype=torch.long, device=self.device)
+        # the output, on the host: a draw's sample is copied in when it finishes, so the
+        # device holds only the draws in flight
+        self.samples = host_output((num_draws, rows.n), torch.long)
         self.slots = Table(
             {"data": ((self.width, self.q), torch.float64, 0.0)}, self.device, capacity=256
         )
@@ -98,6 +101,8 @@ class DiscreteBlocks:
         self._frames().view(-1).index_copy_(0, flat, x.to(self.dtype))
 
     def init_frames(self, seqs: torch.Tensor, draws: torch.Tensor) -> None:
+        """Draws ``draws`` start in the root sequences ``seqs``."""
+        self.rows.start(draws)
         self._frames()[seqs] = 0
 
     def spawn(self, threads, parents, lo, hi) -> None:
@@ -115,7 +120,11 @@ class DiscreteBlocks:
         self.slots.free(slots)
 
     def finish(self, roots: torch.Tensor, draws: torch.Tensor) -> None:
-        self.samples.index_copy_(0, draws, self._frames().index_select(0, roots).long())
+        """Draws ``draws`` finished in the root sequences ``roots``: their samples go to the
+        output and their state is freed."""
+        done = self._frames().index_select(0, roots).long()
+        self.samples.index_copy_(0, draws.cpu(), done.cpu())
+        self.rows.finish(draws)
 
     def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho: float):
         return torch.full((pick.numel(),), rho, dtype=torch.float64, device=self.device)

@@ -385,6 +385,11 @@ def spread_draws(
     sizes = [b - a for a, b in shares]
     largest = max(sizes)
     fields = {}
+    if schema["orders_from_keys"] is not None:  # every rank computes them when read
+        from pyro_autospec.engine.rows import VisitOrders  # (rows imports the oracles)
+
+        order, n = schema["orders_from_keys"]
+        fields["orders"] = VisitOrders(order, keys.draw_keys(root, torch.arange(num_draws)), n)
     for name, (dtype, tail, on_cpu) in schema["fields"].items():
         home = torch.device("cpu") if on_cpu else where
         if local is None:
@@ -424,12 +429,21 @@ def _schema(local: SampleResult | None) -> dict | None:
     if local is None:
         return None
     fields = {}
+    # orders a function of the draw keys (VisitOrders) are not gathered: each rank can
+    # compute them from the run's key, and only when they are read
+    from pyro_autospec.engine.rows import VisitOrders  # (rows imports the oracles)
+
+    source = local.__dict__.get("_orders")
+    from_keys = isinstance(source, VisitOrders) and source.table is None
     for name in _PER_DRAW:
+        if name == "orders" and from_keys:
+            continue
         value = getattr(local, name)
         if value is not None:
             fields[name] = (value.dtype, tuple(value.shape[1:]), value.device.type == "cpu")
     times = local.times
     return {
+        "orders_from_keys": (source.order, source.n) if from_keys else None,
         "fields": fields,
         "times": None if times is None else times.cpu(),
         "times_on_cpu": times is None or times.device.type == "cpu",

@@ -62,8 +62,9 @@ def calling(oracle: object, grad_enabled: bool = False):
 
 
 def ordinary(tensor: torch.Tensor | None) -> torch.Tensor | None:
-    """``tensor``, copied into an ordinary tensor if it is an inference tensor (call this
-    outside inference mode)."""
+    """``tensor``, copied into an ordinary tensor if it is an inference tensor (also when the
+    caller is in inference mode: the copy is made outside it)."""
     if tensor is not None and tensor.is_inference():
-        return tensor.clone()
+        with torch.inference_mode(False):
+            return tensor.clone()
     return tensor

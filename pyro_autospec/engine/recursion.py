@@ -436,9 +436,10 @@ class Recursion:
             )
         self.rounds += 1
         self.rows += int(rows.sum())
-        asked = torch.zeros(self.num_draws, dtype=torch.long, device=self.device)
-        asked[block[:, N_DRAW]] = 1
-        self.sample_rounds += asked
+        # +1 for every draw asking (once, however many of its nodes ask): no [num_draws]
+        # temporary per round
+        asking = block[:, N_DRAW]
+        self.sample_rounds.index_put_((asking,), self.sample_rounds[asking] + 1)
         vi = torch.nonzero(is_verify).flatten()
         ri = torch.nonzero(~is_verify).flatten()
         row_view = NodeView(block, ri, waiting[ri])

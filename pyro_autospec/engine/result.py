@@ -8,7 +8,15 @@ import torch
 
 from pyro_autospec.engine.modes import ordinary
 
-__all__ = ["SampleResult"]
+__all__ = ["SampleResult", "host_output"]
+
+
+def host_output(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised ordinary tensor on the host, for a result the samplers fill as draws
+    finish: allocated once, in the dtype returned, outside inference mode (so that handing it
+    back needs no copy, see :func:`~pyro_autospec.engine.modes.ordinary`)."""
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype)
 
 
 @dataclass
@@ -37,6 +45,8 @@ class SampleResult:
         Seconds the run took.
     orders : LongTensor[N, n] or None
         On ``[q]^n``: ``orders[k, j]`` is the coordinate visited ``j``-th by draw ``k``.
+        A draw's order is a function of the seed and its number, so it is not stored during
+        the run: it is computed when first read (and kept).
     paths : Tensor[N, num_steps + 1, d] or None
         Diffusions with ``return_paths=True``: the whole chains ``X_{t_0}, ..., X_{t_N}``.
     times : DoubleTensor[num_steps + 1] or None
@@ -78,7 +88,8 @@ class SampleResult:
 
     def __post_init__(self) -> None:
         # The samplers run in inference mode; hand back tensors a caller may write or train on.
-        for name in ("samples", "log_prob", "sample_rounds", "orders", "paths", "times", "error"):
+        # (``orders`` is converted by its setter, without computing lazy orders)
+        for name in ("samples", "log_prob", "sample_rounds", "paths", "times", "error"):
             setattr(self, name, ordinary(getattr(self, name)))
 
     @property
@@ -106,3 +117,21 @@ class SampleResult:
         if self.error is not None:
             text += f", max error={self.error.max().item():.3g}"
         return text + ")"
+
+
+def _get_orders(self: SampleResult) -> torch.Tensor | None:
+    value = self.__dict__.get("_orders")
+    if value is not None and not isinstance(value, torch.Tensor):
+        value = ordinary(value.materialize())  # a VisitOrders: computed once, when first read
+        self.__dict__["_orders"] = value
+    return value
+
+
+def _set_orders(self: SampleResult, value) -> None:
+    """A LongTensor[N, n], ``None``, or an object whose ``materialize()`` returns the orders
+    (:class:`~pyro_autospec.engine.rows.VisitOrders`), called when they are first read."""
+    self.__dict__["_orders"] = ordinary(value) if isinstance(value, torch.Tensor) else value
+
+
+# After the dataclass is made: its __init__ assigns ``orders`` through this property.
+SampleResult.orders = property(_get_orders, _set_orders, doc=_set_orders.__doc__)

@@ -18,15 +18,22 @@ float64; a row that is NaN, ``+inf``, massless or far from summing to one is fla
 
 The dense ``[rows, n]`` inputs of the protocol are built in buffers reused from call to call:
 on a CPU a fresh allocation of that size costs more than filling it.
+
+Memory is bounded by the draws in flight: a draw's order (and the ranks of its coordinates) is
+computed into a *lane* when the draw starts (:meth:`OracleRows.start`) and the lane is freed
+when it finishes (:meth:`OracleRows.finish`). Orders are a function of the draw's key
+(:class:`VisitOrders`), so they are never stored for the whole run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 import torch
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling
 from pyro_autospec.engine.tables import ragged, take
@@ -38,7 +45,182 @@ from pyro_autospec.oracles.base import (
     oracle_num_draws,
 )
 
-__all__ = ["OracleRows", "Answer"]
+__all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
+
+
+def draw_orders(order: torch.Tensor | None, draw_keys: torch.Tensor, n: int) -> torch.Tensor:
+    """Visiting orders LongTensor[D, n]: keyed uniform permutations, or a fixed one tiled.
+
+    Draw ``s``'s random order sorts the coordinates by ``bits(stream(draw_key, ORDER), i)``,
+    so it depends on the seed and the draw's number only.
+    """
+    device = draw_keys.device
+    if order is None:
+        scores = keys.bits(
+            keys.stream(draw_keys, keys.Tag.ORDER).unsqueeze(1),
+            torch.arange(n, device=device).unsqueeze(0),
+        )
+        return torch.argsort(scores, dim=1, stable=True)
+    return order.to(device).expand(draw_keys.numel(), n).clone()
+
+
+class VisitOrders:
+    """The visiting orders of a run's draws, computed when asked, never all stored at once.
+
+    Parameters
+    ----------
+    order : LongTensor[n] or None
+        A fixed permutation used by every draw, or ``None`` for keyed uniform orders
+        (:func:`draw_orders`).
+    draw_keys : LongTensor[D]
+        Keys of the draws (:func:`pyro_autospec.engine.keys.draw_keys`).
+    n : int
+    table : LongTensor[D, n], optional
+        Explicit orders instead (then ``order`` and ``draw_keys`` are ignored).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_autospec.engine import keys
+    >>> source = VisitOrders(None, keys.draw_keys(keys.seed_key(0), torch.arange(3)), 5)
+    >>> source.of(torch.tensor([2])).equal(source.materialize()[2:])
+    True
+    """
+
+    #: Draws whose orders are computed at once by :meth:`materialize`.
+    CHUNK = 4096
+
+    def __init__(
+        self,
+        order: torch.Tensor | None,
+        draw_keys: torch.Tensor,
+        n: int,
+        table: torch.Tensor | None = None,
+    ):
+        self.order = order
+        self.draw_keys = draw_keys
+        self.n = int(n)
+        self.table = table
+
+    @classmethod
+    def from_table(cls, table: torch.Tensor) -> VisitOrders:
+        """Explicit orders LongTensor[D, n]."""
+        table = table.long()
+        empty = torch.zeros(table.shape[0], dtype=torch.long, device=table.device)
+        return cls(None, empty, table.shape[1], table=table)
+
+    def __len__(self) -> int:
+        return int(self.draw_keys.numel() if self.table is None else self.table.shape[0])
+
+    def of(self, draws: torch.Tensor) -> torch.Tensor:
+        """The orders LongTensor[K, n] of the draws ``draws`` (LongTensor[K], local numbers)."""
+        if self.table is not None:
+            return self.table.index_select(0, draws.to(self.table.device))
+        return draw_orders(self.order, self.draw_keys[draws.to(self.draw_keys.device)], self.n)
+
+    def to(self, device) -> VisitOrders:
+        """The same orders, computed on ``device``."""
+        device = torch.device(device)
+        if self.table is not None:
+            return VisitOrders.from_table(self.table.to(device))
+        order = None if self.order is None else self.order.to(device)
+        return VisitOrders(order, self.draw_keys.to(device), self.n)
+
+    def materialize(self) -> torch.Tensor:
+        """Every draw's order: LongTensor[D, n], filled a chunk of draws at a time.
+
+        Raises
+        ------
+        MemoryError
+            If ``D * n`` int64 entries cannot fit in this machine's memory.
+        """
+        total = len(self)
+        check_output_size(total, self.n, what="result.orders")
+        device = self.draw_keys.device if self.table is None else self.table.device
+        out = torch.empty(total, self.n, dtype=torch.long, device=device)
+        for lo in range(0, total, self.CHUNK):
+            hi = min(total, lo + self.CHUNK)
+            out[lo:hi] = self.of(torch.arange(lo, hi, device=device))
+        return out
+
+
+def machine_memory() -> int | None:
+    """Bytes of physical memory of this machine (``None`` where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if count < 1024 or unit == "PiB":
+            return f"{count:.3g} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.3g} PiB"  # pragma: no cover
+
+
+def check_output_size(
+    num_samples: int,
+    n: int,
+    *,
+    in_flight: int = 0,
+    bytes_per_flight: int = 0,
+    what: str = "the samples",
+) -> None:
+    """Refuse, before allocating anything, a run whose outputs cannot exist on this machine.
+
+    ``num_samples`` rows of ``n`` int64 entries (the samples, or the orders), 64 bytes per
+    draw of bookkeeping (keys, log probabilities, counts), and ``bytes_per_flight`` bytes per
+    coordinate of each of ``in_flight`` draws in flight, against torch's largest tensor and the
+    machine's physical memory.
+
+    Raises
+    ------
+    MemoryError
+        Naming ``num_samples``, ``n``, the bytes needed and what to do instead.
+
+    Examples
+    --------
+    >>> check_output_size(1000, 1024)  # 8 MB: fine
+    >>> check_output_size(10**12, 1024)
+    Traceback (most recent call last):
+    ...
+    MemoryError: num_samples=1000000000000 draws of n=1024 coordinates need 7.33 PiB ...
+    """
+    num_samples, n = int(num_samples), int(n)
+    entries = num_samples * n
+    output = 8 * entries + 64 * num_samples
+    flight = int(in_flight) * n * int(bytes_per_flight)
+    needed = output + flight
+    memory = machine_memory()
+    too_many = entries > 2**62  # past what torch indexes (int64 element offsets)
+    if not too_many and (memory is None or needed <= memory):
+        return
+    limit = (
+        "more entries than a torch tensor can hold"
+        if too_many
+        else f"this machine has {_bytes(memory)} of memory"
+    )
+    fits = max(1, (memory or 2**40) // 2 // (8 * n + 64))
+    advice = (
+        f"Ask for fewer draws per call (about {fits} fit in half of this machine's memory) "
+        "and run several calls with different seeds: the draws of every call are exact and "
+        "independent."
+    )
+    samples_fit = not too_many and memory is not None and output <= memory
+    if samples_fit:  # only the draws in flight are too many
+        advice = (
+            "Most of it is the state of the draws in flight: set max_concurrent_draws (e.g. "
+            "256) so that new draws start as earlier ones finish."
+        )
+    elif flight > output:
+        advice += " Set max_concurrent_draws (e.g. 256) too, to bound the draws in flight."
+    raise MemoryError(
+        f"num_samples={num_samples} draws of n={n} coordinates need {_bytes(needed)} "
+        f"({what}: {num_samples} x {n} int64 entries, plus the state of the draws in flight); "
+        f"{limit}. {advice}"
+    )
 
 
 @dataclass
@@ -74,8 +256,8 @@ class OracleRows:
     Parameters
     ----------
     oracle : MarginalOracle
-    orders : LongTensor[D, n]
-        ``orders[s, j]``: the coordinate visited ``j``-th by draw ``s``.
+    orders : VisitOrders or LongTensor[D, n]
+        The draws' orders: ``orders[s, j]`` is the coordinate visited ``j``-th by draw ``s``.
     device : torch.device
         Where queries are built (the oracle's device).
     max_elements : int
@@ -84,6 +266,11 @@ class OracleRows:
     draw_ids : LongTensor[D], optional
         Global numbers of the draws (what a family oracle receives as ``draws``); default
         ``0 .. D - 1``.
+    lanes : int, optional
+        How many draws may be in flight at once. The samplers then call :meth:`start` and
+        :meth:`finish` around each draw, and only the orders of the draws in flight are
+        held (``lanes * n`` entries). Default: every draw is in flight from the start (lane
+        ``s`` holds draw ``s``; :meth:`start` and :meth:`finish` do nothing).
     """
 
     def __init__(
@@ -93,25 +280,37 @@ class OracleRows:
         device: torch.device,
         max_elements: int,
         draw_ids: torch.Tensor | None = None,
+        lanes: int | None = None,
     ):
         self.oracle = oracle
         self.device = device
-        self.orders = orders.to(device).contiguous()
+        if isinstance(orders, torch.Tensor):
+            orders = VisitOrders.from_table(orders)
+        self.source = orders.to(device)
+        self.num_draws = len(self.source)
         self.n = int(oracle.num_coords)
         self.q = int(oracle.num_values)
-        rank_dtype = torch.int16 if self.n < 2**15 else torch.int32
-        ranks = torch.empty_like(self.orders)
-        ranks.scatter_(1, self.orders, torch.arange(self.n, device=device).expand_as(self.orders))
-        self.ranks = ranks.to(rank_dtype)
+        self._rank_dtype = torch.int16 if self.n < 2**15 else torch.int32
+        self._arange_n = torch.arange(self.n, device=device, dtype=self._rank_dtype)
+        self.resident = lanes is None
+        capacity = self.num_draws if lanes is None else min(int(lanes), self.num_draws)
+        #: ``orders[lane, j]``: the coordinate visited ``j``-th by the draw in ``lane``.
+        self.orders = torch.zeros(capacity, self.n, dtype=torch.long, device=device)
+        #: ``ranks[lane, i]``: when the draw in ``lane`` visits coordinate ``i``.
+        self.ranks = torch.zeros(capacity, self.n, dtype=self._rank_dtype, device=device)
+        #: The lane of each draw in flight (``-1`` for the others), and the draw of each lane.
+        self.lane_of = torch.full((self.num_draws,), -1, dtype=torch.long, device=device)
+        self.draw_in = torch.full((capacity,), -1, dtype=torch.long, device=device)
+        if self.resident:
+            everyone = torch.arange(self.num_draws, device=device)
+            self._fill(everyone, everyone)
         self.max_elements = int(max_elements)
         self.targeted = has_targeted_marginals(oracle)
         self.native_chains = has_chain_marginals(oracle)
         self.native_then = has_chain_then(oracle)
         self.family = oracle_num_draws(oracle) is not None
         self.draw_ids = (
-            torch.arange(self.orders.shape[0], device=device)
-            if draw_ids is None
-            else draw_ids.to(device)
+            torch.arange(self.num_draws, device=device) if draw_ids is None else draw_ids.to(device)
         )
         self.calls = 0
         #: Host seconds spent building the protocol's dense inputs, inside the oracle's
@@ -126,11 +325,48 @@ class OracleRows:
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
         self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
 
+    # -------------------------------------------------------------------------- lanes
+    def _fill(self, lanes: torch.Tensor, draws: torch.Tensor) -> None:
+        orders = self.source.of(draws)
+        ranks = torch.empty(orders.shape, dtype=self._rank_dtype, device=self.device)
+        ranks.scatter_(1, orders, self._arange_n.expand_as(orders))
+        self.orders.index_copy_(0, lanes, orders)
+        self.ranks.index_copy_(0, lanes, ranks)
+        self.lane_of[draws] = lanes
+        self.draw_in[lanes] = draws
+
+    def start(self, draws: torch.Tensor) -> None:
+        """Draws ``draws`` (LongTensor[K], local numbers) start: their orders go into free
+        lanes."""
+        if self.resident or draws.numel() == 0:
+            return
+        free = torch.nonzero(self.draw_in < 0).flatten()
+        if free.numel() < draws.numel():
+            raise RuntimeError(
+                f"internal error: {draws.numel()} draws start but only {free.numel()} of "
+                f"{self.draw_in.numel()} lanes are free"
+            )
+        self._fill(free[: draws.numel()], draws)
+
+    def finish(self, draws: torch.Tensor) -> None:
+        """Draws ``draws`` finished: their lanes are free for the next draws."""
+        if self.resident or draws.numel() == 0:
+            return
+        self.draw_in[self.lane_of[draws]] = -1
+        self.lane_of[draws] = -1
+
+    def orders_of(self, draws: torch.Tensor) -> torch.Tensor:
+        """The orders LongTensor[K, n] of draws in flight."""
+        return self.orders.index_select(0, self._lane(draws))
+
+    def _lane(self, draw: torch.Tensor) -> torch.Tensor:
+        return draw if self.resident else self.lane_of[draw]
+
     # ------------------------------------------------------------------------ buffers
     def coords(self, draw: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Coordinates ``orders[draw[k], pos[k, ...]]``: LongTensor of the shape of ``pos``
-        [K] or [K, W] (``draw`` [K]), by one flat gather (:func:`take`)."""
-        return take(self.orders, draw, pos)
+        """Coordinates ``orders[draw[k], pos[k, ...]]`` of draws in flight: LongTensor of the
+        shape of ``pos`` [K] or [K, W] (``draw`` [K]), by one flat gather (:func:`take`)."""
+        return take(self.orders, self._lane(draw), pos)
 
     def _buffer(self, name: str, rows: int, dtype: torch.dtype) -> torch.Tensor:
         key = (name, dtype)
@@ -157,7 +393,7 @@ class OracleRows:
         else:
             out.copy_(torch.index_select(values, 0, frame))
         mask = self._buffer("mask", rows, torch.bool)
-        ranks = torch.index_select(self.ranks, 0, draw)
+        ranks = torch.index_select(self.ranks, 0, self._lane(draw))
         torch.lt(ranks, cut.to(ranks.dtype).unsqueeze(1), out=mask)
         self.seconds["inputs"] += time.perf_counter() - start
         return out, mask

@@ -37,6 +37,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft
+from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
 
 __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
@@ -109,7 +110,7 @@ class WindowSampler:
         self.log_mu = torch.zeros(lanes, dtype=torch.float64, device=dev)
         self.draft_rows = torch.zeros(lanes, self.width, self.q, dtype=torch.float64, device=dev)
         self.k = torch.zeros(lanes, dtype=torch.long, device=dev)  # current window
-        self.samples = torch.zeros(self.num_draws, self.n, dtype=torch.long, device=dev)
+        self.samples = host_output((self.num_draws, self.n), torch.long)  # filled at finish
         self.log_prob = torch.full((self.num_draws,), math.nan, dtype=torch.float64, device=dev)
         self.sample_rounds = torch.zeros(self.num_draws, dtype=torch.long, device=dev)
         self.rounds = self.total_rows = 0
@@ -137,7 +138,9 @@ class WindowSampler:
         if count <= 0:
             return
         lanes = free[:count]
-        self.draw[lanes] = torch.arange(self.started, self.started + count, device=self.device)
+        draws = torch.arange(self.started, self.started + count, device=self.device)
+        self.draw[lanes] = draws
+        self.rows.start(draws)
         self.started += count
         self.t[lanes] = 0
         self.log_mu[lanes] = 0.0
@@ -149,8 +152,9 @@ class WindowSampler:
         if lanes.numel() == 0:
             return
         draws = self.draw[lanes]
-        self.samples[draws] = self.frames[lanes].long()
+        self.samples.index_copy_(0, draws.cpu(), self.frames[lanes].long().cpu())
         self.log_prob[draws] = self.log_mu[lanes]
+        self.rows.finish(draws)
         self.draw[lanes] = -1
         self.state[lanes] = 0
         self.finished += int(lanes.numel())
@@ -253,10 +257,12 @@ class WindowSampler:
         num, n = self.num_draws, self.n
         lanes = torch.arange(num, device=self.device)
         self.draw[:] = lanes
+        self.rows.start(lanes)
         self.started = num
         values = torch.zeros(num, n, dtype=torch.long, device=self.device)
         mask = torch.zeros(num, n, dtype=torch.bool, device=self.device)
-        coords = self.rows.orders.t().contiguous()  # [n, D]: coordinate of step t of each draw
+        # [n, D]: coordinate of step t of each draw
+        coords = self.rows.orders_of(lanes).t().contiguous()
         flat = coords + (lanes * n).unsqueeze(0)  # the same, as indices into values.view(-1)
         window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * self.q)))
         draw_keys = self.draw_keys[lanes].unsqueeze(1)  # [D, 1]

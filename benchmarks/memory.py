@@ -1,0 +1,135 @@
+"""Peak resident memory of a discrete run: what a run holds against what it has in flight.
+
+Each configuration runs in a fresh subprocess (``ru_maxrss`` is a process's high-water mark),
+which imports torch and the library, builds the binary Markov chain of ``rounds.py`` and draws
+``--draws`` samples at ``n`` coordinates with ``max_concurrent_draws``. It prints the peak
+resident set size after the imports (``baseline``) and after the run (``peak``), their
+difference (what sampling added), the wall time, and the size of the output samples
+(``N * n * 8`` bytes, which any run must hold). On a GPU it also prints the peak of torch's
+GPU allocator.
+
+Usage::
+
+    python benchmarks/memory.py                          # 100k draws, n = 1024, 256 in flight
+    python benchmarks/memory.py --draws 20000 --methods autospec sequential
+    python benchmarks/memory.py --root /tmp/base         # the library of another checkout
+    python benchmarks/memory.py --device cuda
+    python benchmarks/memory.py --smoke                  # seconds, for CI
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
+
+
+def child(draws: int, n: int, concurrency: int | None, method: str, device: str, root) -> dict:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(root))
+    import torch
+
+    torch.set_num_threads(1)
+    from pyro_autospec.engine import sample_any_order
+    from pyro_autospec.oracles.markov import MarkovChainOracle
+
+    chain = MarkovChainOracle(
+        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n, device=device
+    )
+    sample_any_order(chain, 2, method=method, seed=1)  # warm up the code paths
+    baseline = _peak_mib()
+    gpu = device.startswith("cuda")
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    result = sample_any_order(chain, draws, method=method, seed=0, max_concurrent_draws=concurrency)
+    seconds = time.perf_counter() - start
+    peak = _peak_mib()
+    return {
+        "library": str(Path(sys.modules["pyro_autospec"].__file__).parents[1]),
+        "device": device,
+        "gpu_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20) if gpu else None,
+        "method": method,
+        "draws": draws,
+        "n": n,
+        "max_concurrent_draws": concurrency,
+        "seconds": round(seconds, 1),
+        "baseline_mib": round(baseline),
+        "peak_mib": round(peak),
+        "added_mib": round(peak - baseline),
+        "samples_mib": round(result.samples.numel() * result.samples.element_size() / 2**20),
+        "rounds": result.rounds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, default=100_000)
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=256, help="max_concurrent_draws")
+    parser.add_argument("--methods", nargs="+", default=["autospec"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--root", default=str(ROOT), help="checkout whose library is measured")
+    parser.add_argument("--smoke", action="store_true", help="2000 draws at n = 64")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.smoke:
+        args.draws, args.n, args.concurrency = 2000, 64, 64
+    if args.child:
+        result = child(
+            args.draws, args.n, args.concurrency, args.methods[0], args.device, args.root
+        )
+        print(json.dumps(result))
+        return
+    print(f"library: {args.root}, device: {args.device}")
+    print(
+        "| method | draws | n | max_concurrent_draws | wall (s) | baseline RSS (MiB) "
+        "| peak RSS (MiB) | added (MiB) | samples (MiB) | GPU peak (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for method in args.methods:
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            "--draws",
+            str(args.draws),
+            "--n",
+            str(args.n),
+            "--concurrency",
+            str(args.concurrency),
+            "--methods",
+            method,
+            "--device",
+            args.device,
+            "--root",
+            args.root,
+        ]
+        out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            raise SystemExit(f"{method}: the run failed (exit status {out.returncode})")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if Path(r["library"]).resolve() != Path(args.root).resolve():
+            raise SystemExit(f"measured the library in {r['library']}, not in {args.root}")
+        print(
+            f"| {r['method']} | {r['draws']} | {r['n']} | {r['max_concurrent_draws']} "
+            f"| {r['seconds']} | {r['baseline_mib']} | {r['peak_mib']} | {r['added_mib']} "
+            f"| {r['samples_mib']} | {r['gpu_peak_mib'] or '-'} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Memory bounded by the draws in flight (issue 32, point 4).
+
+A draw's order and partial sample exist only while it is in flight (``max_concurrent_draws``
+lanes); finished samples go into one preallocated output; orders are recomputed from the keys
+when a result's ``orders`` is read; a run whose outputs cannot fit is refused before anything
+of its size is allocated. None of this may change a single draw.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import pyro_autospec.engine.any_order as any_order_module
+import pyro_autospec.engine.rows as rows_module
+from pyro_autospec.engine import keys, sample_any_order
+from pyro_autospec.engine.any_order import draw_orders
+from pyro_autospec.engine.rows import OracleRows, VisitOrders, check_output_size
+from pyro_autospec.oracles import HMMOracle, MarkovChainOracle
+
+METHODS = ("autospec", "sequential", "speculative", "agr24", "gumbel_sequential")
+SCHEDULES = {
+    "default": {},
+    "blocks": {"token_below": 0},  # residual races: tries with frames of their own
+    "blocks_fixed": {"blocks": "fixed", "token_below": 0, "race_depth": None, "rho": 1e-9},
+    "cap": {"max_rows_per_round": 5},
+}
+
+
+def _chain(n: int = 40) -> MarkovChainOracle:
+    return MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], n)
+
+
+def _hmm(n: int = 30) -> HMMOracle:
+    g = torch.Generator().manual_seed(3)
+    T = torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    return HMMOracle(torch.full((3,), 1 / 3), T, torch.randn(n, 3, generator=g))
+
+
+def _same(a, b) -> None:
+    assert torch.equal(a.samples, b.samples)
+    # the oracle's arithmetic may round differently in batches of another size
+    torch.testing.assert_close(a.log_prob, b.log_prob, rtol=0, atol=1e-10)
+    assert torch.equal(a.orders, b.orders)
+
+
+class Recorder:
+    """Wraps :class:`OracleRows` in ``any_order``: keeps every instance, and checks on every
+    coordinate lookup that the draws asked about are in flight (hold a lane)."""
+
+    def __init__(self, monkeypatch):
+        self.instances: list[OracleRows] = []
+        self.most_in_flight = 0
+        recorder = self
+
+        class Checked(OracleRows):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                recorder.instances.append(self)
+
+            def start(self, draws):
+                super().start(draws)
+                in_flight = int((self.draw_in >= 0).sum())
+                recorder.most_in_flight = max(recorder.most_in_flight, in_flight)
+
+            def coords(self, draw, pos):
+                if not self.resident:
+                    assert bool((self.lane_of[draw] >= 0).all()), "a finished draw was asked"
+                return super().coords(draw, pos)
+
+        monkeypatch.setattr(any_order_module, "OracleRows", Checked)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("concurrency", [1, 3, 8])
+def test_draws_do_not_depend_on_the_draws_in_flight(method, concurrency, monkeypatch):
+    oracle = _chain()
+    whole = sample_any_order(oracle, 17, method=method, seed=5)
+    recorder = Recorder(monkeypatch)
+    part = sample_any_order(oracle, 17, method=method, seed=5, max_concurrent_draws=concurrency)
+    _same(part, whole)
+    (rows,) = recorder.instances
+    # only `concurrency` draws ever held an order, and every lane is free at the end
+    assert rows.orders.shape == (concurrency, oracle.num_coords)
+    assert rows.ranks.shape == (concurrency, oracle.num_coords)
+    assert recorder.most_in_flight == concurrency
+    assert bool((rows.draw_in < 0).all()) and bool((rows.lane_of < 0).all())
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_autospec_schedules_agree_with_the_reference_engine_under_batching(schedule):
+    oracle = _hmm()
+    knobs = SCHEDULES[schedule]
+    slow = sample_any_order(oracle, 9, seed=11, engine="reference", **knobs)
+    whole = sample_any_order(oracle, 9, seed=11, **knobs)
+    batched = sample_any_order(oracle, 9, seed=11, max_concurrent_draws=2, **knobs)
+    _same(whole, batched)
+    assert torch.equal(whole.samples, slow.samples)
+    torch.testing.assert_close(whole.log_prob, slow.log_prob, rtol=0, atol=1e-10)
+    assert torch.equal(whole.orders, slow.orders)
+    if "max_rows_per_round" not in knobs:  # the same rounds and rows as the reference
+        assert (whole.rounds, whole.oracle_rows) == (slow.rounds, slow.oracle_rows)
+
+
+def test_lanes_stay_bounded_over_many_draws(monkeypatch):
+    recorder = Recorder(monkeypatch)
+    oracle = _chain(32)
+    result = sample_any_order(oracle, 200, seed=0, max_concurrent_draws=8)
+    (rows,) = recorder.instances
+    assert rows.orders.shape[0] == 8 and rows.ranks.shape[0] == 8
+    assert recorder.most_in_flight == 8
+    assert result.samples.shape == (200, 32)
+    # the per-draw state of the recursion: its tables hold the draws in flight, not all 200
+    assert torch.equal(result.samples, sample_any_order(oracle, 200, seed=0).samples)
+
+
+@pytest.mark.parametrize("order", ["random", "fixed"])
+def test_orders_are_computed_from_the_keys_when_read(order):
+    oracle = _chain(20)
+    fixed = torch.randperm(20, generator=torch.Generator().manual_seed(2))
+    given = "random" if order == "random" else fixed
+    result = sample_any_order(oracle, 13, seed=4, max_concurrent_draws=4, order=given)
+    assert not isinstance(result.__dict__["_orders"], torch.Tensor)  # nothing stored yet
+    draw_keys = keys.draw_keys(keys.seed_key(4), torch.arange(13))
+    want = draw_orders(None if order == "random" else fixed, draw_keys, 20)
+    got = result.orders
+    assert got.dtype == torch.long and torch.equal(got, want)
+    assert result.orders is got  # computed once
+    got[0, 0] = got[0, 0]  # an ordinary tensor: writable
+    if order == "fixed":
+        assert bool((got == fixed).all())
+    # every row a permutation
+    assert torch.equal(got.sort(1).values, torch.arange(20).expand(13, 20))
+
+
+def test_visit_orders_materialise_in_chunks(monkeypatch):
+    monkeypatch.setattr(VisitOrders, "CHUNK", 3)
+    draw_keys = keys.draw_keys(keys.seed_key(9), torch.arange(10))
+    source = VisitOrders(None, draw_keys, 7)
+    assert torch.equal(source.materialize(), draw_orders(None, draw_keys, 7))
+    picked = torch.tensor([8, 1])
+    assert torch.equal(source.of(picked), draw_orders(None, draw_keys[picked], 7))
+
+
+def test_results_are_ordinary_tensors_without_copies_under_inference_mode():
+    oracle = _chain(16)
+    with torch.inference_mode():
+        result = sample_any_order(oracle, 6, seed=0, max_concurrent_draws=2)
+    for value in (result.samples, result.log_prob, result.orders):
+        assert not value.is_inference()
+    assert result.samples.dtype == torch.long
+    result.samples[0, 0] = 1 - result.samples[0, 0]  # a caller may write into its draws
+
+
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_impossible_sizes_are_refused_before_any_allocation(method):
+    oracle = _chain(1024)
+    start = time.perf_counter()
+    with pytest.raises(MemoryError) as info:
+        sample_any_order(oracle, 10**12, method=method, seed=0, max_concurrent_draws=256)
+    assert time.perf_counter() - start < 5  # refused, not attempted (generous on a CPU)
+    text = str(info.value)
+    for part in ("num_samples=1000000000000", "n=1024", "PiB", "fewer draws per call"):
+        assert part in text
+
+
+def test_the_draws_in_flight_alone_can_be_too_many(monkeypatch):
+    # a machine of 32 MiB: 1000 samples of n = 1024 fit (7.8 MiB), but 1000 draws in flight
+    # at 32 bytes per coordinate (31 MiB) beside them do not; 16 do
+    monkeypatch.setattr(rows_module, "machine_memory", lambda: 32 * 2**20)
+    oracle = _chain(1024)
+    with pytest.raises(MemoryError, match="max_concurrent_draws") as info:
+        sample_any_order(oracle, 1000, seed=0)
+    assert "fewer draws" not in str(info.value)
+    with pytest.raises(MemoryError, match="fewer draws per call"):
+        sample_any_order(oracle, 10_000, seed=0, max_concurrent_draws=16)
+    check_output_size(1000, 1024, in_flight=16, bytes_per_flight=32)  # fits: no error
+
+
+def test_reading_orders_too_large_for_the_machine_is_refused(monkeypatch):
+    result = sample_any_order(_chain(64), 40, seed=0, max_concurrent_draws=4)
+    monkeypatch.setattr(rows_module, "machine_memory", lambda: 4096)
+    with pytest.raises(MemoryError, match="result.orders"):
+        result.orders  # noqa: B018
+
+
+def test_distributed_results_compute_orders_when_read_too():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        fixed = torch.randperm(20, generator=torch.Generator().manual_seed(1))
+        for order in ("random", fixed):
+            plain = sample_any_order(_chain(20), 7, seed=2, order=order)
+            spread = sample_any_order(_chain(20), 7, seed=2, order=order, distributed=True)
+            assert not isinstance(spread.__dict__["_orders"], torch.Tensor)  # not gathered
+            _same(spread, plain)
+    finally:
+        dist.destroy_process_group()
