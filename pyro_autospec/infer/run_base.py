@@ -10,6 +10,7 @@ hooks :meth:`RunBase.extras` (one method, so that a kind's diagnostics live in o
 
 from __future__ import annotations
 
+import logging
 import re
 import textwrap
 import time
@@ -25,6 +26,8 @@ import torch
 from pyro.infer.mcmc.util import select_samples
 
 from pyro_autospec.infer.common import chain_seeds, site_diagnostics
+
+_LOG = logging.getLogger("pyro_autospec")
 
 __all__ = ["Extras", "RunBase", "RunSettings", "STAGES"]
 
@@ -443,13 +446,15 @@ class RunBase:
                     f"Use log_likelihood='conditional' (each draw's log likelihood given its "
                     f"own discrete values), which LOO and WAIC cannot use to compare models."
                 ) from error
-            warnings.warn(
-                f"The ArviZ log_likelihood group is conditional on each draw's sampled "
-                f"discrete values: {error}. az.loo and az.waic on it do not estimate the "
-                f"predictive accuracy of the model (they would need the discrete sites summed "
-                f"out per observation). Pass log_likelihood='conditional' to silence this.",
-                UserWarning,
-                stacklevel=4,
+            # Not a warning: most chain models (an HMM) have no per-observation marginal, and
+            # the attribute log_likelihood_form says which form was stored. The reason is kept
+            # for whoever reads the attributes or the log.
+            self.log_likelihood_reason = str(error)
+            _LOG.info(
+                "The ArviZ log_likelihood group is conditional on each draw's sampled discrete "
+                "values: %s. az.loo and az.waic on it do not estimate the predictive accuracy of "
+                "the model (they would need the discrete sites summed out per observation).",
+                error,
             )
             return dict(self.pointwise), "conditional"
 

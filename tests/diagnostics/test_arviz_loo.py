@@ -1,6 +1,8 @@
 """The ArviZ log likelihood with the discrete sites summed out per observation (issue 32):
 ``az.loo`` on it equals ``az.loo`` on a brute-force marginal, ``logsumexp_k``."""
 
+import logging
+
 import arviz as az
 import numpy as np
 import pyro
@@ -71,12 +73,13 @@ def shared_switch(y):
         pyro.sample("y", dist.Normal(2.0 * switch, 1.0), obs=y)
 
 
-def test_marginal_refused_with_the_reason_and_auto_warns():
+def test_marginal_refused_with_the_reason_and_auto_says_which_form(caplog):
     fit = AutoSpec(shared_switch, num_samples=4, seed=0, disable_progbar=True).run(DATA[:3])
     with pytest.raises(ValueError, match=r"'switch' is shared by several elements of .*'y'"):
         fit.to_inference_data(log_likelihood="marginal")
-    with pytest.warns(UserWarning, match="conditional on each draw's sampled discrete"):
+    with caplog.at_level(logging.INFO, logger="pyro_autospec"):
         idata = fit.to_inference_data()
+    assert "conditional on each draw's sampled discrete" in caplog.text
     assert idata.log_likelihood.attrs["log_likelihood_form"] == "conditional"
     with pytest.raises(ValueError, match="log_likelihood must be"):
         fit.to_inference_data(log_likelihood="pointwise")
