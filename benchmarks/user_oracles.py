@@ -82,7 +82,7 @@ DEFAULT_ORACLES = [
     "hmm",
     "tree_potts",
 ]
-DEFAULT_VARIANTS = ["autospec", "autospec:max_block=8", "agr24", "speculative", "sequential"]
+DEFAULT_VARIANTS = ["autospec", "autospec:token_below=0", "agr24", "speculative", "sequential"]
 ORACLE_METHODS = (
     "log_marginals",
     "log_marginals_at",
