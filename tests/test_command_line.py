@@ -25,7 +25,8 @@ def test_demo_smoke():
     assert "Wall time (measured)" in out and "Self-check passed" in out
     assert ">>> fit.map(rolls)" in out
     # 2. ArviZ beside Pyro, with what the wall column covers
-    assert "az.summary of 40 draws" in out and "Pyro infer_discrete, vectorised" in out
+    assert "az.summary of 40 draws" in out and "Pyro's infer_discrete, vectorised" in out
+    assert 'AutoSpec(casino, sampler="engine")' in out  # autospeculation itself, beside the default
     assert "Wall time of 40 draws" in out and "Fastest here:" in out
     # 3. exactness, 4. the engine race
     assert "largest |z|" in out and "chi-square p-value" in out
