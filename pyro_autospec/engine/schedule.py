@@ -57,9 +57,8 @@ class BlockPolicy:
     Examples
     --------
     >>> policy = BlockPolicy(max_block=32, min_block=4, first_block=16)
-    >>> policy.next_window(torch.tensor([16, 16]), torch.tensor([False, True])).tolist()
-    [32, 8]
-    >>> policy.try_parts(torch.tensor([1, 2]), torch.tensor([8, 8]), race_depth=1).tolist()
+    >>> BlockPolicy(max_block=8, race_depth=1).try_parts(
+    ...     torch.tensor([1, 2]), torch.tensor([8, 8])).tolist()
     [2, 8]
     >>> window, token = policy.next_block(
     ...     torch.tensor([16, 16, 8]), torch.tensor([False, False, True]),
@@ -109,13 +108,6 @@ class BlockPolicy:
         """Whether a draw's first block is sampled token by token."""
         return self.start_window() < self.below
 
-    def next_window(self, window: torch.Tensor, raced: torch.Tensor) -> torch.Tensor:
-        """The window after a block of window ``window`` (LongTensor[K]): grown if its draft
-        was accepted, shrunk if it ``raced`` (BoolTensor[K])."""
-        grown = torch.clamp(window * 2, max=int(self.max_block))
-        shrunk = torch.clamp(window // 2, min=self.low)
-        return torch.where(raced, shrunk, grown)
-
     def next_block(
         self, window: torch.Tensor, token: torch.Tensor, full: torch.Tensor, kept: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,15 +136,12 @@ class BlockPolicy:
         next window if the draft is accepted (a shrunk window reads a prefix of it)."""
         return torch.clamp(window * 2, max=int(self.max_block))
 
-    def try_parts(
-        self, depth: torch.Tensor, size: torch.Tensor, race_depth: int | None = None
-    ) -> torch.Tensor:
+    def try_parts(self, depth: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
         """Parts a residual try at nesting ``depth`` splits its block of ``size`` into: 2
         (recursive halves), or ``size`` (the chain rule) below ``race_depth``."""
-        cap = self.race_depth if race_depth is None else race_depth
-        if cap is None:
+        if self.race_depth is None:
             return torch.full_like(size, 2)
-        return torch.where(depth <= int(cap), torch.full_like(size, 2), size)
+        return torch.where(depth <= int(self.race_depth), torch.full_like(size, 2), size)
 
 
 def leaf_starts(n: int, max_block: int) -> list[int]:
@@ -166,7 +155,7 @@ def leaf_starts(n: int, max_block: int) -> list[int]:
     Examples
     --------
     >>> leaf_starts(10, 4)
-    [0, 3, 6, 8, 10]
+    [0, 3, 6, 10]
     """
     out = [0]
 
