@@ -38,7 +38,7 @@ def accept_draft(log_ratio: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Examples
     --------
     >>> import torch
-    >>> accept_draft(torch.tensor([0.0, -float("inf"), -1.0]), torch.tensor([0.9, 0.1, 0.5]))
+    >>> accept_draft(torch.tensor([0.0, -float("inf"), -1.0]), torch.tensor([0.9, 0.1, 0.3]))
     tensor([ True, False,  True])
     """
     return torch.log(u) < log_ratio
