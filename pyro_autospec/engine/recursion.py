@@ -92,6 +92,8 @@ _SEQ_INT = {
     "depth": 0,
     "parts": 2,
     "token": 0,
+    "tokens": 0,
+    "misses": 0,
 }
 (
     N_DRAW,
@@ -126,6 +128,8 @@ _SEQ_INT = {
     S_DEPTH,
     S_PARTS,
     S_TOKEN,
+    S_TOKENS,
+    S_MISSES,
 ) = range(len(_SEQ_INT))
 F_LOG_MU, F_RHO = 0, 1
 
@@ -377,16 +381,18 @@ class Recursion:
         )
         self.problem.init_frames(ids, draws)
         if self.policy.adaptive:
-            a, b, nxt = self._window_block(zero, window)
+            a, b, nxt = self._window_block(zero, window, token, zero, zero)
         else:
             a, b, nxt = (x.expand(count) for x in self.leaves[0].unbind(0))
         first = keys.child(key, keys.Tag.LEAF, a)
         self._new_nodes(ids, draws, a, b, nxt, first, torch.full_like(draws, -1), zero, token)
 
-    def _window_block(self, a: torch.Tensor, window: torch.Tensor):
-        """``(a, b, nxt)`` of the adaptive top-level blocks starting at ``a``."""
+    def _window_block(self, a, window, token, tokens, misses):
+        """``(a, b, nxt)`` of the adaptive top-level blocks starting at ``a`` (their window,
+        mode and the draw's token counts so far: LongTensor[K])."""
         b = torch.clamp(a + window, max=self.n)
-        return a, b, torch.clamp(b + self.policy.prefetch(window), max=self.n)
+        after = self.policy.prefetch(window, token, tokens, misses)
+        return a, b, torch.clamp(b + after, max=self.n)
 
     # ------------------------------------------------------------------------------ rounds
     @engine_mode()
@@ -538,10 +544,18 @@ class Recursion:
                 nb = block[gi]
                 token = nb[:, N_TOKEN].bool()
                 full = nb[:, N_RBATCH] == 0  # draft accepted whole, or every token passed
-                window, token = self.policy.next_block(sb[:, S_WIN], token, full, nb[:, N_KEPT])
+                was_token = token.long()
+                tokens = sb[:, S_TOKENS] + was_token * nb[:, N_KEPT]
+                misses = sb[:, S_MISSES] + was_token * (~full).long()
+                seqs.i[go, S_TOKENS] = tokens
+                seqs.i[go, S_MISSES] = misses
+                window, token = self.policy.next_block(
+                    sb[:, S_WIN], token, full, nb[:, N_KEPT], tokens, misses
+                )
                 seqs.i[go, S_WIN] = window
                 seqs.i[go, S_TOKEN] = token.long()
-                top = torch.stack(self._window_block(nb[:, N_B], window), 1)
+                top = self._window_block(nb[:, N_B], window, token, tokens, misses)
+                top = torch.stack(top, 1)
             else:
                 top = self.leaves[go_stage.clamp(max=self.num_leaves - 1)]  # [G, 3]
             # a thread's part j of p: (lo + span j // p, lo + span (j + 1) // p], the last one

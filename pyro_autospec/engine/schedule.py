@@ -10,7 +10,13 @@ block whose draft was rejected (it needed a residual race) it shrinks
 (which blocks were accepted), never the randomness of the block it is about to draw, so the
 output is exactly the chain rule's law (:doc:`/algorithm`, "Adaptive schedules"). It depends on
 the seed, the oracle and these knobs only, not on the batch, caps, device or thread count.
-``blocks="fixed"`` keeps the balanced tiling of :func:`leaf_starts` (every block about
+A window sampled token by token (speculative decoding's rule: keep the longest accepted
+prefix, redraw the first rejected token from the residual) is followed by one of
+``ceil(2 (T + 1) / (M + 1))``, ``T`` the coordinates the draw's token windows kept so far and
+``M`` how many of them stopped at a rejected token: twice the draw's mean run per rejection.
+That is an estimate of ``1 / (1 - p)`` for a per-token acceptance rate ``p`` that the past
+alone decides, so it is exact too, and unlike the last window's count it is not capped by the
+last window's size. ``blocks="fixed"`` keeps the balanced tiling of :func:`leaf_starts` (every block about
 ``max_block`` coordinates).
 
 **A cap on how deep residual races recurse.** A residual try draws ``y ~ mu_S`` exactly. Up to
@@ -62,9 +68,10 @@ class BlockPolicy:
     [2, 8]
     >>> window, token = policy.next_block(
     ...     torch.tensor([16, 16, 8]), torch.tensor([False, False, True]),
-    ...     torch.tensor([True, False, False]), torch.tensor([16, 0, 3]))
+    ...     torch.tensor([True, False, False]), torch.tensor([16, 0, 3]),
+    ...     tokens=torch.tensor([0, 0, 40]), misses=torch.tensor([0, 0, 4]))
     >>> window.tolist(), token.tolist()
-    ([32, 8, 6], [False, False, True])
+    ([32, 8, 17], [False, False, True])
     """
 
     max_block: int
@@ -109,32 +116,62 @@ class BlockPolicy:
         return self.start_window() < self.below
 
     def next_block(
-        self, window: torch.Tensor, token: torch.Tensor, full: torch.Tensor, kept: torch.Tensor
+        self,
+        window: torch.Tensor,
+        token: torch.Tensor,
+        full: torch.Tensor,
+        kept: torch.Tensor,
+        tokens: torch.Tensor | None = None,
+        misses: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Window and mode of a draw's next block, from its last one (all Tensor[K]).
+        """Window and mode of a draw's next block, from its past (all Tensor[K]).
 
         ``window``: the last window; ``token``: whether it was sampled token by token;
-        ``full``: whether all of it was kept (its draft accepted, or every token accepted);
-        ``kept``: how many coordinates it kept. A block whose draft was accepted grows the
-        window, a raced one halves it; a token window that kept ``k`` coordinates is followed
-        by one of ``2 k`` (more if every token passed). Token mode starts when the window falls
-        below ``token_below`` and ends when a full window of at least that size passes.
+        ``full``: whether all of it was kept (its draft accepted, or every token passed);
+        ``kept``: how many coordinates it kept; ``tokens`` and ``misses``: how many
+        coordinates the draw's token windows have kept so far and how many of them stopped at
+        a rejected token, this window included (``None``: this window only).
+
+        A block whose draft was accepted grows the window, a raced one halves it. A token
+        window is followed by one of ``ceil(2 (tokens + 1) / (misses + 1))``: twice the
+        draw's mean run of coordinates per rejected token (``1 / (1 - p)`` for a per-token
+        acceptance rate ``p``), so that a round keeps about half its window whatever the
+        oracle. Token mode starts when the window falls below ``token_below`` and ends when a
+        full window of at least that size passes.
         """
+        if tokens is None:
+            tokens = kept
+        if misses is None:
+            misses = (~full).long()
         grown = torch.clamp(window * 2, max=int(self.max_block))
-        partial = torch.where(
+        run = torch.div(2 * (tokens + 1) + misses, misses + 1, rounding_mode="floor")
+        partial = torch.clamp(window // 2, min=self.low)
+        new = torch.where(
             token,
-            torch.clamp(kept * 2, min=self.low, max=int(self.max_block)),
-            torch.clamp(window // 2, min=self.low),
+            torch.clamp(run, min=self.low, max=int(self.max_block)),
+            torch.where(full, grown, partial),
         )
-        new = torch.where(full, grown, partial)
         below = self.below
         stay = ~(full & (window >= below))
         return new, torch.where(token, stay, ~full & (new < below))
 
-    def prefetch(self, window: torch.Tensor) -> torch.Tensor:
+    def prefetch(
+        self,
+        window: torch.Tensor,
+        token: torch.Tensor | None = None,
+        tokens: torch.Tensor | None = None,
+        misses: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Coordinates of the draft row prefetched after a block of window ``window``: the
-        next window if the draft is accepted (a shrunk window reads a prefix of it)."""
-        return torch.clamp(window * 2, max=int(self.max_block))
+        window that follows if the whole block is kept (a shrunk window reads a prefix of it).
+        ``token``, ``tokens`` and ``misses`` are the block's mode and the draw's token counts
+        before it, as for :meth:`next_block` (``None``: a block window, which doubles)."""
+        if token is None:
+            return torch.clamp(window * 2, max=int(self.max_block))
+        token = token.bool()
+        full = torch.ones_like(token)
+        after = tokens + token.long() * window
+        return self.next_block(window, token, full, window, after, misses)[0]
 
     def try_parts(self, depth: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
         """Parts a residual try at nesting ``depth`` splits its block of ``size`` into: 2

@@ -116,16 +116,28 @@ def test_policy_rules():
     policy = BlockPolicy(max_block=32, min_block=4, first_block=8, token_below=8)
     assert policy.start_window() == 8 and not policy.start_token()
     window, token = policy.next_block(
-        torch.tensor([8, 8, 4, 4, 8]),
-        torch.tensor([False, False, True, True, True]),
-        torch.tensor([True, False, True, False, True]),
-        torch.tensor([8, 0, 4, 1, 8]),
+        torch.tensor([8, 8, 4, 4, 8, 8]),
+        torch.tensor([False, False, True, True, True, True]),
+        torch.tensor([True, False, True, False, True, False]),
+        torch.tensor([8, 0, 4, 1, 8, 3]),
+        torch.tensor([0, 0, 4, 1, 8, 40]),
+        torch.tensor([0, 0, 0, 1, 0, 4]),
     )
-    # block accepted: grow; block raced: halve (below 8: token mode); token window passed whole:
-    # grow (stays token below 8); token window kept 1: 2 * 1, floored at min_block; a whole
-    # token window of 8 or more: back to blocks
-    assert window.tolist() == [16, 4, 8, 4, 16]
-    assert token.tolist() == [False, True, True, True, False]
+    # block accepted: grow; block raced: halve (below 8: token mode). A token window is
+    # followed by ceil(2 (tokens + 1) / (misses + 1)), clamped into [min_block, max_block]:
+    # passed whole with 4 tokens and no miss: 10 (stays token below 8); kept 1 with one miss:
+    # 2, floored at 4; a whole token window of 8 or more: 18, back to blocks; a draw that kept
+    # 40 coordinates over 4 rejected tokens: 17 (its runs, not this window's, decide)
+    assert window.tolist() == [16, 4, 10, 4, 18, 17]
+    assert token.tolist() == [False, True, True, True, False, True]
+    # a prefetched draft row covers the window that follows a whole pass
+    ahead = policy.prefetch(
+        torch.tensor([8, 4, 6]),
+        torch.tensor([False, True, True]),
+        torch.tensor([0, 0, 40]),
+        torch.tensor([0, 0, 4]),
+    )
+    assert ahead.tolist() == [16, 10, 19]
     with pytest.raises(ValueError, match="blocks must be one of"):
         BlockPolicy(max_block=8, blocks="dynamic")
     with pytest.raises(ValueError, match="token_below"):

@@ -123,17 +123,21 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
     n = leaves[-1]
     if policy is not None and policy.adaptive:
         a, window, token = 0, policy.start_window(), policy.start_token()
+        tokens = misses = 0  # coordinates kept by token windows, and their rejected tokens
         while a < n:
             b = min(a + window, n)
-            nxt = min(b + int(policy.prefetch(torch.tensor(window))), n)
+            after = policy.prefetch(*map(torch.tensor, (window, token, tokens, misses)))
+            nxt = min(b + int(after), n)
             key = _child(draw_key, keys.Tag.LEAF, a)
             frame, log_mu, row, outcome = yield from node(
                 problem, s, key, frame, a, b, nxt, row, policy, token=token
             )
             log_prob += log_mu
             kept, full = outcome if token else (b - a, not outcome)
+            if token:
+                tokens, misses = tokens + kept, misses + (not full)
             w, t = policy.next_block(
-                torch.tensor(window), torch.tensor(token), torch.tensor(full), torch.tensor(kept)
+                *map(torch.tensor, (window, token, full, kept, tokens, misses))
             )
             window, token, a = int(w), bool(t), a + kept
         return frame, log_prob
