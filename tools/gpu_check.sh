@@ -9,14 +9,20 @@
 # streams its output to a file under $OUT (default: a new folder under /tmp) and the next step
 # runs whether it passed or not; the summary at the end (also $OUT/summary.txt) lists each
 # step's exit status and seconds (124: cut by its limit; the table rows printed so far are kept).
-# Steps and default limits (sum 450 s, plus start-up):
-#   tests             LIMIT_TESTS=60     pytest of the tests that run on CUDA (-k cuda or device)
-#   user_oracles      LIMIT_USER=120     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
+# Steps and default limits (sum 460 s, plus start-up):
+#   tests             LIMIT_TESTS=40     pytest of the tests that run on CUDA (-k cuda or device)
+#   user_oracles      LIMIT_USER=180     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
 #                                        the oracles in order of interest, as far as time goes
-#   user_oracles_256  LIMIT_USER_256=60  the same, 256 draws, four oracles, three methods
-#   user_counts       LIMIT_COUNTS=50    engine calls and host reads per round, 16 draws
-#   engine_race       LIMIT_ENGINE=80    benchmarks/engine.py --parts overhead race (n = 4096)
-#   rounds            LIMIT_ROUNDS=80    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
+#   user_oracles_256  LIMIT_USER_256=45  the same, 256 draws, five oracles, three methods
+#   user_counts       LIMIT_COUNTS=45    engine calls and host reads per round, 16 draws
+#   engine_race       LIMIT_ENGINE=90    benchmarks/engine.py --parts overhead race (n = 4096)
+#   rounds            LIMIT_ROUNDS=60    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
+#
+# A GPU image without Pyro and ArviZ (the engine and the benchmarks need neither, the Pyro
+# tests do) takes them as wheels, downloaded where pip reaches PyPI and installed there with
+# `pip install --no-index --no-deps --target DIR WHEELS` and PYTHONPATH=DIR:
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 -d wheels \
+#       pyro-ppl pyro-api arviz h5netcdf xarray-einstats platformdirs
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
@@ -52,29 +58,30 @@ smoke=()
 [ -n "$SMOKE" ] && smoke=(--smoke)
 
 # The tests that run on CUDA when it is there (skipped or CPU-only otherwise).
-step tests "${LIMIT_TESTS:-60}" "$PY" -m pytest -q -p no:cacheprovider \
+step tests "${LIMIT_TESTS:-40}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/engine/test_devices.py tests/engine/test_tables.py tests/engine/test_errors.py \
     tests/infer/test_device.py tests/oracles/test_dpp.py \
     -k "cuda or device or chunk_budget"
 
-step user_oracles "${LIMIT_USER:-120}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
-    --draws 1 16 --no-count "${smoke[@]}" --oracles nade:scale=0.5 mixture:K=64 \
-    user_chain:n=4096 markov hmm tree_potts nade:scale=2 mixture:K=8 guide:steps=0 nade:scale=0.1
+step user_oracles "${LIMIT_USER:-180}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+    --draws 1 16 --no-count "${smoke[@]}" --variants autospec agr24 speculative sequential \
+    --oracles nade:scale=2 nade:scale=0.5 mixture:K=64 user_chain:n=4096 markov hmm \
+    guide:steps=0 mixture:K=8 tree_potts nade:scale=0.1
 
-step user_oracles_256 "${LIMIT_USER_256:-60}" "$PY" benchmarks/user_oracles.py \
-    --device "$DEVICE" --draws 256 --no-count "${smoke[@]}" \
-    --oracles mixture:K=8 markov hmm nade:scale=0.1 --variants autospec agr24 sequential
+step user_oracles_256 "${LIMIT_USER_256:-45}" "$PY" benchmarks/user_oracles.py \
+    --device "$DEVICE" --draws 256 --no-count "${smoke[@]}" --variants autospec agr24 sequential \
+    --oracles mixture:K=8 markov hmm nade:scale=0.1 nade:scale=2
 
-step user_counts "${LIMIT_COUNTS:-50}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+step user_counts "${LIMIT_COUNTS:-45}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
     --draws 16 --oracles nade:scale=0.1 mixture:K=8 markov --variants autospec agr24 sequential \
     "${smoke[@]}"
 
-step engine_race "${LIMIT_ENGINE:-80}" "$PY" benchmarks/engine.py --device "$DEVICE" \
+step engine_race "${LIMIT_ENGINE:-90}" "$PY" benchmarks/engine.py --device "$DEVICE" \
     --parts overhead race --no-reference "${smoke[@]}"
 
 rounds_out="$OUT/rounds"
 mkdir -p "$rounds_out"
-step rounds "${LIMIT_ROUNDS:-80}" "$PY" benchmarks/rounds.py --device "$DEVICE" \
+step rounds "${LIMIT_ROUNDS:-60}" "$PY" benchmarks/rounds.py --device "$DEVICE" \
     --families markov hmm --sizes 256 1024 4096 --num-samples 16 --jobs 8 \
     --out "$rounds_out" "${smoke[@]}"
 

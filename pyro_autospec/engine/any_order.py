@@ -42,7 +42,7 @@ from pyro_autospec.engine.rows import (
     check_output_size,
     draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
 )
-from pyro_autospec.engine.schedule import leaf_starts
+from pyro_autospec.engine.schedule import leaf_starts, token_only
 from pyro_autospec.engine.windows import WindowSampler
 from pyro_autospec.oracles.base import oracle_num_draws
 
@@ -276,7 +276,7 @@ def run_any_order(
         samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress
         )
-    elif method == "autospec":
+    elif method == "autospec" and not token_only(block_policy(knobs)):
         max_block = int(knobs["max_block"])
         policy = block_policy(knobs)
         if policy.adaptive:
@@ -309,6 +309,7 @@ def run_any_order(
             max_rows_per_round=knobs["max_rows_per_round"],
             max_concurrent_draws=knobs["max_concurrent_draws"],
             progress=progress,
+            policy=block_policy(knobs) if method == "autospec" else None,
         )
         sampler.run()
         samples, log_prob = sampler.samples, sampler.log_prob

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockPolicy", "leaf_starts"]
+__all__ = ["BlockPolicy", "leaf_starts", "token_only"]
 
 BLOCK_MODES = ("adaptive", "fixed")
 
@@ -179,6 +179,13 @@ class BlockPolicy:
         if self.race_depth is None:
             return torch.full_like(size, 2)
         return torch.where(depth <= int(self.race_depth), torch.full_like(size, 2), size)
+
+
+def token_only(policy: BlockPolicy) -> bool:
+    """Whether every window of ``policy`` is sampled token by token (adaptive windows, never
+    the block rule): then no window races, and a draw is speculative decoding whose windows
+    the policy chooses (:class:`~pyro_autospec.engine.windows.WindowSampler` runs it)."""
+    return policy.adaptive and policy.below > int(policy.max_block)
 
 
 def leaf_starts(n: int, max_block: int) -> list[int]:

@@ -17,6 +17,13 @@ the next window's draft row). All draws advance together, one batched oracle cal
   the drafted ones before it, keeping the longest agreeing prefix plus the first recomputed
   coordinate. It equals the sequential Gumbel-max sampler path by path. Exact.
 
+* ``"autospec"`` with an adaptive token schedule (:class:`~pyro_autospec.engine.schedule.
+  BlockPolicy` with every window sampled token by token, the default): ``"speculative"`` whose
+  windows follow the policy, each draw's from its own past (windows of one coordinate are
+  drawn from their row, as the recursion's leaves). It takes the same draws, rounds and rows
+  as the recursion (:mod:`pyro_autospec.engine.recursion`) with the same schedule, on the
+  token methods' lighter bookkeeping.
+
 Randomness is keyed (:mod:`pyro_autospec.engine.keys`): the window starting at ``t`` of draw
 ``s`` has key ``child(draw, LEAF, t)`` (draft noise, acceptance uniforms, resampling noise);
 the fixed Gumbels of ``"agr24"`` are ``gumbel(draw, NOISE, t * q + v)``.
@@ -39,6 +46,7 @@ from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
+from pyro_autospec.engine.schedule import BlockPolicy, token_only
 
 __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
 
@@ -81,11 +89,16 @@ class WindowSampler:
         max_rows_per_round: int | None = None,
         max_concurrent_draws: int | None = None,
         progress: bool = False,
+        policy: BlockPolicy | None = None,
     ):
-        if method not in TOKEN_METHODS:
+        if method == "autospec":
+            if policy is None or not token_only(policy):
+                raise ValueError("method 'autospec' here needs an adaptive all-token policy")
+        elif method not in TOKEN_METHODS:
             raise ValueError(f"method must be one of {TOKEN_METHODS}, got {method!r}")
         self.rows = rows
         self.method = method
+        self.policy = policy
         self.device = dev = rows.device
         self.n, self.q = rows.n, rows.q
         self.num_draws = int(draw_keys.numel())
@@ -99,6 +112,8 @@ class WindowSampler:
             self.width = 1
         elif method == "speculative":
             self.width = min(self.window, self.n)
+        elif method == "autospec":
+            self.width = min(int(policy.max_block), self.n)
         else:
             self.width = int(agr24_window(torch.tensor([self.n]), self.q, self.window_scale))
             self.width = min(self.width, self.n)
@@ -110,6 +125,11 @@ class WindowSampler:
         self.log_mu = torch.zeros(lanes, dtype=torch.float64, device=dev)
         self.draft_rows = torch.zeros(lanes, self.width, self.q, dtype=torch.float64, device=dev)
         self.k = torch.zeros(lanes, dtype=torch.long, device=dev)  # current window
+        # "autospec": each lane's policy window, and its token windows' kept coordinates and
+        # rejected tokens so far (what the next window is chosen from)
+        self.win = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.misses = torch.zeros(lanes, dtype=torch.long, device=dev)
         self.samples = host_output((self.num_draws, self.n), torch.long)  # filled at finish
         self.log_prob = torch.full((self.num_draws,), math.nan, dtype=torch.float64, device=dev)
         self.sample_rounds = torch.zeros(self.num_draws, dtype=torch.long, device=dev)
@@ -118,15 +138,27 @@ class WindowSampler:
         self.clock = 0
 
     # ---------------------------------------------------------------------------- windows
-    def _size(self, t: torch.Tensor) -> torch.Tensor:
-        """Window drafted at position ``t`` (clipped to the end)."""
-        if self.method in ("sequential", "gumbel_sequential"):
+    def _size(self, t: torch.Tensor, lanes: torch.Tensor | None = None) -> torch.Tensor:
+        """Window drafted at position ``t`` (clipped to the end) by ``lanes`` ("autospec")."""
+        if self.method == "autospec":
+            size = self.win[lanes]
+        elif self.method in ("sequential", "gumbel_sequential"):
             size = torch.ones_like(t)
         elif self.method == "speculative":
             size = torch.full_like(t, self.window)
         else:
             size = agr24_window(t, self.q, self.window_scale)
         return torch.minimum(size, self.n - t)
+
+    def _next_size(self, t: torch.Tensor, k: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+        """Width of the draft row prefetched with the verification of the window ``(t, t + k]``
+        of ``lanes``: the next window if all of it is kept (0 at the end)."""
+        if self.method != "autospec":
+            return self._size(t + k)
+        token = torch.ones_like(k, dtype=torch.bool)
+        win = self.win[lanes]
+        after = self.policy.prefetch(win, token, self.tokens[lanes], self.misses[lanes])
+        return torch.minimum(after, self.n - t - k)
 
     def _set_stamp(self, lanes: torch.Tensor) -> None:
         self.stamp[lanes] = torch.arange(self.clock, self.clock + lanes.numel(), device=self.device)
@@ -143,6 +175,10 @@ class WindowSampler:
         self.rows.start(draws)
         self.started += count
         self.t[lanes] = 0
+        if self.method == "autospec":
+            self.win[lanes] = self.policy.start_window()
+            self.tokens[lanes] = 0
+            self.misses[lanes] = 0
         self.log_mu[lanes] = 0.0
         self.frames[lanes] = 0
         self.state[lanes] = _WAIT_ROW
@@ -187,7 +223,7 @@ class WindowSampler:
         if lanes.numel() == 0:
             return
         t = self.t[lanes]
-        k = self._size(t)
+        k = self._size(t, lanes)
         self.k[lanes] = k
         width = int(k.max())
         data = self.draft_rows[lanes, :width]
@@ -196,13 +232,23 @@ class WindowSampler:
         coords = self._coords(lanes, t, width)
         lane_grid = lanes.unsqueeze(1).expand_as(coords)
         self.frames[lane_grid[valid], coords[valid]] = x[valid].to(self.frames.dtype)
-        nxt = self._size(t + k)
-        lone = (k == 1) & (nxt == 0)  # the last coordinate, drawn from its exact row
+        if self.method == "autospec":  # a window of one coordinate: the recursion's leaf
+            lone = k == 1
+        else:  # the last coordinate, drawn from its exact row
+            lone = (k == 1) & (self._next_size(t, k, lanes) == 0)
         if bool(lone.any()):
             done = lanes[lone]
             self.log_mu[done] += data[lone, 0].gather(1, x[lone, :1]).squeeze(1)
             self.t[done] += 1
-            self._finish(done)
+            if self.method == "autospec":
+                self._windows_kept(done, torch.ones_like(done), torch.zeros_like(done))
+                ended = self.t[done] >= self.n
+                self._finish(done[ended])
+                going = done[~ended]
+                self.state[going] = _WAIT_ROW
+                self._set_stamp(going)
+            else:
+                self._finish(done)
         rest = lanes[~lone]
         if self.method in ("sequential", "gumbel_sequential"):
             # no verification: the coordinate is drawn from its exact row
@@ -216,6 +262,18 @@ class WindowSampler:
             return
         self.state[rest] = _WAIT_VERIFY
         self._set_stamp(rest)
+
+    def _windows_kept(self, lanes, kept, missed) -> None:
+        """"autospec": the token windows of ``lanes`` kept ``kept`` coordinates, ``missed``
+        (0 or 1) of them redrawn after a rejection; choose each lane's next window."""
+        self.tokens[lanes] += kept
+        self.misses[lanes] += missed
+        full = missed == 0
+        token = torch.ones_like(full)
+        window, _ = self.policy.next_block(
+            self.win[lanes], token, full, kept, self.tokens[lanes], self.misses[lanes]
+        )
+        self.win[lanes] = window
 
     # ----------------------------------------------------------------------------- rounds
     @engine_mode()
@@ -304,7 +362,7 @@ class WindowSampler:
         lanes = torch.nonzero(self.state > 0).flatten()
         verify = self.state[lanes] == _WAIT_VERIFY
         t, k = self.t[lanes], self.k[lanes]
-        nxt = torch.where(verify, self._size(t + k), 0)
+        nxt = torch.where(verify, self._next_size(t, k, lanes), 0)
         rows = torch.where(verify, k - 1 + (nxt > 0).long(), 1)
         if self.cap is not None:
             order = torch.argsort(self.stamp[lanes])
@@ -324,7 +382,7 @@ class WindowSampler:
             torch.cat([draw[want_row], draw[vl[pre]]]),
             torch.cat([t[~verify], (vt + vk)[pre]]),
             torch.cat([t[~verify], (vt + vk)[pre]]),
-            torch.cat([self._size(t[~verify]), vn[pre]]),
+            torch.cat([self._size(t[~verify], want_row), vn[pre]]),
         )
         long_chain = vk > 1
         chains = (vl[long_chain], draw[vl[long_chain]], (vt + 1)[long_chain], (vk - 1)[long_chain])
@@ -371,7 +429,7 @@ class WindowSampler:
         in_window = j < k.unsqueeze(1)
         xt = x[:, 1:]
         target_x = target.gather(2, xt.unsqueeze(-1)).squeeze(-1)
-        if self.method == "speculative":
+        if self.method in ("speculative", "autospec"):
             draft_x = data[:, 1:].gather(2, xt.unsqueeze(-1)).squeeze(-1)
             key = keys.child(self.draw_keys[self.draw[lanes]], keys.Tag.LEAF, t)
             u = keys.uniform(key.unsqueeze(1), keys.Tag.ACCEPT, j)
@@ -399,7 +457,7 @@ class WindowSampler:
                 target[rejected].gather(1, (js - 1).view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
             )  # [R, q]
             coord = self.rows.coords(self.draw[rl], t[rejected] + js)
-            if self.method == "speculative":
+            if self.method in ("speculative", "autospec"):
                 draft_j = data[rejected].gather(1, js.view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
                 residual = (rows_j.exp() - draft_j.exp()).clamp(min=0.0)
                 log_residual = torch.log(residual / residual.sum(1, keepdim=True))
@@ -416,6 +474,8 @@ class WindowSampler:
         self.log_mu[lanes] += log_mu
         advance = torch.where(rejected, stop + 1, k)
         self.t[lanes] = t + advance
+        if self.method == "autospec":
+            self._windows_kept(lanes, advance, rejected.long())
         ended = self.t[lanes] >= self.n
         self._finish(lanes[ended])
         # all accepted with a prefetched row: draft the next window at once
