@@ -16,8 +16,8 @@ prefix, redraw the first rejected token from the residual) is followed by one of
 ``M`` how many of them stopped at a rejected token: twice the draw's mean run per rejection.
 That is an estimate of ``1 / (1 - p)`` for a per-token acceptance rate ``p`` that the past
 alone decides, so it is exact too, and unlike the last window's count it is not capped by the
-last window's size. ``blocks="fixed"`` keeps the balanced tiling of :func:`leaf_starts` (every block about
-``max_block`` coordinates).
+last window's size. ``blocks="fixed"`` keeps the balanced tiling of :func:`leaf_starts`
+(every block about ``max_block`` coordinates).
 
 **A cap on how deep residual races recurse.** A residual try draws ``y ~ mu_S`` exactly. Up to
 ``race_depth`` nested races it does so recursively (left half, then right half, each drafted
