@@ -264,8 +264,8 @@ class WindowSampler:
         self._set_stamp(rest)
 
     def _windows_kept(self, lanes, kept, missed) -> None:
-        """"autospec": the token windows of ``lanes`` kept ``kept`` coordinates, ``missed``
-        (0 or 1) of them redrawn after a rejection; choose each lane's next window."""
+        """The token windows of ``lanes`` kept ``kept`` coordinates, ``missed``
+        (0 or 1) of them redrawn after a rejection ("autospec"): choose each lane's next window."""
         self.tokens[lanes] += kept
         self.misses[lanes] += missed
         full = missed == 0
