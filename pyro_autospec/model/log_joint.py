@@ -44,6 +44,8 @@ from pyro_autospec.model.tracing import (
     assertion_error,
     batching_advice,
     compute_log_prob,
+    plate_dims,
+    plated_reduction_advice,
     quiet_warnings,
     site_role,
     structure_error,
@@ -118,6 +120,41 @@ def _per_draw(value: torch.Tensor, shape: torch.Size, num_draws: int, name: str)
         ) from e
 
 
+def _check_declared_dims(name, site, log_prob, plain_shape, plated) -> None:
+    """A site's log density in the batched run may grow only on the draws' dim.
+
+    A dim of size > 1 that the plain run's batch shape ``plain_shape`` does not have and no
+    plate around the site declares is a value that lost a batch dim in the batched run: a
+    plated site reduced over its plate (``a.sum(-2)``) moves the draws onto another dim.
+    """
+    declared = plate_dims(site)
+    plain = tuple(plain_shape)
+    for dim in range(-log_prob.dim(), 0):
+        if log_prob.shape[dim] == 1 or dim in declared:
+            continue
+        if -dim <= len(plain) and plain[dim] == log_prob.shape[dim]:
+            continue
+        plates = ", ".join(
+            f"'{f.name}' (dim {f.dim})"
+            for f in site["cond_indep_stack"]
+            if f.vectorized and f.dim is not None and f.name != DRAWS_PLATE
+        )
+        inside = f"inside plate(s) {plates}" if plates else "outside every plate"
+        raise DynamicStructureError(
+            f"Site '{name}' ({inside}) has, in a run on a batch of draws, a log density of shape "
+            f"{tuple(log_prob.shape)} whose dim {dim} (size {log_prob.shape[dim]}) no plate "
+            f"around it declares, although a plain run of the model has none: a value it reads "
+            f"lost a batch dim, so AutoSpec's batch of draws (a plate left of the model's "
+            f"plates) shifted onto dim {dim}. "
+            + (
+                plated_reduction_advice(plated)
+                if plated
+                else "The usual cause is a sampled value reduced over its plate (a.sum(-1)) "
+                "and fed into a site outside that plate: compute it inside the plate."
+            )
+        )
+
+
 def _run_chunk(
     model,
     args,
@@ -147,14 +184,14 @@ def _run_chunk(
         with pyro.plate(DRAWS_PLATE, n, dim=-(mpn + 1)):
             return model(*a, **k)
 
-    recorder = SiteRecorder()
+    recorder = SiteRecorder(latent=data)
     try:
         with poutine.block(), recorder, quiet_warnings():
             trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
             trace = prune_subsample_sites(trace)
             compute_log_prob(trace, "on a batch of draws")
     except (RuntimeError, ValueError, TypeError, IndexError) as e:
-        raise structure_error(e, recorder.names, "on a batch of draws") from e
+        raise structure_error(e, recorder.names, "on a batch of draws", recorder.plated) from e
     except AssertionError as e:
         raise assertion_error(e, recorder.names, "on a batch of draws", mpn) from e
 
@@ -181,6 +218,9 @@ def _run_chunk(
                 f"AutoSpec needs a fixed set of sites."
             )
         raw = site["log_prob"].detach()
+        plain = observed_shapes.get(name, shapes[name][0] if name in shapes else None)
+        if plain is not None:
+            _check_declared_dims(name, site, raw, plain, recorder.plated)
         if raw.is_floating_point() and torch.finfo(raw.dtype).eps > torch.finfo(dtype).eps:
             dtype = raw.dtype
         lp = raw.to(torch.float64)

@@ -37,6 +37,8 @@ __all__ = [
     "scaled_sites",
     "site_role",
     "compute_log_prob",
+    "plain_run_note",
+    "plated_reduction_advice",
     "structure_error",
     "trace_model",
 ]
@@ -69,9 +71,39 @@ def trace_model(model: Callable, args: tuple = (), kwargs: dict | None = None, *
     ['_INPUT', 'z', '_RETURN']
     """
     kwargs = {} if kwargs is None else kwargs
-    with poutine.block():
-        trace = poutine.trace(model).get_trace(*args, **kwargs)
+    recorder = SiteRecorder()
+    try:
+        with poutine.block(), recorder:
+            trace = poutine.trace(model).get_trace(*args, **kwargs)
+    except AutoSpecModelError:
+        raise
+    except Exception as error:  # the model's own error: pass it on, noting where it stopped
+        if hasattr(error, "add_note"):  # Python 3.11+
+            error.add_note(plain_run_note(recorder.names))
+        raise
     return prune_subsample_sites(trace) if prune else trace
+
+
+def plain_run_note(seen: list[str]) -> str:
+    """A note for an error a model raises in a plain run of Pyro: it is the model's own.
+
+    A plain run (one draw, nothing enumerated, no extra batch dims) is how
+    ``poutine.trace(model).get_trace(*args, **kwargs)`` runs the model, so AutoSpec passes the
+    error on unchanged (its type and message are the user's) and only adds this note (Python
+    3.11+ prints it under the traceback), naming the last site reached.
+
+    Examples
+    --------
+    >>> print(plain_run_note(["x", "y"])[:69])
+    AutoSpec: the model raised this after site 'y' in a plain run of Pyro
+    """
+    last = f" after site '{seen[-1]}'" if seen else " before its first sample site"
+    return (
+        f"AutoSpec: the model raised this{last} in a plain run of Pyro (one draw, nothing "
+        f"enumerated, no extra batch dims: what poutine.trace(model).get_trace(*args, **kwargs) "
+        f"does), before AutoSpec changed anything, so the cause lies in the model or in its "
+        f"arguments. Make a plain Pyro run of the model succeed first."
+    )
 
 
 def site_role(site: dict) -> str:
@@ -216,18 +248,62 @@ def parallel_enumeration(msg: dict) -> dict:
 
 
 class SiteRecorder(poutine.messenger.Messenger):
-    """Remembers the sample sites seen so far, to name the site where a run failed."""
+    """Remembers the sample sites seen so far, to name the site where a run failed.
 
-    def __init__(self):
+    ``names``: every sample site in order; ``plated``: the unobserved enumerable (discrete)
+    sites inside vectorized plates of the model, with their plates' names. ``latent``: names
+    of the latent sites, where a run conditions them on values (they look observed then).
+    """
+
+    def __init__(self, latent=None):
         super().__init__()
         self.names: list[str] = []
+        self.plated: dict[str, list[str]] = {}
+        self.latent = None if latent is None else set(latent)
 
     def _pyro_post_sample(self, msg):
-        if not msg["name"].startswith("_autospec") and not isinstance(msg["fn"], _Subsample):
-            self.names.append(msg["name"])
+        if msg["name"].startswith("_autospec") or isinstance(msg["fn"], _Subsample):
+            return
+        self.names.append(msg["name"])
+        observed = msg["is_observed"] if self.latent is None else msg["name"] not in self.latent
+        if observed or not getattr(msg["fn"], "has_enumerate_support", False):
+            return
+        plates = [
+            f.name
+            for f in msg["cond_indep_stack"]
+            if f.vectorized and f.dim is not None and f.name != DRAWS_PLATE
+        ]
+        if plates:
+            self.plated[msg["name"]] = plates
 
 
-def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStructureError:
+_SIZE_MISMATCH = ("must match the size", "Shape mismatch", "shape mismatch", "size mismatch",
+                  "cannot be broadcast", "broadcast")  # fmt: skip
+
+
+def plated_reduction_advice(plated: dict[str, list[str]]) -> str:
+    """Name the plated discrete sites and say why reducing one over its plate cannot work."""
+    listed = ", ".join(
+        f"'{name}' (plate {', '.join(repr(p) for p in plates)})"
+        for name, plates in list(plated.items())[:3]
+    )
+    return (
+        f"The discrete site(s) {listed} lie inside a plate; the usual cause is that one was "
+        f"reduced over its plate (a.sum(-1), a.max(-1), a.prod(-1)) and combined with values "
+        f"of another plate or of AutoSpec's extra batch dims (a batch of draws "
+        f"left of the plates, and enumerated values, as in Pyro's enumeration). Under "
+        f"enumeration all elements of a plated site share one dim, so nothing outside its "
+        f"plate can read them one by one. Ways out: compute what is needed inside that plate "
+        f"from each element's own value; write the elements as separate sites; replace a sum "
+        f"of Bernoulli elements by one Binomial count site; or use a learned guide, which needs "
+        f"no enumeration: guide = AnyOrderGuide(model, args); guide.fit_posterior(*args); "
+        f"AutoSpec(model, guide=guide, correction='imh')."
+    )
+
+
+def structure_error(
+    error: Exception, seen: list[str], what: str, plated: dict[str, list[str]] | None = None
+) -> DynamicStructureError:
     """A :class:`DynamicStructureError` naming the last site reached before ``error``.
 
     Parameters
@@ -238,9 +314,13 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
         Sites reached before the failure (from a :class:`SiteRecorder`).
     what : str
         The kind of run, e.g. ``"on a batch of draws"`` or ``"under enumeration"``.
+    plated : dict, optional
+        The discrete sites seen inside plates (:attr:`SiteRecorder.plated`), named when the
+        error is a size mismatch (the usual sign of a plated site reduced over its plate).
     """
     last = f" (after site '{seen[-1]}')" if seen else ""
     reason = error_reason(error)
+    plated = plated or {}
     if "within the support" in reason:
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason}. An observed value lies outside "
@@ -252,6 +332,21 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
     mismatch = re.search(
         r"Shape mismatch inside plate\('([^']+)'\) at site (\S+) dim (-?\d+)", reason
     )
+    if mismatch and mismatch.group(1) == DRAWS_PLATE:
+        _, site, dim = mismatch.groups()
+        reason = reason.replace(f"plate('{DRAWS_PLATE}')", "AutoSpec's plate of draws")
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. Site '{site}' has at dim {dim}, "
+            f"the dim of AutoSpec's batch of draws (left of the model's plates), a size other "
+            f"than the number of draws: a value it reads has lost a batch dim, so the plates' "
+            f"dims shifted into the place of the draws. "
+            + (
+                plated_reduction_advice(plated)
+                if plated
+                else "The usual cause is a sampled value reduced over a plate (a.sum(-1)) and "
+                "fed into another plate: compute it inside the plate of what it reads."
+            )
+        )
     if mismatch:
         plate, site, dim = mismatch.groups()
         return DynamicStructureError(
@@ -264,6 +359,10 @@ def structure_error(error: Exception, seen: list[str], what: str) -> DynamicStru
             f"site inside it at all: compute '{site}' inside the plate of what it reads, write "
             f"the elements as separate sites, or, for a sum of Bernoulli elements, sample one "
             f"Binomial count instead."
+        )
+    if plated and any(key in reason for key in _SIZE_MISMATCH):
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. " + plated_reduction_advice(plated)
         )
     return DynamicStructureError(
         f"Running the model {what} failed{last}: {reason}. AutoSpec evaluates the model on "

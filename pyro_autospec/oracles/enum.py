@@ -490,7 +490,7 @@ class EnumOracle:
                 raise _intractable_error(float("inf")) from e
             if "up to 64 dims" in str(e):
                 raise _too_many_dims_error(self.layout, recorder.names) from e
-            raise structure_error(e, recorder.names, "under enumeration") from e
+            raise structure_error(e, recorder.names, "under enumeration", recorder.plated) from e
         except AssertionError as e:
             raise assertion_error(e, recorder.names, "under enumeration", mpn) from e
         return trace

@@ -289,3 +289,59 @@ def test_plate_sum_without_enumeration_mismatch_names_the_plate_and_the_fix():
     text = str(info.value)
     assert "Site 'y' has at dim -1, the dim of plate 'pb', a size other than the plate's" in text
     assert "a.sum(-1)" in text and "Binomial" in text
+
+
+def test_an_error_of_the_model_in_a_plain_run_is_passed_on_with_a_note():
+    def model():  # the assert holds only under Pyro's sequential enumeration (expand=False)
+        with pyro.plate("plate", 2):
+            x = pyro.sample("x", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Bernoulli(0.5))
+            assert x.shape == (1,)
+
+    with pytest.raises(AssertionError) as info:  # the model's own error, its type unchanged
+        run(model)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    if hasattr(info.value, "add_note"):  # Python 3.11+
+        assert "after site 'y' in a plain run of Pyro" in notes and "AutoSpec" in notes
+
+
+def plated_sum_with_a_global(y):
+    z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+    with pyro.plate("pa", 2):
+        a = pyro.sample("a", dist.Bernoulli(0.2 + 0.3 * (z == 1).float()))
+    with pyro.plate("pb", 3):
+        pyro.sample("y", dist.Normal(a.sum(-1) + z, 1.0), obs=y)
+
+
+def plated_sum_without_a_global(y):
+    with pyro.plate("pa", 2):
+        a = pyro.sample("a", dist.Bernoulli(0.3))
+    with pyro.plate("pb", 3):
+        b = pyro.sample("b", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(a.sum(-1) + b, 1.0), obs=y)
+
+
+def plated_sum_at_dim_two(y):
+    z = pyro.sample("z", dist.Categorical(torch.ones(2) / 2))
+    with pyro.plate("pa", 2, dim=-2):
+        a = pyro.sample("a", dist.Bernoulli(0.2 + 0.3 * (z == 1).float()))
+    with pyro.plate("pb", 2, dim=-1):
+        pyro.sample("y", dist.Normal(a.sum(-2) + z, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+@pytest.mark.parametrize(
+    "model, y, named",
+    [
+        (plated_sum_with_a_global, torch.zeros(3), "The discrete site(s) 'a' (plate 'pa')"),
+        (plated_sum_without_a_global, torch.zeros(3), "'a' (plate 'pa'), 'b' (plate 'pb')"),
+        (plated_sum_at_dim_two, torch.zeros(2), "Site 'y' (inside plate(s) 'pb' (dim -1))"),
+    ],
+)
+def test_a_plated_site_reduced_into_another_plate_names_the_sites(model, y, named, sampler):
+    with pytest.raises(AutoSpecModelError) as info:
+        run(model, y, sampler=sampler)
+    text = str(info.value)
+    assert named in text and "a.sum(-1)" in text and "guide=guide" in text
+    assert "_autospec" not in text and "einsum" not in text and "PyTorch said" not in text
+    assert "control flow" not in text  # not the generic advice about branching
