@@ -144,16 +144,27 @@ class BlockPolicy:
         if misses is None:
             misses = (~full).long()
         grown = torch.clamp(window * 2, max=int(self.max_block))
-        run = torch.div(2 * (tokens + 1) + misses, misses + 1, rounding_mode="floor")
         partial = torch.clamp(window // 2, min=self.low)
         new = torch.where(
-            token,
-            torch.clamp(run, min=self.low, max=int(self.max_block)),
-            torch.where(full, grown, partial),
+            token, self.token_window(tokens, misses), torch.where(full, grown, partial)
         )
         below = self.below
         stay = ~(full & (window >= below))
         return new, torch.where(token, stay, ~full & (new < below))
+
+    def token_window(self, tokens, misses):
+        """The window after token windows that kept ``tokens`` coordinates with ``misses``
+        rejected tokens: ``ceil(2 (tokens + 1) / (misses + 1))`` in ``[min_block, max_block]``
+        (integer Tensors or NumPy arrays of one shape).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> BlockPolicy(max_block=32).token_window(np.array([40, 0, 99]), np.array([4, 0, 0]))
+        array([17,  2, 32])
+        """
+        run = (2 * (tokens + 1) + misses) // (misses + 1)
+        return run.clip(self.low, int(self.max_block))
 
     def prefetch(
         self,

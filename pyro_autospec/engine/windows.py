@@ -24,6 +24,15 @@ the next window's draft row). All draws advance together, one batched oracle cal
   as the recursion (:mod:`pyro_autospec.engine.recursion`) with the same schedule, on the
   token methods' lighter bookkeeping.
 
+**A host control plane.** The draws' bookkeeping (positions, windows, states, stamps, the
+drafted tokens and the acceptance tests) lives on the host in NumPy arrays, whatever the
+oracle's device. A round is a handful of tensor operations on the oracle's device: upload the
+partial samples of the draws that ask and the requests (one copy each), the oracle's batched
+call (:meth:`~pyro_autospec.engine.rows.OracleRows.ask`), and one copy of its answers back.
+Everything else is array arithmetic on the host, vectorised over the draws of the round; the
+keyed random numbers are computed there too (torch on the CPU, the functions the reference
+engine calls).
+
 Randomness is keyed (:mod:`pyro_autospec.engine.keys`): the window starting at ``t`` of draw
 ``s`` has key ``child(draw, LEAF, t)`` (draft noise, acceptance uniforms, resampling noise);
 the fixed Gumbels of ``"agr24"`` are ``gumbel(draw, NOISE, t * q + v)``.
@@ -38,12 +47,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.modes import engine_mode
-from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
 from pyro_autospec.engine.schedule import BlockPolicy, token_only
@@ -61,6 +69,16 @@ def agr24_window(t: torch.Tensor, q: int, scale: float) -> torch.Tensor:
     ).long()
 
 
+def _np(x: torch.Tensor) -> np.ndarray:
+    """A host NumPy view (or copy) of ``x``."""
+    return x.detach().cpu().numpy()
+
+
+def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``table[..., index[...]]`` along the last axis (``index`` has one axis fewer)."""
+    return np.take_along_axis(table, index[..., None], -1)[..., 0]
+
+
 class WindowSampler:
     """Run a token-level method for ``num_draws`` draws.
 
@@ -69,13 +87,27 @@ class WindowSampler:
     rows : OracleRows
     draw_keys : LongTensor[D]
         Keys of the draws (:func:`pyro_autospec.engine.keys.draw_keys`).
-    method : {"sequential", "gumbel_sequential", "speculative", "agr24"}
+    method : {"sequential", "gumbel_sequential", "speculative", "agr24", "autospec"}
+        ``"autospec"`` needs an adaptive all-token ``policy``.
     window : int
         ``"speculative"``: tokens drafted per window.
     window_scale : float
         ``"agr24"``: scale of the window.
     max_rows_per_round, max_concurrent_draws, progress :
         As in :class:`~pyro_autospec.engine.recursion.Recursion`.
+    policy : BlockPolicy, optional
+        ``"autospec"``: the schedule that chooses each draw's windows.
+
+    Attributes
+    ----------
+    samples : LongTensor[D, n]
+        The draws (on the host), filled as they finish.
+    log_prob : DoubleTensor[D]
+        Their log probabilities under the oracle's chain rule (on the host).
+    sample_rounds : LongTensor[D]
+        Rounds each draw took part in (on the host).
+    rounds, total_rows : int
+        Batched oracle calls of the run, and rows asked in all.
     """
 
     def __init__(
@@ -99,80 +131,99 @@ class WindowSampler:
         self.rows = rows
         self.method = method
         self.policy = policy
-        self.device = dev = rows.device
-        self.n, self.q = rows.n, rows.q
+        self.device = rows.device
+        self.n, self.q = n, q = rows.n, rows.q
         self.num_draws = int(draw_keys.numel())
         self.window = int(window)
         self.window_scale = float(window_scale)
         self.cap = max_rows_per_round
         self.progress = progress
-        lanes = min(int(max_concurrent_draws or self.num_draws), self.num_draws)
-        self.draw_keys = draw_keys.to(dev)
+        self.num_lanes = lanes = min(int(max_concurrent_draws or self.num_draws), self.num_draws)
+        self.draw_keys = draw_keys.to(self.device)
+        self.host_keys = draw_keys.cpu()
         if method in ("sequential", "gumbel_sequential"):
             self.width = 1
         elif method == "speculative":
-            self.width = min(self.window, self.n)
+            self.width = min(self.window, n)
         elif method == "autospec":
-            self.width = min(int(policy.max_block), self.n)
+            self.width = min(int(policy.max_block), n)
         else:
-            self.width = int(agr24_window(torch.tensor([self.n]), self.q, self.window_scale))
-            self.width = min(self.width, self.n)
-        self.frames = torch.zeros(lanes, self.n, dtype=value_dtype(self.q), device=dev)
-        self.draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
-        self.t = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.state = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.stamp = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.log_mu = torch.zeros(lanes, dtype=torch.float64, device=dev)
-        self.draft_rows = torch.zeros(lanes, self.width, self.q, dtype=torch.float64, device=dev)
-        self.k = torch.zeros(lanes, dtype=torch.long, device=dev)  # current window
+            self.width = int(agr24_window(torch.tensor([n]), q, self.window_scale))
+            self.width = min(self.width, n)
+        # host state of the lanes (draws in flight)
+        self.frames = np.zeros((lanes, n), dtype=np.int64)  # partial samples
+        self.order = np.zeros((lanes, n), dtype=np.int64)  # visit orders
+        self.draw = np.full(lanes, -1, dtype=np.int64)
+        self.t = np.zeros(lanes, dtype=np.int64)
+        self.state = np.zeros(lanes, dtype=np.int64)
+        self.stamp = np.zeros(lanes, dtype=np.int64)
+        self.k = np.zeros(lanes, dtype=np.int64)  # current window
         # "autospec": each lane's policy window, and its token windows' kept coordinates and
         # rejected tokens so far (what the next window is chosen from)
-        self.win = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.tokens = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.misses = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.samples = host_output((self.num_draws, self.n), torch.long)  # filled at finish
-        self.log_prob = torch.full((self.num_draws,), math.nan, dtype=torch.float64, device=dev)
-        self.sample_rounds = torch.zeros(self.num_draws, dtype=torch.long, device=dev)
+        self.win = np.zeros(lanes, dtype=np.int64)
+        self.tokens = np.zeros(lanes, dtype=np.int64)
+        self.misses = np.zeros(lanes, dtype=np.int64)
+        self.log_mu = np.zeros(lanes, dtype=np.float64)
+        self.draft_rows = np.zeros((lanes, self.width, q), dtype=np.float64)
+        self.samples = host_output((self.num_draws, n), torch.long)  # filled at finish
+        self._log_prob = np.full(self.num_draws, math.nan)
+        self._sample_rounds = np.zeros(self.num_draws, dtype=np.int64)
         self.rounds = self.total_rows = 0
         self.started = self.finished = 0
         self.clock = 0
+        self._v = np.arange(q)
+
+    @property
+    def log_prob(self) -> torch.Tensor:
+        return torch.from_numpy(self._log_prob)
+
+    @property
+    def sample_rounds(self) -> torch.Tensor:
+        return torch.from_numpy(self._sample_rounds)
 
     # ---------------------------------------------------------------------------- windows
-    def _size(self, t: torch.Tensor, lanes: torch.Tensor | None = None) -> torch.Tensor:
+    def _size(self, t: np.ndarray, lanes: np.ndarray | None = None) -> np.ndarray:
         """Window drafted at position ``t`` (clipped to the end) by ``lanes`` ("autospec")."""
         if self.method == "autospec":
             size = self.win[lanes]
         elif self.method in ("sequential", "gumbel_sequential"):
-            size = torch.ones_like(t)
+            size = np.ones_like(t)
         elif self.method == "speculative":
-            size = torch.full_like(t, self.window)
+            size = np.full_like(t, self.window)
         else:
-            size = agr24_window(t, self.q, self.window_scale)
-        return torch.minimum(size, self.n - t)
+            size = _np(agr24_window(torch.from_numpy(t), self.q, self.window_scale))
+        return np.minimum(size, self.n - t)
 
-    def _next_size(self, t: torch.Tensor, k: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
+    def _next_size(self, t: np.ndarray, k: np.ndarray, lanes: np.ndarray) -> np.ndarray:
         """Width of the draft row prefetched with the verification of the window ``(t, t + k]``
         of ``lanes``: the next window if all of it is kept (0 at the end)."""
         if self.method != "autospec":
             return self._size(t + k)
-        token = torch.ones_like(k, dtype=torch.bool)
-        win = self.win[lanes]
-        after = self.policy.prefetch(win, token, self.tokens[lanes], self.misses[lanes])
-        return torch.minimum(after, self.n - t - k)
+        after = self.policy.token_window(self.tokens[lanes] + self.win[lanes], self.misses[lanes])
+        return np.minimum(after, self.n - t - k)
 
-    def _set_stamp(self, lanes: torch.Tensor) -> None:
-        self.stamp[lanes] = torch.arange(self.clock, self.clock + lanes.numel(), device=self.device)
-        self.clock += lanes.numel()
+    def _windows_kept(self, lanes, kept, missed) -> None:
+        """The token windows of ``lanes`` kept ``kept`` coordinates, ``missed`` (0 or 1) of
+        them redrawn after a rejection ("autospec"): choose each lane's next window."""
+        self.tokens[lanes] += kept
+        self.misses[lanes] += missed
+        self.win[lanes] = self.policy.token_window(self.tokens[lanes], self.misses[lanes])
+
+    def _set_stamp(self, lanes: np.ndarray) -> None:
+        self.stamp[lanes] = np.arange(self.clock, self.clock + lanes.size)
+        self.clock += lanes.size
 
     def _start(self) -> None:
-        free = torch.nonzero(self.draw < 0).flatten()
-        count = min(free.numel(), self.num_draws - self.started)
+        free = np.flatnonzero(self.draw < 0)
+        count = min(free.size, self.num_draws - self.started)
         if count <= 0:
             return
         lanes = free[:count]
-        draws = torch.arange(self.started, self.started + count, device=self.device)
+        draws = np.arange(self.started, self.started + count)
         self.draw[lanes] = draws
-        self.rows.start(draws)
+        on_device = torch.from_numpy(draws).to(self.device)
+        self.rows.start(on_device)
+        self.order[lanes] = _np(self.rows.orders_of(on_device))
         self.started += count
         self.t[lanes] = 0
         if self.method == "autospec":
@@ -184,96 +235,89 @@ class WindowSampler:
         self.state[lanes] = _WAIT_ROW
         self._set_stamp(lanes)
 
-    def _finish(self, lanes: torch.Tensor) -> None:
-        if lanes.numel() == 0:
+    def _finish(self, lanes: np.ndarray) -> None:
+        if lanes.size == 0:
             return
         draws = self.draw[lanes]
-        self.samples.index_copy_(0, draws.cpu(), self.frames[lanes].long().cpu())
-        self.log_prob[draws] = self.log_mu[lanes]
-        self.rows.finish(draws)
+        self.samples.index_copy_(0, torch.from_numpy(draws), torch.from_numpy(self.frames[lanes]))
+        self._log_prob[draws] = self.log_mu[lanes]
+        self.rows.finish(torch.from_numpy(draws).to(self.device))
         self.draw[lanes] = -1
         self.state[lanes] = 0
-        self.finished += int(lanes.numel())
+        self.finished += int(lanes.size)
 
-    def _coords(self, lanes: torch.Tensor, start: torch.Tensor, count: int) -> torch.Tensor:
-        pos = (start.unsqueeze(1) + torch.arange(count, device=self.device)).clamp(max=self.n - 1)
-        return self.rows.coords(self.draw[lanes], pos)
+    def _coords(self, lanes: np.ndarray, start: np.ndarray, count: int) -> np.ndarray:
+        """Coordinates at positions ``start .. start + count - 1`` (clamped) of ``lanes``."""
+        pos = np.minimum(start[:, None] + np.arange(count), self.n - 1)
+        return self.order[lanes[:, None], pos]
 
-    def _noise(self, lanes: torch.Tensor, width: int) -> torch.Tensor:
-        """Draft noise [L, width, q] of the window at ``t`` of each lane."""
-        draw_keys = self.draw_keys[self.draw[lanes]].unsqueeze(1)
-        return self._window_noise(draw_keys, self.t[lanes].unsqueeze(1), width)[:, 0]
+    def _window_keys(self, lanes: np.ndarray, t: np.ndarray) -> torch.Tensor:
+        """Keys ``child(draw, LEAF, t)`` of the windows starting at ``t`` (host LongTensor)."""
+        draw_keys = self.host_keys[torch.from_numpy(self.draw[lanes])]
+        return keys.child(draw_keys, keys.Tag.LEAF, torch.from_numpy(t))
 
-    def _window_noise(self, draw_keys: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
-        """Draft noise [L, S, width, q] of the windows starting at ``t`` [L, S] (broadcast) of
-        the draws of keys ``draw_keys`` [L, 1]: Gumbels keyed by the draw and the position
-        (``"gumbel_sequential"``, ``"agr24"``) or by the window (``child(draw, LEAF, t)``)."""
-        j = torch.arange(width, device=self.device).view(1, 1, width, 1)
-        v = torch.arange(self.q, device=self.device)
+    def _noise(self, lanes: np.ndarray, t: np.ndarray, width: int) -> np.ndarray:
+        """Draft noise [L, width, q] of the windows at ``t``: Gumbels keyed by the draw and the
+        position (``"gumbel_sequential"``, ``"agr24"``) or by the window."""
         if self.method in ("gumbel_sequential", "agr24"):
-            counter = (t.unsqueeze(-1).unsqueeze(-1) + j) * self.q + v
-            return keys.gumbel(draw_keys.view(-1, 1, 1, 1), keys.Tag.NOISE, counter)
-        window_keys = keys.child(draw_keys, keys.Tag.LEAF, t)  # [L, S]
-        return keys.gumbel(
-            window_keys.view(*window_keys.shape, 1, 1), keys.Tag.DRAFT, j * self.q + v
-        )
+            return self._fixed_noise(lanes, t, np.arange(width)[None, :])
+        j = torch.arange(width).view(1, width, 1)
+        v = torch.arange(self.q)
+        key = self._window_keys(lanes, t).view(-1, 1, 1)
+        return _np(keys.gumbel(key, keys.Tag.DRAFT, j * self.q + v))
 
-    def _draft(self, lanes: torch.Tensor) -> None:
+    def _fixed_noise(self, lanes: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """AGR24's fixed Gumbels of positions ``t + j`` ([L] and [L or 1, J]): [L, J, q]."""
+        key = self.host_keys[torch.from_numpy(self.draw[lanes])].view(-1, 1, 1)
+        pos = np.minimum(t[:, None] + j, self.n - 1)[..., None]
+        counter = torch.from_numpy(pos * self.q + self._v)
+        return _np(keys.gumbel(key, keys.Tag.NOISE, counter))
+
+    def _draft(self, lanes: np.ndarray) -> None:
         """Draft the window of every lane from its draft row; finish a last lone coordinate."""
-        if lanes.numel() == 0:
+        if lanes.size == 0:
             return
         t = self.t[lanes]
         k = self._size(t, lanes)
         self.k[lanes] = k
         width = int(k.max())
         data = self.draft_rows[lanes, :width]
-        x = torch.argmax(data + self._noise(lanes, width), dim=-1)
-        valid = torch.arange(width, device=self.device).unsqueeze(0) < k.unsqueeze(1)
+        x = np.argmax(data + self._noise(lanes, t, width), axis=-1)
+        valid = np.arange(width)[None, :] < k[:, None]
         coords = self._coords(lanes, t, width)
-        lane_grid = lanes.unsqueeze(1).expand_as(coords)
-        self.frames[lane_grid[valid], coords[valid]] = x[valid].to(self.frames.dtype)
+        grid = np.broadcast_to(lanes[:, None], coords.shape)
+        self.frames[grid[valid], coords[valid]] = x[valid]
+        first = _pick(data[:, 0], x[:, 0])
         if self.method == "autospec":  # a window of one coordinate: the recursion's leaf
             lone = k == 1
         else:  # the last coordinate, drawn from its exact row
             lone = (k == 1) & (self._next_size(t, k, lanes) == 0)
-        if bool(lone.any()):
+        if lone.any():
             done = lanes[lone]
-            self.log_mu[done] += data[lone, 0].gather(1, x[lone, :1]).squeeze(1)
+            self.log_mu[done] += first[lone]
             self.t[done] += 1
             if self.method == "autospec":
-                self._windows_kept(done, torch.ones_like(done), torch.zeros_like(done))
+                self._windows_kept(done, np.ones_like(done), np.zeros_like(done))
                 ended = self.t[done] >= self.n
                 self._finish(done[ended])
-                going = done[~ended]
-                self.state[going] = _WAIT_ROW
-                self._set_stamp(going)
+                self._wait_row(done[~ended])
             else:
                 self._finish(done)
-        rest = lanes[~lone]
+        rest, first = lanes[~lone], first[~lone]
         if self.method in ("sequential", "gumbel_sequential"):
             # no verification: the coordinate is drawn from its exact row
-            self.log_mu[rest] += data[~lone, 0].gather(1, x[~lone, :1]).squeeze(1)
+            self.log_mu[rest] += first
             self.t[rest] += 1
-            ended = rest[self.t[rest] >= self.n]
-            self._finish(ended)
-            going = rest[self.t[rest] < self.n]
-            self.state[going] = _WAIT_ROW
-            self._set_stamp(going)
+            ended = self.t[rest] >= self.n
+            self._finish(rest[ended])
+            self._wait_row(rest[~ended])
             return
         self.state[rest] = _WAIT_VERIFY
         self._set_stamp(rest)
 
-    def _windows_kept(self, lanes, kept, missed) -> None:
-        """The token windows of ``lanes`` kept ``kept`` coordinates, ``missed``
-        (0 or 1) of them redrawn after a rejection ("autospec"): choose each lane's next window."""
-        self.tokens[lanes] += kept
-        self.misses[lanes] += missed
-        full = missed == 0
-        token = torch.ones_like(full)
-        window, _ = self.policy.next_block(
-            self.win[lanes], token, full, kept, self.tokens[lanes], self.misses[lanes]
-        )
-        self.win[lanes] = window
+    def _wait_row(self, lanes: np.ndarray) -> None:
+        self.state[lanes] = _WAIT_ROW
+        self._set_stamp(lanes)
 
     # ----------------------------------------------------------------------------- rounds
     @engine_mode()
@@ -303,27 +347,28 @@ class WindowSampler:
         """One coordinate per round, every draw in flight from the start, rounds not split."""
         return (
             self.method in ("sequential", "gumbel_sequential")
-            and 0 < self.draw.numel() == self.num_draws
+            and 0 < self.num_lanes == self.num_draws
             and (self.cap is None or self.cap >= self.num_draws)
         )
 
     def _lockstep(self) -> None:
         """The sequential methods when :meth:`_in_lockstep`: round ``t`` draws position ``t``
         of every draw. The same rows, noise and arithmetic as the general loop (so the same
-        draws), without its per-lane bookkeeping: the partial samples are kept dense, and the
-        noise of many steps is drawn at once."""
+        draws), kept on the oracle's device: the partial samples are dense, and the noise of
+        many steps is drawn at once."""
         num, n = self.num_draws, self.n
         lanes = torch.arange(num, device=self.device)
-        self.draw[:] = lanes
         self.rows.start(lanes)
         self.started = num
         values = torch.zeros(num, n, dtype=torch.long, device=self.device)
         mask = torch.zeros(num, n, dtype=torch.bool, device=self.device)
+        log_mu = torch.zeros(num, dtype=torch.float64, device=self.device)
         # [n, D]: coordinate of step t of each draw
         coords = self.rows.orders_of(lanes).t().contiguous()
         flat = coords + (lanes * n).unsqueeze(0)  # the same, as indices into values.view(-1)
         window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * self.q)))
-        draw_keys = self.draw_keys[lanes].unsqueeze(1)  # [D, 1]
+        draw_keys = self.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
+        v = torch.arange(self.q, device=self.device)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
@@ -332,8 +377,12 @@ class WindowSampler:
         try:
             for t in range(n):
                 if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
-                    ts = torch.arange(t, min(n, t + window), device=self.device)
-                    noise = self._window_noise(draw_keys, ts.unsqueeze(0), 1)[:, :, 0]
+                    ts = torch.arange(t, min(n, t + window), device=self.device).view(1, -1, 1)
+                    if self.method == "gumbel_sequential":
+                        noise = keys.gumbel(draw_keys, keys.Tag.NOISE, ts * self.q + v)
+                    else:
+                        step_keys = keys.child(draw_keys, keys.Tag.LEAF, ts)
+                        noise = keys.gumbel(step_keys, keys.Tag.DRAFT, v)
                 answer = self.rows.next_rows(values, mask, coords[t])
                 OracleRows.raise_bad(
                     answer,
@@ -345,160 +394,192 @@ class WindowSampler:
                 x = torch.argmax(data + noise[:, t % window], dim=-1)  # [D]
                 values.view(-1).index_copy_(0, flat[t], x)
                 mask.view(-1).index_fill_(0, flat[t], True)
-                self.log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
+                log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
                 if bar is not None:
                     bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
-        self.frames.copy_(values)
+        self.samples.copy_(values.cpu())
+        self._log_prob[:] = _np(log_mu)
         self.rounds = n
         self.total_rows = n * num
-        self.sample_rounds.fill_(n)
-        self.t.fill_(n)
-        self._finish(lanes)
+        self._sample_rounds[:] = n
+        self.rows.finish(lanes)
+        self.finished = num
 
     def _round(self) -> None:
-        lanes = torch.nonzero(self.state > 0).flatten()
+        lanes = np.flatnonzero(self.state > 0)
         verify = self.state[lanes] == _WAIT_VERIFY
         t, k = self.t[lanes], self.k[lanes]
-        nxt = torch.where(verify, self._next_size(t, k, lanes), 0)
-        rows = torch.where(verify, k - 1 + (nxt > 0).long(), 1)
+        nxt = np.where(verify, self._next_size(t, k, lanes), 0)
+        rows = np.where(verify, k - 1 + (nxt > 0), 1)
         if self.cap is not None:
-            order = torch.argsort(self.stamp[lanes])
+            order = np.argsort(self.stamp[lanes], kind="stable")
             lanes, verify, t, k, nxt, rows = (x[order] for x in (lanes, verify, t, k, nxt, rows))
-            keep = rows.cumsum(0) <= self.cap
+            keep = np.cumsum(rows) <= self.cap
             keep[0] = True
             lanes, verify, t, k, nxt, rows = (x[keep] for x in (lanes, verify, t, k, nxt, rows))
         self.rounds += 1
         self.total_rows += int(rows.sum())
-        self.sample_rounds[self.draw[lanes]] += 1
-        want_row = lanes[~verify]
+        self._sample_rounds[self.draw[lanes]] += 1
+        # the partial samples the round reads, on the oracle's device (on a CPU, all of them
+        # as they are, without a copy); ``frame`` numbers a lane's row among them
+        if self.device.type == "cpu":
+            values, frame = torch.from_numpy(self.frames), lanes
+        else:
+            values = torch.from_numpy(self.frames[lanes]).to(self.device)
+            frame = np.full(self.num_lanes, -1, dtype=np.int64)
+            frame[lanes] = np.arange(lanes.size)
+            frame = frame[lanes]
+        want = ~verify
+        want_row = lanes[want]
         vl, vt, vk, vn = lanes[verify], t[verify], k[verify], nxt[verify]
         pre = vn > 0
         draw = self.draw
-        row_req = (
-            torch.cat([want_row, vl[pre]]),
-            torch.cat([draw[want_row], draw[vl[pre]]]),
-            torch.cat([t[~verify], (vt + vk)[pre]]),
-            torch.cat([t[~verify], (vt + vk)[pre]]),
-            torch.cat([self._size(t[~verify], want_row), vn[pre]]),
+        row_spec = np.stack(
+            [
+                np.concatenate([frame[want], frame[verify][pre]]),
+                np.concatenate([draw[want_row], draw[vl[pre]]]),
+                np.concatenate([t[want], (vt + vk)[pre]]),
+                np.concatenate([t[want], (vt + vk)[pre]]),
+                np.concatenate([self._size(t[want], want_row), vn[pre]]),
+            ]
         )
         long_chain = vk > 1
-        chains = (vl[long_chain], draw[vl[long_chain]], (vt + 1)[long_chain], (vk - 1)[long_chain])
-        row_answer, chain_answer = self.rows.ask(
-            self.frames,
-            row_req if row_req[0].numel() else None,
-            chains if chains[0].numel() else None,
+        chain_spec = np.stack(
+            [
+                frame[verify][long_chain],
+                draw[vl[long_chain]],
+                (vt + 1)[long_chain],
+                (vk - 1)[long_chain],
+            ]
         )
-        nr = want_row.numel()
+        chain_spec = np.concatenate([chain_spec, np.zeros_like(chain_spec[:1])])  # as 5 rows
+        specs = torch.from_numpy(np.concatenate([row_spec, chain_spec], 1)).to(self.device)
+        num_rows = row_spec.shape[1]
+        row_req = tuple(specs[:, :num_rows]) if num_rows else None
+        chains = tuple(specs[:4, num_rows:]) if chain_spec.shape[1] else None
+        row_answer, chain_answer = self.rows.ask(values, row_req, chains)
+        # the answers, on the host: one copy of each part
+        row_lp = row_bad = chain_lp = chain_bad = None
+        if row_answer is not None:
+            row_lp, row_bad = _np(row_answer.log_probs), _np(row_answer.bad)
+        if chain_answer is not None:
+            chain_lp, chain_bad = _np(chain_answer.log_probs), _np(chain_answer.bad)
+        nr = want_row.size
         if nr:
-            OracleRows.raise_bad(
-                row_answer.part(slice(0, nr)),
-                row_answer.bad[:nr],
-                "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
-            )
-            width = row_answer.log_probs.shape[1]
-            self.draft_rows[want_row, :width] = row_answer.log_probs[:nr]
-        if vl.numel():
-            prefetch = row_answer.part(slice(nr, None)) if bool(pre.any()) else None
-            self._verify(vl, vt, vk, vn, long_chain, chain_answer, prefetch)
-        self._draft(want_row)
+            if row_bad[:nr].any():
+                OracleRows.raise_bad(
+                    row_answer.part(slice(0, nr)),
+                    row_answer.bad[:nr],
+                    "draft row {row} (target {target}), conditioned on a prefix of an exact "
+                    "sample,",
+                )
+            width = row_lp.shape[1]
+            self.draft_rows[want_row, :width] = row_lp[:nr]
+        if vl.size:
+            prefetch = None
+            if pre.any():
+                prefetch = (row_answer.part(slice(nr, None)), row_lp[nr:], row_bad[nr:])
+            chain = (chain_answer, chain_lp, chain_bad) if chain_answer is not None else None
+            again = self._verify(vl, vt, vk, vn, long_chain, chain, prefetch)
+            want_row = np.concatenate([again, want_row])
+        self._draft(want_row)  # the lanes with a fresh draft row, all at once
 
-    def _verify(self, lanes, t, k, nxt, long_chain, chain_answer, prefetch) -> None:
+    def _verify(self, lanes, t, k, nxt, long_chain, chain, prefetch) -> np.ndarray:
+        """Verify the drafted windows of ``lanes``; return the lanes whose next window can be
+        drafted at once (every token kept, with a prefetched draft row)."""
         width = max(int(k.max()), 2)  # tokens 1.. exist in the padded view
         data = (
             self.draft_rows[lanes, :width]
             if self.width >= width
-            else torch.cat([self.draft_rows[lanes], self.draft_rows[lanes, :1]], 1)
+            else np.concatenate([self.draft_rows[lanes], self.draft_rows[lanes, :1]], 1)
         )
         coords = self._coords(lanes, t, width)
-        x = self.frames[lanes.unsqueeze(1), coords].long()  # drafted window [L, width]
-        num = lanes.numel()
-        q = self.q
+        x = self.frames[lanes[:, None], coords]  # drafted window [L, width]
+        num, q = lanes.size, self.q
         # target rows of tokens 1..k-1 (token 0's target row is its draft row)
-        target = torch.zeros(num, width - 1, q, dtype=torch.float64, device=self.device)
-        bad = torch.zeros(num, width - 1, dtype=torch.bool, device=self.device)
-        mass = torch.zeros(num, width - 1, dtype=torch.float64, device=self.device)
-        if chain_answer is not None:
-            length = chain_answer.log_probs.shape[1]
-            target[long_chain, :length] = chain_answer.log_probs
-            bad[long_chain, :length] = chain_answer.bad
-            mass[long_chain, :length] = chain_answer.log_mass
-        j = torch.arange(1, width, device=self.device).unsqueeze(0)  # tokens 1..
-        in_window = j < k.unsqueeze(1)
+        target = np.zeros((num, width - 1, q))
+        bad = np.zeros((num, width - 1), dtype=bool)
+        if chain is not None:
+            _, chain_lp, chain_bad = chain
+            length = chain_lp.shape[1]
+            target[long_chain, :length] = chain_lp
+            bad[long_chain, :length] = chain_bad
+        j = np.arange(1, width)[None, :]  # tokens 1..
+        in_window = j < k[:, None]
         xt = x[:, 1:]
-        target_x = target.gather(2, xt.unsqueeze(-1)).squeeze(-1)
+        target_x = _pick(target, xt)
         if self.method in ("speculative", "autospec"):
-            draft_x = data[:, 1:].gather(2, xt.unsqueeze(-1)).squeeze(-1)
-            key = keys.child(self.draw_keys[self.draw[lanes]], keys.Tag.LEAF, t)
-            u = keys.uniform(key.unsqueeze(1), keys.Tag.ACCEPT, j)
-            keep = accept_draft(target_x - draft_x, u) & in_window
+            draft_x = _pick(data[:, 1:], xt)
+            key = self._window_keys(lanes, t).unsqueeze(1)
+            log_u = _np(torch.log(keys.uniform(key, keys.Tag.ACCEPT, torch.from_numpy(j))))
+            with np.errstate(invalid="ignore"):  # -inf - -inf (padding) compares False
+                keep = (log_u < target_x - draft_x) & in_window
         else:  # agr24: the recomputed coordinate must agree with the draft
-            noise = self._fixed_noise(lanes, t, j)
-            y = torch.argmax(target + noise, dim=-1)
+            y = np.argmax(target + self._fixed_noise(lanes, t, j), axis=-1)
             keep = (y == xt) & in_window
         # first rejected (or disagreeing) token J in 1..k-1, or k when all pass
-        stop = torch.where(~keep & in_window, j, k.unsqueeze(1)).min(1).values
-        checked = (j <= stop.unsqueeze(1)) & in_window  # rows conditioned on accepted tokens
-        OracleRows.raise_bad(
-            Answer(target, bad & checked, mass),
-            bad & checked,
-            "verification row {target} of window {row} of the round",
-        )
-        first = data[:, 0].gather(1, x[:, :1]).squeeze(1)
-        before = torch.where(j < stop.unsqueeze(1), target_x, 0.0).sum(1)
-        log_mu = first + before
+        stop = np.where(~keep & in_window, j, k[:, None]).min(1)
+        checked = (j <= stop[:, None]) & in_window  # rows conditioned on accepted tokens
+        if (bad & checked).any():
+            self._raise_verification(lanes, long_chain, chain, bad & checked, width)
+        log_mu = _pick(data[:, 0], x[:, 0]) + np.where(j < stop[:, None], target_x, 0.0).sum(1)
         rejected = stop < k
-        rl = lanes[rejected]
-        if rl.numel():
-            js = stop[rejected]
-            rows_j = (
-                target[rejected].gather(1, (js - 1).view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
-            )  # [R, q]
-            coord = self.rows.coords(self.draw[rl], t[rejected] + js)
+        if rejected.any():
+            rl, js, tr = lanes[rejected], stop[rejected], t[rejected]
+            rows_j = target[rejected, js - 1]  # [R, q]
             if self.method in ("speculative", "autospec"):
-                draft_j = data[rejected].gather(1, js.view(-1, 1, 1).expand(-1, 1, q)).squeeze(1)
-                residual = (rows_j.exp() - draft_j.exp()).clamp(min=0.0)
-                log_residual = torch.log(residual / residual.sum(1, keepdim=True))
-                key = keys.child(self.draw_keys[self.draw[rl]], keys.Tag.LEAF, t[rejected])
-                v = torch.arange(q, device=self.device).unsqueeze(0)
-                g = keys.gumbel(key.unsqueeze(1), keys.Tag.RESAMPLE, v)
-                yj = torch.argmax(log_residual + g, dim=-1)
+                draft_j = data[rejected, js]
+                residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
+                with np.errstate(divide="ignore"):
+                    log_residual = np.log(residual / residual.sum(1, keepdims=True))
+                key = self._window_keys(rl, tr).unsqueeze(1)
+                g = _np(keys.gumbel(key, keys.Tag.RESAMPLE, torch.from_numpy(self._v)))
+                yj = np.argmax(log_residual + g, axis=-1)
             else:
-                yj = torch.argmax(
-                    rows_j + self._fixed_noise(rl, t[rejected], js.unsqueeze(1))[:, 0], -1
-                )
-            self.frames[rl, coord] = yj.to(self.frames.dtype)
-            log_mu[rejected] += rows_j.gather(1, yj.unsqueeze(1)).squeeze(1)
+                yj = np.argmax(rows_j + self._fixed_noise(rl, tr, js[:, None])[:, 0], -1)
+            self.frames[rl, self.order[rl, tr + js]] = yj
+            log_mu[rejected] += _pick(rows_j, yj)
         self.log_mu[lanes] += log_mu
-        advance = torch.where(rejected, stop + 1, k)
+        advance = np.where(rejected, stop + 1, k)
         self.t[lanes] = t + advance
         if self.method == "autospec":
-            self._windows_kept(lanes, advance, rejected.long())
+            self._windows_kept(lanes, advance, rejected.astype(np.int64))
         ended = self.t[lanes] >= self.n
         self._finish(lanes[ended])
-        # all accepted with a prefetched row: draft the next window at once
+        # all accepted with a prefetched row: the next window is drafted in this round
         go_on = ~rejected & ~ended
         with_row = go_on & (nxt > 0)
         if prefetch is not None:
             has = nxt > 0
-            OracleRows.raise_bad(
-                prefetch,
-                prefetch.bad & with_row[has].unsqueeze(1),
-                "prefetched draft row {row} (target {target}), conditioned on an accepted window,",
-            )
-            pw = prefetch.log_probs.shape[1]
-            self.draft_rows[lanes[has], :pw] = prefetch.log_probs
-        again = lanes[with_row]
-        wait = lanes[(go_on & ~with_row) | (rejected & ~ended)]
-        self.state[wait] = _WAIT_ROW
-        self._set_stamp(wait)
-        self._draft(again)
+            answer, pre_lp, pre_bad = prefetch
+            if (pre_bad & with_row[has][:, None]).any():
+                OracleRows.raise_bad(
+                    answer,
+                    answer.bad & torch.from_numpy(with_row[has]).to(answer.bad.device)[:, None],
+                    "prefetched draft row {row} (target {target}), conditioned on an accepted "
+                    "window,",
+                )
+            self.draft_rows[lanes[has], : pre_lp.shape[1]] = pre_lp
+        self._wait_row(lanes[(go_on & ~with_row) | (rejected & ~ended)])
+        return lanes[with_row]
 
-    def _fixed_noise(self, lanes: torch.Tensor, t: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """AGR24's fixed Gumbels of positions ``t + j``: [L, J, q]."""
-        key = self.draw_keys[self.draw[lanes]].view(-1, 1, 1)
-        v = torch.arange(self.q, device=self.device).view(1, 1, self.q)
-        pos = (t.view(-1, 1) + j).clamp(max=self.n - 1).unsqueeze(-1)
-        return keys.gumbel(key, keys.Tag.NOISE, pos * self.q + v)
+    def _raise_verification(self, lanes, long_chain, chain, mask, width) -> None:
+        """Raise for the bad verification rows ``mask`` [L, width - 1] (an :class:`Answer`
+        built on the host, with the oracle's masses for the message)."""
+        answer, _, _ = chain
+        num, q = lanes.size, self.q
+        target = torch.zeros(num, width - 1, q, dtype=torch.float64)
+        mass = torch.zeros(num, width - 1, dtype=torch.float64)
+        length = answer.log_probs.shape[1]
+        rows = torch.from_numpy(np.flatnonzero(long_chain))
+        target[rows, :length] = answer.log_probs.cpu()
+        mass[rows, :length] = answer.log_mass.cpu()
+        flags = torch.from_numpy(mask)
+        OracleRows.raise_bad(
+            Answer(target, flags, mass),
+            flags,
+            "verification row {target} of window {row} of the round",
+        )
