@@ -82,6 +82,10 @@ def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
 class WindowSampler:
     """Run a token-level method for ``num_draws`` draws.
 
+    On a CPU the oracle reads the host's partial samples without a copy; elsewhere (or with
+    ``zero_copy = False``, which the tests use to run that path on a CPU) a round uploads the
+    rows of the draws that ask.
+
     Parameters
     ----------
     rows : OracleRows
@@ -172,6 +176,8 @@ class WindowSampler:
         self.started = self.finished = 0
         self.clock = 0
         self._v = np.arange(q)
+
+    zero_copy = True
 
     @property
     def log_prob(self) -> torch.Tensor:
@@ -425,13 +431,11 @@ class WindowSampler:
         self._sample_rounds[self.draw[lanes]] += 1
         # the partial samples the round reads, on the oracle's device (on a CPU, all of them
         # as they are, without a copy); ``frame`` numbers a lane's row among them
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and self.zero_copy:
             values, frame = torch.from_numpy(self.frames), lanes
         else:
             values = torch.from_numpy(self.frames[lanes]).to(self.device)
-            frame = np.full(self.num_lanes, -1, dtype=np.int64)
-            frame[lanes] = np.arange(lanes.size)
-            frame = frame[lanes]
+            frame = np.arange(lanes.size)
         want = ~verify
         want_row = lanes[want]
         vl, vt, vk, vn = lanes[verify], t[verify], k[verify], nxt[verify]

@@ -98,3 +98,21 @@ def test_lockstep_keeps_its_samples_from_the_oracle_and_splits_calls(method):
         assert torch.equal(other.samples, base.samples)
         torch.testing.assert_close(other.log_prob, base.log_prob, rtol=0, atol=1e-12)
         assert other.rounds == 30 and other.oracle_rows == 9 * 30
+
+
+@pytest.mark.parametrize("method", ["autospec", "speculative", "agr24", "sequential"])
+def test_upload_path_gives_the_same_draws(method, monkeypatch):
+    """The token methods' round either reads the host's partial samples in place (a CPU) or
+    uploads the rows of the draws that ask (another device); both give the same run. The
+    upload path runs here on a CPU, with continuous batching and a cap so that rounds hold
+    some lanes only."""
+    from pyro_autospec.engine.windows import WindowSampler
+
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.3, 0.7]]), 40)
+    knobs = {"max_concurrent_draws": 5, "max_rows_per_round": 23}
+    in_place = sample_any_order(chain, 12, seed=3, method=method, **knobs)
+    monkeypatch.setattr(WindowSampler, "zero_copy", False)
+    uploaded = sample_any_order(chain, 12, seed=3, method=method, **knobs)
+    assert torch.equal(in_place.samples, uploaded.samples)
+    assert torch.equal(in_place.log_prob, uploaded.log_prob)
+    assert in_place.rounds == uploaded.rounds and in_place.oracle_rows == uploaded.oracle_rows
