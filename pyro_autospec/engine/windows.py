@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
@@ -154,9 +155,10 @@ class WindowSampler:
         else:
             self.width = int(agr24_window(torch.tensor([n]), q, self.window_scale))
             self.width = min(self.width, n)
-        # host state of the lanes (draws in flight)
-        self.frames = np.zeros((lanes, n), dtype=np.int64)  # partial samples
-        self.order = np.zeros((lanes, n), dtype=np.int64)  # visit orders
+        # host state of the lanes (draws in flight), in the narrowest integer types
+        dtype = torch.empty(0, dtype=value_dtype(q)).numpy().dtype
+        self.frames = np.zeros((lanes, n), dtype=dtype)  # partial samples
+        self.order = np.zeros((lanes, n), dtype=np.int32 if n < 2**31 else np.int64)
         self.draw = np.full(lanes, -1, dtype=np.int64)
         self.t = np.zeros(lanes, dtype=np.int64)
         self.state = np.zeros(lanes, dtype=np.int64)
@@ -245,7 +247,8 @@ class WindowSampler:
         if lanes.size == 0:
             return
         draws = self.draw[lanes]
-        self.samples.index_copy_(0, torch.from_numpy(draws), torch.from_numpy(self.frames[lanes]))
+        finished = torch.from_numpy(self.frames[lanes]).long()
+        self.samples.index_copy_(0, torch.from_numpy(draws), finished)
         self._log_prob[draws] = self.log_mu[lanes]
         self.rows.finish(torch.from_numpy(draws).to(self.device))
         self.draw[lanes] = -1
