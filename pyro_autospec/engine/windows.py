@@ -443,31 +443,41 @@ class WindowSampler:
         want_row = lanes[want]
         vl, vt, vk, vn = lanes[verify], t[verify], k[verify], nxt[verify]
         pre = vn > 0
+        long_chain = vk > 1
+        # a prefetched row follows its window's chain in the same oracle call where the oracle
+        # answers both at once; otherwise (and after a window of one token) it is a row of its own
+        paired = pre & long_chain if self.rows.native_then else np.zeros_like(pre)
+        alone = pre & ~paired
         draw = self.draw
         row_spec = np.stack(
             [
-                np.concatenate([frame[want], frame[verify][pre]]),
-                np.concatenate([draw[want_row], draw[vl[pre]]]),
-                np.concatenate([t[want], (vt + vk)[pre]]),
-                np.concatenate([t[want], (vt + vk)[pre]]),
-                np.concatenate([self._size(t[want], want_row), vn[pre]]),
+                np.concatenate([frame[want], frame[verify][alone]]),
+                np.concatenate([draw[want_row], draw[vl[alone]]]),
+                np.concatenate([t[want], (vt + vk)[alone]]),
+                np.concatenate([t[want], (vt + vk)[alone]]),
+                np.concatenate([self._size(t[want], want_row), vn[alone]]),
             ]
         )
-        long_chain = vk > 1
         chain_spec = np.stack(
             [
                 frame[verify][long_chain],
                 draw[vl[long_chain]],
                 (vt + 1)[long_chain],
                 (vk - 1)[long_chain],
+                np.where(paired, vn, 0)[long_chain],  # width of the row after each chain
             ]
         )
-        chain_spec = np.concatenate([chain_spec, np.zeros_like(chain_spec[:1])])  # as 5 rows
         specs = torch.from_numpy(np.concatenate([row_spec, chain_spec], 1)).to(self.device)
         num_rows = row_spec.shape[1]
         row_req = tuple(specs[:, :num_rows]) if num_rows else None
         chains = tuple(specs[:4, num_rows:]) if chain_spec.shape[1] else None
-        row_answer, chain_answer = self.rows.ask(values, row_req, chains)
+        then_answer = None
+        if paired.any():
+            row_answer, chain_answer, then_answer = self.rows.ask_after(
+                values, row_req, chains, specs[4, num_rows:]
+            )
+        else:
+            row_answer, chain_answer = self.rows.ask(values, row_req, chains)
         # the answers, on the host: one copy of each part
         row_lp = row_bad = chain_lp = chain_bad = None
         if row_answer is not None:
@@ -488,11 +498,40 @@ class WindowSampler:
         if vl.size:
             prefetch = None
             if pre.any():
-                prefetch = (row_answer.part(slice(nr, None)), row_lp[nr:], row_bad[nr:])
+                parts = []
+                if alone.any():
+                    parts.append((alone[pre], row_answer, slice(nr, None), row_lp, row_bad))
+                if then_answer is not None:
+                    then = (_np(then_answer.log_probs), _np(then_answer.bad))
+                    parts.append((paired[pre], then_answer, paired[long_chain], *then))
+                prefetch = self._prefetched(int(pre.sum()), int(vn.max()), parts)
             chain = (chain_answer, chain_lp, chain_bad) if chain_answer is not None else None
             again = self._verify(vl, vt, vk, vn, long_chain, chain, prefetch)
             want_row = np.concatenate([again, want_row])
         self._draft(want_row)  # the lanes with a fresh draft row, all at once
+
+    def _prefetched(self, count: int, width: int, parts) -> tuple:
+        """The prefetched draft rows of a round's ``count`` verifications that have one, from
+        the parts of the answers that hold them: ``(answer, log_probs [count, width, q], bad
+        [count, width])``. ``parts``: ``(where [count] bool, torch answer, its rows, host
+        log_probs, host bad)``, the rows being a slice or a boolean index of the answer."""
+        log_probs = np.zeros((count, width, self.q))
+        bad = np.zeros((count, width), dtype=bool)
+        for where, _, rows, lp, flags in parts:
+            lp, flags = lp[rows], flags[rows]
+            log_probs[where, : lp.shape[1]] = lp[:, :width]
+            bad[where, : flags.shape[1]] = flags[:, :width]
+        return parts, log_probs, bad
+
+    def _prefetch_answer(self, parts, log_probs: np.ndarray, bad: np.ndarray) -> Answer:
+        """The prefetched rows as one host :class:`Answer`, for an error message."""
+        mass = torch.zeros(bad.shape, dtype=torch.float64)
+        for where, answer, rows, _, _ in parts:
+            if not isinstance(rows, slice):
+                rows = torch.from_numpy(np.flatnonzero(rows))
+            part = answer.log_mass.cpu()[rows]
+            mass[torch.from_numpy(where), : part.shape[1]] = part[:, : bad.shape[1]]
+        return Answer(torch.from_numpy(log_probs), torch.from_numpy(bad), mass)
 
     def _verify(self, lanes, t, k, nxt, long_chain, chain, prefetch) -> np.ndarray:
         """Verify the drafted windows of ``lanes``; return the lanes whose next window can be
@@ -561,11 +600,12 @@ class WindowSampler:
         with_row = go_on & (nxt > 0)
         if prefetch is not None:
             has = nxt > 0
-            answer, pre_lp, pre_bad = prefetch
-            if (pre_bad & with_row[has][:, None]).any():
+            parts, pre_lp, pre_bad = prefetch
+            flags = pre_bad & with_row[has][:, None]
+            if flags.any():
                 OracleRows.raise_bad(
-                    answer,
-                    answer.bad & torch.from_numpy(with_row[has]).to(answer.bad.device)[:, None],
+                    self._prefetch_answer(parts, pre_lp, pre_bad),
+                    torch.from_numpy(flags),
                     "prefetched draft row {row} (target {target}), conditioned on an accepted "
                     "window,",
                 )

@@ -171,3 +171,36 @@ class OtherDevice:
 def test_output_on_another_device_is_named():
     with pytest.raises(OracleError, match="returned a tensor on meta, but its inputs are on cpu"):
         sample_any_order(OtherDevice(), 2, seed=0)
+
+
+class BadAfterChain:
+    """A Markov chain whose rows after chains (``log_marginals_chain_then``'s second output)
+    turn NaN from the ``start``-th call on: a verification's prefetched draft row."""
+
+    def __init__(self, start: int = 2):
+        from pyro_autospec.oracles.markov import MarkovChainOracle
+
+        self.inner = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 40)
+        self.num_coords, self.num_values = 40, 2
+        self.calls, self.start = 0, start
+
+    def log_marginals(self, values, mask):
+        return self.inner.log_marginals(values, mask)
+
+    def log_marginals_chain(self, values, mask, chain):
+        return self.inner.log_marginals_chain(values, mask, chain)
+
+    def log_marginals_chain_then(self, values, mask, chain, then):
+        out, after = self.inner.log_marginals_chain_then(values, mask, chain, then)
+        self.calls += 1
+        if self.calls >= self.start:
+            after = torch.full_like(after, float("nan"))
+        return out, after
+
+
+@pytest.mark.parametrize("method", ["autospec", "speculative"])
+def test_bad_prefetched_row_is_named(method):
+    """A NaN in the draft row prefetched with a verification (asked with its chain in one
+    call) is an error that says which row it was, on the token methods' control plane."""
+    with pytest.raises(OracleError, match="prefetched draft row .* contains NaN"):
+        sample_any_order(BadAfterChain(), 4, seed=0, method=method)
