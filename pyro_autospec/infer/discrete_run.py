@@ -288,7 +288,8 @@ class DiscreteRun(RunBase):
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "
                 "the guide cannot be corrected; train it (fit_posterior) or check the model"
             )
-        # A stream of its own: the engine's generator for this chain is default_rng(seed).
+        # A NumPy stream of its own for the correction's uniforms, apart from the engine's
+        # keyed random numbers (which depend on the seed through pyro_autospec.engine.keys).
         rng = np.random.default_rng([seed, 1])
         if self.correction == "importance":
             index, _ = importance_resample(log_weight, self.num_samples, seed=rng)

@@ -314,14 +314,6 @@ def _unravel(flat: int, shape: torch.Size) -> list[int]:
     return list(reversed(out))
 
 
-def _unravel(flat: int, shape: torch.Size) -> list[int]:
-    out = []
-    for size in reversed(shape):
-        out.append(flat % size)
-        flat //= size
-    return list(reversed(out))
-
-
 def _has_continuous(trace) -> bool:
     """Whether a trace has a continuous latent sample site."""
     return any(

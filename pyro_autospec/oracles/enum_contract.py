@@ -104,50 +104,6 @@ def _broadcast_contract(x, xd, y, yd, elim, out):
     return total
 
 
-class _ShiftedProduct(torch.autograd.Function):
-    """``log einsum(exp(x - sx), exp(y - sy)) + sx + sy`` with a hand-written backward.
-
-    The backward pass is ``dx = exp(x - sx) * einsum(g / product, exp(y - sy))`` (and likewise
-    for ``y``), computed only for the inputs that need it (model factors do not), and 0 where
-    the product is 0 (an impossible value).
-    """
-
-    @staticmethod
-    def forward(ctx, x, y, plan, ex, ey, product, shift, has_zero):
-        ctx.save_for_backward(ex, ey, product)
-        ctx.plan = plan
-        ctx.has_zero = has_zero
-        return product.log() + shift
-
-    @staticmethod
-    def backward(ctx, grad):
-        ex, ey, product = ctx.saved_tensors
-        if ctx.has_zero:
-            scaled = torch.nan_to_num(grad / product, nan=0.0, posinf=0.0, neginf=0.0)
-        else:
-            scaled = grad / product
-        grads = [None] * 8
-        plan = ctx.plan
-        if plan.matrix is not None:  # a plain matrix product: two more of them
-            px, py, inv_x, inv_y = plan.matrix
-            ex2, ey2 = _to_matrix(ex, px, plan.inner), _to_matrix(ey, py, plan.inner, first=True)
-            g2 = scaled.reshape(ex2.shape[0], ey2.shape[1])
-            if ctx.needs_input_grad[0]:
-                part = (g2 @ ey2.t()).reshape([ex.shape[i] for i in px]).permute(inv_x)
-                grads[0] = ex * part
-            if ctx.needs_input_grad[1]:
-                part = (ex2.t() @ g2).reshape([ey.shape[i] for i in py]).permute(inv_y)
-                grads[1] = ey * part
-            return tuple(grads)
-        for k, (mine, other, (equation, reach, dims)) in enumerate(
-            ((ex, ey, plan.backward_x), (ey, ex, plan.backward_y))
-        ):
-            if ctx.needs_input_grad[k]:
-                part = torch.einsum(equation, scaled, other)
-                grads[k] = mine * (part if reach == dims else _align(part, reach, dims))
-        return tuple(grads)
-
-
 class _StepPlan:
     """Equations (and, for plain matrix products, permutations) of one pairwise step."""
 
@@ -195,43 +151,6 @@ def _step_plan(xd: str, yd: str, elim: str, out: str) -> _StepPlan:
     return plan
 
 
-def _shifted_exp(t: torch.Tensor, dims: str, elim: str):
-    """``exp(t - shift)`` and ``shift`` (max over ``elim``, squeezed), cached on constants."""
-    cache = getattr(t, "_autospec_exp", None) if not t.requires_grad else None
-    if cache is not None and elim in cache:
-        return cache[elim]
-    shift = t.detach()
-    for d in elim:
-        if d in dims:
-            shift = shift.amax(dims.index(d), keepdim=True)
-    shift = shift.clamp(min=torch.finfo(t.dtype).min)
-    result = ((t.detach() - shift).exp(), _squeeze(shift, dims, elim))
-    if cache is not None:
-        cache[elim] = result
-    return result
-
-
-def _linear_contract(x, xd, y, yd, elim, out):
-    """``log sum_elim exp(x + y)`` by shifted exponentials and one product; None on underflow."""
-    floor = torch.finfo(x.dtype).min
-    plan = _step_plan(xd, yd, elim, out)
-    with torch.no_grad():
-        ex, xs = _shifted_exp(x, xd, elim)
-        ey, ys = _shifted_exp(y, yd, elim)
-        if plan.matrix is not None:
-            px, py, _, _ = plan.matrix
-            product = _to_matrix(ex, px, elim) @ _to_matrix(ey, py, elim, first=True)
-            sizes = dict(zip(xd, ex.shape)) | dict(zip(yd, ey.shape))
-            product = product.reshape([sizes[d] for d in out])
-        else:
-            product = torch.einsum(plan.forward, ex, ey)
-        shift = _align(xs, _kept(xd, elim), out) + _align(ys, _kept(yd, elim), out)
-        has_zero = bool(product.amin() < _TINY) if product.numel() else False
-        if has_zero and bool(((product < _TINY) & (shift > floor)).any()):
-            return None
-    return _ShiftedProduct.apply(x, y, plan, ex, ey, product, shift, has_zero)
-
-
 def linear_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
     """Mark a factor given in LINEAR space (``exp`` of the log factor, e.g. 0/1 evidence).
 
@@ -267,23 +186,6 @@ def constant_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
 
 def _kept(dims: str, elim: str) -> str:
     return "".join(d for d in dims if d not in elim)
-
-
-def _squeeze(shift: torch.Tensor, dims: str, elim: str) -> torch.Tensor:
-    keep = [i for i, d in enumerate(dims) if d not in elim]
-    return shift.reshape([shift.shape[i] for i in keep])
-
-
-def _step(x, xd, y, yd, elim, out):
-    """One planned step: ``out`` = logsumexp over ``elim`` of ``x (+ y)``, dims in ``out``."""
-    if y is None or not elim or x.is_meta:
-        return _broadcast_contract(x, xd, y, yd, elim, out)
-    if _step_plan(xd, yd, elim, out).matrix is None and _step_plan(yd, xd, elim, out).matrix:
-        x, xd, y, yd = y, yd, x, xd  # the same sum, as a plain matrix product
-    result = _linear_contract(x, xd, y, yd, elim, out)
-    if result is None:  # underflow: recompute exactly in log space
-        result = _broadcast_contract(x, xd, y, yd, elim, out)
-    return result
 
 
 def plan_contraction(inputs: list[str], output: str, sizes: dict[str, int]) -> list[tuple]:
