@@ -549,9 +549,7 @@ class Recursion:
                 misses = sb[:, S_MISSES] + was_token * (~full).long()
                 seqs.i[go, S_TOKENS] = tokens
                 seqs.i[go, S_MISSES] = misses
-                window, token = self.policy.next_block(
-                    sb[:, S_WIN], token, full, nb[:, N_KEPT], tokens, misses
-                )
+                window, token = self.policy.next_block(sb[:, S_WIN], token, full, tokens, misses)
                 seqs.i[go, S_WIN] = window
                 seqs.i[go, S_TOKEN] = token.long()
                 top = self._window_block(nb[:, N_B], window, token, tokens, misses)

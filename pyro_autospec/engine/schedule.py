@@ -68,7 +68,7 @@ class BlockPolicy:
     [2, 8]
     >>> window, token = policy.next_block(
     ...     torch.tensor([16, 16, 8]), torch.tensor([False, False, True]),
-    ...     torch.tensor([True, False, False]), torch.tensor([16, 0, 3]),
+    ...     torch.tensor([True, False, False]),
     ...     tokens=torch.tensor([0, 0, 40]), misses=torch.tensor([0, 0, 4]))
     >>> window.tolist(), token.tolist()
     ([32, 8, 17], [False, False, True])
@@ -120,17 +120,15 @@ class BlockPolicy:
         window: torch.Tensor,
         token: torch.Tensor,
         full: torch.Tensor,
-        kept: torch.Tensor,
-        tokens: torch.Tensor | None = None,
-        misses: torch.Tensor | None = None,
+        tokens: torch.Tensor,
+        misses: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Window and mode of a draw's next block, from its past (all Tensor[K]).
 
         ``window``: the last window; ``token``: whether it was sampled token by token;
         ``full``: whether all of it was kept (its draft accepted, or every token passed);
-        ``kept``: how many coordinates it kept; ``tokens`` and ``misses``: how many
-        coordinates the draw's token windows have kept so far and how many of them stopped at
-        a rejected token, this window included (``None``: this window only).
+        ``tokens`` and ``misses``: how many coordinates the draw's token windows have kept so
+        far and how many of them stopped at a rejected token, this window included.
 
         A block whose draft was accepted grows the window, a raced one halves it. A token
         window is followed by one of ``ceil(2 (tokens + 1) / (misses + 1))``: twice the
@@ -139,10 +137,6 @@ class BlockPolicy:
         oracle. Token mode starts when the window falls below ``token_below`` and ends when a
         full window of at least that size passes.
         """
-        if tokens is None:
-            tokens = kept
-        if misses is None:
-            misses = (~full).long()
         grown = torch.clamp(window * 2, max=int(self.max_block))
         partial = torch.clamp(window // 2, min=self.low)
         new = torch.where(
@@ -169,20 +163,17 @@ class BlockPolicy:
     def prefetch(
         self,
         window: torch.Tensor,
-        token: torch.Tensor | None = None,
-        tokens: torch.Tensor | None = None,
-        misses: torch.Tensor | None = None,
+        token: torch.Tensor,
+        tokens: torch.Tensor,
+        misses: torch.Tensor,
     ) -> torch.Tensor:
         """Coordinates of the draft row prefetched after a block of window ``window``: the
         window that follows if the whole block is kept (a shrunk window reads a prefix of it).
         ``token``, ``tokens`` and ``misses`` are the block's mode and the draw's token counts
-        before it, as for :meth:`next_block` (``None``: a block window, which doubles)."""
-        if token is None:
-            return torch.clamp(window * 2, max=int(self.max_block))
+        before it, as for :meth:`next_block`."""
         token = token.bool()
         full = torch.ones_like(token)
-        after = tokens + token.long() * window
-        return self.next_block(window, token, full, window, after, misses)[0]
+        return self.next_block(window, token, full, tokens + token.long() * window, misses)[0]
 
     def try_parts(self, depth: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
         """Parts a residual try at nesting ``depth`` splits its block of ``size`` into: 2

@@ -559,7 +559,7 @@ class WindowSampler:
         target_x = _pick(target, xt)
         if self.method in ("speculative", "autospec"):
             draft_x = _pick(data[:, 1:], xt)
-            key = self._window_keys(lanes, t).unsqueeze(1)
+            key = self._window_keys(lanes, t).unsqueeze(1)  # [L, 1], also the residuals'
             log_u = _np(torch.log(keys.uniform(key, keys.Tag.ACCEPT, torch.from_numpy(j))))
             with np.errstate(invalid="ignore"):  # -inf - -inf (padding) compares False
                 keep = (log_u < target_x - draft_x) & in_window
@@ -581,8 +581,8 @@ class WindowSampler:
                 residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
                 with np.errstate(divide="ignore"):
                     log_residual = np.log(residual / residual.sum(1, keepdims=True))
-                key = self._window_keys(rl, tr).unsqueeze(1)
-                g = _np(keys.gumbel(key, keys.Tag.RESAMPLE, torch.from_numpy(self._v)))
+                g_key = key[torch.from_numpy(np.flatnonzero(rejected))]
+                g = _np(keys.gumbel(g_key, keys.Tag.RESAMPLE, torch.from_numpy(self._v)))
                 yj = np.argmax(log_residual + g, axis=-1)
             else:
                 yj = np.argmax(rows_j + self._fixed_noise(rl, tr, js[:, None])[:, 0], -1)

@@ -119,7 +119,6 @@ def test_policy_rules():
         torch.tensor([8, 8, 4, 4, 8, 8]),
         torch.tensor([False, False, True, True, True, True]),
         torch.tensor([True, False, True, False, True, False]),
-        torch.tensor([8, 0, 4, 1, 8, 3]),
         torch.tensor([0, 0, 4, 1, 8, 40]),
         torch.tensor([0, 0, 0, 1, 0, 4]),
     )

@@ -33,7 +33,6 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-import torch.nn as nn
 from pyro import poutine
 from pyro.infer import TraceEnum_ELBO, config_enumerate
 from pyro.ops.indexing import Vindex
@@ -1881,162 +1880,6 @@ for _history in (0, 1, 2, 3):
 # --------------------------------------------------------------------------- examples/hmm.py
 
 
-def model_0(sequences, lengths, args, batch_size=None, include_prior=True):
-    assert not torch._C._get_tracing_state()
-    num_sequences, max_length, data_dim = sequences.shape
-    with poutine.mask(mask=include_prior):
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
-        )
-        probs_y = pyro.sample(
-            "probs_y", dist.Beta(0.1, 0.9).expand([args.hidden_dim, data_dim]).to_event(2)
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    for i in pyro.plate("sequences", len(sequences), batch_size):
-        length = lengths[i]
-        sequence = sequences[i, :length]
-        x = 0
-        for t in pyro.markov(range(length)):
-            x = pyro.sample(
-                f"x_{i}_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-            )
-            with tones_plate:
-                pyro.sample(
-                    f"y_{i}_{t}",
-                    dist.Bernoulli(probs_y[x.squeeze(-1)]),
-                    obs=sequence[t],
-                )
-
-
-def model_4(sequences, lengths, args, batch_size=None, include_prior=True):
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    assert lengths.shape == (num_sequences,)
-    assert lengths.max() <= max_length
-    hidden_dim = int(args.hidden_dim**0.5)  # split between w and x
-    with poutine.mask(mask=include_prior):
-        probs_w = pyro.sample(
-            "probs_w", dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).to_event(1)
-        )
-        probs_x = pyro.sample(
-            "probs_x",
-            dist.Dirichlet(0.9 * torch.eye(hidden_dim) + 0.1).expand_by([hidden_dim]).to_event(2),
-        )
-        probs_y = pyro.sample(
-            "probs_y",
-            dist.Beta(0.1, 0.9).expand([hidden_dim, hidden_dim, data_dim]).to_event(3),
-        )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        w = x = torch.tensor(0, dtype=torch.long)
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                w = pyro.sample(
-                    f"w_{t}", dist.Categorical(probs_w[w]), infer={"enumerate": "parallel"}
-                )
-                x = pyro.sample(
-                    f"x_{t}",
-                    dist.Categorical(Vindex(probs_x)[w, x]),
-                    infer={"enumerate": "parallel"},
-                )
-                with tones_plate as tones:
-                    pyro.sample(
-                        f"y_{t}",
-                        dist.Bernoulli(probs_y[w, x, tones]),
-                        obs=sequences[batch, t],
-                    )
-
-
-class TonesGenerator(nn.Module):
-    def __init__(self, args, data_dim):
-        self.args = args
-        self.data_dim = data_dim
-        super().__init__()
-        self.x_to_hidden = nn.Linear(args.hidden_dim, args.nn_dim)
-        self.y_to_hidden = nn.Linear(args.nn_channels * data_dim, args.nn_dim)
-        self.conv = nn.Conv1d(1, args.nn_channels, 3, padding=1)
-        self.hidden_to_logits = nn.Linear(args.nn_dim, data_dim)
-        self.relu = nn.ReLU()
-
-    def forward(self, x, y):
-        x_onehot = y.new_zeros(x.shape[:-1] + (self.args.hidden_dim,)).scatter_(-1, x, 1)
-        y_conv = self.relu(self.conv(y.reshape(-1, 1, self.data_dim))).reshape(y.shape[:-1] + (-1,))
-        h = self.relu(self.x_to_hidden(x_onehot) + self.y_to_hidden(y_conv))
-        return self.hidden_to_logits(h)
-
-
-_tones_generators: dict = {}
-
-
-def model_5(sequences, lengths, args, batch_size=None, include_prior=True):
-    num_sequences, max_length, data_dim = map(int, sequences.shape)
-    assert lengths.shape == (num_sequences,)
-    assert lengths.max() <= max_length
-    # examples/hmm.py keeps one global instance; here one per data_dim, seeded
-    if data_dim not in _tones_generators:
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            _tones_generators[data_dim] = TonesGenerator(args, data_dim)
-    tones_generator = _tones_generators[data_dim]
-    pyro.module("tones_generator", tones_generator)
-    with poutine.mask(mask=include_prior):
-        probs_x = pyro.sample(
-            "probs_x", dist.Dirichlet(0.9 * torch.eye(args.hidden_dim) + 0.1).to_event(1)
-        )
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        x = 0
-        y = torch.zeros(data_dim)
-        for t in pyro.markov(range(max_length if args.jit else lengths.max())):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                x = pyro.sample(
-                    f"x_{t}", dist.Categorical(probs_x[x]), infer={"enumerate": "parallel"}
-                )
-                with pyro.plate(f"tones_{t}", data_dim, dim=-1):
-                    y = pyro.sample(
-                        f"y_{t}",
-                        dist.Bernoulli(logits=tones_generator(x, y)),
-                        obs=sequences[batch, t],
-                    )
-
-
-def model_6(sequences, lengths, args, batch_size=None, include_prior=False):
-    num_sequences, max_length, data_dim = sequences.shape
-    assert lengths.shape == (num_sequences,)
-    assert lengths.max() <= max_length
-    hidden_dim = args.hidden_dim
-    if not args.raftery_parameterization:
-        probs_x = pyro.param(
-            "probs_x", torch.rand(hidden_dim, hidden_dim, hidden_dim), constraint=SIMPLEX
-        )
-    else:
-        probs_x1 = pyro.param("probs_x1", torch.rand(hidden_dim, hidden_dim), constraint=SIMPLEX)
-        probs_x2 = pyro.param("probs_x2", torch.rand(hidden_dim, hidden_dim), constraint=SIMPLEX)
-        mix_lambda = pyro.param(
-            "mix_lambda", torch.tensor(0.5), constraint=constraints.unit_interval
-        )
-        probs_x = mix_lambda * probs_x1 + (1.0 - mix_lambda) * probs_x2.unsqueeze(-2)
-    probs_y = pyro.param(
-        "probs_y", torch.rand(hidden_dim, data_dim), constraint=constraints.unit_interval
-    )
-    tones_plate = pyro.plate("tones", data_dim, dim=-1)
-    with pyro.plate("sequences", num_sequences, batch_size, dim=-2) as batch:
-        lengths = lengths[batch]
-        x_curr, x_prev = torch.tensor(0), torch.tensor(0)
-        for t in pyro.markov(range(lengths.max()), history=2):
-            with poutine.mask(mask=(t < lengths).unsqueeze(-1)):
-                probs_x_t = Vindex(probs_x)[x_prev, x_curr]
-                x_prev, x_curr = (
-                    x_curr,
-                    pyro.sample(
-                        f"x_{t}", dist.Categorical(probs_x_t), infer={"enumerate": "parallel"}
-                    ),
-                )
-                with tones_plate:
-                    probs_y_t = probs_y[x_curr.squeeze(-1)]
-                    pyro.sample(f"y_{t}", dist.Bernoulli(probs_y_t), obs=sequences[batch, t])
-
-
 def hmm_data(num_sequences=2, max_length=3, data_dim=3):
     generator = torch.Generator().manual_seed(0)
     sequences = torch.bernoulli(
@@ -2062,19 +1905,26 @@ _HMM_PARAMS_6 = {
     "probs_y": (torch.tensor([[0.2, 0.6, 0.4], [0.7, 0.3, 0.5]]), constraints.unit_interval),
 }
 for _name, _model, _hidden in (
-    ("model_0", model_0, 2),
+    ("model_0", hmm_examples.model_0, 2),
     ("model_1", hmm_examples.model_1, 2),
     ("model_2", hmm_examples.model_2, 2),
     ("model_3", hmm_examples.model_3, 4),
-    ("model_4", model_4, 4),
-    ("model_5", model_5, 2),
+    ("model_4", hmm_examples.model_4, 4),
+    ("model_5", hmm_examples.model_5, 2),
 ):
     add(f"hmm.{_name}", f"{HMM}::{_name}", _model, *hmm_data(), hmm_args(_hidden))
-add("hmm.model_6", f"{HMM}::model_6", model_6, *hmm_data(), hmm_args(2), params=_HMM_PARAMS_6)
+add(
+    "hmm.model_6",
+    f"{HMM}::model_6",
+    hmm_examples.model_6,
+    *hmm_data(),
+    hmm_args(2),
+    params=_HMM_PARAMS_6,
+)
 add(
     "hmm.model_6[raftery]",
     f"{HMM}::model_6",
-    model_6,
+    hmm_examples.model_6,
     *hmm_data(),
     hmm_args(2, raftery=True),
     params={

@@ -136,9 +136,7 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
             kept, full = outcome if token else (b - a, not outcome)
             if token:
                 tokens, misses = tokens + kept, misses + (not full)
-            w, t = policy.next_block(
-                *map(torch.tensor, (window, token, full, kept, tokens, misses))
-            )
+            w, t = policy.next_block(*map(torch.tensor, (window, token, full, tokens, misses)))
             window, token, a = int(w), bool(t), a + kept
         return frame, log_prob
     m = len(leaves) - 1
