@@ -170,12 +170,18 @@ _SYNCING = {
     "unique_consecutive",
     "masked_select",
     "argwhere",
+    "cpu",  # a copy to the host (the host control plane's one read per oracle output)
 }
 
 
-def _bool_index(func, args) -> bool:
-    """Whether ``func`` is indexing with a boolean mask (a data-dependent shape)."""
-    if getattr(func, "__name__", "") not in ("__getitem__", "__setitem__") or len(args) < 2:
+def _waits(func, args, kwargs=None) -> bool:
+    """Whether ``func`` is indexing with a boolean mask (a data-dependent shape), or a ``to``
+    that copies to the host."""
+    name = getattr(func, "__name__", "")
+    if name == "to":
+        target = [*args[1:], *(kwargs or {}).values()]
+        return any(str(x) == "cpu" for x in target)
+    if name not in ("__getitem__", "__setitem__") or len(args) < 2:
         return False
     index = args[1] if isinstance(args[1], tuple) else (args[1],)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
@@ -198,7 +204,7 @@ class _CountOps(TorchFunctionMode):
         part = "other"
         if frame is not None:
             part = frame.f_code.co_filename.rsplit(_PACKAGE, 1)[1].split(os.sep)[0]
-            if getattr(func, "__name__", "") in _SYNCING or _bool_index(func, args):
+            if getattr(func, "__name__", "") in _SYNCING or _waits(func, args, kwargs):
                 self.syncs += 1
         self.counts[part] = self.counts.get(part, 0) + 1
         return func(*args, **(kwargs or {}))

@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import _SYNCING, _bool_index  # noqa: E402
+from engine import _SYNCING, _waits  # noqa: E402
 from rounds import hmm, markov, tree_potts  # noqa: E402
 
 from pyro_autospec.engine import sample_any_order  # noqa: E402
@@ -178,7 +178,7 @@ class OutsideOracle(TorchFunctionMode):
             self.oracle += 1
         else:
             self.engine += 1
-            if getattr(func, "__name__", "") in _SYNCING or _bool_index(func, args):
+            if getattr(func, "__name__", "") in _SYNCING or _waits(func, args, kwargs):
                 self.syncs += 1
         return func(*args, **(kwargs or {}))
 

@@ -41,6 +41,12 @@ __all__ = [
     "derive_seed",
     "draw_keys",
     "gumbel",
+    "host_bits",
+    "host_child",
+    "host_gumbel",
+    "host_log_uniform",
+    "host_uniform",
+    "log",
     "normal",
     "seed_key",
     "stream",
@@ -123,10 +129,8 @@ def stream(key: torch.Tensor, tag: int | torch.Tensor) -> torch.Tensor:
 def bits(key: torch.Tensor, counter: torch.Tensor | int) -> torch.Tensor:
     """64 pseudo-random bits (as int64) for every ``(key, counter)`` pair (broadcast)."""
     if key.device.type == "cpu":
-        c = counter.numpy() if isinstance(counter, torch.Tensor) else np.int64(counter)
-        with np.errstate(over="ignore"):
-            u = key.numpy().astype(np.uint64) + (c.astype(np.uint64) + _U1) * _UGAMMA
-        return torch.from_numpy(_fmix_numpy(np.ascontiguousarray(u)).view(np.int64))
+        c = counter.numpy() if isinstance(counter, torch.Tensor) else counter
+        return torch.from_numpy(host_bits(key.numpy(), c))
     return _fmix_torch(key + (torch.as_tensor(counter, device=key.device) + 1) * _GAMMA)
 
 
@@ -240,12 +244,59 @@ def _unit(b: torch.Tensor) -> torch.Tensor:
 
 def uniform(key: torch.Tensor, tag: int, counter: torch.Tensor | int) -> torch.Tensor:
     """Uniforms in (0, 1), float64, for ``(stream(key, tag), counter)`` (broadcast)."""
+    if key.device.type == "cpu":
+        c = counter.numpy() if isinstance(counter, torch.Tensor) else counter
+        return torch.from_numpy(host_uniform(key.numpy(), tag, c))
     return _unit(bits(stream(key, tag), counter))
+
+
+def log(x: torch.Tensor) -> torch.Tensor:
+    """``log(x)`` of float64 numbers derived from keys (uniforms): NumPy's on a CPU, where the
+    host control plane computes them (:func:`host_log_uniform`), torch's elsewhere, so that
+    every engine on one machine reads the same bits."""
+    if x.device.type == "cpu" and not x.requires_grad:
+        return torch.from_numpy(np.asarray(np.log(x.numpy())))
+    return torch.log(x)
 
 
 def gumbel(key: torch.Tensor, tag: int, counter: torch.Tensor | int) -> torch.Tensor:
     """Standard Gumbel noise ``-log(-log(u))`` in float64 (broadcast)."""
+    if key.device.type == "cpu":
+        c = counter.numpy() if isinstance(counter, torch.Tensor) else counter
+        return torch.from_numpy(host_gumbel(key.numpy(), tag, c))
     return -torch.log(-torch.log(uniform(key, tag, counter)))
+
+
+# -- the same numbers on host arrays (the host control plane) ----------------------------------
+def host_bits(key: np.ndarray, counter: np.ndarray | int) -> np.ndarray:
+    """:func:`bits` on NumPy int64 arrays (broadcast): the same bits."""
+    key = np.asarray(key, dtype=np.int64)
+    counter = np.asarray(counter, dtype=np.int64)
+    with np.errstate(over="ignore"):
+        u = key.astype(np.uint64) + (counter.astype(np.uint64) + _U1) * _UGAMMA
+    return _fmix_numpy(np.ascontiguousarray(u)).view(np.int64).reshape(u.shape)
+
+
+def host_child(key: np.ndarray, tag: int, index: np.ndarray | int) -> np.ndarray:
+    """:func:`child` on NumPy int64 arrays (broadcast)."""
+    return host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(_signed(tag)), index)
+
+
+def host_uniform(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
+    """:func:`uniform` on NumPy int64 arrays: float64 uniforms in (0, 1)."""
+    b = host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(_signed(tag)), counter)
+    u = ((b.view(np.uint64) >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+    return np.asarray(u)
+
+
+def host_log_uniform(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
+    """``log`` of :func:`host_uniform` (what :func:`log` gives for :func:`uniform` on a CPU)."""
+    return np.asarray(np.log(host_uniform(key, tag, counter)))
+
+
+def host_gumbel(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
+    """:func:`gumbel` on NumPy int64 arrays: ``-log(-log(u))``, float64."""
+    return np.asarray(-np.log(-np.log(host_uniform(key, tag, counter))))
 
 
 def normal(key: torch.Tensor, tag: int, counter: torch.Tensor | int) -> torch.Tensor:

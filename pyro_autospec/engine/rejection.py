@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from pyro_autospec.engine import keys
+
 __all__ = ["accept_draft", "accept_residual"]
 
 
@@ -41,7 +43,7 @@ def accept_draft(log_ratio: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     >>> accept_draft(torch.tensor([0.0, -float("inf"), -1.0]), torch.tensor([0.9, 0.1, 0.3]))
     tensor([ True, False,  True])
     """
-    return torch.log(u) < log_ratio
+    return keys.log(u) < log_ratio
 
 
 def accept_residual(log_ratio: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -70,4 +72,4 @@ def accept_residual(log_ratio: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     >>> accept_residual(torch.tensor([float("inf"), 0.0, 2.0]), torch.tensor([0.9, 0.1, 0.5]))
     tensor([ True, False,  True])
     """
-    return torch.log(u) < torch.log(-torch.expm1(-log_ratio))
+    return keys.log(u) < torch.log(-torch.expm1(-log_ratio))

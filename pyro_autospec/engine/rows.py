@@ -27,17 +27,18 @@ when it finishes (:meth:`OracleRows.finish`). Orders are a function of the draw'
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling
 from pyro_autospec.engine.tables import ragged, take
-from pyro_autospec.oracles._util import logsumexp
 from pyro_autospec.oracles.base import (
     has_chain_marginals,
     has_chain_then,
@@ -226,8 +227,9 @@ def check_output_size(
 @dataclass
 class Answer:
     """Checked rows: ``log_probs`` DoubleTensor[R, W, q] (normalised), ``bad`` BoolTensor[R, W]
-    and ``log_mass`` DoubleTensor[R, W] (the oracle's own total, for messages). Entries past a
-    request's width are padding (``bad`` False)."""
+    and ``log_mass`` DoubleTensor[R, W] (the oracle's own total, for messages); or the same as
+    NumPy arrays (the host control plane's). Entries past a request's width are padding
+    (``bad`` False)."""
 
     log_probs: torch.Tensor
     bad: torch.Tensor
@@ -294,10 +296,12 @@ class OracleRows:
         self._arange_n = torch.arange(self.n, device=device, dtype=self._rank_dtype)
         self.resident = lanes is None
         capacity = self.num_draws if lanes is None else min(int(lanes), self.num_draws)
-        #: ``orders[lane, j]``: the coordinate visited ``j``-th by the draw in ``lane``.
-        self.orders = torch.zeros(capacity, self.n, dtype=torch.long, device=device)
-        #: ``ranks[lane, i]``: when the draw in ``lane`` visits coordinate ``i``.
-        self.ranks = torch.zeros(capacity, self.n, dtype=self._rank_dtype, device=device)
+        self.capacity = capacity
+        #: ``orders[lane, j]``: the coordinate visited ``j``-th by the draw in ``lane``, and
+        #: ``ranks[lane, i]``: when it visits coordinate ``i`` (allocated when a first draw
+        #: starts: the host control plane keeps its own, see ``HostRows``).
+        self.orders: torch.Tensor | None = None
+        self.ranks: torch.Tensor | None = None
         #: The lane of each draw in flight (``-1`` for the others), and the draw of each lane.
         self.lane_of = torch.full((self.num_draws,), -1, dtype=torch.long, device=device)
         self.draw_in = torch.full((capacity,), -1, dtype=torch.long, device=device)
@@ -327,6 +331,10 @@ class OracleRows:
 
     # -------------------------------------------------------------------------- lanes
     def _fill(self, lanes: torch.Tensor, draws: torch.Tensor) -> None:
+        if self.orders is None:
+            shape = (self.capacity, self.n)
+            self.orders = torch.zeros(shape, dtype=torch.long, device=self.device)
+            self.ranks = torch.zeros(shape, dtype=self._rank_dtype, device=self.device)
         orders = self.source.of(draws)
         ranks = torch.empty(orders.shape, dtype=self._rank_dtype, device=self.device)
         ranks.scatter_(1, orders, self._arange_n.expand_as(orders))
@@ -699,9 +707,13 @@ class OracleRows:
 
         ``what`` describes the rows, e.g. ``"row {row} of the verification"``.
         """
-        if not bool(error.any()):
+        if isinstance(error, torch.Tensor):
+            if not bool(error.any()):
+                return
+            error = error.cpu().numpy()
+        if not error.any():
             return
-        r, k = (int(i) for i in torch.nonzero(error)[0])
+        r, k = (int(i) for i in np.argwhere(error)[0])
         mass = float(answer.log_mass[r, k])
         if mass != mass:
             problem = "contains NaN"
@@ -710,10 +722,8 @@ class OracleRows:
         elif mass == float("inf"):
             problem = "contains +inf"
         else:
-            problem = (
-                f"sums to {torch.tensor(mass, dtype=torch.float64).exp().item():.12g} instead "
-                f"of 1 (the log of its sum is {mass:.3g})"
-            )
+            total = f"{math.exp(mass):.12g}" if mass < 700 else f"e^{mass:.6g}"
+            problem = f"sums to {total} instead of 1 (the log of its sum is {mass:.3g})"
         raise OracleError(
             f"The oracle's {what.format(row=r, target=k)} {problem}, although it is conditioned "
             "on an assignment of positive probability. The oracle must return log probabilities "
@@ -727,24 +737,31 @@ class OracleRows:
 CALL_COST = 4096
 
 
-def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
-    """Split requests of widths ``width`` into groups, each asked in one call padded to its
-    widest, minimising ``sum over groups (CALL_COST + count * widest)``.
+def host_width_groups(width: np.ndarray) -> list[np.ndarray]:
+    """Split requests of widths ``width`` (int ndarray [R]) into groups, each asked in one
+    call padded to its widest, minimising ``sum over groups (CALL_COST + count * widest)``.
 
     Requests are first binned by powers of two (widths 1, 2, 3-4, 5-8, ...), then adjacent
     bins are merged by dynamic programming over the bins (at most ~20 of them).
 
     Returns
     -------
-    list of LongTensor
+    list of int64 ndarray
         Indices of the requests of each group.
+
+    Examples
+    --------
+    >>> [g.tolist() for g in host_width_groups(np.array([1, 2, 1]))]
+    [[0, 1, 2]]
     """
-    if width.numel() * int(width.max()) <= CALL_COST:  # any split costs more than one call
-        return [torch.arange(width.numel(), device=width.device)]
-    bins = torch.ceil(torch.log2(width.double())).long()
-    labels, counts = torch.unique(bins, return_counts=True)
-    if labels.numel() == 1:
-        return [torch.arange(width.numel(), device=width.device)]
+    width = np.asarray(width)
+    everyone = [np.arange(width.size)]
+    if width.size * int(width.max()) <= CALL_COST:  # any split costs more than one call
+        return everyone
+    bins = np.ceil(np.log2(width.astype(np.float64))).astype(np.int64)
+    labels, counts = np.unique(bins, return_counts=True)
+    if labels.size == 1:
+        return everyone
     widest = [int(2**label) for label in labels.tolist()]  # bound on a bin's widest request
     counts = counts.tolist()
     m = len(widest)
@@ -759,11 +776,17 @@ def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
     while end > 0:
         bounds.append((cut[end], end))
         end = cut[end]
-    groups = []
-    for s, e in reversed(bounds):
-        member = (bins >= labels[s]) & (bins <= labels[e - 1])
-        groups.append(torch.nonzero(member).flatten())
-    return groups
+    return [
+        np.flatnonzero((bins >= labels[s]) & (bins <= labels[e - 1])) for s, e in reversed(bounds)
+    ]
+
+
+def width_groups(width: torch.Tensor) -> list[torch.Tensor]:
+    """:func:`host_width_groups` of a LongTensor of widths: index tensors on its device."""
+    groups = host_width_groups(width.cpu().numpy())
+    if len(groups) == 1:
+        return [torch.arange(width.numel(), device=width.device)]
+    return [torch.from_numpy(g).to(width.device) for g in groups]
 
 
 def _scatter_groups(groups, widths: tuple[torch.Tensor, ...], q: int, ask) -> list[Answer]:
@@ -792,13 +815,35 @@ def _assemble(parts: list[tuple[torch.Tensor, Answer]], width: torch.Tensor, q: 
     return Answer(log_probs, bad, log_mass)
 
 
+def normalise_rows(out: np.ndarray, valid: np.ndarray, tol: float) -> Answer:
+    """Check and normalise an oracle's rows on the host: an :class:`Answer` of arrays.
+
+    ``out`` float ndarray [R, W, q] (log probabilities), ``valid`` bool ndarray [R, W]
+    (broadcast; the entries asked), ``tol`` how far the log of a row's sum may stray from 0
+    (:func:`_tolerance`). The log of each row's sum is ``NaN`` if an entry is NaN, ``+inf``
+    if one is ``+inf``, ``-inf`` if every entry is ``-inf``: one comparison flags a NaN,
+    ``+inf``, massless or unnormalised row. Rows are renormalised in float64.
+    """
+    out = out.astype(np.float64, copy=False)
+    with np.errstate(all="ignore"):
+        top = out.max(-1, keepdims=True)
+        top[~np.isfinite(top)] = 0.0
+        log_mass = np.log(np.exp(out - top).sum(-1)) + top[..., 0]
+        bad = ~(np.abs(log_mass) <= tol) & valid
+        log_probs = out - log_mass[..., None]
+    return Answer(log_probs, bad, log_mass)
+
+
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:
     tol = _tolerance(out.dtype)
     out = out.detach().to(torch.float64)
+    if out.device.type == "cpu":  # the host plane's arithmetic, so both read the same bits
+        answer = normalise_rows(out.numpy(), valid.numpy(), tol)
+        parts = (answer.log_probs, answer.bad, answer.log_mass)
+        return Answer(*(torch.from_numpy(x) for x in parts))
     # logsumexp is NaN if an entry is NaN, +inf if one is +inf (and none is NaN), -inf if
     # every entry is -inf: one comparison flags a NaN, +inf, massless or unnormalised row.
-    # (torch's on a GPU: fewer kernels; on a CPU its sum over the few values is slow.)
-    log_mass = logsumexp(out) if out.device.type == "cpu" else torch.logsumexp(out, dim=-1)
+    log_mass = torch.logsumexp(out, dim=-1)
     bad = ~(log_mass.abs() <= tol) & valid
     return Answer(out - log_mass.unsqueeze(-1), bad, log_mass)
 

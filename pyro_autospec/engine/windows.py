@@ -52,6 +52,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import value_dtype
+from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
@@ -63,11 +64,17 @@ TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
 
 
-def agr24_window(t: torch.Tensor, q: int, scale: float) -> torch.Tensor:
-    """AGR24's window after ``t`` fixed coordinates: ``ceil(scale (t / log q)^(1/3))``, >= 1."""
-    return torch.clamp(
-        torch.ceil(scale * (t.double() / max(math.log(q), 1e-12)) ** (1.0 / 3.0)), min=1
-    ).long()
+def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
+    """AGR24's window after ``t`` fixed coordinates: ``ceil(scale (t / log q)^(1/3))``, >= 1.
+
+    Examples
+    --------
+    >>> agr24_window(np.array([0, 100, 1000]), 4, 1.0).tolist()
+    [1, 5, 9]
+    """
+    t = np.asarray(t, dtype=np.float64)
+    window = np.ceil(scale * (t / max(math.log(q), 1e-12)) ** (1.0 / 3.0))
+    return np.maximum(window, 1).astype(np.int64)
 
 
 def _np(x: torch.Tensor) -> np.ndarray:
@@ -83,9 +90,10 @@ def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
 class WindowSampler:
     """Run a token-level method for ``num_draws`` draws.
 
-    On a CPU the oracle reads the host's partial samples without a copy; elsewhere (or with
-    ``zero_copy = False``, which the tests use to run that path on a CPU) a round uploads the
-    rows of the draws that ask.
+    The draws' state lives on the host; a round asks the oracle through
+    :class:`~pyro_autospec.engine.host_rows.HostRows` (on a CPU the oracle reads the host's
+    arrays without a copy; elsewhere, or with ``HostRows.zero_copy = False``, which the tests
+    use to run that path on a CPU, the round's inputs are uploaded).
 
     Parameters
     ----------
@@ -145,7 +153,7 @@ class WindowSampler:
         self.progress = progress
         self.num_lanes = lanes = min(int(max_concurrent_draws or self.num_draws), self.num_draws)
         self.draw_keys = draw_keys.to(self.device)
-        self.host_keys = draw_keys.cpu()
+        self.host_keys = draw_keys.cpu().numpy()
         if method in ("sequential", "gumbel_sequential"):
             self.width = 1
         elif method == "speculative":
@@ -153,12 +161,12 @@ class WindowSampler:
         elif method == "autospec":
             self.width = min(int(policy.max_block), n)
         else:
-            self.width = int(agr24_window(torch.tensor([n]), q, self.window_scale))
-            self.width = min(self.width, n)
+            self.width = min(int(agr24_window(np.array([n]), q, self.window_scale)[0]), n)
         # host state of the lanes (draws in flight), in the narrowest integer types
         dtype = torch.empty(0, dtype=value_dtype(q)).numpy().dtype
         self.frames = np.zeros((lanes, n), dtype=dtype)  # partial samples
-        self.order = np.zeros((lanes, n), dtype=np.int32 if n < 2**31 else np.int64)
+        self.host = HostRows(rows, lanes)  # the oracle's rows, asked from the host
+        self.order = self.host.orders  # [lanes, n]: the coordinate visited j-th by each lane
         self.draw = np.full(lanes, -1, dtype=np.int64)
         self.t = np.zeros(lanes, dtype=np.int64)
         self.state = np.zeros(lanes, dtype=np.int64)
@@ -179,8 +187,6 @@ class WindowSampler:
         self.clock = 0
         self._v = np.arange(q)
 
-    zero_copy = True
-
     @property
     def log_prob(self) -> torch.Tensor:
         return torch.from_numpy(self._log_prob)
@@ -199,7 +205,7 @@ class WindowSampler:
         elif self.method == "speculative":
             size = np.full_like(t, self.window)
         else:
-            size = _np(agr24_window(torch.from_numpy(t), self.q, self.window_scale))
+            size = agr24_window(t, self.q, self.window_scale)
         return np.minimum(size, self.n - t)
 
     def _next_size(self, t: np.ndarray, k: np.ndarray, lanes: np.ndarray) -> np.ndarray:
@@ -229,9 +235,7 @@ class WindowSampler:
         lanes = free[:count]
         draws = np.arange(self.started, self.started + count)
         self.draw[lanes] = draws
-        on_device = torch.from_numpy(draws).to(self.device)
-        self.rows.start(on_device)
-        self.order[lanes] = _np(self.rows.orders_of(on_device))
+        self.host.start(lanes, draws)
         self.started += count
         self.t[lanes] = 0
         if self.method == "autospec":
@@ -250,7 +254,7 @@ class WindowSampler:
         finished = torch.from_numpy(self.frames[lanes]).long()
         self.samples.index_copy_(0, torch.from_numpy(draws), finished)
         self._log_prob[draws] = self.log_mu[lanes]
-        self.rows.finish(torch.from_numpy(draws).to(self.device))
+        self.host.finish(lanes)
         self.draw[lanes] = -1
         self.state[lanes] = 0
         self.finished += int(lanes.size)
@@ -260,27 +264,24 @@ class WindowSampler:
         pos = np.minimum(start[:, None] + np.arange(count), self.n - 1)
         return self.order[lanes[:, None], pos]
 
-    def _window_keys(self, lanes: np.ndarray, t: np.ndarray) -> torch.Tensor:
-        """Keys ``child(draw, LEAF, t)`` of the windows starting at ``t`` (host LongTensor)."""
-        draw_keys = self.host_keys[torch.from_numpy(self.draw[lanes])]
-        return keys.child(draw_keys, keys.Tag.LEAF, torch.from_numpy(t))
+    def _window_keys(self, lanes: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Keys ``child(draw, LEAF, t)`` of the windows starting at ``t`` (int64 [L])."""
+        return keys.host_child(self.host_keys[self.draw[lanes]], keys.Tag.LEAF, t)
 
     def _noise(self, lanes: np.ndarray, t: np.ndarray, width: int) -> np.ndarray:
         """Draft noise [L, width, q] of the windows at ``t``: Gumbels keyed by the draw and the
         position (``"gumbel_sequential"``, ``"agr24"``) or by the window."""
         if self.method in ("gumbel_sequential", "agr24"):
             return self._fixed_noise(lanes, t, np.arange(width)[None, :])
-        j = torch.arange(width).view(1, width, 1)
-        v = torch.arange(self.q)
-        key = self._window_keys(lanes, t).view(-1, 1, 1)
-        return _np(keys.gumbel(key, keys.Tag.DRAFT, j * self.q + v))
+        counter = np.arange(width)[None, :, None] * self.q + self._v
+        key = self._window_keys(lanes, t)[:, None, None]
+        return keys.host_gumbel(key, keys.Tag.DRAFT, counter)
 
     def _fixed_noise(self, lanes: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
         """AGR24's fixed Gumbels of positions ``t + j`` ([L] and [L or 1, J]): [L, J, q]."""
-        key = self.host_keys[torch.from_numpy(self.draw[lanes])].view(-1, 1, 1)
+        key = self.host_keys[self.draw[lanes]][:, None, None]
         pos = np.minimum(t[:, None] + j, self.n - 1)[..., None]
-        counter = torch.from_numpy(pos * self.q + self._v)
-        return _np(keys.gumbel(key, keys.Tag.NOISE, counter))
+        return keys.host_gumbel(key, keys.Tag.NOISE, pos * self.q + self._v)
 
     def _draft(self, lanes: np.ndarray) -> None:
         """Draft the window of every lane from its draft row; finish a last lone coordinate."""
@@ -432,13 +433,6 @@ class WindowSampler:
         self.rounds += 1
         self.total_rows += int(rows.sum())
         self._sample_rounds[self.draw[lanes]] += 1
-        # the partial samples the round reads, on the oracle's device (on a CPU, all of them
-        # as they are, without a copy); ``frame`` numbers a lane's row among them
-        if self.device.type == "cpu" and self.zero_copy:
-            values, frame = torch.from_numpy(self.frames), lanes
-        else:
-            values = torch.from_numpy(self.frames[lanes]).to(self.device)
-            frame = np.arange(lanes.size)
         want = ~verify
         want_row = lanes[want]
         vl, vt, vk, vn = lanes[verify], t[verify], k[verify], nxt[verify]
@@ -448,90 +442,59 @@ class WindowSampler:
         # answers both at once; otherwise (and after a window of one token) it is a row of its own
         paired = pre & long_chain if self.rows.native_then else np.zeros_like(pre)
         alone = pre & ~paired
-        draw = self.draw
-        row_spec = np.stack(
-            [
-                np.concatenate([frame[want], frame[verify][alone]]),
-                np.concatenate([draw[want_row], draw[vl[alone]]]),
-                np.concatenate([t[want], (vt + vk)[alone]]),
-                np.concatenate([t[want], (vt + vk)[alone]]),
-                np.concatenate([self._size(t[want], want_row), vn[alone]]),
-            ]
+        draw, va = self.draw, vl[alone]
+        row_cut = np.concatenate([t[want], (vt + vk)[alone]])
+        row_req = (
+            np.concatenate([want_row, va]),
+            np.concatenate([draw[want_row], draw[va]]),
+            row_cut,
+            row_cut,
+            np.concatenate([self._size(t[want], want_row), vn[alone]]),
         )
-        chain_spec = np.stack(
-            [
-                frame[verify][long_chain],
-                draw[vl[long_chain]],
-                (vt + 1)[long_chain],
-                (vk - 1)[long_chain],
-                np.where(paired, vn, 0)[long_chain],  # width of the row after each chain
-            ]
+        vc = vl[long_chain]
+        chains = (
+            vc,
+            draw[vc],
+            (vt + 1)[long_chain],
+            (vk - 1)[long_chain],
+            np.where(paired, vn, 0)[long_chain],  # width of the row after each chain
         )
-        specs = torch.from_numpy(np.concatenate([row_spec, chain_spec], 1)).to(self.device)
-        num_rows = row_spec.shape[1]
-        row_req = tuple(specs[:, :num_rows]) if num_rows else None
-        chains = tuple(specs[:4, num_rows:]) if chain_spec.shape[1] else None
-        then_answer = None
-        if paired.any():
-            row_answer, chain_answer, then_answer = self.rows.ask_after(
-                values, row_req, chains, specs[4, num_rows:]
-            )
-        else:
-            row_answer, chain_answer = self.rows.ask(values, row_req, chains)
-        # the answers, on the host: one copy of each part
-        row_lp = row_bad = chain_lp = chain_bad = None
-        if row_answer is not None:
-            row_lp, row_bad = _np(row_answer.log_probs), _np(row_answer.bad)
-        if chain_answer is not None:
-            chain_lp, chain_bad = _np(chain_answer.log_probs), _np(chain_answer.bad)
+        row_answer, chain_answer, then_answer = self.host.ask(self.frames, row_req, chains)
         nr = want_row.size
         if nr:
-            if row_bad[:nr].any():
-                OracleRows.raise_bad(
-                    row_answer.part(slice(0, nr)),
-                    row_answer.bad[:nr],
-                    "draft row {row} (target {target}), conditioned on a prefix of an exact "
-                    "sample,",
-                )
-            width = row_lp.shape[1]
-            self.draft_rows[want_row, :width] = row_lp[:nr]
+            head = row_answer.part(slice(0, nr))
+            OracleRows.raise_bad(
+                head,
+                head.bad,
+                "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
+            )
+            self.draft_rows[want_row, : head.log_probs.shape[1]] = head.log_probs
         if vl.size:
             prefetch = None
             if pre.any():
                 parts = []
                 if alone.any():
-                    parts.append((alone[pre], row_answer, slice(nr, None), row_lp, row_bad))
+                    parts.append((alone[pre], row_answer.part(slice(nr, None))))
                 if then_answer is not None:
-                    then = (_np(then_answer.log_probs), _np(then_answer.bad))
-                    parts.append((paired[pre], then_answer, paired[long_chain], *then))
+                    parts.append((paired[pre], then_answer.part(paired[long_chain])))
                 prefetch = self._prefetched(int(pre.sum()), int(vn.max()), parts)
-            chain = (chain_answer, chain_lp, chain_bad) if chain_answer is not None else None
-            again = self._verify(vl, vt, vk, vn, long_chain, chain, prefetch)
+            again = self._verify(vl, vt, vk, vn, long_chain, chain_answer, prefetch)
             want_row = np.concatenate([again, want_row])
         self._draft(want_row)  # the lanes with a fresh draft row, all at once
 
-    def _prefetched(self, count: int, width: int, parts) -> tuple:
-        """The prefetched draft rows of a round's ``count`` verifications that have one, from
-        the parts of the answers that hold them: ``(answer, log_probs [count, width, q], bad
-        [count, width])``. ``parts``: ``(where [count] bool, torch answer, its rows, host
-        log_probs, host bad)``, the rows being a slice or a boolean index of the answer."""
+    def _prefetched(self, count: int, width: int, parts) -> Answer:
+        """The prefetched draft rows of a round's ``count`` verifications that have one
+        (``[count, width, q]``), from the parts of the answers that hold them: ``(where
+        [count] bool, Answer)``."""
         log_probs = np.zeros((count, width, self.q))
         bad = np.zeros((count, width), dtype=bool)
-        for where, _, rows, lp, flags in parts:
-            lp, flags = lp[rows], flags[rows]
-            log_probs[where, : lp.shape[1]] = lp[:, :width]
-            bad[where, : flags.shape[1]] = flags[:, :width]
-        return parts, log_probs, bad
-
-    def _prefetch_answer(self, parts, log_probs: np.ndarray, bad: np.ndarray) -> Answer:
-        """The prefetched rows as one host :class:`Answer`, for an error message."""
-        mass = torch.zeros(bad.shape, dtype=torch.float64)
-        for where, answer, rows, _, _ in parts:
-            if not isinstance(rows, slice):
-                rows = torch.from_numpy(np.flatnonzero(rows))
-            part = answer.log_mass.cpu()[rows]
-            mass[torch.from_numpy(where), : part.shape[1]] = part[:, : bad.shape[1]]
-        return Answer(torch.from_numpy(log_probs), torch.from_numpy(bad), mass)
+        log_mass = np.zeros((count, width))
+        for where, answer in parts:
+            w = min(width, answer.log_probs.shape[1])
+            log_probs[where, :w] = answer.log_probs[:, :w]
+            bad[where, :w] = answer.bad[:, :w]
+            log_mass[where, :w] = answer.log_mass[:, :w]
+        return Answer(log_probs, bad, log_mass)
 
     def _verify(self, lanes, t, k, nxt, long_chain, chain, prefetch) -> np.ndarray:
         """Verify the drafted windows of ``lanes``; return the lanes whose next window can be
@@ -549,18 +512,17 @@ class WindowSampler:
         target = np.zeros((num, width - 1, q))
         bad = np.zeros((num, width - 1), dtype=bool)
         if chain is not None:
-            _, chain_lp, chain_bad = chain
-            length = chain_lp.shape[1]
-            target[long_chain, :length] = chain_lp
-            bad[long_chain, :length] = chain_bad
+            length = chain.log_probs.shape[1]
+            target[long_chain, :length] = chain.log_probs
+            bad[long_chain, :length] = chain.bad
         j = np.arange(1, width)[None, :]  # tokens 1..
         in_window = j < k[:, None]
         xt = x[:, 1:]
         target_x = _pick(target, xt)
         if self.method in ("speculative", "autospec"):
             draft_x = _pick(data[:, 1:], xt)
-            key = self._window_keys(lanes, t).unsqueeze(1)  # [L, 1], also the residuals'
-            log_u = _np(torch.log(keys.uniform(key, keys.Tag.ACCEPT, torch.from_numpy(j))))
+            key = self._window_keys(lanes, t)[:, None]  # [L, 1], also the residuals'
+            log_u = keys.host_log_uniform(key, keys.Tag.ACCEPT, j)
             with np.errstate(invalid="ignore"):  # -inf - -inf (padding) compares False
                 keep = (log_u < target_x - draft_x) & in_window
         else:  # agr24: the recomputed coordinate must agree with the draft
@@ -581,8 +543,7 @@ class WindowSampler:
                 residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
                 with np.errstate(divide="ignore"):
                     log_residual = np.log(residual / residual.sum(1, keepdims=True))
-                g_key = key[torch.from_numpy(np.flatnonzero(rejected))]
-                g = _np(keys.gumbel(g_key, keys.Tag.RESAMPLE, torch.from_numpy(self._v)))
+                g = keys.host_gumbel(key[rejected], keys.Tag.RESAMPLE, self._v)
                 yj = np.argmax(log_residual + g, axis=-1)
             else:
                 yj = np.argmax(rows_j + self._fixed_noise(rl, tr, js[:, None])[:, 0], -1)
@@ -600,33 +561,27 @@ class WindowSampler:
         with_row = go_on & (nxt > 0)
         if prefetch is not None:
             has = nxt > 0
-            parts, pre_lp, pre_bad = prefetch
-            flags = pre_bad & with_row[has][:, None]
-            if flags.any():
-                OracleRows.raise_bad(
-                    self._prefetch_answer(parts, pre_lp, pre_bad),
-                    torch.from_numpy(flags),
-                    "prefetched draft row {row} (target {target}), conditioned on an accepted "
-                    "window,",
-                )
-            self.draft_rows[lanes[has], : pre_lp.shape[1]] = pre_lp
+            OracleRows.raise_bad(
+                prefetch,
+                prefetch.bad & with_row[has][:, None],
+                "prefetched draft row {row} (target {target}), conditioned on an accepted "
+                "window,",
+            )
+            self.draft_rows[lanes[has], : prefetch.log_probs.shape[1]] = prefetch.log_probs
         self._wait_row(lanes[(go_on & ~with_row) | (rejected & ~ended)])
         return lanes[with_row]
 
     def _raise_verification(self, lanes, long_chain, chain, mask, width) -> None:
-        """Raise for the bad verification rows ``mask`` [L, width - 1] (an :class:`Answer`
-        built on the host, with the oracle's masses for the message)."""
-        answer, _, _ = chain
+        """Raise for the bad verification rows ``mask`` [L, width - 1] (with the oracle's
+        masses for the message)."""
         num, q = lanes.size, self.q
-        target = torch.zeros(num, width - 1, q, dtype=torch.float64)
-        mass = torch.zeros(num, width - 1, dtype=torch.float64)
-        length = answer.log_probs.shape[1]
-        rows = torch.from_numpy(np.flatnonzero(long_chain))
-        target[rows, :length] = answer.log_probs.cpu()
-        mass[rows, :length] = answer.log_mass.cpu()
-        flags = torch.from_numpy(mask)
+        target = np.zeros((num, width - 1, q))
+        mass = np.zeros((num, width - 1))
+        length = chain.log_probs.shape[1]
+        target[long_chain, :length] = chain.log_probs
+        mass[long_chain, :length] = chain.log_mass
         OracleRows.raise_bad(
-            Answer(target, flags, mass),
-            flags,
+            Answer(target, mask, mass),
+            mask,
             "verification row {target} of window {row} of the round",
         )

@@ -106,12 +106,12 @@ def test_upload_path_gives_the_same_draws(method, monkeypatch):
     uploads the rows of the draws that ask (another device); both give the same run. The
     upload path runs here on a CPU, with continuous batching and a cap so that rounds hold
     some lanes only."""
-    from pyro_autospec.engine.windows import WindowSampler
+    from pyro_autospec.engine.host_rows import HostRows
 
     chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.3, 0.7]]), 40)
     knobs = {"max_concurrent_draws": 5, "max_rows_per_round": 23}
     in_place = sample_any_order(chain, 12, seed=3, method=method, **knobs)
-    monkeypatch.setattr(WindowSampler, "zero_copy", False)
+    monkeypatch.setattr(HostRows, "zero_copy", False)
     uploaded = sample_any_order(chain, 12, seed=3, method=method, **knobs)
     assert torch.equal(in_place.samples, uploaded.samples)
     assert torch.equal(in_place.log_prob, uploaded.log_prob)

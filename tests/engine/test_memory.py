@@ -15,8 +15,10 @@ import torch
 
 import pyro_autospec.engine.any_order as any_order_module
 import pyro_autospec.engine.rows as rows_module
+import pyro_autospec.engine.windows as windows_module
 from pyro_autospec.engine import keys, sample_any_order
 from pyro_autospec.engine.any_order import draw_orders
+from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.rows import OracleRows, VisitOrders, check_output_size
 from pyro_autospec.oracles import HMMOracle, MarkovChainOracle
 
@@ -47,11 +49,13 @@ def _same(a, b) -> None:
 
 
 class Recorder:
-    """Wraps :class:`OracleRows` in ``any_order``: keeps every instance, and checks on every
-    coordinate lookup that the draws asked about are in flight (hold a lane)."""
+    """Wraps :class:`OracleRows` in ``any_order`` and :class:`HostRows` in the host control
+    plane: keeps every instance, and checks on every request that the draws asked about are in
+    flight (hold a lane)."""
 
     def __init__(self, monkeypatch):
         self.instances: list[OracleRows] = []
+        self.hosts: list[HostRows] = []
         self.most_in_flight = 0
         recorder = self
 
@@ -70,7 +74,19 @@ class Recorder:
                     assert bool((self.lane_of[draw] >= 0).all()), "a finished draw was asked"
                 return super().coords(draw, pos)
 
+        class CheckedHost(HostRows):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                recorder.hosts.append(self)
+
+            def start(self, lanes, draws):
+                assert (self.draw_in[lanes] < 0).all(), "a draw started in a busy lane"
+                super().start(lanes, draws)
+                in_flight = int((self.draw_in >= 0).sum())
+                recorder.most_in_flight = max(recorder.most_in_flight, in_flight)
+
         monkeypatch.setattr(any_order_module, "OracleRows", Checked)
+        monkeypatch.setattr(windows_module, "HostRows", CheckedHost)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -82,11 +98,15 @@ def test_draws_do_not_depend_on_the_draws_in_flight(method, concurrency, monkeyp
     part = sample_any_order(oracle, 17, method=method, seed=5, max_concurrent_draws=concurrency)
     _same(part, whole)
     (rows,) = recorder.instances
+    # the lanes that hold the draws in flight: the host control plane's, or the tensor engine's
+    holder = recorder.hosts[0] if recorder.hosts else rows
     # only `concurrency` draws ever held an order, and every lane is free at the end
-    assert rows.orders.shape == (concurrency, oracle.num_coords)
-    assert rows.ranks.shape == (concurrency, oracle.num_coords)
+    assert tuple(holder.orders.shape) == (concurrency, oracle.num_coords)
+    assert tuple(holder.ranks.shape) == (concurrency, oracle.num_coords)
     assert recorder.most_in_flight == concurrency
-    assert bool((rows.draw_in < 0).all()) and bool((rows.lane_of < 0).all())
+    assert bool((holder.draw_in < 0).all())
+    if not recorder.hosts:
+        assert bool((rows.lane_of < 0).all())
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -108,11 +128,11 @@ def test_lanes_stay_bounded_over_many_draws(monkeypatch):
     recorder = Recorder(monkeypatch)
     oracle = _chain(32)
     result = sample_any_order(oracle, 200, seed=0, max_concurrent_draws=8)
-    (rows,) = recorder.instances
-    assert rows.orders.shape[0] == 8 and rows.ranks.shape[0] == 8
+    (holder,) = recorder.hosts  # the default schedule runs on the host control plane
+    assert holder.orders.shape[0] == 8 and holder.ranks.shape[0] == 8
+    assert recorder.instances[0].orders is None  # the tensor engine's lanes: never allocated
     assert recorder.most_in_flight == 8
     assert result.samples.shape == (200, 32)
-    # the per-draw state of the recursion: its tables hold the draws in flight, not all 200
     assert torch.equal(result.samples, sample_any_order(oracle, 200, seed=0).samples)
 
 

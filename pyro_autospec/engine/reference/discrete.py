@@ -202,7 +202,7 @@ def token_draw(
             return min(1, n - t)
         if method == "speculative":
             return min(int(knobs["window"]), n - t)
-        return min(int(agr24_window(torch.tensor([t]), q, knobs["window_scale"])), n - t)
+        return min(int(agr24_window(np.array([t]), q, knobs["window_scale"])[0]), n - t)
 
     def fixed_noise(pos: int) -> np.ndarray:
         return _gumbel(draw_key, keys.Tag.NOISE, pos * q + v)

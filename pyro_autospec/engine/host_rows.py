@@ -1,0 +1,304 @@
+"""The oracle's rows for a host control plane: requests and answers as NumPy arrays.
+
+:class:`HostRows` answers the requests of a round of the host control plane
+(:class:`~pyro_autospec.engine.windows.WindowSampler`), which keeps every draw's state on the
+host. The requests are the same as :class:`~pyro_autospec.engine.rows.OracleRows`'s (targeted
+rows and chains along the draws' orders, see there); what differs is where the bookkeeping
+runs. Per oracle call the data plane is:
+
+1. the dense inputs built on the host (values, mask, the coordinates asked), uploaded to the
+   oracle's device (nothing to copy on a CPU: the oracle reads the host's arrays);
+2. the oracle's batched call;
+3. one copy of its output back to the host.
+
+Grouping requests by width, splitting calls to the memory budget, checking every row (NaN,
+``+inf``, no mass, far from summing to one) and normalising it in float64 all run on the host,
+with :func:`~pyro_autospec.engine.rows.normalise_rows`, the function the tensor path uses on a
+CPU: both engines read the same bits on one machine.
+
+The visiting orders of the draws in flight, and the ranks of their coordinates, live here on
+the host (:meth:`HostRows.start`), computed from the draws' keys as
+:class:`~pyro_autospec.engine.rows.VisitOrders` does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from pyro_autospec.engine.rows import (
+    Answer,
+    OracleRows,
+    _tolerance,
+    host_width_groups,
+    normalise_rows,
+)
+
+__all__ = ["HostRows"]
+
+
+def _placed(parts: list[tuple[np.ndarray, Answer]], total: int, width: int, q: int) -> Answer:
+    """Answers of parts of ``total`` requests (``(indices, Answer)`` pairs) in request order,
+    padded to ``width`` (padding: ``bad`` False, probabilities 0)."""
+    if len(parts) == 1 and parts[0][1].log_probs.shape[1] == width:
+        index, answer = parts[0]
+        if index.size == total and (index == np.arange(total)).all():
+            return answer
+    log_probs = np.zeros((total, width, q))
+    bad = np.zeros((total, width), dtype=bool)
+    log_mass = np.zeros((total, width))
+    for index, part in parts:
+        w = part.log_probs.shape[1]
+        log_probs[index, :w] = part.log_probs
+        bad[index, :w] = part.bad
+        log_mass[index, :w] = part.log_mass
+    return Answer(log_probs, bad, log_mass)
+
+
+class HostRows:
+    """Batched, checked oracle queries whose requests and answers are host arrays.
+
+    Parameters
+    ----------
+    rows : OracleRows
+        The oracle, its capabilities, the memory budget (``max_elements``), the draws' global
+        numbers and the timing counters; its own lanes are not used.
+    lanes : int
+        How many draws may be in flight at once.
+
+    Attributes
+    ----------
+    orders : int64 ndarray [lanes, n]
+        ``orders[lane, j]``: the coordinate visited ``j``-th by the draw in ``lane``.
+    ranks : int16 or int32 ndarray [lanes, n]
+        ``ranks[lane, i]``: when the draw in ``lane`` visits coordinate ``i``.
+    draw_in : int64 ndarray [lanes]
+        The draw in each lane (local number), ``-1`` for a free lane.
+    """
+
+    #: Whether the oracle reads the host's arrays in place on a CPU (the tests turn it off to
+    #: run the upload path of other devices on a CPU).
+    zero_copy = True
+
+    def __init__(self, rows: OracleRows, lanes: int):
+        self.rows = rows
+        self.oracle = rows.oracle
+        self.n, self.q = n, _ = rows.n, rows.q
+        self.device = rows.device
+        self.on_cpu = self.device.type == "cpu" and self.zero_copy
+        self.source = rows.source.to("cpu")
+        self.orders = np.zeros((lanes, n), dtype=np.int64)
+        self.ranks = np.zeros((lanes, n), dtype=np.int16 if n < 2**15 else np.int32)
+        self.draw_in = np.full(lanes, -1, dtype=np.int64)
+        self._positions = np.arange(n, dtype=self.ranks.dtype)
+        self.draw_ids = rows.draw_ids.cpu().numpy()
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def start(self, lanes: np.ndarray, draws: np.ndarray) -> None:
+        """The draws ``draws`` (local numbers) start in ``lanes``: compute their orders."""
+        draws = np.asarray(draws, dtype=np.int64)
+        order = self.source.of(torch.from_numpy(draws)).numpy()
+        self.orders[lanes] = order
+        self.ranks[lanes[:, None], order] = self._positions
+        self.draw_in[lanes] = draws
+
+    def finish(self, lanes: np.ndarray) -> None:
+        """The draws in ``lanes`` finished: the lanes are free."""
+        self.draw_in[lanes] = -1
+
+    # ------------------------------------------------------------------------ the calls
+    def _buffer(self, name: str, rows: int, dtype) -> np.ndarray:
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < rows:
+            size = max(rows, 2 * (0 if buf is None else buf.shape[0]))
+            buf = self._buffers[name] = np.empty((size, self.n), dtype=dtype)
+        return buf[:rows]
+
+    def _up(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        return tensor if self.on_cpu else tensor.to(self.device)
+
+    def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
+        start = time.perf_counter()
+        mask = self._buffer("mask", lane.size, bool)
+        np.less(self.ranks[lane], cut[:, None], out=mask)
+        if self.on_cpu:
+            values = self._buffer("values", lane.size, np.int64)
+            if frames.dtype == np.int64:
+                np.take(frames, lane, axis=0, out=values)
+            else:
+                values[...] = frames[lane]
+            up = torch.from_numpy(values), torch.from_numpy(mask)
+        else:  # upload the narrow values, widen them on the device
+            up = torch.from_numpy(frames[lane]).to(self.device).long(), self._up(mask)
+        self.rows.seconds["inputs"] += time.perf_counter() - start
+        return up
+
+    def _extra(self, draw: np.ndarray) -> dict:
+        return {"draws": self._up(self.draw_ids[draw])} if self.rows.family else {}
+
+    def _answer(self, out: torch.Tensor, valid: np.ndarray) -> Answer:
+        """One copy of the oracle's output to the host, checked and normalised there."""
+        tol = _tolerance(out.dtype)
+        host = out.detach().cpu()
+        if host.dtype not in (torch.float32, torch.float64):
+            host = host.double()
+        return normalise_rows(host.numpy(), valid, tol)
+
+    def _call(self, method: str, *args, **extra):
+        start = time.perf_counter()
+        with self.rows._call_mode():
+            out = getattr(self.oracle, method)(*args, **extra)
+        self.rows.seconds["oracle"] += time.perf_counter() - start
+        return out
+
+    def _targeted_call(self, frames, lane, draw, cut, start, width, max_width) -> Answer:
+        values, mask = self._inputs(frames, lane, cut)
+        offsets = np.arange(max_width)
+        pos = start[:, None] + np.minimum(offsets[None, :], width[:, None] - 1)
+        targets = self._up(self.orders[lane[:, None], pos])
+        valid = offsets[None, :] < width[:, None]
+        rows, check = lane.size, self.rows._check_output
+        if self.rows.targeted:
+            out = self._call("log_marginals_at", values, mask, targets, **self._extra(draw))
+            check(out, (rows, max_width, self.q), "log_marginals_at")
+        else:
+            out = self._call("log_marginals", values, mask, **self._extra(draw))
+            check(out, (rows, self.n, self.q), "log_marginals")
+            out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
+        return self._answer(out, valid)
+
+    def _chain_call(self, frames, lane, draw, cut, length, then_width) -> tuple:
+        """One call for chains (and the rows after them where ``then_width`` is not None)."""
+        max_length = int(length.max())
+        max_then = 0 if then_width is None else int(then_width.max())
+        values, mask = self._inputs(frames, lane, cut)
+        steps = np.arange(max(max_length, max_then))
+        pos = cut[:, None] + np.minimum(steps[None, :max_length], length[:, None] - 1)
+        chain = self._up(self.orders[lane[:, None], pos])
+        valid = steps[None, :max_length] < length[:, None]
+        rows, check = lane.size, self.rows._check_output
+        if max_then == 0:
+            out = self._call("log_marginals_chain", values, mask, chain, **self._extra(draw))
+            check(out, (rows, max_length, self.q), "log_marginals_chain")
+            return self._answer(out, valid), None
+        # the row after the chain reads on from its end; without one, a dummy: the chain's
+        # last coordinate (pinned by the chain: a point mass)
+        reach = np.maximum(np.minimum(steps[None, :max_then], then_width[:, None] - 1), 0)
+        first = np.where(then_width > 0, cut + length, cut + length - 1)
+        then = self._up(self.orders[lane[:, None], first[:, None] + reach])
+        out, after = self._call(
+            "log_marginals_chain_then", values, mask, chain, then, **self._extra(draw)
+        )
+        check(after, (rows, max_then, self.q), "log_marginals_chain_then")
+        check(out, (rows, max_length, self.q), "log_marginals_chain")
+        then_valid = steps[None, :max_then] < then_width[:, None]
+        return self._answer(out, valid), self._answer(after, then_valid)
+
+    def _per_call(self, outputs: int) -> int:
+        return self.rows._rows_per_call(outputs)
+
+    # ------------------------------------------------------------------------ requests
+    def _targeted(self, frames, lane, draw, cut, start, width) -> Answer:
+        """Targeted rows ``[R, max width, q]``, width groups each in as few calls as fit."""
+        parts = []
+        for group in host_width_groups(width):
+            g_width = width[group]
+            max_width = int(g_width.max())
+            step = self._per_call(max_width if self.rows.targeted else self.n)
+            for lo in range(0, group.size, step):
+                idx = group[lo : lo + step]
+                answer = self._targeted_call(
+                    frames, lane[idx], draw[idx], cut[idx], start[idx], width[idx], max_width
+                )
+                parts.append((idx, answer))
+        return _placed(parts, width.size, int(width.max()), self.q)
+
+    def _chains(self, frames, lane, draw, cut, length, then_width):
+        """Native chains ``[C, max length, q]`` and the rows after them (``[C, max then, q]``,
+        ``None`` if no chain has one)."""
+        if then_width is not None and not (then_width > 0).any():
+            then_width = None
+        parts, then_parts = [], []
+        for group in host_width_groups(length):
+            g_then = None if then_width is None else then_width[group]
+            outputs = int(length[group].max()) + (0 if g_then is None else int(g_then.max()))
+            step = self._per_call(outputs)
+            for lo in range(0, group.size, step):
+                idx = group[lo : lo + step]
+                tw = None if then_width is None else then_width[idx]
+                chain, after = self._chain_call(
+                    frames, lane[idx], draw[idx], cut[idx], length[idx], tw
+                )
+                parts.append((idx, chain))
+                if after is not None:
+                    then_parts.append((idx, after))
+        chain = _placed(parts, length.size, int(length.max()), self.q)
+        if then_width is None:
+            return chain, None
+        return chain, _placed(then_parts, length.size, int(then_width.max()), self.q)
+
+    def ask(self, frames: np.ndarray, rows=None, chains=None) -> tuple:
+        """Answer the targeted rows and chains of one round.
+
+        Parameters
+        ----------
+        frames : integer ndarray [L, n]
+            The partial samples of the lanes, in coordinate indexing (unpinned entries are
+            ignored).
+        rows : (lane, draw, cut, start, width), each int64 ndarray [R], optional
+            Targeted rows: conditioning on ``order[lane, :cut]`` of ``frames[lane]``, the
+            marginals of positions ``start .. start + width - 1``; ``draw`` is the lane's draw
+            (local number).
+        chains : (lane, draw, cut, length, then_width), each int64 ndarray [C], optional
+            Chains: for ``j < length``, the marginal of position ``cut + j`` given
+            ``order[lane, :cut + j]``; and, where ``then_width > 0`` (only for an oracle with
+            ``log_marginals_chain_then``), the ``then_width`` positions after the chain,
+            conditioned on the whole chain.
+
+        Returns
+        -------
+        row_answer, chain_answer, then_answer : Answer (host arrays) or None
+            ``[R, max width, q]``, ``[C, max length, q]`` and ``[C, max then_width, q]``.
+        """
+        self.rows.calls += 1
+        has_rows = rows is not None and rows[0].size > 0
+        has_chains = chains is not None and chains[0].size > 0
+        for request in (rows if has_rows else None, chains if has_chains else None):
+            if request is not None and not (self.draw_in[request[0]] == request[1]).all():
+                raise RuntimeError("internal error: a request for a draw that is not in flight")
+        row_answer = chain_answer = then_answer = None
+        if has_chains and not self.rows.native_chains:
+            lane, draw, cut, length, then_width = chains
+            if (then_width > 0).any():
+                raise RuntimeError("internal error: rows after chains need chain_then")
+            # each chain as width-1 rows, asked with the targeted rows
+            chain = np.repeat(np.arange(length.size), length)
+            offset = np.arange(chain.size) - np.repeat(np.cumsum(length) - length, length)
+            step = cut[chain] + offset
+            expanded = (lane[chain], draw[chain], step, step, np.ones_like(step))
+            if has_rows:
+                merged = tuple(np.concatenate([r, e]) for r, e in zip(rows, expanded))
+            else:
+                merged = expanded
+            answer = self._targeted(frames, *merged)
+            split = rows[0].size if has_rows else 0
+            if has_rows:
+                row_answer = answer.part(slice(0, split))
+            flat = answer.part(slice(split, None))
+            width = int(length.max())
+            log_probs = np.zeros((length.size, width, self.q))
+            bad = np.zeros((length.size, width), dtype=bool)
+            log_mass = np.zeros((length.size, width))
+            log_probs[chain, offset] = flat.log_probs[:, 0]
+            bad[chain, offset] = flat.bad[:, 0]
+            log_mass[chain, offset] = flat.log_mass[:, 0]
+            return row_answer, Answer(log_probs, bad, log_mass), None
+        if has_rows:
+            row_answer = self._targeted(frames, *rows)
+        if has_chains:
+            chain_answer, then_answer = self._chains(frames, *chains)
+        return row_answer, chain_answer, then_answer
