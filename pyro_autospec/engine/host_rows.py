@@ -81,6 +81,8 @@ class HostRows:
     #: Whether the oracle reads the host's arrays in place on a CPU (the tests turn it off to
     #: run the upload path of other devices on a CPU).
     zero_copy = True
+    #: Rows per run of one lane from which a call's inputs are filled run by run.
+    RUN = 8
 
     def __init__(self, rows: OracleRows, lanes: int):
         self.rows = rows
@@ -124,11 +126,21 @@ class HostRows:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
         start = time.perf_counter()
         mask = self._buffer("mask", lane.size, bool)
-        np.less(self.ranks[lane], cut[:, None], out=mask)
+        # runs of rows of one lane (a chain asked row by row): broadcast that lane's arrays
+        # into the run instead of gathering a copy per row
+        ends = np.flatnonzero(np.diff(lane)) + 1
+        runs = lane.size >= self.RUN * (ends.size + 1)
+        bounds = list(zip([0, *ends.tolist()], [*ends.tolist(), lane.size])) if runs else []
+        if runs:
+            for a, b in bounds:
+                np.less(self.ranks[lane[a]], cut[a:b, None], out=mask[a:b])
+        else:
+            np.less(self.ranks[lane], cut[:, None], out=mask)
         if self.on_cpu:
             values = self._buffer("values", lane.size, np.int64)
-            if frames.dtype == np.int64:
-                np.take(frames, lane, axis=0, out=values)
+            if runs:
+                for a, b in bounds:
+                    values[a:b] = frames[lane[a]]
             else:
                 values[...] = frames[lane]
             up = torch.from_numpy(values), torch.from_numpy(mask)
