@@ -204,3 +204,43 @@ def test_bad_prefetched_row_is_named(method):
     call) is an error that says which row it was, on the token methods' control plane."""
     with pytest.raises(OracleError, match="prefetched draft row .* contains NaN"):
         sample_any_order(BadAfterChain(), 4, seed=0, method=method)
+
+
+def test_host_rows_are_checked_like_tensor_rows():
+    """The host control plane's check (:func:`normalise_rows`) flags what the tensor path
+    flags: a NaN, a ``+inf``, a row without mass, a row that does not sum to one; padding is
+    never flagged; good rows are renormalised in float64."""
+    import numpy as np
+
+    from pyro_autospec.engine.rows import _checked, normalise_rows
+
+    good = np.log(np.array([0.25, 0.75]))
+    rows = np.array(
+        [
+            [good, [np.nan, 0.0], [np.inf, 0.0]],
+            [[-np.inf, -np.inf], np.log([0.5, 0.7]), [-np.inf, -np.inf]],
+        ]
+    )
+    valid = np.array([[True, True, True], [True, True, False]])
+    answer = normalise_rows(rows, valid, 1e-5)
+    assert answer.bad.tolist() == [[False, True, True], [True, True, False]]
+    np.testing.assert_allclose(np.exp(answer.log_probs[0, 0]), [0.25, 0.75], rtol=1e-15)
+    tensor = _checked(torch.from_numpy(rows), torch.from_numpy(valid))
+    assert np.array_equal(tensor.bad.numpy(), answer.bad)
+    assert np.array_equal(tensor.log_probs.numpy()[0, 0], answer.log_probs[0, 0])
+    float32 = normalise_rows(rows.astype(np.float32), valid, 1e-5)
+    assert np.array_equal(float32.bad, answer.bad)
+
+
+def test_width_groups_on_the_host_and_on_tensors_agree():
+    """One grouping of requests by width: the host function and its tensor wrapper."""
+    import numpy as np
+
+    from pyro_autospec.engine.rows import host_width_groups, width_groups
+
+    width = np.array([1, 1, 2, 64, 3, 64, 1, 200, 5] * 40)
+    host = host_width_groups(width)
+    tensors = width_groups(torch.from_numpy(width))
+    assert [g.tolist() for g in host] == [t.tolist() for t in tensors]
+    assert sorted(np.concatenate(host).tolist()) == list(range(width.size))
+    assert len(host) > 1  # wide and narrow requests are asked apart

@@ -36,6 +36,33 @@ def test_cpu_and_torch_paths_give_the_same_bits():
     assert torch.equal(keys.bits(x, counter), torch_bits)
 
 
+def test_host_numbers_match_the_device_arithmetic():
+    """The host control plane's NumPy numbers (``host_*``) are the tensor functions' numbers:
+    the same bits and uniforms as the torch arithmetic other devices run, and Gumbels equal to
+    torch's formula up to the last bit of ``log``."""
+    gen = torch.Generator().manual_seed(1)
+    key = torch.randint(-(2**63), 2**63 - 1, (300, 1), generator=gen, dtype=torch.long)
+    counter = torch.arange(7)
+    device_bits = keys._fmix_torch(keys.stream(key, keys.Tag.DRAFT) + (counter + 1) * keys._GAMMA)
+    host = keys.host_bits(key.numpy() ^ np.int64(keys._signed(keys.Tag.DRAFT)), counter.numpy())
+    assert np.array_equal(host, device_bits.numpy())
+    assert np.array_equal(
+        keys.host_child(key.numpy(), keys.Tag.LEAF, counter.numpy()),
+        keys.child(key, keys.Tag.LEAF, counter).numpy(),
+    )
+    device_u = keys._unit(device_bits)
+    host_u = keys.host_uniform(key.numpy(), keys.Tag.DRAFT, counter.numpy())
+    assert np.array_equal(host_u, device_u.numpy())
+    assert np.array_equal(host_u, keys.uniform(key, keys.Tag.DRAFT, counter).numpy())
+    host_g = keys.host_gumbel(key.numpy(), keys.Tag.DRAFT, counter.numpy())
+    np.testing.assert_allclose(host_g, (-torch.log(-torch.log(device_u))).numpy(), rtol=1e-15)
+    assert np.array_equal(host_g, keys.gumbel(key, keys.Tag.DRAFT, counter).numpy())
+    np.testing.assert_array_equal(
+        keys.host_log_uniform(key.numpy(), keys.Tag.ACCEPT, 3),
+        keys.log(keys.uniform(key, keys.Tag.ACCEPT, 3)).numpy(),
+    )
+
+
 def test_uniforms_are_uniform_and_inside_the_unit_interval():
     u = keys.uniform(torch.tensor(keys.seed_key(1)), keys.Tag.DRAFT, torch.arange(200_000))
     assert float(u.min()) > 0.0 and float(u.max()) < 1.0
