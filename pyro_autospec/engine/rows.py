@@ -462,34 +462,6 @@ class OracleRows:
             chain_answer = self._chains(values, *chains)[0]
         return row_answer, chain_answer
 
-    def ask_after(
-        self,
-        values: torch.Tensor,
-        rows: tuple[torch.Tensor, ...] | None,
-        chains: tuple[torch.Tensor, ...],
-        then_width: torch.Tensor,
-    ) -> tuple[Answer | None, Answer, Answer | None]:
-        """:meth:`ask` for a caller that knows which row follows which chain (an oracle with
-        ``log_marginals_chain_then`` only, see :attr:`native_then`).
-
-        Chain ``k`` is followed by a row of ``then_width[k]`` targets (0: none) on its frame
-        and order, reading on from the chain's end: a verification's prefetched draft row. The
-        oracle gets the same calls as :meth:`ask` with those rows among ``rows``, which finds
-        the pairs itself.
-
-        Returns
-        -------
-        row_answer, chain_answer, then_answer : Answer or None
-            ``[R, max width, q]``, ``[C, max length, q]`` and ``[C, max then_width, q]``
-            (``None`` if no chain has a row after it).
-        """
-        self.calls += 1
-        row_answer = None
-        if rows is not None and rows[0].numel():
-            row_answer = self._targeted(values, *rows)
-        chain_answer, then_answer = self._chains(values, *chains, then_width)
-        return row_answer, chain_answer, then_answer
-
     def _rows_after_chains(self, values, rows, chains) -> tuple[Answer, Answer]:
         """Rows and chains for an oracle with ``log_marginals_chain_then``: a row that is the
         row after a chain (the same frame and order, conditioned on the chain's prefix and the

@@ -77,11 +77,6 @@ def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
     return np.maximum(window, 1).astype(np.int64)
 
 
-def _np(x: torch.Tensor) -> np.ndarray:
-    """A host NumPy view (or copy) of ``x``."""
-    return x.detach().cpu().numpy()
-
-
 def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``table[..., index[...]]`` along the last axis (``index`` has one axis fewer)."""
     return np.take_along_axis(table, index[..., None], -1)[..., 0]
@@ -411,7 +406,7 @@ class WindowSampler:
             if bar is not None:
                 bar.close()
         self.samples.copy_(values.cpu())
-        self._log_prob[:] = _np(log_mu)
+        self._log_prob[:] = log_mu.cpu().numpy()
         self.rounds = n
         self.total_rows = n * num
         self._sample_rounds[:] = n

@@ -1,0 +1,263 @@
+"""Where a round of the host control plane spends its time, and what compiled code would save.
+
+Two parts, one table each:
+
+* ``rounds``: the default ``autospec`` on the oracles users bring (16 draws, n = 1024 unless
+  said): wall time per round, the time inside the oracle's methods, and the time outside it
+  (the control plane: building inputs, checking rows, the verification, the drafts, the keyed
+  numbers), with the share of the verification and the drafts measured by timing the
+  engine's own ``WindowSampler._verify`` and ``WindowSampler._draft``.
+* ``kernel``: the arithmetic of one verification (acceptance tests in float64 log space, the
+  first rejected token's residual redraw, the keyed uniforms and Gumbels) as the engine writes
+  it in NumPy, against the same arithmetic compiled with numba (when numba is installed:
+  ``pip install numba``; the package itself does not use it): microseconds per call at 16 and
+  256 draws, the first call's compilation, and whether the two agree.
+
+Usage::
+
+    python benchmarks/control_plane.py            # both parts
+    python benchmarks/control_plane.py --smoke    # seconds: tiny sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from user_oracles import build_oracle  # noqa: E402
+
+from pyro_autospec.engine import keys, sample_any_order  # noqa: E402
+from pyro_autospec.engine.windows import WindowSampler  # noqa: E402
+
+ORACLES = ["markov", "hmm", "mixture:K=8", "nade:scale=0.1", "nade:scale=2", "user_chain:n=4096"]
+
+
+# ------------------------------------------------------------------------------ rounds
+class _Timed:
+    """Accumulates the seconds spent in ``WindowSampler._verify`` and ``_draft``."""
+
+    def __init__(self):
+        self.seconds = {"_verify": 0.0, "_draft": 0.0}
+        self.saved = {name: getattr(WindowSampler, name) for name in self.seconds}
+
+    def __enter__(self):
+        for name, method in self.saved.items():
+            setattr(WindowSampler, name, self._wrap(name, method))
+        return self
+
+    def _wrap(self, name, method):
+        seconds = self.seconds
+
+        def timed(sampler, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(sampler, *args, **kwargs)
+            finally:
+                seconds[name] += time.perf_counter() - start
+
+        return timed
+
+    def __exit__(self, *exc):
+        for name, method in self.saved.items():
+            setattr(WindowSampler, name, method)
+
+
+def rounds_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
+    print(f"## A round of the default autospec, {draws} draws (best of {repeats} runs)\n")
+    print(
+        "| oracle | rounds | wall / round (ms) | inside the oracle (ms) | outside (ms) | "
+        "outside / wall | verification + drafts (ms) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for spec in oracles:
+        oracle = build_oracle(spec, n, "cpu")
+        sample_any_order(oracle, min(draws, 2), seed=1)  # warm-up
+        best = None
+        for _ in range(repeats):
+            with _Timed() as timer:
+                start = time.perf_counter()
+                result = sample_any_order(oracle, draws, seed=0)
+                wall = time.perf_counter() - start
+            if best is None or wall < best[0]:
+                best = (wall, result, dict(timer.seconds))
+        wall, result, seconds = best
+        r = result.rounds
+        inside = result.timing["oracle"]
+        ms = 1e3 / r
+        print(
+            f"| {spec} | {r} | {wall * ms:.3f} | {inside * ms:.3f} | {(wall - inside) * ms:.3f} "
+            f"| {(wall - inside) / wall:.2f} | {(seconds['_verify'] + seconds['_draft']) * ms:.3f} |",
+            flush=True,
+        )
+    print()
+
+
+# ------------------------------------------------------------------------------ kernel
+def _pick(table, index):
+    return np.take_along_axis(table, index[..., None], -1)[..., 0]
+
+
+def verify_numpy(data, target, x, k, key):
+    """The verification of ``WindowSampler._verify`` (speculative rule), NumPy: ``(stop,
+    log_mu, redrawn value or -1)`` per draw."""
+    num, width, q = data.shape
+    j = np.arange(1, width)[None, :]
+    in_window = j < k[:, None]
+    xt = x[:, 1:]
+    target_x = _pick(target, xt)
+    draft_x = _pick(data[:, 1:], xt)
+    log_u = keys.host_log_uniform(key[:, None], keys.Tag.ACCEPT, j)
+    with np.errstate(invalid="ignore"):
+        keep = (log_u < target_x - draft_x) & in_window
+    stop = np.where(~keep & in_window, j, k[:, None]).min(1)
+    log_mu = _pick(data[:, 0], x[:, 0]) + np.where(j < stop[:, None], target_x, 0.0).sum(1)
+    rejected = stop < k
+    redrawn = np.full(num, -1)
+    if rejected.any():
+        js = stop[rejected]
+        rows_j = target[rejected, js - 1]
+        residual = np.clip(np.exp(rows_j) - np.exp(data[rejected, js]), 0.0, None)
+        with np.errstate(divide="ignore"):
+            log_residual = np.log(residual / residual.sum(1, keepdims=True))
+        g = keys.host_gumbel(key[rejected][:, None], keys.Tag.RESAMPLE, np.arange(q))
+        y = np.argmax(log_residual + g, axis=-1)
+        redrawn[rejected] = y
+        log_mu[rejected] += _pick(rows_j, y)
+    return stop, log_mu, redrawn
+
+
+def _numba_verify():
+    """The same arithmetic compiled with numba (``None`` without numba)."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    m1, m2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+    gamma = np.uint64(0x9E3779B97F4A7C15)
+    accept, resample = np.uint64(keys.Tag.ACCEPT), np.uint64(keys.Tag.RESAMPLE)
+
+    @numba.njit
+    def uniform(key, tag, counter):
+        z = (key ^ tag) + (np.uint64(counter) + np.uint64(1)) * gamma
+        z = (z ^ (z >> np.uint64(30))) * m1
+        z = (z ^ (z >> np.uint64(27))) * m2
+        z = z ^ (z >> np.uint64(31))
+        return (np.float64(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+    @numba.njit
+    def verify(data, target, x, k, key):
+        num, _, q = data.shape
+        stop = np.empty(num, np.int64)
+        log_mu = np.empty(num)
+        redrawn = np.full(num, -1)
+        residual = np.empty(q)
+        for d in range(num):
+            kd, kk = k[d], np.uint64(key[d])
+            total = data[d, 0, x[d, 0]]
+            s = kd
+            for j in range(1, kd):
+                t = target[d, j - 1, x[d, j]]
+                if np.log(uniform(kk, accept, j)) < t - data[d, j, x[d, j]]:
+                    total += t
+                else:
+                    s = j
+                    break
+            stop[d] = s
+            if s < kd:
+                mass = 0.0
+                for v in range(q):
+                    r = np.exp(target[d, s - 1, v]) - np.exp(data[d, s, v])
+                    residual[v] = r if r > 0.0 else 0.0
+                    mass += residual[v]
+                best, arg = -np.inf, 0
+                for v in range(q):
+                    value = np.log(residual[v] / mass) - np.log(-np.log(uniform(kk, resample, v)))
+                    if value > best:
+                        best, arg = value, v
+                redrawn[d] = arg
+                total += target[d, s - 1, arg]
+            log_mu[d] = total
+        return stop, log_mu, redrawn
+
+    return verify
+
+
+def kernel_part(shapes, calls: int) -> None:
+    compiled = _numba_verify()
+    print("## One verification: NumPy (the engine's arithmetic) against numba\n")
+    if compiled is None:
+        print("numba is not installed (`pip install numba`): NumPy only.\n")
+    print(
+        "| draws | window | q | NumPy (us / call) | numba (us / call) | numba's first call (s) "
+        "| same stops and redraws |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    rng = np.random.default_rng(0)
+    for num, width, q in shapes:
+        data = np.log(rng.dirichlet(np.ones(q), (num, width)))
+        target = np.log(rng.dirichlet(np.full(q, 5.0), (num, width - 1)))
+        x = rng.integers(0, q, (num, width))
+        k = rng.integers(2, width + 1, num)
+        key = rng.integers(-(2**62), 2**62, num)
+        args = (data, target, x, k, key)
+
+        def per_call(f, args=args):
+            f(*args)
+            start = time.perf_counter()
+            for _ in range(calls):
+                f(*args)
+            return (time.perf_counter() - start) / calls * 1e6
+
+        numpy_us = per_call(verify_numpy)
+        if compiled is None:
+            print(f"| {num} | {width} | {q} | {numpy_us:.1f} | - | - | - |")
+            continue
+        start = time.perf_counter()
+        theirs = compiled(*args)
+        first = time.perf_counter() - start
+        ours = verify_numpy(*args)
+        same = np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[2], theirs[2])
+        numba_us = per_call(compiled)
+        print(
+            f"| {num} | {width} | {q} | {numpy_us:.1f} | {numba_us:.1f} | {first:.2f} | {same} |",
+            flush=True,
+        )
+    print()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--parts", nargs="+", default=["rounds", "kernel"])
+    parser.add_argument("--oracles", nargs="+", default=ORACLES)
+    parser.add_argument("--draws", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    n, draws, repeats, calls = 1024, args.draws, args.repeats, 300
+    oracles = args.oracles
+    shapes = [(16, 32, 4), (256, 32, 4), (16, 8, 64)]
+    if args.smoke:
+        n, draws, repeats, calls = 64, 2, 1, 3
+        oracles = ["markov", "mixture:K=8"]
+        shapes = [(4, 8, 4)]
+    print(f"# The host control plane's round (torch {torch.__version__}, 1 thread, cpu)\n")
+    print(f"`python benchmarks/control_plane.py {' '.join(sys.argv[1:])}`\n".replace(" `", "`"))
+    start = time.perf_counter()
+    if "rounds" in args.parts:
+        rounds_part(oracles, n, draws, repeats)
+    if "kernel" in args.parts:
+        kernel_part(shapes, calls)
+    print(f"(total {time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
