@@ -28,7 +28,7 @@ import importlib
 from typing import Any
 
 from pyro_autospec.engine import OracleError, SampleResult, default_schedule, sample_any_order
-from pyro_autospec.oracles.base import MarginalOracle, MeanOracle
+from pyro_autospec.engine.protocols import MarginalOracle, MeanOracle
 
 __version__ = "0.1.0"
 

@@ -34,6 +34,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
+from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
@@ -44,7 +45,6 @@ from pyro_autospec.engine.rows import (
 )
 from pyro_autospec.engine.schedule import leaf_starts, token_only
 from pyro_autospec.engine.windows import WindowSampler
-from pyro_autospec.oracles.base import oracle_num_draws
 
 __all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
 

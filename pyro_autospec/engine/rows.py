@@ -35,15 +35,15 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.logspace import logsumexp
 from pyro_autospec.engine.modes import calling
-from pyro_autospec.engine.tables import ragged, take
-from pyro_autospec.oracles._util import logsumexp
-from pyro_autospec.oracles.base import (
+from pyro_autospec.engine.protocols import (
     has_chain_marginals,
     has_chain_then,
     has_targeted_marginals,
     oracle_num_draws,
 )
+from pyro_autospec.engine.tables import ragged, take
 
 __all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
 

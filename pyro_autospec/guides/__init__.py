@@ -1,7 +1,8 @@
 """Guide networks: learned oracles over a Pyro model's latent sites.
 
-* :class:`AnyOrderGuide` (discrete sites) is a :class:`~pyro_autospec.oracles.base.MarginalOracle`
-  that reads the model's factor graph (:mod:`~pyro_autospec.guides.structure`) and is trained
+* :class:`AnyOrderGuide` (discrete sites) is a
+  :class:`~pyro_autospec.engine.protocols.MarginalOracle` that reads the model's factor graph
+  (:mod:`~pyro_autospec.guides.structure`) and is trained
   with :meth:`AnyOrderGuide.fit_to_samples` (draws at hand), :func:`fit_posterior` (the model's
   joint density only) or :meth:`AnyOrderGuide.fit_simulation` (amortised over data sets);
   ``AutoSpec(model, guide=guide, correction=...)`` samples it exactly by autospeculation and

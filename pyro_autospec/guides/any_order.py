@@ -2,7 +2,7 @@
 
 A *guide network* is an any-order autoregressive network ``q(x_i | x_S)``: for every subset
 ``S`` of pinned coordinates it returns the conditional marginals of every coordinate. It is a
-:class:`~pyro_autospec.oracles.base.MarginalOracle`, so autospeculation samples it exactly
+:class:`~pyro_autospec.engine.protocols.MarginalOracle`, so autospeculation samples it exactly
 (with respect to its own sequential law in a uniformly random order, even though a network
 need not be consistent across orders; see :doc:`/guides`), and every draw comes with
 ``log q_sigma(x)``, so ``log p(x, data) - log q_sigma(x)`` is a valid log importance weight.
@@ -44,9 +44,9 @@ from typing import Any
 import torch
 from pyro.nn import PyroModule
 
+from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.guides._files import load_plain, plain
 from pyro_autospec.guides.networks import GraphNet, MaskedTransformer, ResidualMLP
-from pyro_autospec.oracles._util import chain_rows
 
 __all__ = ["AnyOrderGuide", "ConditionedGuide", "GuideContext", "ARCHITECTURES"]
 
@@ -141,7 +141,7 @@ class AnyOrderGuide(PyroModule):
     structure : ModelStructure or None
         The model's pairwise expansion for ``model_args`` (``None`` without a model).
     num_coords, num_values : int
-        ``n`` and ``q`` (the :class:`~pyro_autospec.oracles.base.MarginalOracle` protocol).
+        ``n`` and ``q`` (the :class:`~pyro_autospec.engine.protocols.MarginalOracle` protocol).
     context : GuideContext
         The potentials of the guide's own data set.
     loss_history : list of float
@@ -467,7 +467,7 @@ class AnyOrderGuide(PyroModule):
     def log_marginals(
         self, values: torch.Tensor, mask: torch.Tensor, draws: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The :class:`~pyro_autospec.oracles.base.MarginalOracle` query (no gradients).
+        """The :class:`~pyro_autospec.engine.protocols.MarginalOracle` query (no gradients).
 
         Parameters
         ----------

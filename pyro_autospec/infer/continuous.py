@@ -1,7 +1,7 @@
 """Sampling a model's continuous latent sites from a diffusion guide.
 
 :func:`sample_continuous` is what ``AutoSpec(model, guide=DiffusionGuide(...))`` runs: the
-guide's :class:`~pyro_autospec.oracles.base.MeanOracle` drives
+guide's :class:`~pyro_autospec.engine.protocols.MeanOracle` drives
 :func:`~pyro_autospec.engine.diffusion.sample_diffusion`, and the draws ``X_T / T`` are mapped
 back to the model's sites. The layout, simulation and log joint it uses live in
 :mod:`pyro_autospec.model` (imported here under their old names, so that existing code keeps

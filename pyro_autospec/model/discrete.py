@@ -13,7 +13,7 @@ distribution on ``[q]^n``, the setting of the any-order engine:
 * ``num_values`` is the largest support size over all sites; a coordinate whose site has a
   smaller support gives ``-inf`` to the values outside it.
 
-This is the mapping a custom :class:`~pyro_autospec.oracles.base.MarginalOracle` passed as
+This is the mapping a custom :class:`~pyro_autospec.engine.protocols.MarginalOracle` passed as
 ``AutoSpec(model, oracle=...)`` must follow; :attr:`SiteLayout.coordinates` lists it.
 """
 

@@ -11,7 +11,7 @@ Exact structured oracles (none of them imports Pyro):
 * :class:`CurieWeissOracle`: the mean-field Ising model.
 """
 
-from .base import (
+from pyro_autospec.engine.protocols import (
     MarginalOracle,
     MeanOracle,
     has_chain_marginals,
@@ -19,6 +19,7 @@ from .base import (
     has_targeted_marginals,
     is_inference_safe,
 )
+
 from .curie_weiss import CurieWeissOracle
 from .dpp import DPPOracle
 from .hmm import HMMOracle, PairwiseChainOracle

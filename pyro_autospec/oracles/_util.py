@@ -1,4 +1,6 @@
-"""Shared helpers of the exact structured oracles: validation, devices and log-space algebra.
+"""Shared helpers of the exact structured oracles: validation, devices and the base class.
+
+The log-space algebra they use is :mod:`pyro_autospec.engine.logspace`.
 
 Nothing here is public API. Every oracle in this package
 
@@ -23,12 +25,8 @@ __all__ = [
     "numpy_generator",
     "as_float64",
     "chain_repeats",
-    "chain_rows",
     "check_query",
     "check_targets",
-    "log_matmul",
-    "log_normalize",
-    "logsumexp",
     "point_mass",
     "work_entries",
 ]
@@ -47,7 +45,7 @@ class ExactOracle:
     expands a chain into rows).
 
     Subclasses inherit ``inference_safe = True``: the engine calls them under
-    :func:`torch.inference_mode` (see :class:`~pyro_autospec.oracles.base.MarginalOracle`). A
+    :func:`torch.inference_mode` (see :class:`~pyro_autospec.engine.protocols.MarginalOracle`). A
     subclass whose methods create parameters or change state sets it to ``False``.
     """
 
@@ -414,118 +412,6 @@ def pinned_with_chain(mask: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
     """BoolTensor[C, n]: ``mask`` with every coordinate of ``chain`` [C, L] pinned (what the
     row after a chain conditions on)."""
     return mask.clone().scatter_(1, chain, True)
-
-
-def chain_rows(
-    values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A chain query's ``L`` nested conditionings as ``C L`` ordinary rows, chain by chain.
-
-    Row ``c L + j`` pins ``mask[c]`` and ``chain[c, :j]`` and targets ``chain[c, j]`` (a
-    padding repeat of an earlier chain coordinate is then pinned: a point mass). For oracles
-    whose chain queries cost no less than their rows.
-
-    Parameters
-    ----------
-    values : LongTensor[C, n]
-    mask : BoolTensor[C, n]
-    chain : LongTensor[C, L]
-
-    Returns
-    -------
-    rows_values : LongTensor[C L, n]
-        ``values[c]`` for every row of chain ``c``.
-    rows_mask : BoolTensor[C L, n]
-    targets : LongTensor[C L, 1]
-    """
-    num, length = chain.shape
-    n = mask.shape[1]
-    first = torch.full((num, n), length, dtype=torch.long, device=chain.device)
-    steps = torch.arange(length, device=chain.device)
-    first.scatter_reduce_(1, chain, steps.expand(num, length), reduce="amin")
-    pinned = first[:, None, :] < steps[None, :, None]  # [C, L, n]: before step j of the chain
-    rows_mask = (pinned | mask[:, None, :]).reshape(num * length, n)
-    rows_values = values[:, None, :].expand(num, length, n).reshape(num * length, n)
-    return rows_values, rows_mask, chain.reshape(num * length, 1)
-
-
-# -- log-space algebra ---------------------------------------------------------------------------
-# Largest temporary of one log_matmul chunk (float64 entries: 128 MiB).
-_MAX_LOG_MATMUL_ENTRIES = 1 << 24
-
-
-def _safe_max(x: torch.Tensor, dim: int) -> torch.Tensor:
-    m = x.amax(dim=dim, keepdim=True)
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-
-
-def log_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``log(exp(a) @ exp(b))`` for (batched, broadcast) matrices, exact in log space.
-
-    ``a``: Tensor[..., i, j]; ``b``: Tensor[..., j, k]; returns Tensor[..., i, k]; ``-inf``
-    entries (zero probabilities) are allowed.
-
-    Rows of ``a`` and columns of ``b`` are first scaled by their maxima and multiplied by BLAS;
-    an entry of that product is then exact to rounding unless it is below ``1e-200`` (some of
-    its terms may have underflowed). The batch items holding such entries are recomputed as a
-    ``logsumexp`` over ``j`` of ``a[..., i, j] + b[..., j, k]``, so no dynamic range is lost.
-    """
-    ra = _safe_max(a, -1)
-    cb = _safe_max(b, -2)
-    prod = torch.exp(a - ra) @ torch.exp(b - cb)
-    out = torch.log(prod) + ra + cb
-    suspicious = prod < 1e-200
-    if not bool(suspicious.any()):
-        return out
-    batch = out.shape[:-2]
-    i, j, k = a.shape[-2], a.shape[-1], b.shape[-1]
-    flat_out = out.reshape(-1, i, k)
-    items = suspicious.reshape(-1, i * k).any(1).nonzero().flatten()
-    a_items = a.expand(*batch, i, j).reshape(-1, i, j)
-    b_items = b.expand(*batch, j, k).reshape(-1, j, k)
-    step = max(1, _MAX_LOG_MATMUL_ENTRIES // (i * j * k))
-    for s in range(0, len(items), step):
-        index = items[s : s + step]
-        exact = logsumexp(a_items[index].unsqueeze(-1) + b_items[index].unsqueeze(-3), dim=-2)
-        flat_out[index] = exact
-    return flat_out.reshape(out.shape)
-
-
-def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
-    """``log(sum(exp(x)))`` along ``dim``; ``-inf`` where every entry is ``-inf``.
-
-    (Faster than :func:`torch.logsumexp` on CPU when ``x`` holds ``-inf`` entries.)
-    """
-    m = _safe_max(x, dim)
-    e = (x - m).exp()
-    if dim in (-1, x.dim() - 1):
-        out = sum_last(e).unsqueeze(-1).log() + m
-    else:
-        out = e.sum(dim=dim, keepdim=True).log() + m
-    return out if keepdim else out.squeeze(dim)
-
-
-def sum_last(x: torch.Tensor) -> torch.Tensor:
-    """``x.sum(-1)`` for a floating ``x`` [..., q]; [...].
-
-    On a CPU, torch's reduction over a short contiguous last dimension costs about 15 ns per
-    entry for ``q`` = 2 or 3 (thousands of rows), 5 to 10 times more than adding the ``q``
-    slices. For ``q <= 4`` on a CPU the slices are added, left to right: the same order, so the
-    same rounding, for every row whatever the batch. Elsewhere this is ``x.sum(-1)``.
-    """
-    q = x.shape[-1]
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not 0 < q <= 4:
-        return x.sum(-1)
-    parts = x.unbind(-1)
-    out = parts[0].clone()
-    for part in parts[1:]:
-        out += part
-    return out
-
-
-def log_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """``x - logsumexp(x)`` along ``dim`` (NaN where every entry is ``-inf``)."""
-    return x - logsumexp(x, dim=dim, keepdim=True)
 
 
 def point_mass(

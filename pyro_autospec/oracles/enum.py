@@ -41,6 +41,7 @@ from pyro import poutine
 from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.util import prune_subsample_sites
 
+from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
@@ -59,7 +60,6 @@ from pyro_autospec.model.tracing import (
     site_role,
     structure_error,
 )
-from pyro_autospec.oracles._util import chain_rows
 from pyro_autospec.oracles.enum_contract import (
     PlannedLogRing,
     _align,
@@ -244,7 +244,7 @@ def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerati
 class EnumOracle:
     """Exact conditional marginals of a Pyro model's discrete latent sites, compiled once.
 
-    Implements :class:`~pyro_autospec.oracles.base.MarginalOracle` (with ``log_marginals_at``
+    Implements :class:`~pyro_autospec.engine.protocols.MarginalOracle` (with ``log_marginals_at``
     and ``log_marginals_chain``) for the posterior ``p(x | data)`` of the model's discrete
     latent sites (Bernoulli, Categorical, OneHotCategorical, Binomial, BetaBinomial), with the
     coordinate mapping of :mod:`pyro_autospec.model.discrete` (sites in trace order, C order
@@ -1056,7 +1056,8 @@ class EnumOracle:
         """Chain queries: each chain coordinate given the prefix and the chain before it.
 
         ``out[c, j] = log P(X_{chain[c, j]} = . | X_S = values_S)`` with
-        ``S = mask[c] + chain[c, :j]`` (see :class:`~pyro_autospec.oracles.base.MarginalOracle`).
+        ``S = mask[c] + chain[c, :j]`` (see
+        :class:`~pyro_autospec.engine.protocols.MarginalOracle`).
         For enumeration each of the ``L`` conditionings costs one contraction row, so this is
         no cheaper than ``L`` rows; it answers all of them in one batched call (identical
         conditionings, such as the padding of short chains, once).

@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
-from ._util import as_float64, log_matmul, log_normalize, point_mass
+from pyro_autospec.engine.logspace import log_matmul, log_normalize
+
+from ._util import as_float64, point_mass
 from .markov import SeparatorOracle, check_chain_parameters
 
 __all__ = ["HMMOracle", "PairwiseChainOracle"]
