@@ -44,6 +44,7 @@ from pyro_autospec.engine.rows import (
     draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
 )
 from pyro_autospec.engine.schedule import leaf_starts, token_only
+from pyro_autospec.engine.spread import spread_draws
 from pyro_autospec.engine.windows import WindowSampler
 
 __all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
@@ -139,7 +140,7 @@ def sample_any_order(
         Inside an initialised ``torch.distributed`` process group (e.g. under ``torchrun``),
         every rank makes this same call; each samples a contiguous share of the draws on its
         own device and every rank returns the full result, the same draws as one process with
-        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
+        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.spread`).
     **schedule
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
@@ -208,8 +209,6 @@ def sample_any_order(
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
     if distributed:  # hook: spread the draws over the ranks of a process group
-        from pyro_autospec.engine.distributed import spread_draws
-
         order_tensor = check_order(order, n)
         return spread_draws(
             num_samples,

@@ -354,7 +354,7 @@ class AutoSpec:
         progress = not self.disable_progbar
         start = time.perf_counter()
         if self.distributed:
-            from pyro_autospec.engine.distributed import require_process_group
+            from pyro_autospec.parallel.groups import require_process_group
 
             require_process_group("AutoSpec(distributed=True)")
         if _is_diffusion_guide(self.guide):

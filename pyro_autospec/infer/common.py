@@ -76,7 +76,7 @@ def chain_seeds(
 
     With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler. With
     ``distributed=True`` every rank of the ``torch.distributed`` group gets rank 0's seeds
-    (:func:`~pyro_autospec.engine.distributed.broadcast_seeds`), so that ``seed=None`` does not
+    (:func:`~pyro_autospec.parallel.groups.broadcast_seeds`), so that ``seed=None`` does not
     give each rank a different run.
 
     Examples
@@ -92,7 +92,7 @@ def chain_seeds(
         draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
         seeds = [int(s) for s in draws.tolist()]
     if distributed:
-        from pyro_autospec.engine.distributed import broadcast_seeds
+        from pyro_autospec.parallel.groups import broadcast_seeds
 
         seeds = broadcast_seeds(seeds)
     return seeds

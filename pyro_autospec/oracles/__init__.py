@@ -60,6 +60,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'pyro_autospec.oracles' has no attribute {name!r}")
 
 
-from .sharded import ShardedOracle  # noqa: E402
+from pyro_autospec.parallel.sharded import ShardedOracle  # noqa: E402
 
 __all__ += ["ShardedOracle"]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pyro_autospec.engine.distributed import communication_device, require_process_group
+from pyro_autospec.parallel.groups import communication_device, require_process_group
 
 __all__ = ["ShardedOracle"]
 
@@ -56,7 +56,7 @@ class ShardedOracle:
     ----------
     oracle : MarginalOracle or MeanOracle
         This rank's replica, usually on this rank's device
-        (:func:`~pyro_autospec.engine.distributed.local_device`). Every rank wraps a replica of
+        (:func:`~pyro_autospec.parallel.groups.local_device`). Every rank wraps a replica of
         the same oracle.
     group : ProcessGroup, optional
         The ranks that share the rows (default: the whole world).

@@ -20,8 +20,9 @@ from pyro_autospec.engine.protocols import (
     has_chain_then,
     has_targeted_marginals,
 )
-from pyro_autospec.oracles import MarkovChainOracle, ShardedOracle, TreePottsOracle
+from pyro_autospec.oracles import MarkovChainOracle, TreePottsOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
+from pyro_autospec.parallel import ShardedOracle
 from tests.engine.test_distributed import (
     INIT,
     POINTS,
