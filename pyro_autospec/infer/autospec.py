@@ -69,7 +69,7 @@ class AutoSpec:
       the chain rule of the posterior in a uniformly random order, and autospeculation [1]
       samples ``n`` coordinates in about ``sqrt(n)`` batched oracle calls ("rounds") instead
       of ``n``. The default oracle is exact enumeration, compiled once
-      (:class:`~pyro_autospec.oracles.enum.EnumOracle`).
+      (:class:`~pyro_autospec.model.enum.EnumOracle`).
     * **Continuous and discrete sites**: Pyro's ``NUTS`` samples the continuous sites with the
       discrete ones enumerated out; then the discrete sites are drawn exactly given each
       continuous draw (one batched engine run for all draws). ``get_samples()`` returns both.

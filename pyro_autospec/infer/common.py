@@ -18,6 +18,8 @@ from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_ru
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, knob_names
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.parallel.groups import broadcast_seeds
 
 __all__ = [
     "CORRECTIONS",
@@ -92,8 +94,6 @@ def chain_seeds(
         draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
         seeds = [int(s) for s in draws.tolist()]
     if distributed:
-        from pyro_autospec.parallel.groups import broadcast_seeds
-
         seeds = broadcast_seeds(seeds)
     return seeds
 
@@ -106,7 +106,7 @@ def build_oracle(
     layout: SiteLayout,
     device: torch.device | str | None = None,
 ):
-    """``"enum"``: a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`; else check it.
+    """``"enum"``: a compiled :class:`~pyro_autospec.model.enum.EnumOracle`; else check it.
 
     A user's oracle is checked against ``layout`` by one probe query
     (:meth:`~pyro_autospec.model.discrete.SiteLayout.check_oracle`).
@@ -125,7 +125,6 @@ def build_oracle(
             raise ValueError(
                 f"oracle must be 'enum' or a MarginalOracle instance; got the string {oracle!r}"
             )
-        from pyro_autospec.oracles.enum import EnumOracle
 
         return EnumOracle(model, args, kwargs, layout=layout, device=device)
     layout.check_oracle(oracle)

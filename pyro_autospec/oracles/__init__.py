@@ -48,17 +48,7 @@ __all__ = [
 # more oracles are exported below
 from .denoisers import FiniteSupportDenoiser, GaussianDenoiser, GaussianMixtureDenoiser  # noqa: E402
 
-__all__ += ["GaussianDenoiser", "GaussianMixtureDenoiser", "FiniteSupportDenoiser", "EnumOracle"]
-
-
-def __getattr__(name: str):
-    # EnumOracle imports Pyro: load it only when asked for, so the engine stays Pyro-free.
-    if name == "EnumOracle":
-        from .enum import EnumOracle
-
-        return EnumOracle
-    raise AttributeError(f"module 'pyro_autospec.oracles' has no attribute {name!r}")
-
+__all__ += ["GaussianDenoiser", "GaussianMixtureDenoiser", "FiniteSupportDenoiser"]
 
 from pyro_autospec.parallel.sharded import ShardedOracle  # noqa: E402
 

@@ -38,7 +38,7 @@ class PairwiseChainOracle(SeparatorOracle):
     a Markov random field on the path ``0 - 1 - ... - n-1`` with any (inhomogeneous) log
     potentials: a hidden Markov model's posterior, a chain CRF, or the factor graph of a Pyro
     model whose factors each touch one site or two consecutive ones
-    (:class:`~pyro_autospec.oracles.EnumOracle` lowers such models to this oracle).
+    (:class:`~pyro_autospec.model.EnumOracle` lowers such models to this oracle).
 
     Parameters
     ----------

@@ -6,7 +6,7 @@ dims (Pyro's packed form). A query row ``b`` pins some coordinates ``X_S = value
 evidence enters as one log-factor per site, ``0`` where allowed and ``-inf`` where a pinned
 coordinate takes another value. Every round is then one batched contraction of the factor graph
 with the evidence of all rows (:func:`pyro.ops.contract.contract_to_tensor` with
-:class:`~pyro_autospec.oracles.enum_contract.PlannedLogRing`, whose elimination plans are cached
+:class:`~pyro_autospec.model.enum_contract.PlannedLogRing`, whose elimination plans are cached
 per shape), giving ``log Z_b`` for every row, and one backward pass: the gradient of
 ``sum_b log Z_b`` with respect to the evidence is every coordinate's conditional marginal
 ``P(X_i = v | X_S = values_S, data)``. The model never runs again after compilation.
@@ -43,6 +43,12 @@ from pyro.poutine.util import prune_subsample_sites
 
 from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.enum_contract import (
+    PlannedLogRing,
+    _align,
+    constant_factor,
+    linear_factor,
+)
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
     DynamicStructureError,
@@ -59,12 +65,6 @@ from pyro_autospec.model.tracing import (
     quiet_warnings,
     site_role,
     structure_error,
-)
-from pyro_autospec.oracles.enum_contract import (
-    PlannedLogRing,
-    _align,
-    constant_factor,
-    linear_factor,
 )
 from pyro_autospec.oracles.hmm import PairwiseChainOracle
 
