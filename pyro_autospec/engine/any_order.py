@@ -36,6 +36,7 @@ from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
+from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
     OracleRows,
@@ -270,8 +271,6 @@ def run_any_order(
     lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
     rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids, lanes=lanes)
     if engine == "reference":
-        from pyro_autospec.engine.reference import run_discrete
-
         samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress
         )

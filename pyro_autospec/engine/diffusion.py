@@ -56,6 +56,7 @@ from pyro_autospec.engine.euler import (
 )
 from pyro_autospec.engine.methods import DIFFUSION, resolve_knobs
 from pyro_autospec.engine.recursion import Recursion
+from pyro_autospec.engine.reference import run_euler
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.spread import spread_draws
 
@@ -176,8 +177,6 @@ def _run(s: _Settings) -> SampleResult:
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
     error = None
     if s.engine == "reference":
-        from pyro_autospec.engine.reference import run_euler
-
         paths, log_prob, noise, rounds, rows, sample_rounds = run_euler(
             chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress
         )

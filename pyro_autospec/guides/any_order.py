@@ -47,6 +47,14 @@ from pyro.nn import PyroModule
 from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.guides._files import load_plain, plain
 from pyro_autospec.guides.networks import GraphNet, MaskedTransformer, ResidualMLP
+from pyro_autospec.guides.structure import (
+    factor_sites,
+    probe_potentials,
+    probe_structure,
+    simulate_discrete,
+)
+from pyro_autospec.guides.training import fit_posterior, fit_posterior_datasets, train
+from pyro_autospec.model import SiteLayout, discover_sites
 
 __all__ = ["AnyOrderGuide", "ConditionedGuide", "GuideContext", "ARCHITECTURES"]
 
@@ -204,8 +212,6 @@ class AnyOrderGuide(PyroModule):
         chunk_size: int = 4096,
     ):
         super().__init__()
-        from pyro_autospec.guides.structure import probe_structure
-        from pyro_autospec.model import SiteLayout, discover_sites
 
         if architecture not in ARCHITECTURES + ("auto",):
             raise ValueError(
@@ -591,8 +597,6 @@ class AnyOrderGuide(PyroModule):
         -------
         GuideContext
         """
-        from pyro_autospec.guides.structure import probe_potentials
-
         self._require_model("context_for")
         if not args and not kwargs:
             args, kwargs = self.model_args, self.model_kwargs
@@ -650,8 +654,6 @@ class AnyOrderGuide(PyroModule):
             )
 
     def _check_same_sites(self, args: tuple, kwargs: dict) -> None:
-        from pyro_autospec.model import discover_sites
-
         layout = discover_sites(
             self.model, args, kwargs, max_plate_nesting=self.layout.max_plate_nesting
         )
@@ -851,8 +853,6 @@ class AnyOrderGuide(PyroModule):
         >>> losses[-1] < losses[0]
         True
         """
-        from pyro_autospec.guides.training import train
-
         samples = self._coords(samples).to(self.device)
         num = samples.shape[0]
         if weights is None:
@@ -882,8 +882,6 @@ class AnyOrderGuide(PyroModule):
     def fit_posterior(self, *args: Any, **kwargs: Any) -> list[float]:
         """Fit the guide to the model's posterior given the data; see
         :func:`pyro_autospec.guides.training.fit_posterior` for the options."""
-        from pyro_autospec.guides.training import fit_posterior
-
         return fit_posterior(self, *args, **kwargs)
 
     def fit_simulation(
@@ -953,9 +951,6 @@ class AnyOrderGuide(PyroModule):
         >>> len(losses)
         20
         """
-        from pyro_autospec.guides.structure import factor_sites, simulate_discrete
-        from pyro_autospec.guides.training import fit_posterior_datasets, train
-
         self._require_model("fit_simulation")
         if objective not in ("auto", "likelihood", "posterior"):
             raise ValueError(

@@ -40,6 +40,9 @@ from typing import Any
 
 import torch
 
+from pyro_autospec.engine import sample_any_order
+from pyro_autospec.guides.structure import joint_log_prob
+
 __all__ = ["OBJECTIVES", "fit_posterior", "train"]
 
 OBJECTIVES = ("reverse", "forward", "both")
@@ -289,9 +292,6 @@ def fit_posterior(
     >>> sum(history[-5:]) / 5 < sum(history[:5]) / 5
     True
     """
-    from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.guides.structure import joint_log_prob
-
     _check_posterior_options(guide, objective, lr_decay, num_particles)
     if not args and not kwargs:
         args, kwargs = guide.model_args, guide.model_kwargs
@@ -364,9 +364,6 @@ def fit_posterior_datasets(
     per step draws ``num_particles`` draws spread over the step's data sets (a family of
     targets, one per draw).
     """
-    from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.guides.structure import joint_log_prob
-
     _check_posterior_options(guide, objective, lr_decay, num_particles)
     args, kwargs = tuple(model_args), dict(model_kwargs or {})
     num_sets = next(iter(observed.values())).shape[0]

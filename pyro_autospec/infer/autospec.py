@@ -36,11 +36,15 @@ from pyro_autospec.infer.common import (
     chain_seeds,
     check_schedule,
 )
+from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.map_decode import most_probable
+from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
+from pyro_autospec.parallel.groups import require_process_group
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
@@ -354,12 +358,8 @@ class AutoSpec:
         progress = not self.disable_progbar
         start = time.perf_counter()
         if self.distributed:
-            from pyro_autospec.parallel.groups import require_process_group
-
             require_process_group("AutoSpec(distributed=True)")
         if _is_diffusion_guide(self.guide):
-            from pyro_autospec.infer.diffusion_run import DiffusionRun
-
             if self.correction is not None:
                 raise ValueError(
                     "correction= needs the guide's density of each draw; a DiffusionGuide's "
@@ -451,8 +451,6 @@ class AutoSpec:
         >>> [int(path[f"x_{t}"]) for t in range(4)]
         [0, 1, 1, 1]
         """
-        from pyro_autospec.infer.map_decode import most_probable
-
         layout = discover_sites(
             self.model,
             args,
@@ -475,8 +473,6 @@ class AutoSpec:
         return most_probable(self.model, args, kwargs, layout)
 
     def _run_mixed(self, layout, args, kwargs, progress) -> None:
-        from pyro_autospec.infer.mixed_run import MixedRun
-
         names = [s.name for s in layout.continuous]
         if self.guide is not None or not isinstance(self.oracle, str) or self.correction:
             raise UnsupportedSiteError(

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.model.continuous import (
     ContinuousLayout,
     ContinuousSite,
@@ -175,8 +176,6 @@ def sample_continuous(
     >>> out.samples["loc"].shape, out.sample_rounds.shape, out.lp.shape
     (torch.Size([10]), torch.Size([10]), torch.Size([10]))
     """
-    from pyro_autospec.engine.diffusion import sample_diffusion
-
     unknown = sorted(set(schedule) - set(_SCHEDULE_KNOBS))
     if unknown:
         raise TypeError(

@@ -11,6 +11,7 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
@@ -275,8 +276,6 @@ class AutoSpecKernel(MCMCKernel):
 
     # -- internals ---------------------------------------------------------------------------
     def _refill(self) -> None:
-        from pyro_autospec.engine import sample_any_order
-
         if self.layout is None:
             raise RuntimeError("AutoSpecKernel.setup(warmup_steps, *args) must run first")
         (seed,) = chain_seeds(self._generator, 1)
