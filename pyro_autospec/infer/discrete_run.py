@@ -29,8 +29,8 @@ import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.guides.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.common import SelfCheck, SelfCheckError, build_oracle
+from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
