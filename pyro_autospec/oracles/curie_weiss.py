@@ -8,7 +8,8 @@ import torch
 
 from pyro_autospec.engine.logspace import log_normalize, logsumexp
 
-from ._util import ExactOracle, as_float64, chain_repeats, point_mass
+from ._util import as_float64, chain_repeats, point_mass
+from .exact import ExactOracle
 
 __all__ = ["CurieWeissOracle"]
 

@@ -9,7 +9,8 @@ import torch
 
 from pyro_autospec.engine.logspace import log_matmul, log_normalize
 
-from ._util import ChainThen, ExactOracle, as_float64, point_mass
+from ._util import as_float64, point_mass
+from .exact import ChainThen, ExactOracle
 
 __all__ = [
     "MarkovChainOracle",

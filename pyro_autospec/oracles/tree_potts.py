@@ -10,13 +10,12 @@ import torch
 from pyro_autospec.engine.logspace import log_normalize, logsumexp
 
 from ._util import (
-    ChainThen,
-    ExactOracle,
     as_float64,
     chain_repeats,
     pinned_with_chain,
     point_mass,
 )
+from .exact import ChainThen, ExactOracle
 
 __all__ = ["TreePottsOracle"]
 

@@ -7,13 +7,14 @@ from pyro_autospec.engine.protocols import has_chain_marginals
 from pyro_autospec.oracles import (
     CurieWeissOracle,
     DPPOracle,
+    ExactOracle,
     HMMOracle,
     MarkovChainOracle,
     SpanningTreeOracle,
     TabularOracle,
     TreePottsOracle,
 )
-from pyro_autospec.oracles._util import ExactOracle, chain_repeats
+from pyro_autospec.oracles._util import chain_repeats
 
 
 def small_oracles():
