@@ -424,7 +424,7 @@ class DiffusionGuide(PyroModule):
         num_iterations, batch_size, lr, lr_decay, weighting, seed, disable_progbar :
             As in :meth:`fit`.
         vectorize : bool
-            Simulate in one vectorised trace (see :func:`~pyro_autospec.infer.continuous.simulate`).
+            Simulate in one vectorised trace (see :func:`~pyro_autospec.model.continuous.simulate`).
 
         Returns
         -------

@@ -14,7 +14,7 @@ from pyro_autospec.infer import (
     IntractableEnumerationError,
     UnsupportedSiteError,
 )
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 
 

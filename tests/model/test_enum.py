@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pyro_autospec.engine.protocols import MarginalOracle
-from pyro_autospec.infer.sites import DynamicStructureError, enumerate_posterior
+from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from pyro import poutine
 
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
 from pyro_autospec.oracles import PairwiseChainOracle
