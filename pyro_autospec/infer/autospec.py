@@ -29,6 +29,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.engine.keys import check_seed
+from pyro_autospec.engine.methods import DISCRETE, method_names
 from pyro_autospec.infer.common import (
     CORRECTIONS,
     METHODS,
@@ -48,7 +49,7 @@ from pyro_autospec.parallel.groups import require_process_group
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
-_DISCRETE_METHODS = ("autospec", "sequential", "speculative", "agr24")
+_DISCRETE_METHODS = method_names(DISCRETE, front_end=True)
 
 
 def _is_diffusion_guide(guide: Any) -> bool:

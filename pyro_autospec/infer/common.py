@@ -16,7 +16,7 @@ from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, knob_names
+from pyro_autospec.engine.methods import DISCRETE, knob_names, method_names
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.parallel.groups import broadcast_seeds
@@ -39,7 +39,8 @@ __all__ = [
 #: The engine's schedule knobs on ``[q]^n`` (each method accepts its own; the engine checks).
 SCHEDULE_KNOBS = knob_names(DISCRETE)
 CORRECTIONS = (None, "importance", "imh")
-METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
+#: The methods the front end offers (discrete and diffusion), from the engine's one list.
+METHODS = method_names(front_end=True)
 #: ``split_gelman_rubin`` and ``effective_sample_size`` need this many draws per chain.
 MIN_DRAWS_FOR_DIAGNOSTICS = 4
 
