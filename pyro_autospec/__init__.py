@@ -6,7 +6,7 @@ lazily, on first use, so ``import pyro_autospec`` stays light. The subpackages a
 of the package, imported on first access as in ``pyro.infer``: ``pyro_autospec.engine``,
 ``.parallel``, ``.oracles``, ``.model``, ``.infer``, ``.guides``, ``.diagnostics`` and
 ``.distributions``. The documentation is at :doc:`/index`; the algorithm is explained in
-:doc:`/algorithm`.
+:doc:`/algorithm`; how the packages are laid out in :doc:`/architecture`.
 
 Examples
 --------
