@@ -128,11 +128,9 @@ def default_schedule(num_coords: int) -> dict:
     says why); they trade rounds (latency) against rows (work) and, except the caps, change
     which random numbers the draws read. The same seed and knobs give the same draws on any
     device and batch. Every window is drafted from the marginals given the draw's prefix (one
-    row) and verified against the chain rule in one round. Measured on consistent oracles
-    (Markov chains, mixtures) and on imperfect any-order networks at ``n`` up to 4096, the
-    token rule with adaptive windows took fewer rounds and rows than the block rule with
-    residual races, hence the default; the figures and commands are in
-    ``benchmarks/README.md``.
+    row) and verified against the chain rule in one round. The token rule with adaptive
+    windows is the default because it took fewer rounds and rows than the block rule with
+    residual races on every family measured (:doc:`/benchmarks`).
 
     Examples
     --------

@@ -23,12 +23,10 @@ space ``(x, sigma) ~ Uniform(sigma) q_sigma(x)``:
   unbiased estimate uses ``num_positions`` of them, at random.
 * ``"both"``: the sum. The reverse term moves a poor guide into the posterior's bulk.
 
-Which to use is measured by ``python benchmarks/guides.py --parts training`` (steps per
-second and the quality reached at equal wall time, in one run; the table is in the benchmarks
-README, :doc:`/benchmarks`). On the 16x16 Ising posterior there the graph guide started so close
-to the posterior that ``"forward"`` and ``"both"`` ended equal (KL about 0); for the MLP, which
-starts far away, ``"both"`` reached a KL of 49 against 182 for ``"forward"``, so ``"both"`` is
-the default.
+``"both"`` is the default: a guide that starts far from the posterior reached a lower KL with
+it than with ``"forward"`` at equal wall time, and one that starts close ended equal.
+``python benchmarks/guides.py --parts training`` measures it; the figures are in
+:doc:`/benchmarks`.
 """
 
 from __future__ import annotations
