@@ -35,7 +35,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import pyro
 import torch
 from pyro import poutine
 from pyro.ops.contract import contract_to_tensor
@@ -61,6 +60,7 @@ from pyro_autospec.model.tracing import (
     assertion_error,
     batching_advice,
     compute_log_prob,
+    over_draws,
     parallel_enumeration,
     quiet_warnings,
     site_role,
@@ -470,10 +470,7 @@ class EnumOracle:
             model = poutine.condition(model, data=data)
         enumerated = poutine.infer_config(model, parallel_enumeration)
 
-        def with_draws(*args, **kwargs):
-            with pyro.plate(DRAWS_PLATE, num, dim=-(mpn + 1)):
-                return enumerated(*args, **kwargs)
-
+        with_draws = over_draws(enumerated, num, mpn)
         recorder = SiteRecorder()
         traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
         try:
