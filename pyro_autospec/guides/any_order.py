@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -50,7 +49,7 @@ from pyro.nn import PyroModule
 from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.guides.any_order_checkpoint import GuideCheckpoint
 from pyro_autospec.guides.any_order_training import GuideTraining
-from pyro_autospec.guides.networks import GraphNet, MaskedTransformer, ResidualMLP
+from pyro_autospec.guides.networks import GraphNet, GuideContext, MaskedTransformer, ResidualMLP
 from pyro_autospec.guides.structure import (
     probe_potentials,
     probe_structure,
@@ -62,42 +61,6 @@ __all__ = ["AnyOrderGuide", "ConditionedGuide", "GuideContext", "ARCHITECTURES"]
 ARCHITECTURES = ("graph", "mlp", "transformer")
 _DEFAULT_HIDDEN = {"graph": 32, "mlp": 128, "transformer": 64}
 _DEFAULT_LAYERS = {"graph": 0, "mlp": 2, "transformer": 2}
-
-
-@dataclass
-class GuideContext:
-    """What a guide knows of ``K`` data sets: their potentials.
-
-    Attributes
-    ----------
-    unary : Tensor[K, n, q]
-        Unary potentials (``-inf`` outside each coordinate's support).
-    slots : Tensor[K, n, D, q, q] or None
-        Pairwise potentials per neighbour slot (``"graph"`` only).
-    """
-
-    unary: torch.Tensor
-    slots: torch.Tensor | None = None
-
-    @property
-    def num_sets(self) -> int:
-        """``K``."""
-        return int(self.unary.shape[0])
-
-    def subset(self, index: torch.Tensor) -> GuideContext:
-        """The data sets ``index`` (LongTensor[k]) as a context of ``k`` sets."""
-        index = torch.as_tensor(index, dtype=torch.long, device=self.unary.device)
-        slots = None if self.slots is None else self.slots[index]
-        return GuideContext(self.unary[index], slots)
-
-    def rows(self, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-row context for rows of data sets ``index`` (LongTensor[B]; ``None``: set 0,
-        broadcast): ``unary`` [B|1, n, q], ``slots`` [B|1, n, D, q, q] or ``None``."""
-        if index is None:
-            if self.num_sets != 1:
-                raise ValueError(f"a context of {self.num_sets} data sets needs a row index")
-            return self.unary, self.slots
-        return self.unary[index], None if self.slots is None else self.slots[index]
 
 
 class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):

@@ -16,16 +16,14 @@ The methods here are the guide's own (:class:`AnyOrderGuide` derives from
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from pyro_autospec.guides.networks import GuideContext
 from pyro_autospec.guides.structure import factor_sites, simulate_discrete
 from pyro_autospec.guides.training import fit_posterior, fit_posterior_datasets, train
 from pyro_autospec.model import discover_sites
-
-if TYPE_CHECKING:
-    from pyro_autospec.guides.any_order import GuideContext
 
 __all__ = ["GuideTraining"]
 
