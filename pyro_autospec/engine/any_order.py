@@ -141,7 +141,7 @@ def sample_any_order(
         Inside an initialised ``torch.distributed`` process group (e.g. under ``torchrun``),
         every rank makes this same call; each samples a contiguous share of the draws on its
         own device and every rank returns the full result, the same draws as one process with
-        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.spread`).
+        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
     **schedule
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
