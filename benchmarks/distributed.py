@@ -200,8 +200,7 @@ def record(wall: float, result) -> dict:
 def worker(args) -> None:
     import torch.distributed as dist
 
-    from pyro_autospec.engine.distributed import setup_process_group
-    from pyro_autospec.oracles import ShardedOracle
+    from pyro_autospec.parallel import ShardedOracle, setup_process_group
 
     torch.set_num_threads(1)
     shared_gpu = args.device == "cuda" and torch.cuda.device_count() < int(os.environ["WORLD_SIZE"])

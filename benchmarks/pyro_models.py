@@ -48,7 +48,7 @@ from pyro.infer import config_enumerate, infer_discrete
 
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model import discover_sites
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 # Pyro's examples/hmm.py models, verbatim: the same code the handler tests check.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -4,8 +4,9 @@ The engine (:mod:`pyro_autospec.engine`) and the structured oracles never import
 front end (:class:`AutoSpec`, :class:`AutoSpecKernel`) and the Pyro distributions are loaded
 lazily, on first use, so ``import pyro_autospec`` stays light. The subpackages are attributes
 of the package, imported on first access as in ``pyro.infer``: ``pyro_autospec.engine``,
-``.oracles``, ``.infer``, ``.guides``, ``.diagnostics`` and ``.distributions``. The
-documentation is at :doc:`/index`; the algorithm is explained in :doc:`/algorithm`.
+``.parallel``, ``.oracles``, ``.model``, ``.infer``, ``.guides``, ``.diagnostics`` and
+``.distributions``. The documentation is at :doc:`/index`; the algorithm is explained in
+:doc:`/algorithm`; how the packages are laid out in :doc:`/architecture`.
 
 Examples
 --------
@@ -28,7 +29,7 @@ import importlib
 from typing import Any
 
 from pyro_autospec.engine import OracleError, SampleResult, default_schedule, sample_any_order
-from pyro_autospec.oracles.base import MarginalOracle, MeanOracle
+from pyro_autospec.engine.protocols import MarginalOracle, MeanOracle
 
 __version__ = "0.1.0"
 
@@ -44,9 +45,18 @@ _LAZY = {
     "euler_maruyama_log_prob": "pyro_autospec.engine.diffusion",
 }
 
-# Subpackages reachable as attributes, imported on first access (infer, guides, diagnostics and
-# distributions import Pyro; the engine and the oracles do not).
-_SUBPACKAGES = ("engine", "oracles", "model", "infer", "guides", "diagnostics", "distributions")
+# Subpackages reachable as attributes, imported on first access (model, infer, guides,
+# diagnostics and distributions import Pyro; the engine, parallel and the oracles do not).
+_SUBPACKAGES = (
+    "engine",
+    "parallel",
+    "oracles",
+    "model",
+    "infer",
+    "guides",
+    "diagnostics",
+    "distributions",
+)
 
 __all__ = [
     "MarginalOracle",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from pyro_autospec.demo import main as demo
+
 USAGE = """usage: pyro-autospec COMMAND [options]
 
 commands:
@@ -22,8 +24,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "demo":
-        from pyro_autospec.demo import main as demo
-
         demo(rest)
         return 0
     print(f"pyro-autospec: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)

@@ -28,8 +28,18 @@ import time
 import warnings
 
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import scipy.stats
 import torch
+from pyro import poutine
+from pyro.infer import config_enumerate, infer_discrete
+
+from pyro_autospec.diagnostics import to_inference_data
+from pyro_autospec.engine import sample_any_order
+from pyro_autospec.infer import AutoSpec
+from pyro_autospec.oracles.markov import MarkovChainOracle
+from pyro_autospec.oracles.tabular import TabularOracle
 
 __all__ = ["potts_table", "run_demo"]
 
@@ -39,9 +49,6 @@ EMIT = [[1 / 6] * 6, [0.1] * 5 + [0.5]]  # the loaded die shows a six half of th
 
 def casino(rolls):
     """The dishonest casino: ``x_t`` = 1 when roll ``t`` comes from the loaded die."""
-    import pyro
-    import pyro.distributions as dist
-
     trans, emit = torch.tensor(TRANS), torch.tensor(EMIT)
     x = 0
     for t in pyro.markov(range(len(rolls))):
@@ -161,15 +168,6 @@ def run_demo(
     --------
     >>> numbers = run_demo(num_rolls=20, num_samples=40, n=64, repeats=1)  # doctest: +SKIP
     """
-    import pyro
-    from pyro import poutine
-    from pyro.infer import config_enumerate, infer_discrete
-
-    from pyro_autospec import AutoSpec
-    from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.oracles.markov import MarkovChainOracle
-    from pyro_autospec.oracles.tabular import TabularOracle
-
     out: dict = {"wall": {}}
     rolls = casino_rolls(num_rolls, seed)
     print(
@@ -396,8 +394,6 @@ def _arviz_summary(idata, names: list[str]) -> dict[str, tuple[str, ...]]:
 
 def _as_idata(draws: dict, names: list[str]):
     """Independent draws ``[N]`` as ArviZ data with 2 chains (as AutoSpec exports them)."""
-    from pyro_autospec.diagnostics import to_inference_data
-
     half = next(iter(draws.values())).shape[0] // 2
     return to_inference_data({k: draws[k][: 2 * half].reshape(2, half) for k in names})
 

@@ -15,7 +15,7 @@ import public_api  # noqa: E402
 
 #: Pages other documents link to with :doc: (docstrings included): they must exist.
 PAGES = ["index", "algorithm", "oracles", "choosing", "benchmarks", "pyro", "guides", "diffusion"]
-PAGES += ["api", "tutorials", "contributing"]
+PAGES += ["api", "tutorials", "contributing", "architecture"]
 
 #: Internal notes of the developers, which users cannot read.
 INTERNAL = re.compile(r"ALGORITHM\.md|PYRO_NOTES|RESEARCH\.md|STYLE\.md|/work/shared")

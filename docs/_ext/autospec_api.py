@@ -38,6 +38,10 @@ class PublicAPIDirective(SphinxDirective):
             lines += [f".. {directive}:: {module_name}.{name}"]
             if directive in ("autoclass", "autoexception"):
                 lines += ["   :members:", "   :show-inheritance:"]
+                hidden = _hidden_bases(obj, homes)
+                if hidden:  # a private mixin's members are the class's own
+                    outside = sorted({c.__name__ for c in obj.__mro__[1:] if c not in hidden})
+                    lines += [f"   :inherited-members: {', '.join(outside)}"]
             lines += [""]
         if reexported:
             lines += ["", "Also exported here, documented where they are defined:", ""]
@@ -45,6 +49,22 @@ class PublicAPIDirective(SphinxDirective):
                 lines += [f"* :py:{role}:`{home}.{name}`"]
             lines += [""]
         return self.parse_text_to_nodes("\n".join(lines))
+
+
+def _hidden_bases(cls: type, homes: dict[int, str]) -> set[type]:
+    """The bases of ``cls`` that only split its code (mixins of this library that are not
+    public): their members are documented as the class's, and they are not shown as bases."""
+    return {
+        base
+        for base in cls.__mro__[1:]
+        if getattr(base, "__module__", "").startswith("pyro_autospec") and id(base) not in homes
+    }
+
+
+def _drop_hidden_bases(app, name, obj, options, bases: list) -> None:
+    if inspect.isclass(obj):
+        hidden = _hidden_bases(obj, public_api.home_modules())
+        bases[:] = [base for base in bases if base not in hidden]
 
 
 def _kinds(obj: object) -> tuple[str, str]:
@@ -60,4 +80,5 @@ def _kinds(obj: object) -> tuple[str, str]:
 
 def setup(app: Sphinx) -> dict:
     app.add_directive("public-api", PublicAPIDirective)
+    app.connect("autodoc-process-bases", _drop_hidden_bases)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
+
 __all__ = ["SBCResult", "sbc", "plot_sbc_ranks", "rank_uniformity_pvalue"]
 
 #: Fewest expected counts per bin for the chi-square test.
@@ -196,9 +199,6 @@ def sbc(
     (torch.Size([50]), True)
     """
     from tqdm.auto import tqdm
-
-    from pyro_autospec.engine.diffusion import sample_diffusion
-    from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
 
     if not isinstance(num_posterior_samples, int) or num_posterior_samples < 1:
         raise ValueError(

@@ -34,7 +34,9 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
+from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
+from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
     OracleRows,
@@ -43,8 +45,8 @@ from pyro_autospec.engine.rows import (
     draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
 )
 from pyro_autospec.engine.schedule import leaf_starts, token_only
+from pyro_autospec.engine.spread import spread_draws
 from pyro_autospec.engine.windows import WindowSampler
-from pyro_autospec.oracles.base import oracle_num_draws
 
 __all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
 
@@ -208,8 +210,6 @@ def sample_any_order(
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
     if distributed:  # hook: spread the draws over the ranks of a process group
-        from pyro_autospec.engine.distributed import spread_draws
-
         order_tensor = check_order(order, n)
         return spread_draws(
             num_samples,
@@ -271,8 +271,6 @@ def run_any_order(
     lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
     rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids, lanes=lanes)
     if engine == "reference":
-        from pyro_autospec.engine.reference import run_discrete
-
         samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress
         )

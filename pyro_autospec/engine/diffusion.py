@@ -56,7 +56,9 @@ from pyro_autospec.engine.euler import (
 )
 from pyro_autospec.engine.methods import DIFFUSION, resolve_knobs
 from pyro_autospec.engine.recursion import Recursion
+from pyro_autospec.engine.reference import run_euler
 from pyro_autospec.engine.result import SampleResult
+from pyro_autospec.engine.spread import spread_draws
 
 __all__ = [
     "DiffusionResult",
@@ -175,8 +177,6 @@ def _run(s: _Settings) -> SampleResult:
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
     error = None
     if s.engine == "reference":
-        from pyro_autospec.engine.reference import run_euler
-
         paths, log_prob, noise, rounds, rows, sample_rounds = run_euler(
             chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress
         )
@@ -265,8 +265,6 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
     """Run ``s`` here, or (hook) spread its draws over the ranks of a process group."""
     if not distributed:
         return _run(s)
-    from pyro_autospec.engine.distributed import spread_draws
-
     return spread_draws(
         s.x0.shape[0],
         s.seed,
@@ -361,7 +359,7 @@ def sample_sde(
         Inside an initialised ``torch.distributed`` process group, every rank makes this same
         call; each simulates a contiguous share of the paths on its own device and every rank
         returns them all, the same as one process with the same seed, plus ``per_rank``
-        counts (:mod:`pyro_autospec.engine.distributed`).
+        counts (:mod:`pyro_autospec.engine.spread`).
     **schedule
         ``max_rows_per_round`` (a cap on the rows of one round; the oldest requests go
         first), ``max_rows_per_call`` (cut each round into oracle calls of at most this many

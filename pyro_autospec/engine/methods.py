@@ -1,5 +1,8 @@
 """The one list of sampling methods, their settings and their schedule knobs.
 
+Every other list of methods (the front end's, its error messages) is read from
+:data:`METHODS` with :func:`method_names`.
+
 ``sample_any_order`` (distributions on ``[q]^n``) and ``sample_diffusion`` / ``sample_sde``
 (Euler-Maruyama chains) accept the methods of their setting. Knobs change rounds and rows
 (latency against work), never the law of the output; with keyed randomness they do not even
@@ -14,11 +17,14 @@ from dataclasses import dataclass, field
 from pyro_autospec.engine.schedule import BlockPolicy
 
 __all__ = [
+    "DIFFUSION",
+    "DISCRETE",
     "METHODS",
     "Method",
     "block_policy",
     "default_schedule",
     "knob_names",
+    "method_names",
     "resolve_knobs",
 ]
 
@@ -27,13 +33,18 @@ DISCRETE, DIFFUSION = "discrete", "diffusion"
 
 @dataclass(frozen=True)
 class Method:
-    """A sampler: its settings, whether its output is exact, and its own knobs."""
+    """A sampler: its settings, whether its output is exact, and its own knobs.
+
+    ``front_end``: whether the Pyro front end (``AutoSpec``, ``AutoSpecKernel``) offers it;
+    a method that exists to test another (``"gumbel_sequential"``) is the engine's only.
+    """
 
     name: str
     settings: tuple[str, ...]
     exact: bool
     summary: str
     knobs: dict = field(default_factory=dict)
+    front_end: bool = True
 
 
 METHODS: dict[str, Method] = {
@@ -65,6 +76,7 @@ METHODS: dict[str, Method] = {
             (DISCRETE,),
             True,
             "the chain rule with agr24's fixed Gumbel noise: agr24's path-by-path reference",
+            front_end=False,
         ),
         Method(
             "picard",
@@ -116,11 +128,9 @@ def default_schedule(num_coords: int) -> dict:
     says why); they trade rounds (latency) against rows (work) and, except the caps, change
     which random numbers the draws read. The same seed and knobs give the same draws on any
     device and batch. Every window is drafted from the marginals given the draw's prefix (one
-    row) and verified against the chain rule in one round. Measured on consistent oracles
-    (Markov chains, mixtures) and on imperfect any-order networks at ``n`` up to 4096, the
-    token rule with adaptive windows took fewer rounds and rows than the block rule with
-    residual races, hence the default; the figures and commands are in
-    ``benchmarks/README.md``.
+    row) and verified against the chain rule in one round. The token rule with adaptive
+    windows is the default because it took fewer rounds and rows than the block rule with
+    residual races on every family measured (:doc:`/benchmarks`).
 
     Examples
     --------
@@ -137,6 +147,28 @@ def default_schedule(num_coords: int) -> dict:
         "race_depth": 1,
         "token_below": None,
     }
+
+
+def method_names(setting: str | None = None, front_end: bool = False) -> tuple[str, ...]:
+    """The names of the methods, in the order of :data:`METHODS`.
+
+    Parameters
+    ----------
+    setting : {"discrete", "diffusion"}, optional
+        Only the methods of this setting (default: all).
+    front_end : bool
+        Only the methods the Pyro front end offers.
+
+    Examples
+    --------
+    >>> method_names(DISCRETE, front_end=True)
+    ('autospec', 'sequential', 'speculative', 'agr24')
+    """
+    return tuple(
+        name
+        for name, method in METHODS.items()
+        if (setting is None or setting in method.settings) and (method.front_end or not front_end)
+    )
 
 
 def knob_names(setting: str = DISCRETE) -> tuple[str, ...]:
@@ -171,7 +203,7 @@ def resolve_knobs(method: str, setting: str, defaults: dict, given: dict) -> dic
     ``"autospec"`` accepts.
     """
     if method not in METHODS or setting not in METHODS[method].settings:
-        names = sorted(m for m, spec in METHODS.items() if setting in spec.settings)
+        names = sorted(method_names(setting))
         raise ValueError(f"method must be one of {names}; got {method!r}")
     knobs = dict(COMMON_KNOBS[setting])
     if method == "autospec":

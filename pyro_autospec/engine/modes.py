@@ -6,7 +6,7 @@ costs a few microseconds of dispatch whatever its arithmetic. Under
 fifth off that cost. But a tensor created there is an *inference tensor*: it can never be
 written in place, or saved for backward, outside inference mode. So code the engine does not
 own (an oracle, a drift) runs with inference mode off, unless it declares itself
-``inference_safe`` (:func:`~pyro_autospec.oracles.base.is_inference_safe`), and the samplers
+``inference_safe`` (:func:`~pyro_autospec.engine.protocols.is_inference_safe`), and the samplers
 hand back ordinary tensors (:func:`ordinary`).
 """
 
@@ -16,6 +16,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+
+from pyro_autospec.engine.protocols import is_inference_safe
 
 __all__ = ["calling", "engine_mode", "ordinary"]
 
@@ -54,8 +56,6 @@ def calling(oracle: object, grad_enabled: bool = False):
     ...     torch.is_inference_mode_enabled()
     False
     """
-    from pyro_autospec.oracles.base import is_inference_safe  # the oracles import the engine
-
     if is_inference_safe(oracle):
         return contextlib.nullcontext
     return lambda: _foreign(grad_enabled)

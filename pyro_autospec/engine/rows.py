@@ -1,4 +1,4 @@
-"""Asking a :class:`~pyro_autospec.oracles.base.MarginalOracle` for rows, in batches, checked.
+"""Asking a :class:`~pyro_autospec.engine.protocols.MarginalOracle` for rows, in batches, checked.
 
 The samplers ask for two kinds of conditionings of a draw's partial sample, always along the
 draw's visiting order ``sigma``:
@@ -38,13 +38,13 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling
-from pyro_autospec.engine.tables import ragged, take
-from pyro_autospec.oracles.base import (
+from pyro_autospec.engine.protocols import (
     has_chain_marginals,
     has_chain_then,
     has_targeted_marginals,
     oracle_num_draws,
 )
+from pyro_autospec.engine.tables import ragged, take
 
 __all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
 

@@ -1,13 +1,15 @@
 """Guide networks: learned oracles over a Pyro model's latent sites.
 
-* :class:`AnyOrderGuide` (discrete sites) is a :class:`~pyro_autospec.oracles.base.MarginalOracle`
-  that reads the model's factor graph (:mod:`~pyro_autospec.guides.structure`) and is trained
+* :class:`AnyOrderGuide` (discrete sites) is a
+  :class:`~pyro_autospec.engine.protocols.MarginalOracle` that reads the model's factor graph
+  (:mod:`~pyro_autospec.guides.structure`) and is trained
   with :meth:`AnyOrderGuide.fit_to_samples` (draws at hand), :func:`fit_posterior` (the model's
   joint density only) or :meth:`AnyOrderGuide.fit_simulation` (amortised over data sets);
   ``AutoSpec(model, guide=guide, correction=...)`` samples it exactly by autospeculation and
   corrects the draws to the exact posterior (importance resampling with Pareto smoothing, or
-  independent Metropolis-Hastings); :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics`
-  says whether to trust the correction.
+  independent Metropolis-Hastings: :mod:`pyro_autospec.infer.correction`);
+  :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` says whether to trust the
+  correction.
 * :class:`DiffusionGuide` (continuous sites) is a denoiser ``f(t, x; data)`` over the
   unconstrained continuous latents, trained by simulation; ``AutoSpec(model, guide=guide)``
   draws from its discretised diffusion exactly as the sequential Euler-Maruyama chain would.
@@ -17,7 +19,6 @@ Both guides train with the one Adam loop :func:`~pyro_autospec.guides.training.t
 """
 
 from pyro_autospec.guides.any_order import AnyOrderGuide, ConditionedGuide, GuideContext
-from pyro_autospec.guides.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.guides.diffusion import ConditionedDenoiser, DiffusionGuide
 from pyro_autospec.guides.structure import ModelStructure, probe_structure
 from pyro_autospec.guides.training import fit_posterior, train
@@ -30,8 +31,6 @@ __all__ = [
     "GuideContext",
     "ModelStructure",
     "fit_posterior",
-    "importance_resample",
-    "independent_metropolis_hastings",
     "probe_structure",
     "train",
 ]

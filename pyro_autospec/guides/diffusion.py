@@ -4,7 +4,7 @@ A *diffusion guide* is a network ``f_theta(t, x; data)`` that approximates the p
 ``f(t, x) = E[Y | t Y + B_t = x, data]`` of stochastic localization, where ``Y`` is the
 model's latent vector (continuous sites, flattened, in unconstrained space; see
 :mod:`pyro_autospec.infer.continuous`) drawn from the posterior given ``data``. For given data,
-``guide.oracle(*args)`` is a :class:`~pyro_autospec.oracles.base.MeanOracle`, so
+``guide.oracle(*args)`` is a :class:`~pyro_autospec.engine.protocols.MeanOracle`, so
 :func:`~pyro_autospec.engine.diffusion.sample_diffusion` draws from the guide's discretized
 chain EXACTLY as its sequential Euler-Maruyama sampler would, in far fewer rounds [1]_.
 
@@ -424,7 +424,7 @@ class DiffusionGuide(PyroModule):
         num_iterations, batch_size, lr, lr_decay, weighting, seed, disable_progbar :
             As in :meth:`fit`.
         vectorize : bool
-            Simulate in one vectorised trace (see :func:`~pyro_autospec.infer.continuous.simulate`).
+            Simulate in one vectorised trace (see :func:`~pyro_autospec.model.continuous.simulate`).
 
         Returns
         -------

@@ -26,15 +26,53 @@ References
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-__all__ = ["GraphNet", "MaskedTransformer", "ResidualMLP", "unary_features"]
+__all__ = ["GraphNet", "GuideContext", "MaskedTransformer", "ResidualMLP", "unary_features"]
 
 #: Log potentials are clipped to this range before they enter a network as features.
 _FEATURE_CLIP = 20.0
 #: Numbers each edge carries per round of the graph network's learned message passing.
 _MESSAGE_CHANNELS = 4
+
+
+@dataclass
+class GuideContext:
+    """What a guide knows of ``K`` data sets: their potentials.
+
+    Attributes
+    ----------
+    unary : Tensor[K, n, q]
+        Unary potentials (``-inf`` outside each coordinate's support).
+    slots : Tensor[K, n, D, q, q] or None
+        Pairwise potentials per neighbour slot (``"graph"`` only).
+    """
+
+    unary: torch.Tensor
+    slots: torch.Tensor | None = None
+
+    @property
+    def num_sets(self) -> int:
+        """``K``."""
+        return int(self.unary.shape[0])
+
+    def subset(self, index: torch.Tensor) -> GuideContext:
+        """The data sets ``index`` (LongTensor[k]) as a context of ``k`` sets."""
+        index = torch.as_tensor(index, dtype=torch.long, device=self.unary.device)
+        slots = None if self.slots is None else self.slots[index]
+        return GuideContext(self.unary[index], slots)
+
+    def rows(self, index: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-row context for rows of data sets ``index`` (LongTensor[B]; ``None``: set 0,
+        broadcast): ``unary`` [B|1, n, q], ``slots`` [B|1, n, D, q, q] or ``None``."""
+        if index is None:
+            if self.num_sets != 1:
+                raise ValueError(f"a context of {self.num_sets} data sets needs a row index")
+            return self.unary, self.slots
+        return self.unary[index], None if self.slots is None else self.slots[index]
 
 
 def unary_features(unary: torch.Tensor) -> torch.Tensor:

@@ -35,13 +35,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 
 from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model import AutoSpecModelError, SiteLayout, log_joint
+from pyro_autospec.model.tracing import over_draws
 
 __all__ = [
     "LOG_FLOOR",
@@ -55,7 +55,6 @@ __all__ = [
 
 #: Log joints below ``log p(base) - LOG_FLOOR`` are raised to it before differencing.
 LOG_FLOOR = 50.0
-_DRAWS = "_guide_draws"
 
 
 @dataclass
@@ -221,10 +220,7 @@ def joint_log_prob(
                 _observed_draw_shape(layout, name, size)
             )
 
-        def batched(*a, _size=size, **k):
-            with pyro.plate(_DRAWS, _size, dim=-(mpn + 1)):
-                return model(*a, **k)
-
+        batched = over_draws(model, size, mpn)
         with poutine.block(), torch.no_grad():
             trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
         trace = prune_subsample_sites(trace)
@@ -585,8 +581,9 @@ def simulate_discrete(
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         if seed is not None:
             torch.manual_seed(seed)
-        with poutine.block(), pyro.plate(_DRAWS, num, dim=-(mpn + 1)):
-            trace = poutine.trace(poutine.uncondition(model)).get_trace(*args, **kwargs)
+        with poutine.block():
+            batched = over_draws(poutine.uncondition(model), num, mpn)
+            trace = poutine.trace(batched).get_trace(*args, **kwargs)
     trace = prune_subsample_sites(trace)
     values = {}
     for site in layout.sites:

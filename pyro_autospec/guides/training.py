@@ -23,12 +23,10 @@ space ``(x, sigma) ~ Uniform(sigma) q_sigma(x)``:
   unbiased estimate uses ``num_positions`` of them, at random.
 * ``"both"``: the sum. The reverse term moves a poor guide into the posterior's bulk.
 
-Which to use is measured by ``python benchmarks/guides.py --parts training`` (steps per
-second and the quality reached at equal wall time, in one run; the table is in the benchmarks
-README, :doc:`/benchmarks`). On the 16x16 Ising posterior there the graph guide started so close
-to the posterior that ``"forward"`` and ``"both"`` ended equal (KL about 0); for the MLP, which
-starts far away, ``"both"`` reached a KL of 49 against 182 for ``"forward"``, so ``"both"`` is
-the default.
+``"both"`` is the default: a guide that starts far from the posterior reached a lower KL with
+it than with ``"forward"`` at equal wall time, and one that starts close ended equal.
+``python benchmarks/guides.py --parts training`` measures it; the figures are in
+:doc:`/benchmarks`.
 """
 
 from __future__ import annotations
@@ -39,6 +37,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from pyro_autospec.engine import sample_any_order
+from pyro_autospec.guides.structure import joint_log_prob
 
 __all__ = ["OBJECTIVES", "fit_posterior", "train"]
 
@@ -289,9 +290,6 @@ def fit_posterior(
     >>> sum(history[-5:]) / 5 < sum(history[:5]) / 5
     True
     """
-    from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.guides.structure import joint_log_prob
-
     _check_posterior_options(guide, objective, lr_decay, num_particles)
     if not args and not kwargs:
         args, kwargs = guide.model_args, guide.model_kwargs
@@ -364,9 +362,6 @@ def fit_posterior_datasets(
     per step draws ``num_particles`` draws spread over the step's data sets (a family of
     targets, one per draw).
     """
-    from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.guides.structure import joint_log_prob
-
     _check_posterior_options(guide, objective, lr_decay, num_particles)
     args, kwargs = tuple(model_args), dict(model_kwargs or {})
     num_sets = next(iter(observed.values())).shape[0]

@@ -1,14 +1,16 @@
 """The Pyro front end: ``AutoSpec(model)`` and ``AutoSpecKernel``.
 
 ``AutoSpec`` is a thin facade over one run object per kind of model (discrete sites only,
-continuous and discrete sites, continuous sites with a diffusion guide). The Pyro-model
-plumbing (site discovery, tracing, batched log joint) lives in :mod:`pyro_autospec.model`;
-the names below are re-exported from there. This package imports Pyro; the engine
-(:mod:`pyro_autospec.engine`) never does.
+continuous and discrete sites, continuous sites with a diffusion guide); a guide's draws are
+corrected to the exact posterior by :mod:`.correction`. The Pyro-model plumbing (site
+discovery, tracing, batched log joint) lives in :mod:`pyro_autospec.model`; the names below are
+re-exported from there. This package imports Pyro; the engine (:mod:`pyro_autospec.engine`)
+never does.
 """
 
 from pyro_autospec.infer.autospec import AutoSpec
 from pyro_autospec.infer.common import SelfCheckError
+from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.kernel import AutoSpecKernel
 from pyro_autospec.model import (
     AutoSpecModelError,
@@ -34,5 +36,7 @@ __all__ = [
     "SubsamplingError",
     "UnsupportedSiteError",
     "discover_sites",
+    "importance_resample",
+    "independent_metropolis_hastings",
     "log_joint",
 ]

@@ -29,6 +29,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.engine.keys import check_seed
+from pyro_autospec.engine.methods import DISCRETE, method_names
 from pyro_autospec.infer.common import (
     CORRECTIONS,
     METHODS,
@@ -36,15 +37,19 @@ from pyro_autospec.infer.common import (
     chain_seeds,
     check_schedule,
 )
+from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.map_decode import most_probable
+from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
+from pyro_autospec.parallel.groups import require_process_group
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
 
-_DISCRETE_METHODS = ("autospec", "sequential", "speculative", "agr24")
+_DISCRETE_METHODS = method_names(DISCRETE, front_end=True)
 
 
 def _is_diffusion_guide(guide: Any) -> bool:
@@ -69,7 +74,7 @@ class AutoSpec:
       the chain rule of the posterior in a uniformly random order, and autospeculation [1]
       samples ``n`` coordinates in about ``sqrt(n)`` batched oracle calls ("rounds") instead
       of ``n``. The default oracle is exact enumeration, compiled once
-      (:class:`~pyro_autospec.oracles.enum.EnumOracle`).
+      (:class:`~pyro_autospec.model.enum.EnumOracle`).
     * **Continuous and discrete sites**: Pyro's ``NUTS`` samples the continuous sites with the
       discrete ones enumerated out; then the discrete sites are drawn exactly given each
       continuous draw (one batched engine run for all draws). ``get_samples()`` returns both.
@@ -354,12 +359,8 @@ class AutoSpec:
         progress = not self.disable_progbar
         start = time.perf_counter()
         if self.distributed:
-            from pyro_autospec.engine.distributed import require_process_group
-
             require_process_group("AutoSpec(distributed=True)")
         if _is_diffusion_guide(self.guide):
-            from pyro_autospec.infer.diffusion_run import DiffusionRun
-
             if self.correction is not None:
                 raise ValueError(
                     "correction= needs the guide's density of each draw; a DiffusionGuide's "
@@ -451,8 +452,6 @@ class AutoSpec:
         >>> [int(path[f"x_{t}"]) for t in range(4)]
         [0, 1, 1, 1]
         """
-        from pyro_autospec.infer.map_decode import most_probable
-
         layout = discover_sites(
             self.model,
             args,
@@ -475,8 +474,6 @@ class AutoSpec:
         return most_probable(self.model, args, kwargs, layout)
 
     def _run_mixed(self, layout, args, kwargs, progress) -> None:
-        from pyro_autospec.infer.mixed_run import MixedRun
-
         names = [s.name for s in layout.continuous]
         if self.guide is not None or not isinstance(self.oracle, str) or self.correction:
             raise UnsupportedSiteError(

@@ -16,8 +16,10 @@ from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, knob_names
+from pyro_autospec.engine.methods import DISCRETE, knob_names, method_names
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.parallel.groups import broadcast_seeds
 
 __all__ = [
     "CORRECTIONS",
@@ -37,7 +39,8 @@ __all__ = [
 #: The engine's schedule knobs on ``[q]^n`` (each method accepts its own; the engine checks).
 SCHEDULE_KNOBS = knob_names(DISCRETE)
 CORRECTIONS = (None, "importance", "imh")
-METHODS = ("autospec", "sequential", "speculative", "agr24", "picard")
+#: The methods the front end offers (discrete and diffusion), from the engine's one list.
+METHODS = method_names(front_end=True)
 #: ``split_gelman_rubin`` and ``effective_sample_size`` need this many draws per chain.
 MIN_DRAWS_FOR_DIAGNOSTICS = 4
 
@@ -76,7 +79,7 @@ def chain_seeds(
 
     With ``seed=None`` the draws follow ``pyro.set_rng_seed`` like every Pyro sampler. With
     ``distributed=True`` every rank of the ``torch.distributed`` group gets rank 0's seeds
-    (:func:`~pyro_autospec.engine.distributed.broadcast_seeds`), so that ``seed=None`` does not
+    (:func:`~pyro_autospec.parallel.groups.broadcast_seeds`), so that ``seed=None`` does not
     give each rank a different run.
 
     Examples
@@ -92,8 +95,6 @@ def chain_seeds(
         draws = torch.randint(0, 2**62, (num,), generator=gen, device=gen.device if gen else "cpu")
         seeds = [int(s) for s in draws.tolist()]
     if distributed:
-        from pyro_autospec.engine.distributed import broadcast_seeds
-
         seeds = broadcast_seeds(seeds)
     return seeds
 
@@ -106,7 +107,7 @@ def build_oracle(
     layout: SiteLayout,
     device: torch.device | str | None = None,
 ):
-    """``"enum"``: a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`; else check it.
+    """``"enum"``: a compiled :class:`~pyro_autospec.model.enum.EnumOracle`; else check it.
 
     A user's oracle is checked against ``layout`` by one probe query
     (:meth:`~pyro_autospec.model.discrete.SiteLayout.check_oracle`).
@@ -125,7 +126,6 @@ def build_oracle(
             raise ValueError(
                 f"oracle must be 'enum' or a MarginalOracle instance; got the string {oracle!r}"
             )
-        from pyro_autospec.oracles.enum import EnumOracle
 
         return EnumOracle(model, args, kwargs, layout=layout, device=device)
     layout.check_oracle(oracle)

@@ -1,11 +1,10 @@
 """Sampling a model's continuous latent sites from a diffusion guide.
 
 :func:`sample_continuous` is what ``AutoSpec(model, guide=DiffusionGuide(...))`` runs: the
-guide's :class:`~pyro_autospec.oracles.base.MeanOracle` drives
+guide's :class:`~pyro_autospec.engine.protocols.MeanOracle` drives
 :func:`~pyro_autospec.engine.diffusion.sample_diffusion`, and the draws ``X_T / T`` are mapped
 back to the model's sites. The layout, simulation and log joint it uses live in
-:mod:`pyro_autospec.model` (imported here under their old names, so that existing code keeps
-working; new code should import them from :mod:`pyro_autospec.model`).
+:mod:`pyro_autospec.model`.
 
 References
 ----------
@@ -22,31 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_autospec.model.continuous import (
-    ContinuousLayout,
-    ContinuousSite,
-    DataSite,
-    check_continuous_only,
-    check_layout,
-    discover_continuous_sites,
-    observed_data,
-    simulate,
-)
+from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
 
-__all__ = [
-    "ContinuousLayout",
-    "ContinuousResult",
-    "ContinuousSite",
-    "DataSite",
-    "check_continuous_only",
-    "check_layout",
-    "continuous_log_joint",
-    "discover_continuous_sites",
-    "observed_data",
-    "sample_continuous",
-    "simulate",
-]
+__all__ = ["ContinuousResult", "sample_continuous"]
 
 
 # ---------------------------------------------------------------------------------- sampling
@@ -122,9 +101,10 @@ def sample_continuous(
     Parameters
     ----------
     guide : DiffusionGuide
-        Any object with ``model``, ``layout`` (:class:`ContinuousLayout`), ``times``
-        (Tensor[N + 1]) and ``oracle(*args, **kwargs)`` (a ``MeanOracle`` over ``layout.dim``
-        given the data in ``args``).
+        Any object with ``model``, ``layout``
+        (:class:`~pyro_autospec.model.ContinuousLayout`), ``times`` (Tensor[N + 1]) and
+        ``oracle(*args, **kwargs)`` (a ``MeanOracle`` over ``layout.dim`` given the data in
+        ``args``).
     num_samples : int
         Draws.
     *args
@@ -175,8 +155,6 @@ def sample_continuous(
     >>> out.samples["loc"].shape, out.sample_rounds.shape, out.lp.shape
     (torch.Size([10]), torch.Size([10]), torch.Size([10]))
     """
-    from pyro_autospec.engine.diffusion import sample_diffusion
-
     unknown = sorted(set(schedule) - set(_SCHEDULE_KNOBS))
     if unknown:
         raise TypeError(

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from pyro_autospec.infer.continuous import sample_continuous
 from pyro_autospec.infer.run_base import RunBase, RunSettings
 from pyro_autospec.model.tracing import trace_model
 
@@ -45,8 +46,6 @@ class DiffusionRun(RunBase):
         self.schedule = {k: v for k, v in settings.schedule.items() if k != "max_elements"}
 
     def run(self, args: tuple, kwargs: dict) -> DiffusionRun:
-        from pyro_autospec.infer.continuous import sample_continuous
-
         guide_layout = self.guide.layout
         if self.save_params is not None:
             unknown = sorted(set(self.save_params) - set(guide_layout.names))

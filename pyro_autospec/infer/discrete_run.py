@@ -27,10 +27,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from pyro_autospec.diagnostics.weights import weight_diagnostics
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer.common import SelfCheck, SelfCheckError, build_oracle
+from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
@@ -106,8 +111,6 @@ class DiscreteRun(RunBase):
         return self.guide is not None or self.correction is not None
 
     def run(self, args: tuple, kwargs: dict) -> DiscreteRun:
-        from pyro_autospec.engine import sample_any_order
-
         layout = self.layout
         source = self.oracle if self.guide is None else self.guide
         plan = None
@@ -246,19 +249,14 @@ class DiscreteRun(RunBase):
 
     def _ffbs_oracle(self, args: tuple, kwargs: dict):
         """The compiled factors (lazy: the contraction is measured only if the engine runs)."""
-        from pyro_autospec.oracles.enum import EnumOracle
-
         return EnumOracle(
             self.model, args, kwargs, layout=self.layout, device=self.device, lazy=True
         )
 
     def marginal_pointwise(self) -> dict:
         """The pointwise log likelihood with the discrete sites summed out per observation
-        (see :meth:`~pyro_autospec.oracles.enum.EnumOracle.pointwise_log_likelihood`): it
+        (see :meth:`~pyro_autospec.model.enum.EnumOracle.pointwise_log_likelihood`): it
         depends on no latent site here, so every draw has the same values."""
-        from pyro_autospec.model.errors import AutoSpecModelError
-        from pyro_autospec.oracles.enum import EnumOracle
-
         oracle = self._oracle
         if not isinstance(oracle, EnumOracle):
             try:
@@ -276,11 +274,6 @@ class DiscreteRun(RunBase):
 
     def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
         """Indices of the draws a chain returns, after the correction."""
-        from pyro_autospec.guides.correction import (
-            importance_resample,
-            independent_metropolis_hastings,
-        )
-
         if self.correction is None:
             return torch.arange(self.num_samples)
         if not bool(torch.isfinite(log_weight).any()):
@@ -308,8 +301,6 @@ class DiscreteRun(RunBase):
         The IMH acceptance is the chains' mean acceptance probability (after warm-up) when
         ``correction="imh"`` ran them, else estimated from the weights.
         """
-        from pyro_autospec.diagnostics.weights import weight_diagnostics
-
         if not self.weights_tracked or self.guide_log_weight is None:
             return None
         accept_prob = self.extra.get("acceptance_rate") if self.correction == "imh" else None

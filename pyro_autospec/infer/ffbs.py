@@ -2,7 +2,7 @@
 
 The chain rule of the posterior in one fixed elimination order, with the conditionals read off
 incremental messages: variable elimination over the factor graph that
-:class:`~pyro_autospec.oracles.enum.EnumOracle` compiled (the model's scaled, masked
+:class:`~pyro_autospec.model.enum.EnumOracle` compiled (the model's scaled, masked
 log-density factors, plates included) computes one message per site (*forward filtering*),
 then every draw samples the sites in the reverse order, each from its bucket's factor given
 the sites already drawn (*backward sampling*). On a hidden Markov chain this is the
@@ -197,7 +197,7 @@ def _elimination_order(scopes: list, has: list, support: list) -> list:
 
 
 def plan_ffbs(oracle) -> FFBSPlan | None:
-    """Variable elimination over a compiled :class:`~pyro_autospec.oracles.enum.EnumOracle`.
+    """Variable elimination over a compiled :class:`~pyro_autospec.model.enum.EnumOracle`.
 
     Parameters
     ----------
@@ -212,7 +212,7 @@ def plan_ffbs(oracle) -> FFBSPlan | None:
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.oracles.enum import EnumOracle
+    >>> from pyro_autospec.model.enum import EnumOracle
     >>> def model(y):
     ...     z = 0
     ...     for t in pyro.markov(range(len(y))):

@@ -11,12 +11,16 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed, derive_seed
+from pyro_autospec.engine.methods import DISCRETE, method_names
 from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["AutoSpecKernel"]
+
+_DISCRETE_METHODS = method_names(DISCRETE, front_end=True)
 
 #: Earlier draws every new engine run's draws are checked against (the first ones).
 _SELF_CHECK_REFERENCE = 256
@@ -182,11 +186,8 @@ class AutoSpecKernel(MCMCKernel):
         self.user_model = model
         self.model = _ModelWithNativeDtypes(model)
         self.oracle = oracle
-        if method not in ("autospec", "sequential", "speculative", "agr24"):
-            raise ValueError(
-                "method must be one of ('autospec', 'sequential', 'speculative', 'agr24'); "
-                f"got {method!r}"
-            )
+        if method not in _DISCRETE_METHODS:
+            raise ValueError(f"method must be one of {_DISCRETE_METHODS}; got {method!r}")
         self.method = method
         self.max_plate_nesting = max_plate_nesting
         self.draws_per_run = int(draws_per_run)
@@ -275,8 +276,6 @@ class AutoSpecKernel(MCMCKernel):
 
     # -- internals ---------------------------------------------------------------------------
     def _refill(self) -> None:
-        from pyro_autospec.engine import sample_any_order
-
         if self.layout is None:
             raise RuntimeError("AutoSpecKernel.setup(warmup_steps, *args) must run first")
         (seed,) = chain_seeds(self._generator, 1)

@@ -17,10 +17,13 @@ from collections.abc import Callable
 import torch
 from pyro import poutine
 from pyro.distributions import TorchDistribution
+from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
 
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.errors import UnsupportedSiteError
+from pyro_autospec.model.log_joint import enumerate_posterior
+from pyro_autospec.model.tracing import parallel_enumeration
 
 __all__ = ["MAX_BRUTE_FORCE_STATES", "ScaleIntoDensity", "most_probable"]
 
@@ -84,11 +87,6 @@ def most_probable(
     dict
         ``name -> Tensor`` in the model's shape and dtype for every discrete latent site.
     """
-    from pyro.infer import infer_discrete
-
-    from pyro_autospec.model.log_joint import enumerate_posterior
-    from pyro_autospec.model.tracing import parallel_enumeration
-
     enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
     decoder = infer_discrete(
         enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0

@@ -7,7 +7,7 @@
 2. Given each of the ``M = num_chains * num_samples`` continuous draws ``theta_m``, the
    discrete sites are drawn exactly from ``p(x | theta_m, data)`` by autospeculation, in ONE
    engine run over a family of ``M`` targets: an
-   :class:`~pyro_autospec.oracles.enum.EnumOracle` compiled once with the continuous draws in a
+   :class:`~pyro_autospec.model.enum.EnumOracle` compiled once with the continuous draws in a
    plate (``num_draws = M``).
 
 Each pair ``(theta_m, x_m)`` is then a draw of the joint posterior (as good as the NUTS chain
@@ -28,11 +28,13 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.infer.common import SelfCheck
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.log_joint import evaluate
 from pyro_autospec.model.tracing import parallel_enumeration, trace_model
 
@@ -73,8 +75,6 @@ class MixedRun(RunBase):
 
     def _check_enumeration(self, args: tuple, kwargs: dict) -> None:
         """Compile the oracle on one prior draw: a clear error before any NUTS step."""
-        from pyro_autospec.oracles.enum import EnumOracle
-
         trace = trace_model(self.model, args, kwargs)
         values = {
             s.name: trace.nodes[s.name]["value"].detach()[None] for s in self.layout.continuous
@@ -82,9 +82,6 @@ class MixedRun(RunBase):
         EnumOracle(self.model, args, kwargs, layout=self.layout, continuous_values=values)
 
     def run(self, args: tuple, kwargs: dict) -> MixedRun:
-        from pyro_autospec.engine import sample_any_order
-        from pyro_autospec.oracles.enum import EnumOracle
-
         layout = self.layout
         with self.stage("compiling"):
             self._check_enumeration(args, kwargs)
@@ -198,7 +195,7 @@ class MixedRun(RunBase):
     def marginal_pointwise(self) -> dict:
         """The pointwise log likelihood given each draw's continuous values, with the discrete
         sites summed out per observation (see
-        :meth:`~pyro_autospec.oracles.enum.EnumOracle.pointwise_log_likelihood`)."""
+        :meth:`~pyro_autospec.model.enum.EnumOracle.pointwise_log_likelihood`)."""
         out = self._oracle.pointwise_log_likelihood()
         return {k: self._by_chain(v.to(self.pointwise[k].device)) for k, v in out.items()}
 

@@ -25,7 +25,9 @@ import numpy as np
 import torch
 from pyro.infer.mcmc.util import select_samples
 
+from pyro_autospec.diagnostics.arviz import to_inference_data
 from pyro_autospec.infer.common import chain_seeds, site_diagnostics
+from pyro_autospec.infer.display import print_summary
 
 _LOG = logging.getLogger("pyro_autospec")
 
@@ -396,8 +398,6 @@ class RunBase:
         return diag
 
     def summary(self, prob: float = 0.9, var_names=None, group: bool | None = None) -> None:
-        from pyro_autospec.infer.display import print_summary
-
         samples = self._float_samples()
         print_summary(samples, prob=prob, var_names=var_names, group=group)
         if samples and next(iter(samples.values())).shape[1] < 4:
@@ -467,8 +467,6 @@ class RunBase:
         method: str = "autospec",
         split_chains: bool = True,
     ):
-        from pyro_autospec.diagnostics.arviz import to_inference_data
-
         posterior = {}
         for name, value in self.saved().items():
             if name in self.discrete_names and _integer_valued(value):

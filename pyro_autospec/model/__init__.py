@@ -1,11 +1,13 @@
-"""Pyro-model plumbing shared by the front end, the enumeration oracle and the guides.
+"""Reading a Pyro model: everything AutoSpec needs to know about one, and nothing that samples.
 
-Everything AutoSpec needs to know about a Pyro model, and nothing that samples: tracing it once
-(:mod:`.tracing`), its discrete latent sites and their coordinates (:mod:`.discrete`), its
-continuous latent sites and data (:mod:`.continuous`), and the batched log joint of draws
-(:mod:`.log_joint`). It imports Pyro but nothing else of this package except its own modules,
-so :mod:`pyro_autospec.infer`, :mod:`pyro_autospec.oracles.enum` and
-:mod:`pyro_autospec.guides` can all import it without importing each other.
+Tracing it once (:mod:`.tracing`), its discrete latent sites and their coordinates
+(:mod:`.discrete`), its continuous latent sites and data (:mod:`.continuous`), the batched log
+joint of draws (:mod:`.log_joint`), and the exact oracle of its discrete sites by enumeration,
+compiled once (:class:`EnumOracle`, :mod:`.enum`, with its contraction :mod:`.enum_contract`).
+It imports Pyro, the engine's protocols and the exact oracles (the enumeration oracle lowers
+chains to :class:`~pyro_autospec.oracles.PairwiseChainOracle`), and nothing above them, so
+:mod:`pyro_autospec.infer` and :mod:`pyro_autospec.guides` can both import it without
+importing each other.
 """
 
 from pyro_autospec.model.continuous import (
@@ -19,6 +21,7 @@ from pyro_autospec.model.continuous import (
     simulate,
 )
 from pyro_autospec.model.discrete import DiscreteSite, SiteLayout, discover_sites
+from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
     DynamicStructureError,
@@ -42,6 +45,7 @@ __all__ = [
     "DataSite",
     "DiscreteSite",
     "DynamicStructureError",
+    "EnumOracle",
     "IntractableEnumerationError",
     "LogJoint",
     "SiteLayout",

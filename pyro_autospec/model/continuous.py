@@ -20,14 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
 from pyro_autospec.model.errors import AutoSpecModelError, UnsupportedSiteError
-from pyro_autospec.model.tracing import plate_nesting, site_role, trace_model
+from pyro_autospec.model.tracing import over_draws, plate_nesting, site_role, trace_model
 
 __all__ = [
     "ContinuousLayout",
@@ -407,11 +406,9 @@ def simulate(
     unconditioned = poutine.uncondition(model)
     with _fork_rng(seed), torch.no_grad():
         if vectorize:
-            with (
-                poutine.block(),
-                pyro.plate("_simulations", num, dim=-(layout.max_plate_nesting + 1)),
-            ):
-                trace = poutine.trace(unconditioned).get_trace(*args, **kwargs)
+            with poutine.block():
+                batched = over_draws(unconditioned, num, layout.max_plate_nesting)
+                trace = poutine.trace(batched).get_trace(*args, **kwargs)
             traces = [prune_subsample_sites(trace)]
         else:
             traces = [trace_model(unconditioned, args, kwargs) for _ in range(num)]

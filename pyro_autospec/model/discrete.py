@@ -13,7 +13,7 @@ distribution on ``[q]^n``, the setting of the any-order engine:
 * ``num_values`` is the largest support size over all sites; a coordinate whose site has a
   smaller support gives ``-inf`` to the values outside it.
 
-This is the mapping a custom :class:`~pyro_autospec.oracles.base.MarginalOracle` passed as
+This is the mapping a custom :class:`~pyro_autospec.engine.protocols.MarginalOracle` passed as
 ``AutoSpec(model, oracle=...)`` must follow; :attr:`SiteLayout.coordinates` lists it.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import pyro.distributions as dist
 import torch
+from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
@@ -37,8 +38,10 @@ from pyro_autospec.model.errors import (
 )
 from pyro_autospec.model.tracing import (
     check_subsampling,
+    parallel_enumeration,
     plate_dims,
     plate_nesting,
+    quiet_warnings,
     scaled_sites,
     site_role,
     trace_model,
@@ -529,10 +532,6 @@ def _check_continuous_parents(
     the plates): a continuous site whose distribution has a batch dim there reads a discrete
     site. A model that cannot be traced so is left to the later stages, which name its fault.
     """
-    from pyro import poutine
-
-    from pyro_autospec.model.tracing import parallel_enumeration, quiet_warnings
-
     enumerated = poutine.infer_config(model, parallel_enumeration)
     try:
         with poutine.block(), quiet_warnings(), torch.no_grad():

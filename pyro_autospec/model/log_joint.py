@@ -28,7 +28,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-import pyro
 import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
@@ -44,6 +43,7 @@ from pyro_autospec.model.tracing import (
     assertion_error,
     batching_advice,
     compute_log_prob,
+    over_draws,
     plate_dims,
     plated_reduction_advice,
     quiet_warnings,
@@ -180,10 +180,7 @@ def _run_chunk(
         else:
             data[name] = value.reshape(_draw_shape(batch_shape, event_shape, n, mpn))
 
-    def batched(*a, **k):
-        with pyro.plate(DRAWS_PLATE, n, dim=-(mpn + 1)):
-            return model(*a, **k)
-
+    batched = over_draws(model, n, mpn)
     recorder = SiteRecorder(latent=data)
     try:
         with poutine.block(), recorder, quiet_warnings():

@@ -16,6 +16,7 @@ import re
 import warnings
 from collections.abc import Callable
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.poutine.subsample_messenger import _Subsample
@@ -30,6 +31,7 @@ from pyro_autospec.model.errors import (
 __all__ = [
     "DRAWS_PLATE",
     "SiteRecorder",
+    "over_draws",
     "check_subsampling",
     "parallel_enumeration",
     "plate_dims",
@@ -45,6 +47,31 @@ __all__ = [
 
 #: Name of the plate over draws that batched runs of a model use (left of every model plate).
 DRAWS_PLATE = "_autospec_draws"
+
+
+def over_draws(model: Callable, num_draws: int, max_plate_nesting: int) -> Callable:
+    """``model`` run on ``num_draws`` draws at once: under the plate of draws
+    (:data:`DRAWS_PLATE`, size ``num_draws``, dim ``-(max_plate_nesting + 1)``, left of every
+    plate of the model).
+
+    Every batched run of a model (its log joint on draws, its enumeration over a family of
+    draws, its simulations, a guide's probes) traces the model this way.
+
+    Examples
+    --------
+    >>> import pyro, pyro.distributions as dist
+    >>> def model():
+    ...     with pyro.plate("data", 3):
+    ...         return pyro.sample("z", dist.Normal(0.0, 1.0))
+    >>> over_draws(model, 5, max_plate_nesting=1)().shape
+    torch.Size([5, 3])
+    """
+
+    def batched(*args, **kwargs):
+        with pyro.plate(DRAWS_PLATE, num_draws, dim=-(max_plate_nesting + 1)):
+            return model(*args, **kwargs)
+
+    return batched
 
 
 def trace_model(model: Callable, args: tuple = (), kwargs: dict | None = None, *, prune=True):

@@ -1,6 +1,7 @@
 """Oracles: the only way the engine talks to a distribution.
 
-Exact structured oracles (none of them imports Pyro):
+Exact structured oracles (none of them imports Pyro), all derived from :class:`ExactOracle`
+(devices, validation and generic chain queries, for a user's oracle too):
 
 * :class:`TabularOracle`: a full joint table over ``[q]^n``.
 * :class:`MarkovChainOracle`, :class:`HMMOracle`, :class:`PairwiseChainOracle`: chains, hidden
@@ -9,9 +10,16 @@ Exact structured oracles (none of them imports Pyro):
 * :class:`DPPOracle`, :class:`SpanningTreeOracle`: determinantal point processes and
   (weighted) uniform spanning trees.
 * :class:`CurieWeissOracle`: the mean-field Ising model.
+
+Exact conditional means for diffusions (:class:`~pyro_autospec.engine.protocols.MeanOracle`):
+:class:`GaussianDenoiser`, :class:`GaussianMixtureDenoiser`, :class:`FiniteSupportDenoiser`.
+The protocols themselves are the engine's (:mod:`pyro_autospec.engine.protocols`), re-exported
+here; :class:`ShardedOracle` (one oracle over several processes) is
+:mod:`pyro_autospec.parallel`'s. The exact oracle of a Pyro model, by enumeration, is
+:class:`pyro_autospec.model.EnumOracle`.
 """
 
-from .base import (
+from pyro_autospec.engine.protocols import (
     MarginalOracle,
     MeanOracle,
     has_chain_marginals,
@@ -19,8 +27,12 @@ from .base import (
     has_targeted_marginals,
     is_inference_safe,
 )
+from pyro_autospec.parallel.sharded import ShardedOracle
+
 from .curie_weiss import CurieWeissOracle
+from .denoisers import FiniteSupportDenoiser, GaussianDenoiser, GaussianMixtureDenoiser
 from .dpp import DPPOracle
+from .exact import ExactOracle
 from .hmm import HMMOracle, PairwiseChainOracle
 from .markov import MarkovChainOracle
 from .spanning_tree import SpanningTreeOracle
@@ -30,6 +42,7 @@ from .tree_potts import TreePottsOracle
 __all__ = [
     "MarginalOracle",
     "MeanOracle",
+    "ExactOracle",
     "has_chain_marginals",
     "has_chain_then",
     "has_targeted_marginals",
@@ -42,23 +55,8 @@ __all__ = [
     "DPPOracle",
     "SpanningTreeOracle",
     "CurieWeissOracle",
+    "GaussianDenoiser",
+    "GaussianMixtureDenoiser",
+    "FiniteSupportDenoiser",
+    "ShardedOracle",
 ]
-
-# more oracles are exported below
-from .denoisers import FiniteSupportDenoiser, GaussianDenoiser, GaussianMixtureDenoiser  # noqa: E402
-
-__all__ += ["GaussianDenoiser", "GaussianMixtureDenoiser", "FiniteSupportDenoiser", "EnumOracle"]
-
-
-def __getattr__(name: str):
-    # EnumOracle imports Pyro: load it only when asked for, so the engine stays Pyro-free.
-    if name == "EnumOracle":
-        from .enum import EnumOracle
-
-        return EnumOracle
-    raise AttributeError(f"module 'pyro_autospec.oracles' has no attribute {name!r}")
-
-
-from .sharded import ShardedOracle  # noqa: E402
-
-__all__ += ["ShardedOracle"]

@@ -6,14 +6,10 @@ import math
 
 import torch
 
-from ._util import (
-    ExactOracle,
-    as_float64,
-    chain_repeats,
-    log_normalize,
-    logsumexp,
-    point_mass,
-)
+from pyro_autospec.engine.logspace import log_normalize, logsumexp
+
+from ._util import as_float64, chain_repeats, point_mass
+from .exact import ExactOracle
 
 __all__ = ["CurieWeissOracle"]
 

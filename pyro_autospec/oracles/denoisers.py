@@ -11,7 +11,7 @@ form for three families of targets (see :doc:`/diffusion`):
   ``f(t, x) = sum_j w_j(t, x) y_j`` with ``w_j`` proportional to
   ``pi_j exp(<x, y_j> - t |y_j|^2 / 2)``.
 
-All three satisfy the :class:`~pyro_autospec.oracles.base.MeanOracle` protocol: ``dim``, and
+All three satisfy the :class:`~pyro_autospec.engine.protocols.MeanOracle` protocol: ``dim``, and
 ``__call__(t: Tensor[B], x: Tensor[B, d]) -> Tensor[B, d]``. They are batched, work in log space
 (``logsumexp``), are exact at ``t = 0`` and for singular covariances, default to float64, and
 live on any device: ``.to(device, dtype)`` returns a copy. Every one also has
@@ -68,7 +68,7 @@ def _check_inputs(t: torch.Tensor, x: torch.Tensor, dim: int, like: torch.Tensor
 
 class _Denoiser:
     """Shared plumbing: ``dim``, ``device``, ``dtype``, ``to``; inference-safe (pure
-    functions of their parameters, see :class:`~pyro_autospec.oracles.base.MeanOracle`)."""
+    functions of their parameters, see :class:`~pyro_autospec.engine.protocols.MeanOracle`)."""
 
     dim: int
     inference_safe = True

@@ -8,14 +8,13 @@ from typing import Any
 import torch
 
 from ._util import (
-    ChainThen,
-    ExactOracle,
     as_float64,
     chain_repeats,
     pinned_with_chain,
     point_mass,
     work_entries,
 )
+from .exact import ChainThen, ExactOracle
 
 __all__ = ["DPPOracle"]
 

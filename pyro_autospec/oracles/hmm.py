@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
-from ._util import as_float64, log_matmul, log_normalize, point_mass
+from pyro_autospec.engine.logspace import log_matmul, log_normalize
+
+from ._util import as_float64, point_mass
 from .markov import SeparatorOracle, check_chain_parameters
 
 __all__ = ["HMMOracle", "PairwiseChainOracle"]
@@ -36,7 +38,7 @@ class PairwiseChainOracle(SeparatorOracle):
     a Markov random field on the path ``0 - 1 - ... - n-1`` with any (inhomogeneous) log
     potentials: a hidden Markov model's posterior, a chain CRF, or the factor graph of a Pyro
     model whose factors each touch one site or two consecutive ones
-    (:class:`~pyro_autospec.oracles.EnumOracle` lowers such models to this oracle).
+    (:class:`~pyro_autospec.model.EnumOracle` lowers such models to this oracle).
 
     Parameters
     ----------

@@ -7,7 +7,10 @@ from typing import Any
 
 import torch
 
-from ._util import ChainThen, ExactOracle, as_float64, log_matmul, log_normalize, point_mass
+from pyro_autospec.engine.logspace import log_matmul, log_normalize
+
+from ._util import as_float64, point_mass
+from .exact import ChainThen, ExactOracle
 
 __all__ = [
     "MarkovChainOracle",

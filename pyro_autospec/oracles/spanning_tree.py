@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64
+from ._util import as_float64
 from .dpp import DPPOracle
+from .exact import ExactOracle
 
 __all__ = ["SpanningTreeOracle"]
 

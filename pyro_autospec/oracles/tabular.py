@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 
-from ._util import ExactOracle, as_float64
+from ._util import as_float64
+from .exact import ExactOracle
 
 __all__ = ["TabularOracle"]
 

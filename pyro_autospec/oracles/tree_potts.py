@@ -7,16 +7,15 @@ from typing import Any
 
 import torch
 
+from pyro_autospec.engine.logspace import log_normalize, logsumexp
+
 from ._util import (
-    ChainThen,
-    ExactOracle,
     as_float64,
     chain_repeats,
-    log_normalize,
-    logsumexp,
     pinned_with_chain,
     point_mass,
 )
+from .exact import ChainThen, ExactOracle
 
 __all__ = ["TreePottsOracle"]
 

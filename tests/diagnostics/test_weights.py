@@ -13,7 +13,7 @@ from pyro_autospec.diagnostics.weights import (
     weight_diagnostics,
     weights_ess,
 )
-from pyro_autospec.guides.correction import independent_metropolis_hastings
+from pyro_autospec.infer.correction import independent_metropolis_hastings
 
 
 @pytest.mark.parametrize("sd", [0.3, 1.0, 2.0])

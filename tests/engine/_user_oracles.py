@@ -1,7 +1,7 @@
 """Oracles as users write them, outside the package: for the exactness tests of
 ``tests/engine/test_user_oracles.py`` and the benchmark ``benchmarks/user_oracles.py``.
 
-Each is a small class against the :class:`~pyro_autospec.oracles.base.MarginalOracle` protocol
+Each is a small class against the :class:`~pyro_autospec.engine.protocols.MarginalOracle` protocol
 only (no helper of the package):
 
 * :class:`RandomNADE`: an imperfect learned network, a one-hidden-layer order-agnostic NADE

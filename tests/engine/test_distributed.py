@@ -22,16 +22,16 @@ import torch.multiprocessing as mp
 
 from pyro_autospec.engine.any_order import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
-from pyro_autospec.engine.distributed import (
+from pyro_autospec.engine.spread import spread_draws
+from pyro_autospec.oracles import MarkovChainOracle
+from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
+from pyro_autospec.parallel import (
+    ShardedOracle,
     broadcast_seeds,
     draw_shares,
     local_device,
     require_process_group,
-    spread_draws,
 )
-from pyro_autospec.oracles import MarkovChainOracle
-from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
-from pyro_autospec.oracles.sharded import ShardedOracle
 
 WORLD = 2
 STAY = torch.tensor([[0.8, 0.2], [0.3, 0.7]])
@@ -367,7 +367,11 @@ def test_spread_draws_checks_the_signature_canonically(one_rank_group):
 
 def test_distributed_modules_do_not_import_pyro():
     root = Path(__file__).resolve().parents[2]
-    for rel in ("pyro_autospec/engine/distributed.py", "pyro_autospec/oracles/sharded.py"):
+    for rel in (
+        "pyro_autospec/engine/spread.py",
+        "pyro_autospec/parallel/groups.py",
+        "pyro_autospec/parallel/sharded.py",
+    ):
         for node in ast.walk(ast.parse((root / rel).read_text())):
             names = []
             if isinstance(node, ast.Import):

@@ -15,8 +15,8 @@ from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.methods import DISCRETE, METHODS
 from pyro_autospec.engine.modes import calling, engine_mode, ordinary
+from pyro_autospec.engine.protocols import is_inference_safe
 from pyro_autospec.oracles import MarkovChainOracle
-from pyro_autospec.oracles.base import is_inference_safe
 from pyro_autospec.oracles.denoisers import GaussianDenoiser
 
 TRANSITION = [[0.7, 0.3], [0.4, 0.6]]

@@ -10,7 +10,7 @@ import torch
 
 from pyro_autospec import sample_any_order
 from pyro_autospec.guides import AnyOrderGuide
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from tests.guides._models import ising_chain, ising_cycle, mixed_sites, potts_triangle
 from tests.stats import P_THRESHOLD, chisquare_pvalue
 

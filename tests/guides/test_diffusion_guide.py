@@ -11,10 +11,10 @@ import pytest
 import scipy.stats as stats
 import torch
 
+from pyro_autospec.engine.protocols import MeanOracle
 from pyro_autospec.guides.diffusion import DiffusionGuide
 from pyro_autospec.infer.continuous import sample_continuous
-from pyro_autospec.infer.sites import AutoSpecModelError, UnsupportedSiteError
-from pyro_autospec.oracles.base import MeanOracle
+from pyro_autospec.model import AutoSpecModelError, UnsupportedSiteError
 from pyro_autospec.oracles.denoisers import GaussianDenoiser
 
 P_THRESHOLD = 2e-5

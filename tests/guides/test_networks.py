@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pyro_autospec.guides import AnyOrderGuide
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from tests.guides._models import ising_chain, ising_cycle, potts_triangle
 
 CHAIN_DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2, 0.8, -0.6])

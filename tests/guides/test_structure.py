@@ -10,7 +10,7 @@ from pyro_autospec.guides.structure import (
     probe_structure,
     simulate_discrete,
 )
-from pyro_autospec.infer.sites import discover_sites, enumerate_posterior, log_joint
+from pyro_autospec.model import discover_sites, enumerate_posterior, log_joint
 from tests.guides._models import generative_pairs, ising_cycle, mixed_sites, potts_triangle
 
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pyro_autospec.guides import AnyOrderGuide, fit_posterior, train
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from tests.guides._models import generative_pairs, ising_chain, ising_cycle
 
 DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2])

@@ -9,7 +9,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
 

@@ -8,12 +8,8 @@ import pytest
 import torch
 
 from pyro_autospec.guides.diffusion import DiffusionGuide
-from pyro_autospec.infer.continuous import (
-    continuous_log_joint,
-    discover_continuous_sites,
-    sample_continuous,
-    simulate,
-)
+from pyro_autospec.infer.continuous import sample_continuous
+from pyro_autospec.model import continuous_log_joint, discover_continuous_sites, simulate
 
 
 def model(y):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 
 def model(y):

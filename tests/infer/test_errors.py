@@ -5,7 +5,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-import pyro_autospec.oracles.enum as enum_module
+import pyro_autospec.model.enum as enum_module
 from pyro_autospec.infer import (
     AutoSpec,
     AutoSpecModelError,
@@ -13,7 +13,7 @@ from pyro_autospec.infer import (
     SubsamplingError,
     UnsupportedSiteError,
 )
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 
 def run(model, *args, **kwargs):

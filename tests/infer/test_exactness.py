@@ -11,7 +11,7 @@ import scipy.stats
 import torch
 
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 
 ALPHA = 2e-5
 MIN_EXPECTED = 30.0

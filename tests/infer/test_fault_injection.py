@@ -28,7 +28,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 DATA = torch.tensor([0.4, -1.1, 0.9, 0.2, -0.3, 1.4])
 FAULTS = [RuntimeError, KeyboardInterrupt]

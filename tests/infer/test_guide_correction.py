@@ -16,7 +16,7 @@ import torch
 
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
 from tests.guides._models import ising_chain
 
 DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2, 0.8])

@@ -30,7 +30,7 @@ from pyro_autospec.infer import (
     SelfCheckError,
     SubsamplingError,
 )
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 from tests.infer._brute_force import (
     assert_draws_follow,
     enumerate_joint,

@@ -5,7 +5,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.infer.sites import AutoSpecModelError, discover_sites, log_joint
+from pyro_autospec.model import AutoSpecModelError, discover_sites, log_joint
 
 
 def chain_without_keepdim(y):

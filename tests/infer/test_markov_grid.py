@@ -15,8 +15,8 @@ import torch
 from pyro.ops.indexing import Vindex
 
 from pyro_autospec.infer import AutoSpec
+from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
-from pyro_autospec.oracles.enum import EnumOracle
 from tests.infer._brute_force import assert_draws_follow, flatten_draws
 from tests.stats import P_THRESHOLD, chisquare_pvalue
 
@@ -89,7 +89,7 @@ def test_grid_too_large_for_own_dims_is_refused_with_the_cause():
 def test_a_long_chain_keeps_recycling_dims():
     """A plain pyro.markov chain is not a conflict: its sites leave the scope before their
     dims are reused, so a chain longer than torch's 64 dims still enumerates."""
-    import pyro_autospec.oracles.enum as enum_module
+    import pyro_autospec.model.enum as enum_module
 
     trans = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
 

@@ -14,8 +14,8 @@ from pyro_autospec.infer import (
     IntractableEnumerationError,
     UnsupportedSiteError,
 )
-from pyro_autospec.infer.sites import enumerate_posterior
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model import enumerate_posterior
+from pyro_autospec.model.enum import EnumOracle
 
 
 def run(model, *args, **kwargs):

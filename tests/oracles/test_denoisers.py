@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import integrate, stats
 
-from pyro_autospec.oracles.base import MeanOracle
+from pyro_autospec.engine.protocols import MeanOracle
 from pyro_autospec.oracles.denoisers import (
     FiniteSupportDenoiser,
     GaussianDenoiser,

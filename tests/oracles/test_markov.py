@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import pyro_autospec.oracles.markov as markov_module
-from pyro_autospec.oracles._util import ExactOracle
+from pyro_autospec.oracles import ExactOracle
 from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
 from tests.oracles._oracle_reference import (

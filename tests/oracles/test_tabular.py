@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
+from pyro_autospec.engine.protocols import has_targeted_marginals
 from pyro_autospec.oracles import MarginalOracle
-from pyro_autospec.oracles.base import has_targeted_marginals
 from pyro_autospec.oracles.tabular import TabularOracle
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,

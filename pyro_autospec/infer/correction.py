@@ -1,7 +1,9 @@
-"""Correcting a guide's draws to the exact posterior.
+"""Correcting a guide's draws to the exact posterior (``AutoSpec(..., correction=...)``).
 
-A guide's draw ``(x, sigma)`` has density ``Uniform(sigma) q_sigma(x)`` and known
-``log q_sigma(x)``; with ``log w = log p(x, data) - log q_sigma(x)`` (see :doc:`/guides`):
+The discrete run (:mod:`pyro_autospec.infer.discrete_run`) weighs each draw of a guide by the
+model's joint density and corrects the draws. A guide's draw ``(x, sigma)`` has density
+``Uniform(sigma) q_sigma(x)`` and known ``log q_sigma(x)``; with
+``log w = log p(x, data) - log q_sigma(x)`` (see :doc:`/guides`):
 
 * :func:`importance_resample`: sampling-importance-resampling with Pareto-smoothed weights
   (PSIS). Consistent as the number of draws grows; the resampled draws repeat (their ESS is

@@ -7,9 +7,9 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.infer.sites import DynamicStructureError, enumerate_posterior
-from pyro_autospec.oracles.base import MarginalOracle
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.engine.protocols import MarginalOracle
+from pyro_autospec.model import DynamicStructureError, enumerate_posterior
+from pyro_autospec.model.enum import EnumOracle
 
 
 def mixed_model(y):

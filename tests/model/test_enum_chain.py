@@ -13,10 +13,10 @@ import pytest
 import torch
 from pyro import poutine
 
-from pyro_autospec.infer.sites import enumerate_posterior
+from pyro_autospec.model import enumerate_posterior
+from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
 from pyro_autospec.oracles import PairwiseChainOracle
-from pyro_autospec.oracles.enum import EnumOracle
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,

@@ -7,7 +7,7 @@ import torch
 from pyro.ops.contract import contract_to_tensor
 from pyro.ops.rings import LogRing
 
-from pyro_autospec.oracles.enum_contract import PlannedLogRing, plan_contraction
+from pyro_autospec.model.enum_contract import PlannedLogRing, plan_contraction
 
 
 def test_plan_on_a_chain_is_linear():

@@ -1,7 +1,8 @@
 """One large oracle across the ranks of a ``torch.distributed`` group: every call's rows shared out.
 
-:class:`ShardedOracle` wraps an oracle (a :class:`~pyro_autospec.oracles.base.MarginalOracle` or a
-:class:`~pyro_autospec.oracles.base.MeanOracle`) of which every rank holds a replica. Each call
+:class:`ShardedOracle` wraps an oracle (a
+:class:`~pyro_autospec.engine.protocols.MarginalOracle` or a
+:class:`~pyro_autospec.engine.protocols.MeanOracle`) of which every rank holds a replica. Each call
 (``log_marginals``, ``log_marginals_at``, ``log_marginals_chain`` or the mean oracle's
 ``__call__``) is split by rows: with ``B`` rows and ``W`` ranks, rank ``r`` evaluates rows
 ``r * ceil(B / W)`` onwards (``ceil(B / W)`` of them, the last rank's share padded by repeating
@@ -35,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pyro_autospec.engine.distributed import communication_device, require_process_group
+from pyro_autospec.parallel.groups import communication_device, require_process_group
 
 __all__ = ["ShardedOracle"]
 
@@ -55,7 +56,7 @@ class ShardedOracle:
     ----------
     oracle : MarginalOracle or MeanOracle
         This rank's replica, usually on this rank's device
-        (:func:`~pyro_autospec.engine.distributed.local_device`). Every rank wraps a replica of
+        (:func:`~pyro_autospec.parallel.groups.local_device`). Every rank wraps a replica of
         the same oracle.
     group : ProcessGroup, optional
         The ranks that share the rows (default: the whole world).

@@ -1,7 +1,7 @@
-"""Oracle protocols: the only way the engine talks to a distribution.
+"""The engine's contract: the protocols through which it talks to a distribution.
 
-The engine never imports Pyro. A distribution reaches the sampler through one of two small
-protocols, in the spirit of BlackJAX's ``logdensity_fn``:
+The engine never imports Pyro, nor any other package of this library. A distribution reaches
+the sampler through one of two small protocols, in the spirit of BlackJAX's ``logdensity_fn``:
 
 * :class:`MarginalOracle` for distributions over ``[q]^n`` (any-order autoregressive setting):
   conditional marginals ``mu(X_i = v | X_S = x_S)``.
@@ -9,6 +9,15 @@ protocols, in the spirit of BlackJAX's ``logdensity_fn``:
   ``f(t, x) = E[Y | t Y + B_t = x]``.
 
 One call of either is one *round*; each row of the batch is one *row* of work.
+
+A marginal oracle may offer more than ``log_marginals``. Each optional capability is a named
+protocol here (:class:`TargetedMarginals`, :class:`ChainMarginals`, :class:`ChainThenMarginals`,
+:class:`FamilyOfTargets`, :class:`InferenceSafe`) with one check (:func:`has_targeted_marginals`,
+:func:`has_chain_marginals`, :func:`has_chain_then`, :func:`oracle_num_draws`,
+:func:`is_inference_safe`); the engine checks each once, when it starts a run
+(:class:`~pyro_autospec.engine.rows.OracleRows`), and asks only for what the oracle offers.
+The checks read the attribute (``getattr``), so an oracle that forwards methods through
+``__getattr__`` (a wrapper) is seen as offering them.
 """
 
 from __future__ import annotations
@@ -18,8 +27,14 @@ from typing import Protocol, runtime_checkable
 import torch
 
 __all__ = [
+    "ChainMarginals",
+    "ChainThenMarginals",
+    "FamilyOfTargets",
+    "InferenceSafe",
     "MarginalOracle",
     "MeanOracle",
+    "TargetedMarginals",
+    "chain_rows",
     "has_chain_marginals",
     "has_chain_then",
     "has_targeted_marginals",
@@ -148,6 +163,63 @@ class MeanOracle(Protocol):
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor: ...
 
 
+class TargetedMarginals(Protocol):
+    """Capability: the marginals of some coordinates only (:class:`MarginalOracle`).
+
+    ``log_marginals_at(values, mask, targets)`` with ``targets`` LongTensor[B, k] returns
+    Tensor[B, k, q]. Checked by :func:`has_targeted_marginals`.
+    """
+
+    def log_marginals_at(
+        self, values: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, **kwargs
+    ) -> torch.Tensor: ...
+
+
+class ChainMarginals(Protocol):
+    """Capability: chain queries answered natively (:class:`MarginalOracle`).
+
+    ``log_marginals_chain(values, mask, chain)`` returns Tensor[C, L, q]. Checked by
+    :func:`has_chain_marginals`; :func:`chain_rows` spells the same query as rows.
+    """
+
+    def log_marginals_chain(
+        self, values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor, **kwargs
+    ) -> torch.Tensor: ...
+
+
+class ChainThenMarginals(Protocol):
+    """Capability: a chain query and the row after it in one call (:class:`MarginalOracle`).
+
+    ``log_marginals_chain_then(values, mask, chain, then)`` returns ``(out, after)``. Checked
+    by :func:`has_chain_then`.
+    """
+
+    def log_marginals_chain_then(
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        chain: torch.Tensor,
+        then: torch.Tensor,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class FamilyOfTargets(Protocol):
+    """Capability: ``num_draws`` targets on the same ``[q]^n``, one per draw
+    (:class:`MarginalOracle`); every method then takes a keyword ``draws``. Read by
+    :func:`oracle_num_draws`."""
+
+    num_draws: int
+
+
+class InferenceSafe(Protocol):
+    """Capability: the oracle may be called under :func:`torch.inference_mode`
+    (``inference_safe = True``; :class:`MarginalOracle`). Checked by
+    :func:`is_inference_safe`."""
+
+    inference_safe: bool
+
+
 def has_targeted_marginals(oracle: object) -> bool:
     """Whether ``oracle`` offers ``log_marginals_at(values, mask, targets)``."""
     return callable(getattr(oracle, "log_marginals_at", None))
@@ -174,3 +246,36 @@ def oracle_num_draws(oracle: object) -> int | None:
     """``oracle.num_draws`` for a family of targets (one per draw), else ``None``."""
     value = getattr(oracle, "num_draws", None)
     return None if value is None else int(value)
+
+
+def chain_rows(
+    values: torch.Tensor, mask: torch.Tensor, chain: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A chain query's ``L`` nested conditionings as ``C L`` ordinary rows, chain by chain.
+
+    Row ``c L + j`` pins ``mask[c]`` and ``chain[c, :j]`` and targets ``chain[c, j]`` (a
+    padding repeat of an earlier chain coordinate is then pinned: a point mass). For oracles
+    whose chain queries cost no less than their rows.
+
+    Parameters
+    ----------
+    values : LongTensor[C, n]
+    mask : BoolTensor[C, n]
+    chain : LongTensor[C, L]
+
+    Returns
+    -------
+    rows_values : LongTensor[C L, n]
+        ``values[c]`` for every row of chain ``c``.
+    rows_mask : BoolTensor[C L, n]
+    targets : LongTensor[C L, 1]
+    """
+    num, length = chain.shape
+    n = mask.shape[1]
+    first = torch.full((num, n), length, dtype=torch.long, device=chain.device)
+    steps = torch.arange(length, device=chain.device)
+    first.scatter_reduce_(1, chain, steps.expand(num, length), reduce="amin")
+    pinned = first[:, None, :] < steps[None, :, None]  # [C, L, n]: before step j of the chain
+    rows_mask = (pinned | mask[:, None, :]).reshape(num * length, n)
+    rows_values = values[:, None, :].expand(num, length, n).reshape(num * length, n)
+    return rows_values, rows_mask, chain.reshape(num * length, 1)

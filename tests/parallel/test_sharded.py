@@ -15,9 +15,14 @@ import torch.distributed as dist
 
 from pyro_autospec.engine.any_order import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
-from pyro_autospec.oracles import MarkovChainOracle, ShardedOracle, TreePottsOracle
-from pyro_autospec.oracles.base import has_chain_marginals, has_chain_then, has_targeted_marginals
+from pyro_autospec.engine.protocols import (
+    has_chain_marginals,
+    has_chain_then,
+    has_targeted_marginals,
+)
+from pyro_autospec.oracles import MarkovChainOracle, TreePottsOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
+from pyro_autospec.parallel import ShardedOracle
 from tests.engine.test_distributed import (
     INIT,
     POINTS,

@@ -6,7 +6,7 @@ dims (Pyro's packed form). A query row ``b`` pins some coordinates ``X_S = value
 evidence enters as one log-factor per site, ``0`` where allowed and ``-inf`` where a pinned
 coordinate takes another value. Every round is then one batched contraction of the factor graph
 with the evidence of all rows (:func:`pyro.ops.contract.contract_to_tensor` with
-:class:`~pyro_autospec.oracles.enum_contract.PlannedLogRing`, whose elimination plans are cached
+:class:`~pyro_autospec.model.enum_contract.PlannedLogRing`, whose elimination plans are cached
 per shape), giving ``log Z_b`` for every row, and one backward pass: the gradient of
 ``sum_b log Z_b`` with respect to the evidence is every coordinate's conditional marginal
 ``P(X_i = v | X_S = values_S, data)``. The model never runs again after compilation.
@@ -35,13 +35,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import pyro
 import torch
 from pyro import poutine
 from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.util import prune_subsample_sites
 
+from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.enum_contract import (
+    PlannedLogRing,
+    _align,
+    constant_factor,
+    linear_factor,
+)
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
     DynamicStructureError,
@@ -54,17 +60,11 @@ from pyro_autospec.model.tracing import (
     assertion_error,
     batching_advice,
     compute_log_prob,
+    over_draws,
     parallel_enumeration,
     quiet_warnings,
     site_role,
     structure_error,
-)
-from pyro_autospec.oracles._util import chain_rows
-from pyro_autospec.oracles.enum_contract import (
-    PlannedLogRing,
-    _align,
-    constant_factor,
-    linear_factor,
 )
 from pyro_autospec.oracles.hmm import PairwiseChainOracle
 
@@ -244,7 +244,7 @@ def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerati
 class EnumOracle:
     """Exact conditional marginals of a Pyro model's discrete latent sites, compiled once.
 
-    Implements :class:`~pyro_autospec.oracles.base.MarginalOracle` (with ``log_marginals_at``
+    Implements :class:`~pyro_autospec.engine.protocols.MarginalOracle` (with ``log_marginals_at``
     and ``log_marginals_chain``) for the posterior ``p(x | data)`` of the model's discrete
     latent sites (Bernoulli, Categorical, OneHotCategorical, Binomial, BetaBinomial), with the
     coordinate mapping of :mod:`pyro_autospec.model.discrete` (sites in trace order, C order
@@ -470,10 +470,7 @@ class EnumOracle:
             model = poutine.condition(model, data=data)
         enumerated = poutine.infer_config(model, parallel_enumeration)
 
-        def with_draws(*args, **kwargs):
-            with pyro.plate(DRAWS_PLATE, num, dim=-(mpn + 1)):
-                return enumerated(*args, **kwargs)
-
+        with_draws = over_draws(enumerated, num, mpn)
         recorder = SiteRecorder()
         traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
         try:
@@ -1056,7 +1053,8 @@ class EnumOracle:
         """Chain queries: each chain coordinate given the prefix and the chain before it.
 
         ``out[c, j] = log P(X_{chain[c, j]} = . | X_S = values_S)`` with
-        ``S = mask[c] + chain[c, :j]`` (see :class:`~pyro_autospec.oracles.base.MarginalOracle`).
+        ``S = mask[c] + chain[c, :j]`` (see
+        :class:`~pyro_autospec.engine.protocols.MarginalOracle`).
         For enumeration each of the ``L`` conditionings costs one contraction row, so this is
         no cheaper than ``L`` rows; it answers all of them in one batched call (identical
         conditionings, such as the padding of short chains, once).

@@ -7,7 +7,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.infer.sites import (
+from pyro_autospec.model import (
     AutoSpecModelError,
     DynamicStructureError,
     UnsupportedSiteError,

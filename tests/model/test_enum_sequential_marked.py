@@ -4,7 +4,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from pyro_autospec.oracles.enum import EnumOracle
+from pyro_autospec.model.enum import EnumOracle
 
 W_PROBS = torch.tensor([0.2, 0.5, 0.3])
 
