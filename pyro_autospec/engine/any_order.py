@@ -296,7 +296,7 @@ def run_any_order(
         )
         counts = recursion.run()
         samples, log_prob = problem.samples, recursion.log_prob
-        rounds, total_rows, sample_rounds = counts.rounds, counts.rows, counts.sample_rounds
+        rounds, total_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
     else:
         sampler = WindowSampler(
             rows,
@@ -313,7 +313,7 @@ def run_any_order(
         samples, log_prob = sampler.samples, sampler.log_prob
         rounds, total_rows, sample_rounds = (
             sampler.rounds,
-            sampler.total_rows,
+            sampler.oracle_rows,
             sampler.sample_rounds,
         )
     if not bool(torch.isfinite(log_prob).all()):

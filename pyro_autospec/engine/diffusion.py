@@ -194,7 +194,7 @@ def _run(s: _Settings) -> SampleResult:
             desc="autospec",
         )
         counts = recursion.run()
-        rounds, rows, sample_rounds = counts.rounds, counts.rows, counts.sample_rounds
+        rounds, rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
         log_prob, paths, noise = recursion.log_prob, None, None
         if s.return_paths:
             paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + problem.paths.cumsum(1)], 1)

@@ -33,6 +33,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling, engine_mode
+from pyro_autospec.engine.stepping import run_rounds
 from pyro_autospec.engine.tables import Table, ragged, segment_cumsum, segment_sum
 
 __all__ = [
@@ -499,93 +500,137 @@ def sequential(
     final [N, d], paths [N, steps, d] or None (increments), log_prob [N], rounds, rows,
     sample_rounds [N]
     """
-    num, d = x0.shape
-    n = chain.num_steps
-    dev, wide = chain.device, chain.wide
+    num = x0.shape[0]
     lanes = min(int(max_concurrent or num), num)
     cap = max_rows_per_round
     if 0 < lanes == num and (cap is None or cap >= num):
-        return _lockstep(chain, evaluate, x0, draw_keys, return_paths, progress)
-    draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
-    k = torch.zeros(lanes, dtype=torch.long, device=dev)
-    x = torch.zeros(lanes, d, dtype=wide, device=dev)
-    log_mu = torch.zeros(lanes, dtype=wide, device=dev)
-    final = torch.zeros(num, d, dtype=wide, device=dev)
-    log_prob = torch.zeros(num, dtype=wide, device=dev)
-    paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
-    sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
-    started = finished = rounds = rows = 0
-    bar = _bar(progress, num, "sequential")
-    while finished < num:
-        free = torch.nonzero(draw < 0).flatten()[: num - started]
+        stepper = _Lockstep(chain, evaluate, x0, draw_keys, return_paths)
+        total, unit = chain.num_steps, "step"
+    else:
+        stepper = _Sequential(chain, evaluate, x0, draw_keys, return_paths, lanes, cap)
+        total, unit = num, "draw"
+    run_rounds(stepper, total=total, progress=progress, desc="sequential", unit=unit)
+    return stepper.output()
+
+
+class _Sequential:
+    """:func:`sequential` with continuous batching or a cap on rows per round: a
+    :class:`~pyro_autospec.engine.stepping.RoundStepper` over draws."""
+
+    def __init__(self, chain, evaluate, x0, draw_keys, return_paths, lanes, cap):
+        num, d = x0.shape
+        n, dev, wide = chain.num_steps, chain.device, chain.wide
+        self.chain, self.evaluate, self.x0, self.draw_keys = chain, evaluate, x0, draw_keys
+        self.num, self.cap = num, cap
+        self.draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
+        self.k = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.x = torch.zeros(lanes, d, dtype=wide, device=dev)
+        self.log_mu = torch.zeros(lanes, dtype=wide, device=dev)
+        self.final = torch.zeros(num, d, dtype=wide, device=dev)
+        self.log_prob = torch.zeros(num, dtype=wide, device=dev)
+        self.paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
+        self.sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
+        self.started = self.finished = self.rounds = self.oracle_rows = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.num
+
+    def start(self) -> None:
+        """Free lanes take the next draws."""
+        draw, dev = self.draw, self.chain.device
+        free = torch.nonzero(draw < 0).flatten()[: self.num - self.started]
         if free.numel():
-            draw[free] = torch.arange(started, started + free.numel(), device=dev)
-            started += free.numel()
-            k[free], x[free], log_mu[free] = 0, x0[draw[free]].to(wide), 0.0
+            draw[free] = torch.arange(self.started, self.started + free.numel(), device=dev)
+            self.started += free.numel()
+            self.k[free], self.x[free] = 0, self.x0[draw[free]].to(self.chain.wide)
+            self.log_mu[free] = 0.0
+
+    def step(self) -> None:
+        chain, draw, k, x = self.chain, self.draw, self.k, self.x
         active = torch.nonzero(draw >= 0).flatten()
-        if cap is not None:
-            active = active[torch.argsort(draw[active])][: max(1, cap)]
-        rounds += 1
-        rows += active.numel()
-        sample_rounds[draw[active]] += 1
+        if self.cap is not None:
+            active = active[torch.argsort(draw[active])][: max(1, self.cap)]
+        self.rounds += 1
+        self.oracle_rows += active.numel()
+        self.sample_rounds[draw[active]] += 1
         ka = k[active]
-        f = evaluate(chain.times[ka], x[active])
-        inc = chain.noise(_step_key(draw_keys[draw[active]], ka), f, ka, torch.zeros_like(ka))
+        f = self.evaluate(chain.times[ka], x[active])
+        inc = chain.noise(_step_key(self.draw_keys[draw[active]], ka), f, ka, torch.zeros_like(ka))
         h = chain.h[ka]
         resid = inc - f * h.unsqueeze(1)
-        log_mu[active] += (chain.log_norm[k[active] + 1] - chain.log_norm[k[active]]) - 0.5 * (
+        self.log_mu[active] += (chain.log_norm[k[active] + 1] - chain.log_norm[k[active]]) - 0.5 * (
             resid**2
         ).sum(1) / (chain.var * h)
-        if paths is not None:
-            paths[draw[active], k[active]] = inc
+        if self.paths is not None:
+            self.paths[draw[active], k[active]] = inc
         x[active] += inc
         k[active] += 1
-        done = active[k[active] >= n]
-        final[draw[done]] = x[done]
-        log_prob[draw[done]] = log_mu[done]
+        done = active[k[active] >= chain.num_steps]
+        self.final[draw[done]] = x[done]
+        self.log_prob[draw[done]] = self.log_mu[done]
         draw[done] = -1
-        finished += done.numel()
-        if bar is not None:
-            bar.update(done.numel())
-    if bar is not None:
-        bar.close()
-    return final, paths, log_prob, rounds, rows, sample_rounds
+        self.finished += done.numel()
+        self.start()
+
+    def output(self):
+        return (
+            self.final,
+            self.paths,
+            self.log_prob,
+            self.rounds,
+            self.oracle_rows,
+            self.sample_rounds,
+        )
 
 
-def _lockstep(
-    chain: Chain, evaluate: DriftEvaluator, x0: torch.Tensor, draw_keys, return_paths, progress
-):
+class _Lockstep:
     """:func:`sequential` when every draw is in flight from the start and no cap splits a
     round: all draws take step ``k`` in round ``k``, and the keyed noise of many steps is
-    drawn at once. The same arithmetic as the general loop, so the same draws."""
-    num, d = x0.shape
-    n = chain.num_steps
-    dev, wide = chain.device, chain.wide
-    x = x0.to(device=dev, dtype=wide).clone()
-    log_mu = torch.zeros(num, dtype=wide, device=dev)
-    paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
-    step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
-    window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
-    bar = _bar(progress, n, "sequential", unit="step")
-    for k in range(n):
-        if k % window == 0:  # the noise of steps k .. k + window - 1 of every draw
-            ks = torch.arange(k, min(n, k + window), device=dev)
-            step_keys = _step_key(draw_keys.unsqueeze(1), ks)  # [num, W]
-            z = chain.standard_noise(step_keys, torch.zeros_like(step_keys))  # [num, W, d]
-        f = evaluate(chain.times[k].repeat(num), x.clone())  # the drift may write to its input
+    drawn at once. The same arithmetic as the general loop, so the same draws. A
+    :class:`~pyro_autospec.engine.stepping.RoundStepper` over steps."""
+
+    def __init__(self, chain, evaluate, x0, draw_keys, return_paths):
+        num, d = x0.shape
+        n, dev, wide = chain.num_steps, chain.device, chain.wide
+        self.chain, self.evaluate, self.draw_keys, self.num = chain, evaluate, draw_keys, num
+        self.x = x0.to(device=dev, dtype=wide).clone()
+        self.log_mu = torch.zeros(num, dtype=wide, device=dev)
+        self.paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
+        self.step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
+        self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
+        self.finished = self.rounds = self.oracle_rows = 0
+
+    def start(self) -> None:
+        pass
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.chain.num_steps
+
+    def step(self) -> None:
+        chain, k, num, dev = self.chain, self.finished, self.num, self.chain.device
+        if k % self.window == 0:  # the noise of steps k .. k + window - 1 of every draw
+            ks = torch.arange(k, min(chain.num_steps, k + self.window), device=dev)
+            step_keys = _step_key(self.draw_keys.unsqueeze(1), ks)  # [num, W]
+            self.z = chain.standard_noise(step_keys, torch.zeros_like(step_keys))  # [num, W, d]
+        # the drift may write to its input
+        f = self.evaluate(chain.times[k].repeat(num), self.x.clone())
         h = chain.h[k]
-        inc = f * h + chain.noise_sd[k] * z[:, k % window]
+        inc = f * h + chain.noise_sd[k] * self.z[:, k % self.window]
         resid = inc - f * h
-        log_mu += step_log_norm[k] - 0.5 * (resid**2).sum(1) / (chain.var * h)
-        if paths is not None:
-            paths[:, k] = inc
-        x += inc
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    rounds = torch.full((num,), n, dtype=torch.long, device=dev)
-    return x, paths, log_mu, n, n * num, rounds
+        self.log_mu += self.step_log_norm[k] - 0.5 * (resid**2).sum(1) / (chain.var * h)
+        if self.paths is not None:
+            self.paths[:, k] = inc
+        self.x += inc
+        self.finished += 1
+        self.rounds += 1
+        self.oracle_rows += num
+
+    def output(self):
+        n = self.chain.num_steps
+        rounds = torch.full((self.num,), n, dtype=torch.long, device=self.chain.device)
+        return self.x, self.paths, self.log_mu, n, n * self.num, rounds
 
 
 @engine_mode()
@@ -611,57 +656,83 @@ def picard(
     -------
     paths [N, steps + 1, d], noise [N, steps, d], rounds, rows, sample_rounds [N]
     """
-    num, d = x0.shape
-    n = chain.num_steps
-    dev, wide = chain.device, chain.wide
-    lanes = min(int(max_concurrent or num), num)
-    cap = max_rows_per_round
-    w = int(window)
-    steps = torch.arange(n, device=dev)
-    counter = steps.view(1, n, 1) * d + torch.arange(d, device=dev)
-    noise = chain.noise_sd.view(1, n, 1) * keys.normal(
-        draw_keys.view(-1, 1, 1), keys.Tag.NOISE, counter
-    ).to(wide)
-    out = torch.zeros(num, n + 1, d, dtype=wide, device=dev)
-    draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
-    path = torch.zeros(lanes, n + 1, d, dtype=wide, device=dev)
-    begin = torch.zeros(lanes, dtype=torch.long, device=dev)
-    end = torch.zeros(lanes, dtype=torch.long, device=dev)
-    sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
-    started = finished = rounds = rows = 0
-    bar = _bar(progress, num, "picard")
-    jj = torch.arange(w, device=dev)
-    while finished < num:
-        free = torch.nonzero(draw < 0).flatten()[: num - started]
+    stepper = _Picard(chain, evaluate, x0, draw_keys, window, tolerance, max_concurrent)
+    stepper.cap = max_rows_per_round
+    run_rounds(stepper, total=x0.shape[0], progress=progress, desc="picard")
+    return stepper.out, stepper.noise, stepper.rounds, stepper.oracle_rows, stepper.sample_rounds
+
+
+class _Picard:
+    """:func:`picard` as a :class:`~pyro_autospec.engine.stepping.RoundStepper` over draws."""
+
+    def __init__(self, chain, evaluate, x0, draw_keys, window, tolerance, max_concurrent):
+        num, d = x0.shape
+        n, dev, wide = chain.num_steps, chain.device, chain.wide
+        lanes = min(int(max_concurrent or num), num)
+        self.chain, self.evaluate, self.x0, self.num = chain, evaluate, x0, num
+        self.w, self.tolerance, self.cap = int(window), tolerance, None
+        steps = torch.arange(n, device=dev)
+        counter = steps.view(1, n, 1) * d + torch.arange(d, device=dev)
+        self.noise = chain.noise_sd.view(1, n, 1) * keys.normal(
+            draw_keys.view(-1, 1, 1), keys.Tag.NOISE, counter
+        ).to(wide)
+        self.out = torch.zeros(num, n + 1, d, dtype=wide, device=dev)
+        self.draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
+        self.path = torch.zeros(lanes, n + 1, d, dtype=wide, device=dev)
+        self.begin = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.end = torch.zeros(lanes, dtype=torch.long, device=dev)
+        self.sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
+        self.started = self.finished = self.rounds = self.oracle_rows = 0
+        self.jj = torch.arange(self.w, device=dev)
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.num
+
+    def start(self) -> None:
+        """Free lanes take the next draws, with the zero-drift guess of their path."""
+        n, dev, draw = self.chain.num_steps, self.chain.device, self.draw
+        free = torch.nonzero(draw < 0).flatten()[: self.num - self.started]
         if free.numel():
-            new = torch.arange(started, started + free.numel(), device=dev)
+            new = torch.arange(self.started, self.started + free.numel(), device=dev)
             draw[free] = new
-            started += free.numel()
-            start = x0[new].to(wide)
-            path[free, 0] = start
-            path[free, 1:] = start.unsqueeze(1) + noise[new].cumsum(1)  # zero-drift guess
-            begin[free] = 0
-            end[free] = min(n, w)
+            self.started += free.numel()
+            start = self.x0[new].to(self.chain.wide)
+            self.path[free, 0] = start
+            self.path[free, 1:] = start.unsqueeze(1) + self.noise[new].cumsum(1)
+            self.begin[free] = 0
+            self.end[free] = min(n, self.w)
+
+    def step(self) -> None:
+        chain, draw, path, noise, jj, w = (
+            self.chain,
+            self.draw,
+            self.path,
+            self.noise,
+            self.jj,
+            self.w,
+        )
+        n, d, dev, wide = chain.num_steps, path.shape[-1], chain.device, chain.wide
         active = torch.nonzero(draw >= 0).flatten()
-        if cap is not None:
-            active = active[torch.argsort(draw[active])][: max(1, cap // w)]
-        lo, hi = begin[active], end[active]
+        if self.cap is not None:
+            active = active[torch.argsort(draw[active])][: max(1, self.cap // w)]
+        lo, hi = self.begin[active], self.end[active]
         size = hi - lo
         valid = jj.unsqueeze(0) < size.unsqueeze(1)
         step = (lo.unsqueeze(1) + jj).clamp(max=n - 1)  # [A, w]
-        rounds += 1
-        rows += int(size.sum())
-        sample_rounds[draw[active]] += 1
+        self.rounds += 1
+        self.oracle_rows += int(size.sum())
+        self.sample_rounds[draw[active]] += 1
         lane_grid = active.unsqueeze(1).expand_as(step)
         f = torch.zeros(active.numel(), w, d, dtype=wide, device=dev)
-        f[valid] = evaluate(chain.times[step[valid]], path[lane_grid[valid], step[valid]])
+        f[valid] = self.evaluate(chain.times[step[valid]], path[lane_grid[valid], step[valid]])
         z = noise[draw[active].unsqueeze(1), step]
         incr = torch.where(valid.unsqueeze(-1), f * chain.h[step].unsqueeze(-1) + z, 0.0)
         new = path[active, lo].unsqueeze(1) + incr.cumsum(1)  # X_{lo+1..lo+w}
         old = path[lane_grid, (step + 1).clamp(max=n)]
         err = ((new - old) ** 2).sum(-1) / (d * chain.var * chain.h[step])
         path[lane_grid[valid], (step + 1)[valid]] = new[valid]
-        bad = valid & (err > tolerance * tolerance)
+        bad = valid & (err > self.tolerance * self.tolerance)
         converged = torch.where(bad.any(1), torch.argmax(bad.long(), 1), size)
         new_begin = torch.minimum(lo + converged + 1, hi)
         new_end = torch.clamp(new_begin + w, max=n)
@@ -679,21 +750,9 @@ def picard(
             filled = path[g, hi[grow]].unsqueeze(1) + extra.cumsum(1)
             g_grid = g.unsqueeze(1).expand_as(est)
             path[g_grid[ext], (est + 1)[ext]] = filled[ext]
-        begin[active], end[active] = new_begin, new_end
+        self.begin[active], self.end[active] = new_begin, new_end
         done = active[new_begin >= n]
-        out[draw[done]] = path[done]
+        self.out[draw[done]] = path[done]
         draw[done] = -1
-        finished += done.numel()
-        if bar is not None:
-            bar.update(done.numel())
-    if bar is not None:
-        bar.close()
-    return out, noise, rounds, rows, sample_rounds
-
-
-def _bar(progress: bool, total: int, desc: str, unit: str = "draw"):
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit)
+        self.finished += done.numel()
+        self.start()

@@ -49,6 +49,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
 from pyro_autospec.engine.schedule import BlockPolicy, leaf_starts, part_bounds
+from pyro_autospec.engine.stepping import run_rounds
 from pyro_autospec.engine.tables import Matrix, ragged
 
 __all__ = ["NodeView", "Recursion", "RunCounts", "next_batch", "leaf_starts"]
@@ -202,10 +203,10 @@ def next_batch(
 
 @dataclass
 class RunCounts:
-    """What a run cost: rounds (whole run), rows, and rounds per draw."""
+    """What a run cost: rounds (whole run), oracle rows, and rounds per draw."""
 
     rounds: int
-    rows: int
+    oracle_rows: int
     sample_rounds: torch.Tensor
 
 
@@ -309,7 +310,7 @@ class Recursion:
         problem.bind(self)
         self.stamp = 0
         self.rounds = 0
-        self.rows = 0
+        self.oracle_rows = 0
         self.sample_rounds = torch.zeros(self.num_draws, dtype=torch.long, device=dev)
         self.log_prob = torch.full((self.num_draws,), math.nan, dtype=torch.float64, device=dev)
         self.started = 0
@@ -398,26 +399,22 @@ class Recursion:
     @engine_mode()
     def run(self) -> RunCounts:
         """Run every draw to completion; return the counts (samples stay in the problem)."""
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
+        run_rounds(self, total=self.num_draws, progress=self.progress, desc=self.desc)
+        return RunCounts(self.rounds, self.oracle_rows, self.sample_rounds)
 
-            bar = tqdm(total=self.num_draws, desc=self.desc, unit="draw")
-        try:
-            self._start_draws()
-            while self.finished < self.num_draws:
-                self._round()
-                self._cascade()
-                self._start_draws()
-                if bar is not None:
-                    bar.n = self.finished
-                    bar.set_postfix(rounds=self.rounds, rows=self.rows, refresh=False)
-                    bar.refresh()
-        finally:
-            if bar is not None:
-                bar.n = self.finished
-                bar.close()
-        return RunCounts(self.rounds, self.rows, self.sample_rounds)
+    def start(self) -> None:
+        """Put the first draws in flight."""
+        self._start_draws()
+
+    def step(self) -> None:
+        """One round, its cascade, then the draws that fit start."""
+        self._round()
+        self._cascade()
+        self._start_draws()
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.num_draws
 
     def _round(self) -> None:
         nodes = self.nodes
@@ -441,7 +438,7 @@ class Recursion:
                 rows[order],
             )
         self.rounds += 1
-        self.rows += int(rows.sum())
+        self.oracle_rows += int(rows.sum())
         # +1 for every draw asking (once, however many of its nodes ask): no [num_draws]
         # temporary per round
         asking = block[:, N_DRAW]

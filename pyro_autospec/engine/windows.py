@@ -57,6 +57,7 @@ from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows
 from pyro_autospec.engine.schedule import BlockPolicy, token_only
+from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
 
@@ -114,8 +115,10 @@ class WindowSampler:
         Their log probabilities under the oracle's chain rule (on the host).
     sample_rounds : LongTensor[D]
         Rounds each draw took part in (on the host).
-    rounds, total_rows : int
+    rounds, oracle_rows : int
         Batched oracle calls of the run, and rows asked in all.
+    finished : int
+        Draws finished.
     """
 
     def __init__(
@@ -177,7 +180,7 @@ class WindowSampler:
         self.samples = host_output((self.num_draws, n), torch.long)  # filled at finish
         self._log_prob = np.full(self.num_draws, math.nan)
         self._sample_rounds = np.zeros(self.num_draws, dtype=np.int64)
-        self.rounds = self.total_rows = 0
+        self.rounds = self.oracle_rows = 0
         self.started = self.finished = 0
         self.clock = 0
         self._v = np.arange(q)
@@ -326,27 +329,28 @@ class WindowSampler:
 
     # ----------------------------------------------------------------------------- rounds
     @engine_mode()
-    def run(self):
+    def run(self) -> None:
+        """Run every draw to completion (:func:`~pyro_autospec.engine.stepping.run_rounds`)."""
         if self._in_lockstep():
-            self._lockstep()
-            return
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
+            lockstep = _Lockstep(self)
+            total, unit = self.n, "step"
+            run_rounds(lockstep, total=total, progress=self.progress, desc=self.method, unit=unit)
+            lockstep.finish()
+        else:
+            run_rounds(self, total=self.num_draws, progress=self.progress, desc=self.method)
 
-            bar = tqdm(total=self.num_draws, desc=self.method, unit="draw")
-        try:
-            self._start()
-            while self.finished < self.num_draws:
-                self._round()
-                self._start()
-                if bar is not None:
-                    bar.n = self.finished
-                    bar.set_postfix(rounds=self.rounds, rows=self.total_rows, refresh=False)
-                    bar.refresh()
-        finally:
-            if bar is not None:
-                bar.close()
+    def start(self) -> None:
+        """Put the first draws in flight."""
+        self._start()
+
+    def step(self) -> None:
+        """One round, then the draws that fit start."""
+        self._round()
+        self._start()
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.num_draws
 
     def _in_lockstep(self) -> bool:
         """One coordinate per round, every draw in flight from the start, rounds not split."""
@@ -355,63 +359,6 @@ class WindowSampler:
             and 0 < self.num_lanes == self.num_draws
             and (self.cap is None or self.cap >= self.num_draws)
         )
-
-    def _lockstep(self) -> None:
-        """The sequential methods when :meth:`_in_lockstep`: round ``t`` draws position ``t``
-        of every draw. The same rows, noise and arithmetic as the general loop (so the same
-        draws), kept on the oracle's device: the partial samples are dense, and the noise of
-        many steps is drawn at once."""
-        num, n = self.num_draws, self.n
-        lanes = torch.arange(num, device=self.device)
-        self.rows.start(lanes)
-        self.started = num
-        values = torch.zeros(num, n, dtype=torch.long, device=self.device)
-        mask = torch.zeros(num, n, dtype=torch.bool, device=self.device)
-        log_mu = torch.zeros(num, dtype=torch.float64, device=self.device)
-        # [n, D]: coordinate of step t of each draw
-        coords = self.rows.orders_of(lanes).t().contiguous()
-        flat = coords + (lanes * n).unsqueeze(0)  # the same, as indices into values.view(-1)
-        window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * self.q)))
-        draw_keys = self.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
-        v = torch.arange(self.q, device=self.device)
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=n, desc=self.method, unit="step")
-        try:
-            for t in range(n):
-                if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
-                    ts = torch.arange(t, min(n, t + window), device=self.device).view(1, -1, 1)
-                    if self.method == "gumbel_sequential":
-                        noise = keys.gumbel(draw_keys, keys.Tag.NOISE, ts * self.q + v)
-                    else:
-                        step_keys = keys.child(draw_keys, keys.Tag.LEAF, ts)
-                        noise = keys.gumbel(step_keys, keys.Tag.DRAFT, v)
-                answer = self.rows.next_rows(values, mask, coords[t])
-                OracleRows.raise_bad(
-                    answer,
-                    answer.bad,
-                    "draft row {row} (target {target}), conditioned on a prefix of an exact "
-                    "sample,",
-                )
-                data = answer.log_probs[:, 0]  # [D, q]
-                x = torch.argmax(data + noise[:, t % window], dim=-1)  # [D]
-                values.view(-1).index_copy_(0, flat[t], x)
-                mask.view(-1).index_fill_(0, flat[t], True)
-                log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
-                if bar is not None:
-                    bar.update(1)
-        finally:
-            if bar is not None:
-                bar.close()
-        self.samples.copy_(values.cpu())
-        self._log_prob[:] = log_mu.cpu().numpy()
-        self.rounds = n
-        self.total_rows = n * num
-        self._sample_rounds[:] = n
-        self.rows.finish(lanes)
-        self.finished = num
 
     def _round(self) -> None:
         lanes = np.flatnonzero(self.state > 0)
@@ -426,7 +373,7 @@ class WindowSampler:
             keep[0] = True
             lanes, verify, t, k, nxt, rows = (x[keep] for x in (lanes, verify, t, k, nxt, rows))
         self.rounds += 1
-        self.total_rows += int(rows.sum())
+        self.oracle_rows += int(rows.sum())
         self._sample_rounds[self.draw[lanes]] += 1
         want = ~verify
         want_row = lanes[want]
@@ -559,8 +506,7 @@ class WindowSampler:
             OracleRows.raise_bad(
                 prefetch,
                 prefetch.bad & with_row[has][:, None],
-                "prefetched draft row {row} (target {target}), conditioned on an accepted "
-                "window,",
+                "prefetched draft row {row} (target {target}), conditioned on an accepted window,",
             )
             self.draft_rows[lanes[has], : prefetch.log_probs.shape[1]] = prefetch.log_probs
         self._wait_row(lanes[(go_on & ~with_row) | (rejected & ~ended)])
@@ -580,3 +526,69 @@ class WindowSampler:
             mask,
             "verification row {target} of window {row} of the round",
         )
+
+
+class _Lockstep:
+    """The sequential methods when :meth:`WindowSampler._in_lockstep`: round ``t`` draws
+    position ``t`` of every draw. The same rows, noise and arithmetic as the general loop (so
+    the same draws), kept on the oracle's device: the partial samples are dense, and the noise
+    of many steps is drawn at once. A :class:`~pyro_autospec.engine.stepping.RoundStepper`
+    whose units are steps."""
+
+    def __init__(self, sampler: WindowSampler):
+        self.sampler = s = sampler
+        num, n, device = s.num_draws, s.n, s.device
+        self.lanes = torch.arange(num, device=device)
+        self.values = torch.zeros(num, n, dtype=torch.long, device=device)
+        self.mask = torch.zeros(num, n, dtype=torch.bool, device=device)
+        self.log_mu = torch.zeros(num, dtype=torch.float64, device=device)
+        self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * s.q)))
+        self.draw_keys = s.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
+        self.v = torch.arange(s.q, device=device)
+        self.finished = self.rounds = self.oracle_rows = 0
+
+    def start(self) -> None:
+        s, lanes = self.sampler, self.lanes
+        s.rows.start(lanes)
+        s.started = s.num_draws
+        # [n, D]: coordinate of step t of each draw, and as indices into values.view(-1)
+        self.coords = s.rows.orders_of(lanes).t().contiguous()
+        self.flat = self.coords + (lanes * s.n).unsqueeze(0)
+
+    @property
+    def done(self) -> bool:
+        return self.finished >= self.sampler.n
+
+    def step(self) -> None:
+        s, t, window = self.sampler, self.finished, self.window
+        if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
+            ts = torch.arange(t, min(s.n, t + window), device=s.device).view(1, -1, 1)
+            if s.method == "gumbel_sequential":
+                self.noise = keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
+            else:
+                step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)
+                self.noise = keys.gumbel(step_keys, keys.Tag.DRAFT, self.v)
+        answer = s.rows.next_rows(self.values, self.mask, self.coords[t])
+        OracleRows.raise_bad(
+            answer,
+            answer.bad,
+            "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
+        )
+        data = answer.log_probs[:, 0]  # [D, q]
+        x = torch.argmax(data + self.noise[:, t % window], dim=-1)  # [D]
+        self.values.view(-1).index_copy_(0, self.flat[t], x)
+        self.mask.view(-1).index_fill_(0, self.flat[t], True)
+        self.log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
+        self.finished += 1
+        self.rounds += 1
+        self.oracle_rows += s.num_draws
+
+    def finish(self) -> None:
+        """Hand the draws to the sampler."""
+        s = self.sampler
+        s.samples.copy_(self.values.cpu())
+        s._log_prob[:] = self.log_mu.cpu().numpy()
+        s.rounds, s.oracle_rows = self.rounds, self.oracle_rows
+        s._sample_rounds[:] = s.n
+        s.rows.finish(self.lanes)
+        s.finished = s.num_draws

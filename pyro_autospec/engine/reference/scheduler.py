@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from pyro_autospec.engine.recursion import next_batch
+from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["Call", "FirstAccepted", "Scheduler", "RunStats"]
 
@@ -162,29 +163,38 @@ class Scheduler:
         self.stats = RunStats(sample_rounds=[0] * (max(samples, default=-1) + 1))
         self._results = [None] * len(roots)
         self._finished = 0
-        bar = None
-        if self.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(roots), desc=self.desc, unit="sample")
-        try:
-            self._roots = list(roots)
-            self._samples = samples
-            self._next_root = 0
-            first = len(roots) if self.max_concurrent is None else self.max_concurrent
-            for _ in range(min(first, len(roots))):
-                self._start_root()
-            while self._pending:
-                self._round()
-                if bar is not None:
-                    bar.n = self._finished
-                    bar.set_postfix(rounds=self.stats.rounds, rows=self.stats.rows, refresh=False)
-                    bar.refresh()
-        finally:
-            if bar is not None:
-                bar.n = self._finished
-                bar.close()
+        self._roots = list(roots)
+        self._samples = samples
+        self._next_root = 0
+        run_rounds(self, total=len(roots), progress=self.progress, desc=self.desc, unit="sample")
         return self._results
+
+    # the round protocol of :func:`~pyro_autospec.engine.stepping.run_rounds`
+    def start(self) -> None:
+        """Start the first roots (all of them, or ``max_concurrent``)."""
+        first = len(self._roots) if self.max_concurrent is None else self.max_concurrent
+        for _ in range(min(first, len(self._roots))):
+            self._start_root()
+
+    def step(self) -> None:
+        """One round (roots that finish start the next ones)."""
+        self._round()
+
+    @property
+    def done(self) -> bool:
+        return not self._pending
+
+    @property
+    def finished(self) -> int:
+        return self._finished
+
+    @property
+    def rounds(self) -> int:
+        return self.stats.rounds
+
+    @property
+    def oracle_rows(self) -> int:
+        return self.stats.rows
 
     def _round(self) -> None:
         tasks, calls, rows = [], [], 0

@@ -1,0 +1,53 @@
+"""Every sampler runs as rounds through one loop (``engine.stepping.run_rounds``): its
+progress bar shows, and showing it changes nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.engine.diffusion_schedule import diffusion_times
+from pyro_autospec.oracles import MarkovChainOracle
+from pyro_autospec.oracles.denoisers import GaussianDenoiser
+
+CHAIN = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 24)
+
+DISCRETE = {
+    "host plane (default autospec)": ("autospec", "fast", {}),
+    "host plane, continuous batching": ("speculative", "fast", {"max_concurrent_draws": 2}),
+    "lockstep chain rule": ("sequential", "fast", {}),
+    "recursion (block rule)": ("autospec", "fast", {"token_below": 0}),
+    "reference engine": ("autospec", "reference", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(DISCRETE))
+def test_discrete_samplers_show_progress_and_change_nothing(case, capsys):
+    method, engine, knobs = DISCRETE[case]
+    quiet = sample_any_order(CHAIN, 5, seed=4, method=method, engine=engine, **knobs)
+    shown = sample_any_order(CHAIN, 5, seed=4, method=method, engine=engine, progress=True, **knobs)
+    assert method in capsys.readouterr().err  # the bar, labelled with the method
+    assert torch.equal(quiet.samples, shown.samples)
+    assert (quiet.rounds, quiet.oracle_rows) == (shown.rounds, shown.oracle_rows)
+
+
+DIFFUSION = {
+    "lockstep Euler chain": ("sequential", {}),
+    "Euler chain, continuous batching": ("sequential", {"max_concurrent_draws": 2}),
+    "Picard": ("picard", {}),
+    "autospec": ("autospec", {}),
+}
+
+
+@pytest.mark.parametrize("case", list(DIFFUSION))
+def test_diffusion_samplers_show_progress_and_change_nothing(case, capsys):
+    method, knobs = DIFFUSION[case]
+    oracle = GaussianDenoiser(torch.zeros(2), torch.eye(2))
+    times = diffusion_times(8, delta=0.05)
+    quiet = sample_diffusion(oracle, 4, times=times, method=method, seed=2, **knobs)
+    shown = sample_diffusion(oracle, 4, times=times, method=method, seed=2, progress=True, **knobs)
+    assert capsys.readouterr().err  # a bar was drawn
+    assert torch.equal(quiet.samples, shown.samples)
+    assert (quiet.rounds, quiet.oracle_rows) == (shown.rounds, shown.oracle_rows)
