@@ -87,7 +87,8 @@ class HostRows:
     def __init__(self, rows: OracleRows, lanes: int):
         self.rows = rows
         self.oracle = rows.oracle
-        self.n, self.q = n, _ = rows.n, rows.q
+        self.n = n = rows.n
+        self.q = rows.q
         self.device = rows.device
         self.on_cpu = self.device.type == "cpu" and self.zero_copy
         self.source = rows.source.to("cpu")
