@@ -31,9 +31,11 @@ import torch
 from pyro_autospec.engine.rows import (
     Answer,
     OracleRows,
+    _regroup,
     _tolerance,
     host_width_groups,
     normalise_rows,
+    place_answers,
 )
 
 __all__ = ["HostRows"]
@@ -41,20 +43,13 @@ __all__ = ["HostRows"]
 
 def _placed(parts: list[tuple[np.ndarray, Answer]], total: int, width: int, q: int) -> Answer:
     """Answers of parts of ``total`` requests (``(indices, Answer)`` pairs) in request order,
-    padded to ``width`` (padding: ``bad`` False, probabilities 0)."""
+    padded to ``width`` (:func:`~pyro_autospec.engine.rows.place_answers`; one part that
+    answers every request in order is returned as it is)."""
     if len(parts) == 1 and parts[0][1].log_probs.shape[1] == width:
         index, answer = parts[0]
         if index.size == total and (index == np.arange(total)).all():
             return answer
-    log_probs = np.zeros((total, width, q))
-    bad = np.zeros((total, width), dtype=bool)
-    log_mass = np.zeros((total, width))
-    for index, part in parts:
-        w = part.log_probs.shape[1]
-        log_probs[index, :w] = part.log_probs
-        bad[index, :w] = part.bad
-        log_mass[index, :w] = part.log_mass
-    return Answer(log_probs, bad, log_mass)
+    return place_answers(parts, total, width, q)
 
 
 class HostRows:
@@ -302,14 +297,8 @@ class HostRows:
             if has_rows:
                 row_answer = answer.part(slice(0, split))
             flat = answer.part(slice(split, None))
-            width = int(length.max())
-            log_probs = np.zeros((length.size, width, self.q))
-            bad = np.zeros((length.size, width), dtype=bool)
-            log_mass = np.zeros((length.size, width))
-            log_probs[chain, offset] = flat.log_probs[:, 0]
-            bad[chain, offset] = flat.bad[:, 0]
-            log_mass[chain, offset] = flat.log_mass[:, 0]
-            return row_answer, Answer(log_probs, bad, log_mass), None
+            chain_answer = _regroup(flat, chain, offset, length.size, int(length.max()))
+            return row_answer, chain_answer, None
         if has_rows:
             row_answer = self._targeted(frames, *rows)
         if has_chains:

@@ -771,20 +771,42 @@ def _scatter_groups(groups, widths: tuple[torch.Tensor, ...], q: int, ask) -> li
     ]
 
 
+def _empty_answer(like, total: int, width: int, q: int) -> Answer:
+    """An all-padding Answer ``[total, width, q]``: tensors on ``like``'s device, or host
+    arrays if ``like`` is one."""
+    if isinstance(like, torch.Tensor):
+        device = like.device
+
+        def zeros(shape, dtype):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        real, flag = torch.float64, torch.bool
+    else:
+        zeros, real, flag = np.zeros, np.float64, bool
+    rows = (total, width)
+    return Answer(zeros((*rows, q), real), zeros(rows, flag), zeros(rows, real))
+
+
+def place_answers(parts: list[tuple[object, Answer]], total: int, width: int, q: int) -> Answer:
+    """Answers of parts of ``total`` requests in request order, each padded (or cut) to
+    ``width`` entries (padding: ``bad`` False, probabilities 0).
+
+    ``parts`` are ``(index, Answer)`` pairs: ``index`` (indices, or a boolean mask over the
+    requests) says which requests a part answers. Tensors or host arrays, as the parts are.
+    """
+    out = _empty_answer(parts[0][1].log_probs, total, width, q)
+    for index, part in parts:
+        w = min(width, part.log_probs.shape[1])
+        out.log_probs[index, :w] = part.log_probs[:, :w]
+        out.bad[index, :w] = part.bad[:, :w]
+        out.log_mass[index, :w] = part.log_mass[:, :w]
+    return out
+
+
 def _assemble(parts: list[tuple[torch.Tensor, Answer]], width: torch.Tensor, q: int) -> Answer:
     """Answers of parts of the requests (``(indices, Answer)`` pairs) in request order, padded
     to the widest of ``width`` [R] (padding: ``bad`` False)."""
-    total, max_width = width.numel(), int(width.max())
-    device = width.device
-    log_probs = torch.zeros(total, max_width, q, dtype=torch.float64, device=device)
-    bad = torch.zeros(total, max_width, dtype=torch.bool, device=device)
-    log_mass = torch.zeros(total, max_width, dtype=torch.float64, device=device)
-    for index, part in parts:
-        w = part.log_probs.shape[1]
-        log_probs[index, :w] = part.log_probs
-        bad[index, :w] = part.bad
-        log_mass[index, :w] = part.log_mass
-    return Answer(log_probs, bad, log_mass)
+    return place_answers(parts, width.numel(), int(width.max()), q)
 
 
 def normalise_rows(out: np.ndarray, valid: np.ndarray, tol: float) -> Answer:
@@ -839,13 +861,11 @@ def _cat(pieces: list[Answer]) -> Answer:
     )
 
 
-def _regroup(flat: Answer, c: torch.Tensor, offset: torch.Tensor, num: int, width: int) -> Answer:
-    """Width-1 rows ``flat`` of chain ``c`` at ``offset`` into ``[num, width, q]``."""
-    q = flat.log_probs.shape[-1]
-    lp = torch.zeros(num, width, q, dtype=torch.float64, device=flat.log_probs.device)
-    bad = torch.zeros(num, width, dtype=torch.bool, device=lp.device)
-    mass = torch.zeros(num, width, dtype=torch.float64, device=lp.device)
-    lp[c, offset] = flat.log_probs[:, 0]
-    bad[c, offset] = flat.bad[:, 0]
-    mass[c, offset] = flat.log_mass[:, 0]
-    return Answer(lp, bad, mass)
+def _regroup(flat: Answer, c, offset, num: int, width: int) -> Answer:
+    """Width-1 rows ``flat`` of chain ``c`` at ``offset`` into ``[num, width, q]`` (tensors or
+    host arrays, as ``flat``)."""
+    out = _empty_answer(flat.log_probs, num, width, flat.log_probs.shape[-1])
+    out.log_probs[c, offset] = flat.log_probs[:, 0]
+    out.bad[c, offset] = flat.bad[:, 0]
+    out.log_mass[c, offset] = flat.log_mass[:, 0]
+    return out

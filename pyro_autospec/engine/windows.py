@@ -55,7 +55,7 @@ from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
-from pyro_autospec.engine.rows import Answer, OracleRows
+from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
 from pyro_autospec.engine.schedule import BlockPolicy, token_only
 from pyro_autospec.engine.stepping import run_rounds
 
@@ -428,15 +428,7 @@ class WindowSampler:
         """The prefetched draft rows of a round's ``count`` verifications that have one
         (``[count, width, q]``), from the parts of the answers that hold them: ``(where
         [count] bool, Answer)``."""
-        log_probs = np.zeros((count, width, self.q))
-        bad = np.zeros((count, width), dtype=bool)
-        log_mass = np.zeros((count, width))
-        for where, answer in parts:
-            w = min(width, answer.log_probs.shape[1])
-            log_probs[where, :w] = answer.log_probs[:, :w]
-            bad[where, :w] = answer.bad[:, :w]
-            log_mass[where, :w] = answer.log_mass[:, :w]
-        return Answer(log_probs, bad, log_mass)
+        return place_answers(parts, count, width, self.q)
 
     def _verify(self, lanes, t, k, nxt, long_chain, chain, prefetch) -> np.ndarray:
         """Verify the drafted windows of ``lanes``; return the lanes whose next window can be
