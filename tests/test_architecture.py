@@ -34,11 +34,7 @@ FLOOR = {part: number for number, parts in enumerate(FLOORS) for part in parts}
 PYRO_FREE = {"_shapes", "parallel", "engine", "oracles"}
 
 #: Function-level imports of this package still allowed: (module file, imported module).
-#: engine/reference is being rewritten; its two lazy imports go when it lands.
-FUNCTION_LEVEL_ALLOWED = {
-    ("pyro_autospec/engine/reference/__init__.py", "pyro_autospec.engine.reference.discrete"),
-    ("pyro_autospec/engine/reference/__init__.py", "pyro_autospec.engine.reference.euler"),
-}
+FUNCTION_LEVEL_ALLOWED: set[tuple[str, str]] = set()
 
 
 def modules() -> list[Path]:

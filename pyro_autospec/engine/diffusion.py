@@ -50,7 +50,9 @@ from pyro_autospec.engine.euler import (
     Chain,
     DriftEvaluator,
     EulerBlocks,
+    EulerOutput,
     check_drift_output,
+    paths_from_increments,
     picard,
     sequential,
 )
@@ -177,9 +179,7 @@ def _run(s: _Settings) -> SampleResult:
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
     error = None
     if s.engine == "reference":
-        paths, log_prob, noise, rounds, rows, sample_rounds = run_euler(
-            chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress
-        )
+        out = run_euler(chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress)
     elif s.method == "autospec":
         max_block = s.knobs["max_block"] or n
         problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)
@@ -194,38 +194,25 @@ def _run(s: _Settings) -> SampleResult:
             desc="autospec",
         )
         counts = recursion.run()
-        rounds, rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
-        log_prob, paths, noise = recursion.log_prob, None, None
-        if s.return_paths:
-            paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + problem.paths.cumsum(1)], 1)
-            paths[:, -1] = problem.final
-        else:
-            final = problem.final
-    elif s.method == "sequential":
-        final, incs, log_prob, rounds, rows, sample_rounds = sequential(
-            chain, evaluate, x0, draw_keys, s.return_paths, concurrent, cap, s.progress
-        )
         paths = None
-        if incs is not None:
-            paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + incs.cumsum(1)], 1)
-            paths[:, -1] = final
-        noise = None
-    else:
-        paths, noise, rounds, rows, sample_rounds = picard(
-            chain,
-            evaluate,
-            x0,
-            draw_keys,
-            s.knobs["window"],
-            s.knobs["tolerance"],
-            concurrent,
-            cap,
-            s.progress,
+        if s.return_paths:
+            paths = paths_from_increments(x0, problem.paths, problem.final)
+        out = EulerOutput(
+            problem.final,
+            paths,
+            recursion.log_prob,
+            counts.rounds,
+            counts.oracle_rows,
+            counts.sample_rounds,
         )
-        log_prob = None
+    elif s.method == "sequential":
+        paths_too, progress = s.return_paths, s.progress
+        out = sequential(chain, evaluate, x0, draw_keys, paths_too, concurrent, cap, progress)
+    else:
+        window, tolerance = s.knobs["window"], s.knobs["tolerance"]
+        out = picard(chain, evaluate, x0, draw_keys, window, tolerance, concurrent, cap, s.progress)
     wall_time = time.perf_counter() - start_time
-    if paths is not None:
-        final = paths[:, -1]
+    final, paths, log_prob = out.final, out.paths, out.log_prob
     if s.method == "picard":
         with torch.no_grad():
             log_prob = euler_maruyama_log_prob(
@@ -237,7 +224,7 @@ def _run(s: _Settings) -> SampleResult:
                 dtype=s.dtype,
                 max_rows_per_call=s.knobs["max_rows_per_call"] or 65536,
             )
-        reference = _sequential_with_noise(evaluate, chain, x0, noise)
+        reference = _sequential_with_noise(evaluate, chain, x0, out.noise)
         error = (final - reference).norm(dim=-1)
     if s.divide_by_time:
         final = final / float(s.grid[-1])
@@ -248,9 +235,9 @@ def _run(s: _Settings) -> SampleResult:
         samples=final.to(device=s.device, dtype=s.dtype),
         paths=paths.to(device=s.device, dtype=s.dtype) if s.return_paths else None,
         log_prob=log_prob.to(device=stats, dtype=torch.float64),
-        rounds=int(rounds),
-        sample_rounds=sample_rounds.cpu().long(),
-        oracle_rows=int(rows),
+        rounds=int(out.rounds),
+        sample_rounds=out.sample_rounds.cpu().long(),
+        oracle_rows=int(out.oracle_rows),
         method=s.method,
         wall_time=wall_time,
         times=torch.as_tensor(s.grid, dtype=torch.float64, device=stats),

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -474,6 +475,43 @@ class _PathPool:
         return self.data[index]
 
 
+@dataclass
+class EulerOutput:
+    """What every Euler sampler returns (the fast ones, the reference, each method).
+
+    Attributes
+    ----------
+    final : Tensor[N, d]
+        The last state of each path.
+    paths : Tensor[N, steps + 1, d] or None
+        Whole paths (when asked for, and always for ``"picard"``).
+    log_prob : Tensor[N] or None
+        Each path's log density under the chain (``None`` for ``"picard"``, computed after).
+    rounds, oracle_rows : int
+        Rounds of the run and drift rows evaluated.
+    sample_rounds : LongTensor[N]
+        Rounds each draw took part in.
+    noise : Tensor[N, steps, d] or None
+        ``"picard"``'s fixed noise.
+    """
+
+    final: torch.Tensor
+    paths: torch.Tensor | None
+    log_prob: torch.Tensor | None
+    rounds: int
+    oracle_rows: int
+    sample_rounds: torch.Tensor
+    noise: torch.Tensor | None = None
+
+
+def paths_from_increments(x0: torch.Tensor, increments: torch.Tensor, final: torch.Tensor):
+    """Paths ``[N, steps + 1, d]`` from the start ``x0`` [N, d] and the increments
+    ``[N, steps, d]``, ending exactly at ``final`` (the sampler's own sum)."""
+    paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + increments.cumsum(1)], 1)
+    paths[:, -1] = final
+    return paths
+
+
 # ---------------------------------------------------------------------------------- baselines
 def _step_key(draw_keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     return keys.child(draw_keys, keys.Tag.LEAF, step)
@@ -497,8 +535,7 @@ def sequential(
 
     Returns
     -------
-    final [N, d], paths [N, steps, d] or None (increments), log_prob [N], rounds, rows,
-    sample_rounds [N]
+    EulerOutput
     """
     num = x0.shape[0]
     lanes = min(int(max_concurrent or num), num)
@@ -510,7 +547,12 @@ def sequential(
         stepper = _Sequential(chain, evaluate, x0, draw_keys, return_paths, lanes, cap)
         total, unit = num, "draw"
     run_rounds(stepper, total=total, progress=progress, desc="sequential", unit=unit)
-    return stepper.output()
+    final, increments, log_prob = stepper.output()
+    x0 = x0.to(device=chain.device, dtype=chain.wide)
+    paths = None if increments is None else paths_from_increments(x0, increments, final)
+    return EulerOutput(
+        final, paths, log_prob, stepper.rounds, stepper.oracle_rows, stepper.sample_rounds
+    )
 
 
 class _Sequential:
@@ -574,14 +616,8 @@ class _Sequential:
         self.start()
 
     def output(self):
-        return (
-            self.final,
-            self.paths,
-            self.log_prob,
-            self.rounds,
-            self.oracle_rows,
-            self.sample_rounds,
-        )
+        """Final states, increments (or None) and log densities."""
+        return self.final, self.paths, self.log_prob
 
 
 class _Lockstep:
@@ -600,6 +636,7 @@ class _Lockstep:
         self.step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
         self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
         self.finished = self.rounds = self.oracle_rows = 0
+        self.sample_rounds = torch.full((num,), n, dtype=torch.long, device=dev)
 
     def start(self) -> None:
         pass
@@ -628,9 +665,8 @@ class _Lockstep:
         self.oracle_rows += num
 
     def output(self):
-        n = self.chain.num_steps
-        rounds = torch.full((self.num,), n, dtype=torch.long, device=self.chain.device)
-        return self.x, self.paths, self.log_mu, n, n * self.num, rounds
+        """Final states, increments (or None) and log densities."""
+        return self.x, self.paths, self.log_mu
 
 
 @engine_mode()
@@ -654,12 +690,22 @@ def picard(
 
     Returns
     -------
-    paths [N, steps + 1, d], noise [N, steps, d], rounds, rows, sample_rounds [N]
+    EulerOutput
+        With the whole paths and the fixed noise; ``log_prob`` None.
     """
     stepper = _Picard(chain, evaluate, x0, draw_keys, window, tolerance, max_concurrent)
     stepper.cap = max_rows_per_round
     run_rounds(stepper, total=x0.shape[0], progress=progress, desc="picard")
-    return stepper.out, stepper.noise, stepper.rounds, stepper.oracle_rows, stepper.sample_rounds
+    out = stepper.out
+    return EulerOutput(
+        out[:, -1],
+        out,
+        None,
+        stepper.rounds,
+        stepper.oracle_rows,
+        stepper.sample_rounds,
+        noise=stepper.noise,
+    )
 
 
 class _Picard:

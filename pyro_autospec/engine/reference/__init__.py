@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pyro_autospec.engine.euler import EulerOutput
 from pyro_autospec.engine.methods import block_policy
+from pyro_autospec.engine.reference.discrete import ReferenceDiscrete, token_draw
+from pyro_autospec.engine.reference.euler import ReferenceEuler, picard_draw, sequential_draw
 from pyro_autospec.engine.reference.recursion import draw
 from pyro_autospec.engine.reference.scheduler import Scheduler
 from pyro_autospec.engine.schedule import leaf_starts
@@ -28,8 +31,6 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
     rounds, total_rows : int
     sample_rounds : LongTensor[N]
     """
-    from pyro_autospec.engine.reference.discrete import ReferenceDiscrete, token_draw
-
     problem = ReferenceDiscrete(rows, float(knobs.get("rho", 1.0)))
     if method == "autospec":
         leaves = leaf_starts(rows.n, int(knobs["max_block"]))
@@ -50,14 +51,9 @@ def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: 
 
     Returns
     -------
-    paths : Tensor[N, steps + 1, d]
-    log_prob : Tensor[N] or None (picard)
-    noise : Tensor[N, steps, d] or None (picard's fixed noise)
-    rounds, total_rows : int
-    sample_rounds : LongTensor[N]
+    EulerOutput
+        With the whole paths (and for ``"picard"`` the fixed noise, ``log_prob`` None).
     """
-    from pyro_autospec.engine.reference.euler import ReferenceEuler, picard_draw, sequential_draw
-
     problem = ReferenceEuler(chain, evaluate, x0, knobs.get("rho", 1.0))
     if method == "autospec":
         leaves = leaf_starts(chain.num_steps, int(knobs["max_block"] or chain.num_steps))
@@ -77,7 +73,8 @@ def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: 
         noise = torch.stack(second)
     else:
         log_prob = torch.tensor(second, dtype=torch.float64)
-    return paths, log_prob, noise, *stats
+    rounds, rows, sample_rounds = stats
+    return EulerOutput(paths[:, -1], paths, log_prob, rounds, rows, sample_rounds, noise=noise)
 
 
 def _schedule(problem, roots: list, method: str, knobs: dict, progress) -> tuple[list, tuple]:
