@@ -92,10 +92,12 @@ def run(args: argparse.Namespace) -> bool:
                     delta=args.delta,
                     method=method,
                     seed=args.seed + 1,
-                    rho=rho,
-                    window=args.window,
-                    tolerance=args.tolerance,
-                    **({} if method == "picard" else {"engine": args.engine}),
+                    **(
+                        {"window": args.window, "tolerance": args.tolerance}
+                        if method == "picard"
+                        else {"engine": args.engine}
+                    ),
+                    **({"rho": rho} if method == "autospec" else {}),
                 )
                 wall = time.perf_counter() - start
                 rounds = result.sample_rounds.double().numpy()

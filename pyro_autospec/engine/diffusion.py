@@ -124,12 +124,18 @@ def _float64_on(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 
-def _knobs(method, rho, max_block, window, tolerance, scale, given: dict) -> dict:
-    """Validated knobs of ``method`` (the diffusion defaults of ``rho`` and ``max_block``)."""
+#: The diffusion defaults of ``"autospec"``'s knobs.
+AUTOSPEC_DEFAULTS = {"rho": 1.0, "max_block": None}
+
+
+def _knobs(method, scale, given: dict) -> dict:
+    """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise)."""
     if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
         raise ValueError(
             f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
         )
+    knobs = resolve_knobs(method, DIFFUSION, AUTOSPEC_DEFAULTS, given)
+    rho = knobs.get("rho", 1.0)
     if not (
         rho == "adaptive"
         or callable(rho)
@@ -139,14 +145,17 @@ def _knobs(method, rho, max_block, window, tolerance, scale, given: dict) -> dic
             f"rho must be a positive float (thread batch growth 1 + rho), 'adaptive' or a "
             f"callable rho(block_size, log_ratio) -> float; got {rho!r}"
         )
+    max_block = knobs.get("max_block")
     if max_block is not None and (not isinstance(max_block, (int, np.integer)) or max_block < 1):
         raise ValueError(f"max_block must be a positive int or None, got {max_block!r}")
-    if not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window must be a positive int (picard window of steps), got {window!r}")
-    if not (tolerance >= 0 and math.isfinite(tolerance)):
-        raise ValueError(f"tolerance must be a non-negative float, got {tolerance!r}")
-    knobs = resolve_knobs(method, DIFFUSION, {"rho": rho, "max_block": max_block}, given)
     if method == "picard":
+        window, tolerance = knobs["window"], knobs["tolerance"]
+        if not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(
+                f"window must be a positive int (picard window of steps), got {window!r}"
+            )
+        if not (tolerance >= 0 and math.isfinite(tolerance)):
+            raise ValueError(f"tolerance must be a non-negative float, got {tolerance!r}")
         knobs.update(window=int(window), tolerance=float(tolerance))
     for name in ("max_rows_per_round", "max_rows_per_call", "max_concurrent_draws"):
         value = knobs.get(name)
@@ -288,10 +297,6 @@ def sample_sde(
     dtype: torch.dtype | None = None,
     return_paths: bool = False,
     progress: bool = False,
-    rho: float = 1.0,
-    max_block: int | None = None,
-    window: int = 16,
-    tolerance: float = 0.1,
     engine: str = "fast",
     distributed: bool = False,
     **schedule: Any,
@@ -327,19 +332,6 @@ def sample_sde(
         Also return the whole paths ``[num_samples, N + 1, d]``.
     progress : bool
         Show a progress bar over finished samples.
-    rho : float, "adaptive" or callable
-        Residual threads are launched in batches of indices
-        ``ceil((1 + rho)^r) <= i < ceil((1 + rho)^(r + 1))``. Larger ``rho`` means fewer rounds
-        and more rows; it never changes the output law. ``"adaptive"`` sets it per rejected
-        draft from the draft's log ratio ``l``: ``clip(1 / (1 - exp(l)) - 1, 1, 4)`` (about
-        ``1 / TV`` tries at once: shorter tails of rounds, 2 to 3 times the rows). A callable
-        ``rho(block_size, log_ratio) -> float`` is also accepted. Default 1.
-    max_block : int, optional
-        Blocks with more steps than this are split without drafting (saves the verification
-        of drafts that would almost surely be rejected). Exact for any value.
-    window, tolerance :
-        Picard only: the window of steps updated per iteration, and the tolerance: a step is
-        converged when ``|X_new - X_old|^2 / (d s^2 h_k) <= tolerance^2`` (as in ParaDiGMS).
     engine : {"fast", "reference"}
         The vectorised engine or the generator reference; the same draws either way.
     distributed : bool
@@ -348,10 +340,24 @@ def sample_sde(
         returns them all, the same as one process with the same seed, plus ``per_rank``
         counts (:mod:`pyro_autospec.engine.spread`).
     **schedule
-        ``max_rows_per_round`` (a cap on the rows of one round; the oldest requests go
-        first), ``max_rows_per_call`` (cut each round into oracle calls of at most this many
-        rows, for memory; still one round) and ``max_concurrent_draws`` (continuous
-        batching: new draws start as earlier ones finish). None changes the output.
+        The schedule's knobs; none changes the output law.
+
+        * Every method: ``max_rows_per_round`` (a cap on the rows of one round; the oldest
+          requests go first), ``max_rows_per_call`` (cut each round into oracle calls of at
+          most this many rows, for memory; still one round) and ``max_concurrent_draws``
+          (continuous batching: new draws start as earlier ones finish).
+        * ``"autospec"``: ``rho`` (float, ``"adaptive"`` or callable; default 1): residual
+          threads are launched in batches of indices ``ceil((1 + rho)^r) <= i <
+          ceil((1 + rho)^(r + 1))``; larger ``rho`` means fewer rounds and more rows.
+          ``"adaptive"`` sets it per rejected draft from the draft's log ratio ``l``:
+          ``clip(1 / (1 - exp(l)) - 1, 1, 4)`` (about ``1 / TV`` tries at once: shorter tails
+          of rounds, 2 to 3 times the rows); a callable ``rho(block_size, log_ratio) ->
+          float`` is also accepted. ``max_block`` (int, default none): blocks with more steps
+          than this are split without drafting (saves the verification of drafts that would
+          almost surely be rejected).
+        * ``"picard"``: ``window`` (default 16), the steps updated per iteration, and
+          ``tolerance`` (default 0.1): a step is converged when ``|X_new - X_old|^2 / (d s^2
+          h_k) <= tolerance^2`` (as in ParaDiGMS).
 
     Returns
     -------
@@ -411,7 +417,7 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
-    knobs = _knobs(method, rho, max_block, window, tolerance, scale, schedule)
+    knobs = _knobs(method, scale, schedule)
     _check_engine(engine)
     device, dtype = _oracle_placement(drift, device, dtype, like)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
@@ -454,10 +460,6 @@ def sample_diffusion(
     dtype: torch.dtype | None = None,
     return_paths: bool = False,
     progress: bool = False,
-    rho: float = 1.0,
-    max_block: int | None = None,
-    window: int = 16,
-    tolerance: float = 0.1,
     engine: str = "fast",
     distributed: bool = False,
     **schedule: Any,
@@ -485,9 +487,9 @@ def sample_diffusion(
     **schedule
         ``t_switch`` (an option of :func:`diffusion_times`) and the schedule knobs of
         :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
-        ``max_concurrent_draws``).
-    method, seed, device, dtype, return_paths, progress, rho, max_block, window, tolerance,
-    engine, distributed :
+        ``max_concurrent_draws``; ``rho`` and ``max_block`` for ``"autospec"``, ``window``
+        and ``tolerance`` for ``"picard"``).
+    method, seed, device, dtype, return_paths, progress, engine, distributed :
         As in :func:`sample_sde` (``scale = 1``).
 
     Returns
@@ -553,7 +555,7 @@ def sample_diffusion(
                 f"use sample_sde for chains starting elsewhere"
             )
     num_samples = _check_num_samples(num_samples)
-    knobs = _knobs(method, rho, max_block, window, tolerance, 1.0, schedule)
+    knobs = _knobs(method, 1.0, schedule)
     _check_engine(engine)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
     starts = np.zeros((num_samples, int(dim)))
