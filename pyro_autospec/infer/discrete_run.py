@@ -3,7 +3,7 @@
 With the default oracle (exact enumeration, compiled once) or a user's exact oracle, every draw
 is an exact, independent draw of ``p(x | data)``, and the run checks it: ``log p(x, data) -
 log q(x)`` must be the same for every draw of every chain (see
-:class:`~pyro_autospec.infer.common.SelfCheck`). With a guide (an approximate oracle)
+:class:`~pyro_autospec.infer.self_check.SelfCheck`). With a guide (an approximate oracle)
 each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
 ``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
@@ -29,10 +29,11 @@ import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.infer.common import SelfCheck, SelfCheckError, build_oracle
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
+from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
+from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import AutoSpecModelError

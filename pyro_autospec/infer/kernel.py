@@ -14,7 +14,10 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.engine.methods import DISCRETE, method_names
-from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
+from pyro_autospec.infer.knobs import check_schedule
+from pyro_autospec.infer.oracle_choice import build_oracle
+from pyro_autospec.infer.seeds import chain_seeds
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.log_joint import evaluate
 
@@ -126,10 +129,10 @@ class AutoSpecKernel(MCMCKernel):
 
     *Self-check.* As in :class:`~pyro_autospec.infer.autospec.AutoSpec`, the model is evaluated
     at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
-    (:class:`~pyro_autospec.infer.common.SelfCheck`): each engine run's draws are checked
+    (:class:`~pyro_autospec.infer.self_check.SelfCheck`): each engine run's draws are checked
     together with the first draws of the run (of every chain that ``MCMC`` runs in this
     process with the same arguments), so that one draw per engine run is still compared. A
-    failure raises :class:`~pyro_autospec.infer.common.SelfCheckError` from ``mcmc.run``.
+    failure raises :class:`~pyro_autospec.infer.self_check.SelfCheckError` from ``mcmc.run``.
 
     Parameters
     ----------

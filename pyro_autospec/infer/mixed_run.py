@@ -30,9 +30,9 @@ from pyro.infer import MCMC, NUTS
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import derive_seed
-from pyro_autospec.infer.common import SelfCheck
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.log_joint import evaluate

@@ -26,8 +26,9 @@ import torch
 from pyro.infer.mcmc.util import select_samples
 
 from pyro_autospec.diagnostics.arviz import to_inference_data
-from pyro_autospec.infer.common import chain_seeds, site_diagnostics
 from pyro_autospec.infer.display import print_summary
+from pyro_autospec.infer.seeds import chain_seeds
+from pyro_autospec.infer.summaries import site_diagnostics
 
 _LOG = logging.getLogger("pyro_autospec")
 
