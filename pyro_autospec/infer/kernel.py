@@ -14,12 +14,12 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.engine.methods import DISCRETE, method_names
+from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.knobs import check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.seeds import chain_seeds
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
-from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["AutoSpecKernel"]
 
@@ -209,6 +209,7 @@ class AutoSpecKernel(MCMCKernel):
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
         self._self_check: SelfCheck | None = None
+        self._draws: DrawEvaluator | None = None
         self._checked_call: Any = None
         #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
         self.max_self_check_error: float | None = None
@@ -237,6 +238,15 @@ class AutoSpecKernel(MCMCKernel):
             self.max_self_check_error = None
         self._self_check.oracle = self._oracle
         self._checked_call = call
+        self._draws = DrawEvaluator(
+            self.user_model,
+            args,
+            kwargs,
+            self.layout,
+            self_check=self._self_check,
+            device=getattr(self._oracle, "device", None),
+            outputs=False,
+        )
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
@@ -293,8 +303,11 @@ class AutoSpecKernel(MCMCKernel):
         )
         self._counts["rounds"] += result.rounds
         self._counts["oracle_rows"] += result.oracle_rows
-        values = self.layout.from_coords(result.samples.cpu())
-        self._check_draws(values, result.log_prob)
+        # the draws' values, log joint and the self-check of this engine run's draws, pooled
+        # with the first earlier ones
+        evaluated = self._draws.evaluate(result.samples, result.log_prob)
+        self.max_self_check_error = self._draws.check()
+        values = evaluated.values
         rounds = result.sample_rounds.tolist()
         self._buffer = [
             (
@@ -303,23 +316,6 @@ class AutoSpecKernel(MCMCKernel):
             )
             for i in range(self.draws_per_run - 1, -1, -1)
         ]
-
-    def _check_draws(self, values: dict[str, torch.Tensor], oracle_log_prob) -> None:
-        """The self-check of this engine run's draws, pooled with the first earlier ones."""
-        layout = self.layout
-        device = getattr(self._oracle, "device", None)
-        if device is not None:
-            values = {k: v.to(device) for k, v in values.items()}
-        joint = evaluate(
-            self.user_model,
-            self._args,
-            self._kwargs,
-            values,
-            layout.latent_shapes(),
-            layout.max_plate_nesting,
-        )
-        self._self_check.add(joint.total, oracle_log_prob, joint.magnitude, joint.dtype)
-        self.max_self_check_error = self._self_check.check()
 
     def _next(self) -> dict[str, torch.Tensor]:
         if not self._buffer:

@@ -31,11 +31,11 @@ from pyro.infer import MCMC, NUTS
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
-from pyro_autospec.model.log_joint import evaluate
 from pyro_autospec.model.tracing import parallel_enumeration, trace_model
 
 __all__ = ["MixedRun"]
@@ -149,26 +149,19 @@ class MixedRun(RunBase):
         )
         self.results = [result]
         self.add_engine_time(result)
-        with self.stage("evaluation"):
-            values = layout.from_coords(result.samples)
-            values = {k: v.to(oracle.device) for k, v in values.items()}
-            values.update({k: v.to(oracle.device) for k, v in flat.items()})
-            joint = evaluate(
-                self.model,
-                args,
-                kwargs,
-                values,
-                layout.latent_shapes(),
-                layout.max_plate_nesting,
-                observed_shapes=layout.observed_batch_shapes,
-                deterministic_shapes=layout.deterministic,
-                per_draw_fallback=True,
-            )
-        oracle_lp = result.log_prob.double().to(joint.total.device)
-        with self.stage("self-check"):
-            self_check = SelfCheck(oracle)
-            self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
-            self.max_self_check_error = self_check.check()
+        draws = DrawEvaluator(
+            self.model,
+            args,
+            kwargs,
+            layout,
+            self_check=SelfCheck(oracle),
+            device=oracle.device,
+            per_draw_fallback=True,
+            stage=self.stage,
+        )
+        evaluated = draws.evaluate(result.samples, result.log_prob, continuous=flat)
+        self.max_self_check_error = draws.check()
+        values, joint, oracle_lp = evaluated.values, evaluated.joint, evaluated.oracle_log_prob
 
         def by_chain(t):
             return t.reshape((self.num_chains, self.num_samples) + tuple(t.shape[1:]))
