@@ -24,7 +24,6 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
@@ -34,6 +33,7 @@ from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
+from pyro_autospec.infer.seeds import correction_rng
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
@@ -254,9 +254,7 @@ class DiscreteRun(RunBase):
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "
                 "the guide cannot be corrected; train it (fit_posterior) or check the model"
             )
-        # A NumPy stream of its own for the correction's uniforms, apart from the engine's
-        # keyed random numbers (which depend on the seed through pyro_autospec.engine.keys).
-        rng = np.random.default_rng([seed, 1])
+        rng = correction_rng(seed)  # a NumPy stream of the chain's seed, for the uniforms
         if self.correction == "importance":
             index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
             return index

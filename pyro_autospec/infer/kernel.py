@@ -12,12 +12,12 @@ from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.engine.keys import check_seed, derive_seed
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, method_names
 from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.knobs import check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle
-from pyro_autospec.infer.seeds import chain_seeds
+from pyro_autospec.infer.seeds import ChainSeeds
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 
@@ -196,13 +196,8 @@ class AutoSpecKernel(MCMCKernel):
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
         self.schedule = check_schedule(schedule)
-        seed = check_seed(seed)
-        self._seed = None
-        if not isinstance(seed, int):
-            self._generator = seed
-        else:
-            self._seed = seed
-            self._generator = torch.Generator().manual_seed(seed)
+        self._seed = check_seed(seed)
+        self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None
         self._oracle = None
         self._buffer: list[dict[str, torch.Tensor]] = []
@@ -218,10 +213,9 @@ class AutoSpecKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         """Find the discrete sites and build the oracle; called by ``MCMC`` once per chain."""
         self._args, self._kwargs = args, kwargs
-        if self._seed is not None and multiprocessing.parent_process() is not None:
-            self._generator = torch.Generator().manual_seed(
-                derive_seed(self._seed, torch.initial_seed())
-            )
+        if isinstance(self._seed, int) and multiprocessing.parent_process() is not None:
+            # a worker of MCMC (reseeded with initial_seed + chain_id): its own stream
+            self._seeds = ChainSeeds(self._seed, stream=torch.initial_seed())
         self.layout = discover_sites(
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
@@ -291,7 +285,7 @@ class AutoSpecKernel(MCMCKernel):
     def _refill(self) -> None:
         if self.layout is None:
             raise RuntimeError("AutoSpecKernel.setup(warmup_steps, *args) must run first")
-        (seed,) = chain_seeds(self._generator, 1)
+        (seed,) = self._seeds(1)
         result = sample_any_order(
             self._oracle,
             self.draws_per_run,

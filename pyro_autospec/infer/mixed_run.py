@@ -29,7 +29,6 @@ from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
@@ -86,8 +85,9 @@ class MixedRun(RunBase):
         with self.stage("compiling"):
             self._check_enumeration(args, kwargs)
         nuts_seeds = self.settings.seeds(self.num_chains)
-        shifted = None if self.seed is None else _shift_seed(self.seed)
-        (engine_seed,) = self.settings.seeds(1, shifted)
+        # the discrete engine run's seed, from a stream beside the NUTS chains' (an int seed),
+        # or next in the generator's stream
+        (engine_seed,) = self.settings.seeds(1, stream=1)
         enumerated = poutine.infer_config(self.model, parallel_enumeration)
         continuous = {site.name: [] for site in layout.continuous}
         diverging = []
@@ -228,10 +228,3 @@ class MixedRun(RunBase):
             f"Self-check passed: log p(x, theta, data) - log q(x | theta) equals each draw's "
             f"log normaliser (largest deviation {self.max_self_check_error:.2g})."
         )
-
-
-def _shift_seed(seed):
-    """A second, independent stream from the user's seed (for the discrete engine run)."""
-    if not isinstance(seed, int):  # a generator continues its own stream
-        return seed
-    return derive_seed(seed, 1)

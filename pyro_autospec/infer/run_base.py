@@ -49,8 +49,6 @@ STAGES = {
 #: factor gets a line suggesting ``method="sequential"`` (see :meth:`RunBase.speed_summary`).
 ROWS_RATIO_FOR_ADVICE = 1.25
 
-_OWN_SEED = object()
-
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -86,11 +84,11 @@ class RunSettings:
         """Whether the draws are spread over a ``torch.distributed`` group."""
         return bool(self.schedule.get("distributed", False))
 
-    def seeds(self, num: int, seed: Any = _OWN_SEED) -> list[int]:
-        """``num`` engine seeds from ``seed`` (default: the run's own), the same on every rank
-        of a distributed run."""
-        seed = self.seed if seed is _OWN_SEED else seed
-        return chain_seeds(seed, num, distributed=self.distributed)
+    def seeds(self, num: int, *, stream: int | None = None) -> list[int]:
+        """``num`` engine seeds from the run's seed (``stream``: a stream beside its own, see
+        :class:`~pyro_autospec.infer.seeds.ChainSeeds`), the same on every rank of a
+        distributed run."""
+        return chain_seeds(self.seed, num, stream=stream, distributed=self.distributed)
 
 
 @dataclass
