@@ -205,9 +205,9 @@ def timed_parts(parts: dict):
     wrapped.append((engine_mod, "sample_any_order", "sampler"))
     # Where each stage's function is looked up, in this checkout or an older one (the script
     # also profiles older commits): the draws' evaluation moved from discrete_run.py to
-    # draws.py, the self-check from common.py to self_check.py.
+    # draws.py, the self-check from common.py to self_check.py, the engine call to run_base.py.
     homes = {}
-    for short in ("draws", "self_check", "common"):
+    for short in ("draws", "self_check", "common", "run_base"):
         try:
             homes[short] = importlib.import_module(f"pyro_autospec.infer.{short}")
         except ImportError:
@@ -218,6 +218,10 @@ def timed_parts(parts: dict):
     for owner, name, label in (
         (run_mod, "build_oracle", "build oracle"),
         (evaluator, "evaluate", "evaluate"),
+        # the name the run kinds call the engine by (run_base.py's engine_run, or older
+        # discrete_run.py's own import)
+        (homes.get("run_base"), "sample_any_order", "sampler"),
+        (run_mod, "sample_any_order", "sampler"),
         (checker, "check_exact_draws", "self-check"),
         (run_mod, "sample_exact", "sampler"),
         (run_mod, "plan_ffbs", "forward pass"),

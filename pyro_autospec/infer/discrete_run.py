@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
-from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
@@ -155,19 +154,9 @@ class DiscreteRun(RunBase):
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
             if plan is not None:
-                result = sample_exact(plan, num_draws, seed)
+                result = self.record(sample_exact(plan, num_draws, seed))
             else:
-                result = sample_any_order(
-                    oracle,
-                    num_draws,
-                    method=self.method,
-                    seed=seed,
-                    device=device,
-                    progress=self.progress,
-                    **self.schedule,
-                )
-            self.results.append(result)
-            self.add_engine_time(result)
+                result = self.engine_run(oracle, num_draws, seed, device)
             evaluated = draws.evaluate(result.samples, result.log_prob)
             values, joint = evaluated.values, evaluated.joint
             lp, oracle_lp = evaluated.lp, evaluated.oracle_log_prob

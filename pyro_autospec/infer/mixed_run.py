@@ -28,7 +28,6 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
-from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
@@ -138,17 +137,8 @@ class MixedRun(RunBase):
                 device=self.device,
             )
         self.oracle_device = oracle.device
-        result = sample_any_order(
-            oracle,
-            total,
-            method=self.method,
-            seed=engine_seed,
-            device=oracle.device,
-            progress=self.progress,
-            **self.schedule,
-        )
-        self.results = [result]
-        self.add_engine_time(result)
+        self.results = []
+        result = self.engine_run(oracle, total, engine_seed, oracle.device)
         draws = DrawEvaluator(
             self.model,
             args,

@@ -26,6 +26,7 @@ import torch
 from pyro.infer.mcmc.util import select_samples
 
 from pyro_autospec.diagnostics.arviz import to_inference_data
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer.display import print_summary
 from pyro_autospec.infer.seeds import chain_seeds
 from pyro_autospec.infer.summaries import site_diagnostics
@@ -176,6 +177,26 @@ class RunBase:
             yield
         finally:
             self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+
+    def engine_run(self, oracle: Any, num_draws: int, seed: int, device: Any) -> Any:
+        """One run of the any-order engine with this run's method, knobs and progress bar
+        (the engine's), recorded (:meth:`record`); every run kind's engine call is this one."""
+        result = sample_any_order(
+            oracle,
+            num_draws,
+            method=self.method,
+            seed=seed,
+            device=device,
+            progress=self.progress,
+            **self.schedule,
+        )
+        return self.record(result)
+
+    def record(self, result: Any) -> Any:
+        """Keep a sampler's result (``results``) and add its wall time to ``timing``."""
+        self.results.append(result)
+        self.add_engine_time(result)
+        return result
 
     def add_engine_time(self, result) -> None:
         """Split an engine result's wall time into ``"oracle"`` (inside the oracle's methods)
