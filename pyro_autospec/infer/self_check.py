@@ -114,7 +114,8 @@ class SelfCheck:
     (:class:`~pyro_autospec.infer.discrete_run.DiscreteRun`,
     :class:`~pyro_autospec.infer.mixed_run.MixedRun`,
     :class:`~pyro_autospec.infer.kernel.AutoSpecKernel`) adds its draws here and calls
-    :meth:`check`, which runs :func:`check_exact_draws` on all of them.
+    :meth:`check`, which runs :func:`check_exact_draws` on all of them, through
+    :class:`~pyro_autospec.infer.draws.DrawEvaluator`.
 
     Parameters
     ----------
