@@ -31,6 +31,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -46,7 +47,6 @@ from pyro.ops.indexing import Vindex
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's package
 
-import pyro_autospec.infer.common as common_mod  # noqa: E402
 import pyro_autospec.infer.discrete_run as run_mod  # noqa: E402
 from pyro_autospec.infer import AutoSpec  # noqa: E402
 
@@ -199,17 +199,30 @@ def timed_parts(parts: dict):
     """Accumulate seconds of AutoSpec's stages into ``parts`` by wrapping their functions."""
     import pyro_autospec.infer.autospec as auto_mod
 
-    wrapped = [
-        (auto_mod, "discover_sites", "discover sites"),
-        (run_mod, "build_oracle", "build oracle"),
-        (run_mod, "evaluate", "evaluate"),
-        (run_mod, "check_exact_draws", "self-check"),
-    ]
+    wrapped = [(auto_mod, "discover_sites", "discover sites")]
     import pyro_autospec.engine as engine_mod
 
     wrapped.append((engine_mod, "sample_any_order", "sampler"))
+    # Where each stage's function is looked up, in this checkout or an older one (the script
+    # also profiles older commits): the draws' evaluation moved from discrete_run.py to
+    # draws.py, the self-check from common.py to self_check.py, the engine call to run_base.py.
+    homes = {}
+    for short in ("draws", "self_check", "common", "run_base"):
+        try:
+            homes[short] = importlib.import_module(f"pyro_autospec.infer.{short}")
+        except ImportError:
+            continue
+    checker = homes.get("self_check", homes.get("common"))
+    evaluator = homes.get("draws", run_mod)
     # (the FFBS stages, where this checkout has them: the script also profiles older commits)
     for owner, name, label in (
+        (run_mod, "build_oracle", "build oracle"),
+        (evaluator, "evaluate", "evaluate"),
+        # the name the run kinds call the engine by (run_base.py's engine_run, or older
+        # discrete_run.py's own import)
+        (homes.get("run_base"), "sample_any_order", "sampler"),
+        (run_mod, "sample_any_order", "sampler"),
+        (checker, "check_exact_draws", "self-check"),
         (run_mod, "sample_exact", "sampler"),
         (run_mod, "plan_ffbs", "forward pass"),
         (run_mod.DiscreteRun, "_ffbs_oracle", "build oracle"),
@@ -234,7 +247,6 @@ def timed_parts(parts: dict):
     finally:
         for module, name, fn in saved:
             setattr(module, name, fn)
-        _ = common_mod
 
 
 def profile(cases: dict, draws: int, repeats: int) -> None:

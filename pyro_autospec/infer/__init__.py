@@ -9,9 +9,9 @@ never does.
 """
 
 from pyro_autospec.infer.autospec import AutoSpec
-from pyro_autospec.infer.common import SelfCheckError
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.kernel import AutoSpecKernel
+from pyro_autospec.infer.self_check import SelfCheckError
 from pyro_autospec.model import (
     AutoSpecModelError,
     DiscreteSite,

@@ -30,19 +30,15 @@ from pyro import poutine
 
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, method_names
-from pyro_autospec.infer.common import (
-    CORRECTIONS,
-    METHODS,
-    build_oracle,
-    chain_seeds,
-    check_schedule,
-)
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.knobs import CORRECTIONS, METHODS, check_schedule
 from pyro_autospec.infer.map_decode import most_probable
 from pyro_autospec.infer.mixed_run import MixedRun
+from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import RunSettings
+from pyro_autospec.infer.seeds import chain_seeds
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.parallel.groups import require_process_group
@@ -183,7 +179,7 @@ class AutoSpec:
     -----
     **The self-check.** For an exact oracle ``q(x) = p(x, data) / Z``, so every draw has the
     same ``lp - oracle_log_prob = log Z``. Every run checks this within float tolerance (see
-    :func:`~pyro_autospec.infer.common.check_exact_draws`) and raises otherwise: a handler
+    :func:`~pyro_autospec.infer.self_check.check_exact_draws`) and raises otherwise: a handler
     that the enumeration oracle did not reproduce would show up here. **Scales.** Under
     ``poutine.scale`` (or a plate with a fixed subsample) the draws follow the scaled density
     ``exp(sum scale * log p)``, as ``MCMC`` does; ``lp`` includes the scales (a warning says

@@ -78,8 +78,7 @@ class DiffusionRun(RunBase):
                 progress=self.progress,
                 **self.schedule,
             )
-            self.results.append(out.diffusion)
-            self.add_engine_time(out.diffusion)
+            self.record(out.diffusion)
             self.oracle_device = out.diffusion.samples.device
             # the rest of sample_continuous: mapping the draws back and the model's log joint
             rest = time.perf_counter() - start - float(out.diffusion.wall_time)

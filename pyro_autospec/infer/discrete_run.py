@@ -3,7 +3,7 @@
 With the default oracle (exact enumeration, compiled once) or a user's exact oracle, every draw
 is an exact, independent draw of ``p(x | data)``, and the run checks it: ``log p(x, data) -
 log q(x)`` must be the same for every draw of every chain (see
-:class:`~pyro_autospec.infer.common.SelfCheck`). With a guide (an approximate oracle)
+:class:`~pyro_autospec.infer.self_check.SelfCheck`). With a guide (an approximate oracle)
 each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` and the
 ``correction`` turns the guide's draws into draws of the posterior; the guide's diagnostics
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
@@ -24,19 +24,19 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
 import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
-from pyro_autospec.engine import sample_any_order
-from pyro_autospec.infer.common import SelfCheck, SelfCheckError, build_oracle
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
+from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
+from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
+from pyro_autospec.infer.seeds import correction_rng
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import AutoSpecModelError
-from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
@@ -147,52 +147,20 @@ class DiscreteRun(RunBase):
         if exact:
             log_z = None if plan is None else plan.log_normalizer
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
+        draws = DrawEvaluator(
+            self.model, args, kwargs, layout, self_check=self_check, device=device, stage=self.stage
+        )
         num_draws = self.num_samples + self.warmup_steps
-        shapes = layout.latent_shapes()
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
             if plan is not None:
-                result = sample_exact(plan, num_draws, seed)
+                result = self.record(sample_exact(plan, num_draws, seed))
             else:
-                result = sample_any_order(
-                    oracle,
-                    num_draws,
-                    method=self.method,
-                    seed=seed,
-                    device=device,
-                    progress=self.progress,
-                    **self.schedule,
-                )
-            self.results.append(result)
-            self.add_engine_time(result)
-            values = layout.from_coords(result.samples)
-            if device is not None:
-                values = {k: v.to(device) for k, v in values.items()}
-
-            def evaluate_draws(check_mixing: bool, values=values):
-                return evaluate(
-                    self.model,
-                    args,
-                    kwargs,
-                    values,
-                    shapes,
-                    layout.max_plate_nesting,
-                    observed_shapes=layout.observed_batch_shapes,
-                    deterministic_shapes=layout.deterministic,
-                    check_mixing=check_mixing,
-                )
-
-            # Exact draws are self-checked, which a batch that mixes draws fails: the model
-            # is then evaluated again, one draw alone, only to say why.
-            with self.stage("evaluation"):
-                joint = evaluate_draws(check_mixing=not exact)
-            explain = evaluate_draws
-            lp = joint.total
-            oracle_lp = result.log_prob.double().to(lp.device)
-            log_weight = lp - oracle_lp
-            if self_check is not None:
-                with self.stage("self-check"):
-                    self_check.add(lp, oracle_lp, joint.magnitude, joint.dtype)
+                result = self.engine_run(oracle, num_draws, seed, device)
+            evaluated = draws.evaluate(result.samples, result.log_prob)
+            values, joint = evaluated.values, evaluated.joint
+            lp, oracle_lp = evaluated.lp, evaluated.oracle_log_prob
+            log_weight = evaluated.log_weight
             all_weights.append(log_weight.cpu())
             with self.stage("correction") if self.correction else nullcontext():
                 keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
@@ -215,14 +183,8 @@ class DiscreteRun(RunBase):
             extra["oracle_log_prob"].append(oracle_lp[keep])
             if "log_weight" in extra:
                 extra["log_weight"].append(log_weight[keep])
-        if self_check is not None:
-            # every draw of every chain at once: one draw per chain still compares draws
-            with self.stage("self-check"):
-                try:
-                    self.max_self_check_error = self_check.check()
-                except SelfCheckError:
-                    explain(check_mixing=True)  # raises if the batch mixed draws
-                    raise
+        # every draw of every chain at once: one draw per chain still compares draws
+        self.max_self_check_error = draws.check()
         if plan is not None:  # what the summary reports; the buckets' tables are let go
             self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
@@ -281,9 +243,7 @@ class DiscreteRun(RunBase):
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "
                 "the guide cannot be corrected; train it (fit_posterior) or check the model"
             )
-        # A NumPy stream of its own for the correction's uniforms, apart from the engine's
-        # keyed random numbers (which depend on the seed through pyro_autospec.engine.keys).
-        rng = np.random.default_rng([seed, 1])
+        rng = correction_rng(seed)  # a NumPy stream of the chain's seed, for the uniforms
         if self.correction == "importance":
             index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
             return index

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from pyro_autospec.infer.common import (
+from pyro_autospec.infer.summaries import (
     MIN_DRAWS_FOR_DIAGNOSTICS,
     print_summary_table,
     summary_table,

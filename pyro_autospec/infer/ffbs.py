@@ -15,7 +15,7 @@ sequential steps, vectorised over draws and plates).
 
 Every draw also gets ``log q(x)``: the sum of the log conditionals it was drawn from. With
 ``log Z`` from the forward pass, the run's self-check
-(:func:`~pyro_autospec.infer.common.check_exact_draws`) tests ``log p(x, data) - log q(x) =
+(:func:`~pyro_autospec.infer.self_check.check_exact_draws`) tests ``log p(x, data) - log q(x) =
 log Z`` for every draw, where ``log p(x, data)`` comes from running the model on the draw.
 
 :func:`plan_ffbs` returns ``None`` when the elimination does not fit: plates that do not nest

@@ -12,11 +12,14 @@ from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.engine.keys import check_seed, derive_seed
+from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, method_names
-from pyro_autospec.infer.common import SelfCheck, build_oracle, chain_seeds, check_schedule
+from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.knobs import check_schedule
+from pyro_autospec.infer.oracle_choice import build_oracle
+from pyro_autospec.infer.seeds import ChainSeeds
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
-from pyro_autospec.model.log_joint import evaluate
 
 __all__ = ["AutoSpecKernel"]
 
@@ -126,10 +129,10 @@ class AutoSpecKernel(MCMCKernel):
 
     *Self-check.* As in :class:`~pyro_autospec.infer.autospec.AutoSpec`, the model is evaluated
     at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
-    (:class:`~pyro_autospec.infer.common.SelfCheck`): each engine run's draws are checked
+    (:class:`~pyro_autospec.infer.self_check.SelfCheck`): each engine run's draws are checked
     together with the first draws of the run (of every chain that ``MCMC`` runs in this
     process with the same arguments), so that one draw per engine run is still compared. A
-    failure raises :class:`~pyro_autospec.infer.common.SelfCheckError` from ``mcmc.run``.
+    failure raises :class:`~pyro_autospec.infer.self_check.SelfCheckError` from ``mcmc.run``.
 
     Parameters
     ----------
@@ -193,19 +196,15 @@ class AutoSpecKernel(MCMCKernel):
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
         self.schedule = check_schedule(schedule)
-        seed = check_seed(seed)
-        self._seed = None
-        if not isinstance(seed, int):
-            self._generator = seed
-        else:
-            self._seed = seed
-            self._generator = torch.Generator().manual_seed(seed)
+        self._seed = check_seed(seed)
+        self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None
         self._oracle = None
         self._buffer: list[dict[str, torch.Tensor]] = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
         self._self_check: SelfCheck | None = None
+        self._draws: DrawEvaluator | None = None
         self._checked_call: Any = None
         #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
         self.max_self_check_error: float | None = None
@@ -214,10 +213,9 @@ class AutoSpecKernel(MCMCKernel):
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
         """Find the discrete sites and build the oracle; called by ``MCMC`` once per chain."""
         self._args, self._kwargs = args, kwargs
-        if self._seed is not None and multiprocessing.parent_process() is not None:
-            self._generator = torch.Generator().manual_seed(
-                derive_seed(self._seed, torch.initial_seed())
-            )
+        if isinstance(self._seed, int) and multiprocessing.parent_process() is not None:
+            # a worker of MCMC (reseeded with initial_seed + chain_id): its own stream
+            self._seeds = ChainSeeds(self._seed, stream=torch.initial_seed())
         self.layout = discover_sites(
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
@@ -234,6 +232,15 @@ class AutoSpecKernel(MCMCKernel):
             self.max_self_check_error = None
         self._self_check.oracle = self._oracle
         self._checked_call = call
+        self._draws = DrawEvaluator(
+            self.user_model,
+            args,
+            kwargs,
+            self.layout,
+            self_check=self._self_check,
+            device=getattr(self._oracle, "device", None),
+            outputs=False,
+        )
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
@@ -278,7 +285,7 @@ class AutoSpecKernel(MCMCKernel):
     def _refill(self) -> None:
         if self.layout is None:
             raise RuntimeError("AutoSpecKernel.setup(warmup_steps, *args) must run first")
-        (seed,) = chain_seeds(self._generator, 1)
+        (seed,) = self._seeds(1)
         result = sample_any_order(
             self._oracle,
             self.draws_per_run,
@@ -290,8 +297,11 @@ class AutoSpecKernel(MCMCKernel):
         )
         self._counts["rounds"] += result.rounds
         self._counts["oracle_rows"] += result.oracle_rows
-        values = self.layout.from_coords(result.samples.cpu())
-        self._check_draws(values, result.log_prob)
+        # the draws' values, log joint and the self-check of this engine run's draws, pooled
+        # with the first earlier ones
+        evaluated = self._draws.evaluate(result.samples, result.log_prob)
+        self.max_self_check_error = self._draws.check()
+        values = evaluated.values
         rounds = result.sample_rounds.tolist()
         self._buffer = [
             (
@@ -300,23 +310,6 @@ class AutoSpecKernel(MCMCKernel):
             )
             for i in range(self.draws_per_run - 1, -1, -1)
         ]
-
-    def _check_draws(self, values: dict[str, torch.Tensor], oracle_log_prob) -> None:
-        """The self-check of this engine run's draws, pooled with the first earlier ones."""
-        layout = self.layout
-        device = getattr(self._oracle, "device", None)
-        if device is not None:
-            values = {k: v.to(device) for k, v in values.items()}
-        joint = evaluate(
-            self.user_model,
-            self._args,
-            self._kwargs,
-            values,
-            layout.latent_shapes(),
-            layout.max_plate_nesting,
-        )
-        self._self_check.add(joint.total, oracle_log_prob, joint.magnitude, joint.dtype)
-        self.max_self_check_error = self._self_check.check()
 
     def _next(self) -> dict[str, torch.Tensor]:
         if not self._buffer:

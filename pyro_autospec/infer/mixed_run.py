@@ -28,14 +28,12 @@ import torch
 from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
-from pyro_autospec.engine import sample_any_order
-from pyro_autospec.engine.keys import derive_seed
-from pyro_autospec.infer.common import SelfCheck
 from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
-from pyro_autospec.model.log_joint import evaluate
 from pyro_autospec.model.tracing import parallel_enumeration, trace_model
 
 __all__ = ["MixedRun"]
@@ -86,8 +84,9 @@ class MixedRun(RunBase):
         with self.stage("compiling"):
             self._check_enumeration(args, kwargs)
         nuts_seeds = self.settings.seeds(self.num_chains)
-        shifted = None if self.seed is None else _shift_seed(self.seed)
-        (engine_seed,) = self.settings.seeds(1, shifted)
+        # the discrete engine run's seed, from a stream beside the NUTS chains' (an int seed),
+        # or next in the generator's stream
+        (engine_seed,) = self.settings.seeds(1, stream=1)
         enumerated = poutine.infer_config(self.model, parallel_enumeration)
         continuous = {site.name: [] for site in layout.continuous}
         diverging = []
@@ -138,37 +137,21 @@ class MixedRun(RunBase):
                 device=self.device,
             )
         self.oracle_device = oracle.device
-        result = sample_any_order(
-            oracle,
-            total,
-            method=self.method,
-            seed=engine_seed,
+        self.results = []
+        result = self.engine_run(oracle, total, engine_seed, oracle.device)
+        draws = DrawEvaluator(
+            self.model,
+            args,
+            kwargs,
+            layout,
+            self_check=SelfCheck(oracle),
             device=oracle.device,
-            progress=self.progress,
-            **self.schedule,
+            per_draw_fallback=True,
+            stage=self.stage,
         )
-        self.results = [result]
-        self.add_engine_time(result)
-        with self.stage("evaluation"):
-            values = layout.from_coords(result.samples)
-            values = {k: v.to(oracle.device) for k, v in values.items()}
-            values.update({k: v.to(oracle.device) for k, v in flat.items()})
-            joint = evaluate(
-                self.model,
-                args,
-                kwargs,
-                values,
-                layout.latent_shapes(),
-                layout.max_plate_nesting,
-                observed_shapes=layout.observed_batch_shapes,
-                deterministic_shapes=layout.deterministic,
-                per_draw_fallback=True,
-            )
-        oracle_lp = result.log_prob.double().to(joint.total.device)
-        with self.stage("self-check"):
-            self_check = SelfCheck(oracle)
-            self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
-            self.max_self_check_error = self_check.check()
+        evaluated = draws.evaluate(result.samples, result.log_prob, continuous=flat)
+        self.max_self_check_error = draws.check()
+        values, joint, oracle_lp = evaluated.values, evaluated.joint, evaluated.oracle_log_prob
 
         def by_chain(t):
             return t.reshape((self.num_chains, self.num_samples) + tuple(t.shape[1:]))
@@ -235,10 +218,3 @@ class MixedRun(RunBase):
             f"Self-check passed: log p(x, theta, data) - log q(x | theta) equals each draw's "
             f"log normaliser (largest deviation {self.max_self_check_error:.2g})."
         )
-
-
-def _shift_seed(seed):
-    """A second, independent stream from the user's seed (for the discrete engine run)."""
-    if not isinstance(seed, int):  # a generator continues its own stream
-        return seed
-    return derive_seed(seed, 1)

@@ -26,8 +26,10 @@ import torch
 from pyro.infer.mcmc.util import select_samples
 
 from pyro_autospec.diagnostics.arviz import to_inference_data
-from pyro_autospec.infer.common import chain_seeds, site_diagnostics
+from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer.display import print_summary
+from pyro_autospec.infer.seeds import chain_seeds
+from pyro_autospec.infer.summaries import site_diagnostics
 
 _LOG = logging.getLogger("pyro_autospec")
 
@@ -47,8 +49,6 @@ STAGES = {
 #: On a CPU, a run whose oracle rows per draw exceed ``n`` (the sequential sampler's) by this
 #: factor gets a line suggesting ``method="sequential"`` (see :meth:`RunBase.speed_summary`).
 ROWS_RATIO_FOR_ADVICE = 1.25
-
-_OWN_SEED = object()
 
 
 @dataclass(frozen=True)
@@ -85,11 +85,11 @@ class RunSettings:
         """Whether the draws are spread over a ``torch.distributed`` group."""
         return bool(self.schedule.get("distributed", False))
 
-    def seeds(self, num: int, seed: Any = _OWN_SEED) -> list[int]:
-        """``num`` engine seeds from ``seed`` (default: the run's own), the same on every rank
-        of a distributed run."""
-        seed = self.seed if seed is _OWN_SEED else seed
-        return chain_seeds(seed, num, distributed=self.distributed)
+    def seeds(self, num: int, *, stream: int | None = None) -> list[int]:
+        """``num`` engine seeds from the run's seed (``stream``: a stream beside its own, see
+        :class:`~pyro_autospec.infer.seeds.ChainSeeds`), the same on every rank of a
+        distributed run."""
+        return chain_seeds(self.seed, num, stream=stream, distributed=self.distributed)
 
 
 @dataclass
@@ -177,6 +177,26 @@ class RunBase:
             yield
         finally:
             self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+
+    def engine_run(self, oracle: Any, num_draws: int, seed: int, device: Any) -> Any:
+        """One run of the any-order engine with this run's method, knobs and progress bar
+        (the engine's), recorded (:meth:`record`); every run kind's engine call is this one."""
+        result = sample_any_order(
+            oracle,
+            num_draws,
+            method=self.method,
+            seed=seed,
+            device=device,
+            progress=self.progress,
+            **self.schedule,
+        )
+        return self.record(result)
+
+    def record(self, result: Any) -> Any:
+        """Keep a sampler's result (``results``) and add its wall time to ``timing``."""
+        self.results.append(result)
+        self.add_engine_time(result)
+        return result
 
     def add_engine_time(self, result) -> None:
         """Split an engine result's wall time into ``"oracle"`` (inside the oracle's methods)

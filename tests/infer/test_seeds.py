@@ -15,8 +15,10 @@ import torch
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
-from pyro_autospec.engine.keys import check_seed, seed_key
+from pyro_autospec.engine.keys import check_seed, derive_seed, seed_key
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
+from pyro_autospec.infer import seeds as seeds_module
+from pyro_autospec.infer.seeds import ChainSeeds, chain_seeds
 from pyro_autospec.oracles import MarkovChainOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 
@@ -110,3 +112,39 @@ def test_kernel_in_a_worker_process_mixes_any_initial_seed(monkeypatch):
             kernel.setup(0)
             draws.append(torch.stack([kernel.sample({})["z"] for _ in range(8)]))
     assert torch.equal(draws[0], draws[1])  # same worker seed, same draws
+
+
+def test_one_seed_normaliser_derives_the_same_numbers():
+    """``ChainSeeds`` keeps the numbers every entry point derived before it was one class."""
+
+    def torch_stream(seed, num):
+        gen = torch.Generator().manual_seed(seed)
+        return [int(s) for s in torch.randint(0, 2**62, (num,), generator=gen).tolist()]
+
+    assert chain_seeds(7, 3) == torch_stream(7, 3)
+    assert chain_seeds(7, 1, stream=1) == torch_stream(derive_seed(7, 1), 1)  # mixed models
+    numpy = np.random.default_rng(3).integers(0, 2**62, size=2).tolist()
+    assert chain_seeds(np.random.default_rng(3), 2) == numpy
+    gen = torch.Generator().manual_seed(5)
+    seeds = ChainSeeds(5)  # AutoSpecKernel: one engine seed per call, one stream
+    assert [seeds(1)[0] for _ in range(3)] == [
+        int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(3)
+    ]
+
+
+def test_every_entry_point_takes_its_seeds_from_chain_seeds(monkeypatch):
+    calls = []
+    call = seeds_module.ChainSeeds.__call__
+
+    def counting(self, num):
+        calls.append(num)
+        return call(self, num)
+
+    monkeypatch.setattr(seeds_module.ChainSeeds, "__call__", counting)
+    AutoSpec(coin, num_samples=2, num_chains=3, seed=0, disable_progbar=True).run()
+    assert calls == [3]
+    kernel = AutoSpecKernel(coin, seed=0, draws_per_run=2)
+    kernel.setup(0)
+    for _ in range(3):
+        kernel.sample({})
+    assert calls == [3, 1, 1]

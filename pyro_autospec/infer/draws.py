@@ -1,0 +1,194 @@
+"""From the engine's draws to results: site values, the log joint and the pooled self-check.
+
+Every path from a model to exact draws (:class:`~pyro_autospec.infer.discrete_run.DiscreteRun`
+for ``AutoSpec``, :class:`~pyro_autospec.infer.mixed_run.MixedRun` for models with continuous
+sites too, :class:`~pyro_autospec.infer.kernel.AutoSpecKernel` behind Pyro's ``MCMC``) turns
+the engine's coordinates into results the same way, through :class:`DrawEvaluator`:
+
+1. the coordinates become site values
+   (:meth:`~pyro_autospec.model.discrete.SiteLayout.from_coords`), with any continuous values
+   of the draws beside them;
+2. the model is evaluated on all of them in batched traces
+   (:func:`~pyro_autospec.model.log_joint.evaluate`): the log joint ``log p(x, data)``, the
+   pointwise log likelihood and the deterministic sites;
+3. exact draws join the run's :class:`~pyro_autospec.infer.self_check.SelfCheck`, and
+   :meth:`DrawEvaluator.check` tests every draw added so far at once. Exact draws are
+   evaluated without the mixing check (one more trace, of one draw alone): a model that mixes
+   the draws of a batch fails the self-check, and only then is the last batch evaluated again
+   to say why. A guide's draws (no self-check) are checked for mixing as they are evaluated,
+   and so are draws that may be evaluated one at a time instead (``per_draw_fallback``: a
+   batch that mixes draws is then evaluated draw by draw).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
+from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.log_joint import LogJoint, evaluate
+
+__all__ = ["DrawEvaluator", "EvaluatedDraws"]
+
+
+@dataclass
+class EvaluatedDraws:
+    """One batch of draws, evaluated.
+
+    Attributes
+    ----------
+    values : dict
+        ``name -> Tensor[N, *shape]``: every latent site's value (discrete sites in their
+        native dtype), on the evaluation's device.
+    joint : LogJoint
+        The model's log joint of each draw, its pointwise log likelihood and deterministic
+        sites (see :func:`~pyro_autospec.model.log_joint.evaluate`).
+    oracle_log_prob : DoubleTensor[N]
+        ``log q(x)`` of each draw under the oracle that produced it, on the joint's device.
+    """
+
+    values: dict
+    joint: LogJoint
+    oracle_log_prob: torch.Tensor
+
+    @property
+    def lp(self) -> torch.Tensor:
+        """``log p(x, data)`` of each draw (DoubleTensor[N])."""
+        return self.joint.total
+
+    @property
+    def log_weight(self) -> torch.Tensor:
+        """``log p(x, data) - log q(x)``: a guide's log importance weights (``log Z`` of every
+        draw for an exact oracle)."""
+        return self.joint.total - self.oracle_log_prob
+
+
+def _no_stage(name: str) -> AbstractContextManager:
+    return nullcontext()
+
+
+class DrawEvaluator:
+    """The one path from the engine's draws of a model to its results (see the module's notes).
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments (data included).
+    layout : SiteLayout
+        The coordinates of the model's discrete sites.
+    self_check : SelfCheck, optional
+        The run's pooled self-check (exact draws); ``None`` for a guide's draws.
+    device : torch.device, optional
+        Where the model is evaluated (the site values are moved there).
+    outputs : bool
+        Also return the pointwise log likelihood of the observed sites and the deterministic
+        sites (``AutoSpec``'s runs; ``AutoSpecKernel`` needs only the log joint).
+    per_draw_fallback : bool
+        Evaluate one draw at a time where the model cannot run on a batch (models with
+        continuous sites; see :func:`~pyro_autospec.model.log_joint.evaluate`).
+    stage : callable, optional
+        ``stage(name)`` is a context manager that times a stage of the run
+        (:meth:`~pyro_autospec.infer.run_base.RunBase.stage`): ``"evaluation"`` and
+        ``"self-check"``.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        args: tuple,
+        kwargs: dict,
+        layout: SiteLayout,
+        *,
+        self_check: SelfCheck | None,
+        device: torch.device | str | None = None,
+        outputs: bool = True,
+        per_draw_fallback: bool = False,
+        stage: Callable[[str], AbstractContextManager] | None = None,
+    ):
+        self.model = model
+        self.args, self.kwargs = args, kwargs
+        self.layout = layout
+        self.self_check = self_check
+        self.device = device
+        self.outputs = outputs
+        self.per_draw_fallback = per_draw_fallback
+        self.stage = _no_stage if stage is None else stage
+        self._last: dict | None = None
+
+    def _evaluate(self, values: Mapping[str, torch.Tensor], check_mixing: bool) -> LogJoint:
+        layout = self.layout
+        outputs = {}
+        if self.outputs:
+            outputs = {
+                "observed_shapes": layout.observed_batch_shapes,
+                "deterministic_shapes": layout.deterministic,
+            }
+        return evaluate(
+            self.model,
+            self.args,
+            self.kwargs,
+            values,
+            layout.latent_shapes(),
+            layout.max_plate_nesting,
+            check_mixing=check_mixing,
+            per_draw_fallback=self.per_draw_fallback,
+            **outputs,
+        )
+
+    def evaluate(
+        self,
+        samples: torch.Tensor,
+        oracle_log_prob: torch.Tensor,
+        continuous: Mapping[str, torch.Tensor] | None = None,
+    ) -> EvaluatedDraws:
+        """Site values, log joint (and outputs) of one batch of draws; exact draws join the
+        self-check (tested by :meth:`check`).
+
+        Parameters
+        ----------
+        samples : LongTensor[N, n]
+            The engine's draws, as coordinates of :attr:`layout`.
+        oracle_log_prob : Tensor[N]
+            ``log q(x)`` of each draw.
+        continuous : dict, optional
+            ``name -> Tensor[N, *shape]``: the draws' values of continuous sites.
+        """
+        with self.stage("evaluation"):
+            values = self.layout.from_coords(samples)
+            if self.device is not None:
+                values = {k: v.to(self.device) for k, v in values.items()}
+            for name, value in (continuous or {}).items():
+                values[name] = value if self.device is None else value.to(self.device)
+            check_mixing = self.self_check is None or self.per_draw_fallback
+            joint = self._evaluate(values, check_mixing=check_mixing)
+        oracle_lp = oracle_log_prob.double().to(joint.total.device)
+        if self.self_check is not None:
+            with self.stage("self-check"):
+                self.self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
+            self._last = values
+        return EvaluatedDraws(values, joint, oracle_lp)
+
+    def check(self) -> float | None:
+        """The self-check of every exact draw evaluated so far, pooled; the largest deviation
+        (``None`` without a self-check).
+
+        Raises
+        ------
+        SelfCheckError
+            When ``log p(x, data) - log q(x)`` is not one constant; or the model's error that
+            says it mixes the draws of a batch, when the last batch evaluated shows it.
+        """
+        if self.self_check is None:
+            return None
+        with self.stage("self-check"):
+            try:
+                return self.self_check.check()
+            except SelfCheckError:
+                if self._last is not None:
+                    self._evaluate(self._last, check_mixing=True)  # raises if it mixed draws
+                raise

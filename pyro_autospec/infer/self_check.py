@@ -1,0 +1,215 @@
+"""The runtime self-check of exact draws: ``log p(x, data) - log q(x)`` is one constant.
+
+For an exact oracle ``q(x) = p(x, data) / Z``, so the difference is ``log Z`` for every draw of
+a run. :func:`check_exact_draws` tests one batch within a rounding tolerance;
+:class:`SelfCheck` pools every draw of a run (all chains, or all engine runs of
+``AutoSpecKernel``) before testing; :class:`SelfCheckError` is what a failure raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["SelfCheck", "SelfCheckError", "check_exact_draws"]
+
+
+class SelfCheckError(RuntimeError):
+    """``log p(x, data) - log q(x)`` was not constant across draws of an exact oracle."""
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
+
+
+def check_exact_draws(
+    log_joint: torch.Tensor,
+    oracle_log_prob: torch.Tensor,
+    magnitude: torch.Tensor,
+    dtype: torch.dtype,
+    *,
+    log_normalizer: torch.Tensor | None = None,
+    custom_oracle: bool = False,
+) -> float:
+    """The runtime self-check: ``log p(x, data) - log q(x)`` must not vary across draws.
+
+    For an exact oracle ``q(x) = p(x, data) / Z``, so the difference is ``log Z`` for every
+    draw (for a family, ``log Z`` of each draw's target, given as ``log_normalizer``). It is
+    checked within a tolerance of ``16 eps(dtype) (|terms| + 1)``, where ``|terms|`` is the sum
+    of the absolute values of the log-density terms of the draw and ``dtype`` the model's
+    precision: the oracle and the model then compute the same float terms and only rounding
+    differs.
+
+    Parameters
+    ----------
+    log_joint, oracle_log_prob, magnitude : DoubleTensor[N]
+    dtype : torch.dtype
+        The lowest precision among the model's log densities (and the oracle's output).
+    log_normalizer : DoubleTensor[N], optional
+        Each draw's ``log Z``; without it the differences must agree with each other.
+    custom_oracle : bool
+        Word the error for an oracle the user passed.
+
+    Returns
+    -------
+    float
+        The largest deviation seen.
+
+    Raises
+    ------
+    SelfCheckError
+        With the draws that disagree and what to do.
+
+    Examples
+    --------
+    >>> import torch
+    >>> lp = torch.tensor([-3.0, -4.0], dtype=torch.float64)
+    >>> q = torch.tensor([-1.0, -2.0], dtype=torch.float64)  # lp - q = -2 for both draws
+    >>> check_exact_draws(lp, q, lp.abs(), torch.float32)
+    0.0
+    """
+    diff = log_joint.double() - oracle_log_prob.double().to(log_joint.device)
+    tolerance = 16.0 * max(_eps(dtype), 1e-15) * (magnitude.double().to(diff.device) + 1.0)
+    if log_normalizer is not None:
+        deviation = diff - log_normalizer.double().to(diff.device)
+        what = "differs from the log normaliser of the draw's target"
+    else:
+        finite = diff[torch.isfinite(diff)]
+        center = finite.median() if finite.numel() else torch.tensor(0.0, dtype=diff.dtype)
+        deviation = diff - center
+        tolerance = tolerance + tolerance.median()
+        what = "varies across draws"
+    bad = ~(deviation.abs() <= tolerance)
+    if not bool(bad.any()):
+        return float(deviation.abs().max()) if deviation.numel() else 0.0
+    i = int(bad.nonzero()[0, 0])
+    spread = float(deviation[bad].abs().max())
+    if custom_oracle:
+        advice = (
+            "The oracle passed as oracle= is not exact for this model (coordinates in another "
+            "order, an approximation, or a different density). Pass an approximate oracle as "
+            "guide= with correction='importance' or 'imh', which correct its draws."
+        )
+    else:
+        advice = (
+            "The enumeration oracle and the model's log density disagree: the model uses a "
+            "handler or construct AutoSpec does not reproduce. Please report it with the model; "
+            "meanwhile use pyro.infer.infer_discrete or MCMC."
+        )
+    raise SelfCheckError(
+        f"Self-check failed: log p(x, data) - log q(x) {what} by up to {spread:.3g} "
+        f"(tolerance {float(tolerance[i]):.2g} from {dtype} precision), so the draws are NOT "
+        f"exact draws of the model's posterior. Draw {i}: log p(x, data) = "
+        f"{float(log_joint[i]):.6g}, log q(x) = {float(oracle_log_prob[i]):.6g}. {advice}"
+    )
+
+
+class SelfCheck:
+    """The self-check of a whole run: every draw of every chain (or engine run) pooled.
+
+    For an exact oracle, ``log p(x, data) - log q(x)`` is one constant ``log Z`` for every draw
+    of the run, whichever chain or engine run produced it; checking each chain on its own
+    compares nothing when a chain holds one draw. Every path from a model to exact draws
+    (:class:`~pyro_autospec.infer.discrete_run.DiscreteRun`,
+    :class:`~pyro_autospec.infer.mixed_run.MixedRun`,
+    :class:`~pyro_autospec.infer.kernel.AutoSpecKernel`) adds its draws here and calls
+    :meth:`check`, which runs :func:`check_exact_draws` on all of them, through
+    :class:`~pyro_autospec.infer.draws.DrawEvaluator`.
+
+    Parameters
+    ----------
+    oracle : MarginalOracle
+        The oracle that produced the draws. If it has ``log_normalizer()`` (one ``log Z``, or
+        one per draw of a family), each draw is compared with it; otherwise the draws are
+        compared with each other.
+    custom_oracle : bool
+        Word the error for an oracle the user passed.
+    log_normalizer : float, optional
+        ``log Z`` of the draws' law when the sampler knows it (forward filtering's), used in
+        place of ``oracle.log_normalizer()``.
+    keep : int, optional
+        Pool at most this many earlier draws (the first ones) with each new batch, for a
+        sampler that checks as it goes (:class:`~pyro_autospec.infer.kernel.AutoSpecKernel`):
+        every new draw is still compared with the reference draws, in bounded memory.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Oracle:  # an exact oracle of a density with log Z = log 2
+    ...     pass
+    >>> check = SelfCheck(Oracle())
+    >>> lp = torch.tensor([-2.0], dtype=torch.float64)
+    >>> check.add(lp, lp - 0.5, lp.abs(), torch.float64)
+    >>> check.add(lp - 1.0, lp - 1.5, lp.abs(), torch.float64)  # another chain, same log Z
+    >>> check.check()
+    0.0
+    """
+
+    def __init__(
+        self,
+        oracle: Any,
+        *,
+        custom_oracle: bool = False,
+        log_normalizer: float | None = None,
+        keep: int | None = None,
+    ):
+        self.oracle = oracle
+        self.log_normalizer = log_normalizer
+        self.custom_oracle = custom_oracle
+        self.keep = keep
+        self._parts: list[tuple[torch.Tensor, ...]] = []
+        self._dtype: torch.dtype | None = None
+        self.max_error: float | None = None
+
+    def add(
+        self,
+        log_joint: torch.Tensor,
+        oracle_log_prob: torch.Tensor,
+        magnitude: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> None:
+        """Add a batch of draws (DoubleTensors[N]; ``dtype`` as in :func:`check_exact_draws`)."""
+        device = log_joint.device
+        self._parts.append(
+            (
+                log_joint.detach().double(),
+                oracle_log_prob.detach().double().to(device),
+                magnitude.detach().double().to(device),
+            )
+        )
+        if self._dtype is None or _eps(dtype) > _eps(self._dtype):
+            self._dtype = dtype
+
+    def check(self) -> float:
+        """Check every draw added so far; return the largest deviation (also ``max_error``).
+
+        Raises
+        ------
+        SelfCheckError
+            When the draws disagree (see :func:`check_exact_draws`).
+        """
+        if not self._parts:
+            return 0.0
+        device = self._parts[0][0].device
+        lp, q, magnitude = (torch.cat([p[k].to(device) for p in self._parts]) for k in range(3))
+        normalizer = getattr(self.oracle, "log_normalizer", None)
+        if self.log_normalizer is not None:
+            normalizer = torch.tensor(float(self.log_normalizer), dtype=torch.float64)
+            normalizer = normalizer.to(device)
+        elif normalizer is not None:
+            normalizer = normalizer().double().to(device)
+            if normalizer.numel() == 1:
+                normalizer = normalizer.reshape(()).expand_as(lp)
+        error = check_exact_draws(
+            lp,
+            q,
+            magnitude,
+            self._dtype,
+            log_normalizer=normalizer,
+            custom_oracle=self.custom_oracle,
+        )
+        self.max_error = error if self.max_error is None else max(self.max_error, error)
+        if self.keep is not None and lp.numel() > self.keep:
+            self._parts = [(lp[: self.keep], q[: self.keep], magnitude[: self.keep])]
+        return self.max_error

@@ -1,0 +1,96 @@
+"""One path from the engine's draws to results (infer/draws.py), taken by every exact path.
+
+``AutoSpec`` on a discrete model (by the engine or by forward filtering, backward sampling),
+``AutoSpec`` on a model with continuous sites, and ``AutoSpecKernel`` all turn their draws
+into site values, the log joint and the pooled self-check through ``DrawEvaluator``.
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import MCMC
+
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel
+from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.self_check import SelfCheck
+from pyro_autospec.model import discover_sites
+
+DATA = torch.tensor([0.3, 1.8, 2.4])
+
+
+def discrete(y):
+    g = pyro.sample("g", dist.Categorical(torch.tensor([0.3, 0.3, 0.4])))
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z + g.float(), 0.8), obs=y)
+
+
+def mixed(y):
+    loc = pyro.sample("loc", dist.Normal(0.0, 2.0))
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(loc + z, 0.8), obs=y)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the batches evaluated and the pooled checks run by ``DrawEvaluator``."""
+    counts = {"evaluate": 0, "check": 0}
+    evaluate, check = DrawEvaluator.evaluate, DrawEvaluator.check
+
+    def counting_evaluate(self, *args, **kwargs):
+        counts["evaluate"] += 1
+        return evaluate(self, *args, **kwargs)
+
+    def counting_check(self):
+        counts["check"] += 1
+        return check(self)
+
+    monkeypatch.setattr(DrawEvaluator, "evaluate", counting_evaluate)
+    monkeypatch.setattr(DrawEvaluator, "check", counting_check)
+    return counts
+
+
+@pytest.mark.parametrize("sampler", ["engine", "ffbs"])
+def test_autospec_discrete_takes_the_one_path(calls, sampler):
+    fit = AutoSpec(
+        discrete, num_samples=5, num_chains=3, seed=0, sampler=sampler, disable_progbar=True
+    ).run(DATA)
+    assert calls == {"evaluate": 3, "check": 1}  # a batch per chain, one pooled check
+    assert fit.diagnostics()["sampler"] == ("ffbs" if sampler == "ffbs" else "autospec")
+    assert fit._run.max_self_check_error is not None
+
+
+def test_autospec_mixed_takes_the_one_path(calls):
+    fit = AutoSpec(
+        mixed, num_samples=4, num_chains=2, warmup_steps=4, seed=0, disable_progbar=True
+    ).run(DATA)
+    assert calls == {"evaluate": 1, "check": 1}  # every chain's draws in one engine run
+    assert fit._run.max_self_check_error is not None
+
+
+def test_kernel_takes_the_one_path(calls):
+    kernel = AutoSpecKernel(discrete, seed=0, draws_per_run=4)
+    MCMC(kernel, num_samples=10, warmup_steps=0, disable_progbar=True).run(DATA)
+    # 11 draws (the first state too) in runs of 4: three engine runs, each checked as it comes
+    assert calls == {"evaluate": 3, "check": 3}
+    assert kernel.max_self_check_error is not None
+
+
+def test_evaluated_draws_carry_values_log_joint_and_weights():
+    layout = discover_sites(discrete, (DATA,))
+    coords = torch.tensor([[0, 0, 0, 0], [2, 1, 1, 1]])
+    oracle_lp = torch.tensor([-1.0, -2.0])
+
+    class Oracle:  # a stand-in: the check below compares the draws with each other
+        pass
+
+    draws = DrawEvaluator(discrete, (DATA,), {}, layout, self_check=SelfCheck(Oracle()))
+    out = draws.evaluate(coords, oracle_lp)
+    assert out.values["g"].tolist() == [0, 2] and out.values["z"].tolist() == [[0.0] * 3, [1.0] * 3]
+    assert out.lp.dtype == torch.float64 and out.lp.shape == (2,)
+    assert torch.equal(out.log_weight, out.lp - oracle_lp.double())
+    assert set(out.joint.pointwise) == {"y"}
