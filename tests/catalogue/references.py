@@ -87,3 +87,24 @@ def curie_weiss_log_prob(n, beta, h):
         return beta * m * m / (2 * n) + h * m
 
     return log_prob
+
+
+def pairwise_chain_log_prob(unary, pairwise):
+    """``sum_i unary[i, x_i] + sum_i pairwise[i, x_i, x_{i + 1}]`` (PairwiseChainOracle)."""
+
+    def log_prob(x):
+        total = sum(float(unary[i, v]) for i, v in enumerate(x))
+        return total + sum(float(pairwise[i, a, b]) for i, (a, b) in enumerate(zip(x, x[1:])))
+
+    return log_prob
+
+
+def posterior_log_prob(model, args, layout):
+    """``log p(x | data)`` of a Pyro model's discrete sites by
+    :func:`~pyro_autospec.model.enumerate_posterior` (a sum over every assignment), as a
+    function of a tuple of support indices; ``-inf`` outside the sites' supports."""
+    from pyro_autospec.model import enumerate_posterior
+
+    states, log_probs = enumerate_posterior(model, args, layout=layout)
+    table = {tuple(s.tolist()): float(lp) for s, lp in zip(states, log_probs, strict=True)}
+    return lambda x: table.get(tuple(int(v) for v in x), -math.inf)
