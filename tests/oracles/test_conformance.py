@@ -273,6 +273,11 @@ def test_chain_then_rows_are_the_rows_after_the_chain(case):
     out, after = oracle.log_marginals_chain_then(values, mask, chain, then)
     assert out.shape == (NUM_QUERIES, n, q) and after.shape == (NUM_QUERIES, 3, q)
     real = torch.arange(n) < lengths[:, None]
+    grown, by_rows = mask.clone(), []
+    for j in range(n):
+        by_rows.append(rows_at(oracle, values, grown, chain[:, j : j + 1])[:, 0])
+        grown = grown.scatter(1, chain[:, j : j + 1], True)
+    assert_rows_close(out, torch.stack(by_rows, 1), real)
     if has_chain_marginals(oracle):
         assert_rows_close(out, oracle.log_marginals_chain(values, mask, chain), real)
     pinned = mask.scatter(1, chain, True)
@@ -311,12 +316,21 @@ def test_sampler_log_prob_is_the_chain_rule(case):
     """``sample_any_order`` draws by the oracle's chain rule in a random order per draw: each
     draw's ``log_prob`` is the chain rule along its order (the joint, for an exact oracle)."""
     entry, oracle = case
+    n, q = oracle.num_coords, oracle.num_values
     result = sample_any_order(oracle, 6, seed=0)
-    assert result.samples.shape == (6, oracle.num_coords)
+    assert result.samples.shape == (6, n)
+    states = torch.tensor(list(itertools.product(range(q), repeat=n)))
+    atol = tolerance(rows_at(oracle, states[:1], states[:1] < 0, states[:1, :1]))
     for b in range(6):
         expected = chain_rule(oracle, result.samples[b : b + 1], result.orders[b].tolist())
         assert expected.item() > -torch.inf
-        torch.testing.assert_close(result.log_prob[b : b + 1], expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(result.log_prob[b : b + 1], expected, atol=atol, rtol=0)
+    if entry.consistent and entry.log_prob is not None:
+        log_prob = entry.log_prob(oracle)
+        joint = torch.tensor([log_prob(tuple(x)) for x in states.tolist()], dtype=torch.float64)
+        joint = joint - torch.logsumexp(joint, 0)
+        index = (result.samples * q ** torch.arange(n - 1, -1, -1)).sum(1)
+        torch.testing.assert_close(result.log_prob, joint[index], atol=1e-9, rtol=0)
 
 
 # ------------------------------------------------------------------------ the checks have power
