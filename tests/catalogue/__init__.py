@@ -7,12 +7,15 @@ tests share lives here, one module per kind of thing:
     Small tabular targets (``TARGETS``: name -> log-weight table) for the engine's tests.
 ``references``
     Slow, obviously correct log probabilities of the structured oracles' laws
-    (``chain_log_prob``, ``hmm_log_prob``, ``potts_log_prob``, ``dpp_log_prob``,
-    ``spanning_tree_log_prob``, ``curie_weiss_log_prob``), functions of a tuple of values.
+    (``chain_log_prob``, ``hmm_log_prob``, ``pairwise_chain_log_prob``, ``potts_log_prob``,
+    ``dpp_log_prob``, ``spanning_tree_log_prob``, ``curie_weiss_log_prob``) and of a Pyro
+    model's posterior (``posterior_log_prob``), functions of a tuple of values.
 ``oracles``
     Factories of random oracles and their parameters (``random_hmm``, ``random_forest``,
-    ``random_kernel``) and ``CONFORMANCE``: one line per oracle the library ships (and per user
-    oracle of ``tests/engine/_user_oracles.py``), each built small, for the conformance suite
+    ``random_kernel``), Pyro-free.
+``conformance``
+    ``CONFORMANCE``: one line per oracle the library ships (and per user oracle of
+    ``tests/engine/_user_oracles.py``), each built small, for the conformance suite
     ``tests/oracles/test_conformance.py``. A new oracle is tested by adding one line there.
 ``models``
     Pyro models shared by test modules: the exactness ``CASES`` (model, arguments, number of

@@ -1,7 +1,7 @@
 """The MarginalOracle protocol, checked the same way on every oracle of the catalogue.
 
-``tests/catalogue/oracles.py``'s ``CONFORMANCE`` builds each oracle small (one line per oracle:
-a new oracle is tested by adding a line there). For each, whatever methods it offers
+``tests/catalogue/conformance.py``'s ``CONFORMANCE`` builds each oracle small (one line per
+oracle: a new oracle is tested by adding a line there). For each, whatever methods it offers
 (``log_marginals``, ``log_marginals_at``, ``log_marginals_chain``,
 ``log_marginals_chain_then``; see :mod:`pyro_autospec.engine.protocols`):
 
@@ -35,7 +35,7 @@ from pyro_autospec.engine.protocols import (
     has_targeted_marginals,
     is_inference_safe,
 )
-from tests.catalogue.oracles import CONFORMANCE
+from tests.catalogue.conformance import CONFORMANCE
 from tests.oracles._oracle_reference import Wrapper
 
 NAMES = sorted(CONFORMANCE)
