@@ -121,7 +121,11 @@ class RandomNADE:
         total = torch.cumsum(steps, dim=1)
         pre = self._pre(values, mask).unsqueeze(1)
         out = self._heads(pre + total - steps, chain)
-        after = self._heads((pre + total[:, -1:]).expand(-1, then.shape[1], -1), then)
+        # the row after pins the chain's coordinates once: a padded chain repeats its last one
+        fresh = torch.ones_like(chain, dtype=torch.bool)
+        fresh[:, 1:] = chain[:, 1:] != chain[:, :-1]
+        pinned_chain = (steps * fresh.unsqueeze(-1)).sum(1, keepdim=True)
+        after = self._heads((pre + pinned_chain).expand(-1, then.shape[1], -1), then)
         # a ``then`` coordinate pinned by the prefix or the chain: a point mass at its value
         pinned = mask.gather(1, then) | (then.unsqueeze(2) == chain.unsqueeze(1)).any(2)
         point = torch.nn.functional.one_hot(values.gather(1, then), self.num_values).bool()

@@ -6,7 +6,7 @@ import torch
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
-from tests.engine.test_any_order import TARGETS
+from tests.catalogue.targets import TARGETS
 from tests.stats import assert_samples_match, state_index
 
 

@@ -24,7 +24,7 @@ from pyro_autospec.oracles import (
     TreePottsOracle,
 )
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
-from tests.engine.test_any_order import TARGETS
+from tests.catalogue.targets import TARGETS
 
 
 def _oracles() -> dict:

@@ -16,26 +16,10 @@ from pyro_autospec.guides.diffusion import DiffusionGuide
 from pyro_autospec.infer.continuous import sample_continuous
 from pyro_autospec.model import AutoSpecModelError, UnsupportedSiteError
 from pyro_autospec.oracles.denoisers import GaussianDenoiser
+from tests.catalogue.models import conjugate_model, exact_posterior
 
 P_THRESHOLD = 2e-5
 K_SIGMA = 5.0
-OBS_SD = 0.5
-
-
-def model(y):
-    """Conjugate: loc ~ N(0, I_2), log(scale) ~ N(0, 1), y | . ~ N((loc, log scale), 0.5^2)."""
-    loc = pyro.sample("loc", dist.Normal(torch.zeros(2), 1.0).to_event(1))
-    scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
-    with pyro.plate("data", y.shape[0]):
-        pyro.sample("y_loc", dist.Normal(loc, OBS_SD).to_event(1), obs=y[:, :2])
-        pyro.sample("y_log", dist.Normal(scale.log(), OBS_SD), obs=y[:, 2])
-
-
-def exact_posterior(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and covariance of (loc, log scale) given y: Tensor[3], Tensor[3, 3] (float64)."""
-    precision = 1.0 + y.shape[0] / OBS_SD**2
-    mean = y.double().sum(0) / OBS_SD**2 / precision
-    return mean, torch.eye(3, dtype=torch.float64) / precision
 
 
 def chain_moments(times: np.ndarray, mean: np.ndarray, cov: np.ndarray):
@@ -59,7 +43,7 @@ def data():
 
 @pytest.mark.parametrize("method", ["autospec", "sequential"])
 def test_exact_denoiser_through_guide_matches_chain_law(data, method):
-    guide = DiffusionGuide(model, (data,), hidden_dim=8, num_steps=32, delta=1e-2)
+    guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=32, delta=1e-2)
     mean, cov = exact_posterior(data)
     oracle = GaussianDenoiser(mean, cov)
     num = 1500
@@ -84,7 +68,7 @@ def test_exact_denoiser_through_guide_matches_chain_law(data, method):
 
 
 def test_oracle_protocol_shapes_and_untrained_gaussian(data):
-    guide = DiffusionGuide(model, (data,), hidden_dim=8, num_steps=16)
+    guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=16)
     oracle = guide.oracle(data)
     assert isinstance(oracle, MeanOracle) and oracle.dim == 3 == guide.dim
     t = torch.tensor([0.0, 0.5, 100.0])
@@ -97,11 +81,11 @@ def test_oracle_protocol_shapes_and_untrained_gaussian(data):
 
 
 def test_save_load_identical_outputs(data, tmp_path):
-    guide = DiffusionGuide(model, (data,), hidden_dim=8, num_steps=16)
+    guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=16)
     guide.fit_simulation(128, num_iterations=10, batch_size=32, seed=0, disable_progbar=True)
     path = tmp_path / "guide.pt"
     guide.save(str(path))
-    loaded = DiffusionGuide.load(str(path), model, (data,))
+    loaded = DiffusionGuide.load(str(path), conjugate_model, (data,))
     t, x = torch.rand(5) * 10, torch.randn(5, 3)
     assert torch.equal(guide.oracle(data)(t, x), loaded.oracle(data)(t, x))
     first = sample_continuous(guide, 20, data, seed=3)
@@ -110,13 +94,13 @@ def test_save_load_identical_outputs(data, tmp_path):
         assert torch.equal(first.samples[name], second.samples[name])
     assert loaded.loss_history == guide.loss_history
     # plain state_dict round trip
-    fresh = DiffusionGuide(model, (data,), hidden_dim=8, num_steps=16)
+    fresh = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=16)
     fresh.load_state_dict(guide.state_dict())
     assert torch.equal(fresh.oracle(data)(t, x), guide.oracle(data)(t, x))
 
 
 def test_fit_to_samples_moves_towards_the_samples(data):
-    guide = DiffusionGuide(model, (data,), hidden_dim=16, num_steps=16)
+    guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=16, num_steps=16)
     draws = {
         "loc": torch.full((256, 2), 2.0) + 0.1 * torch.randn(256, 2),
         "scale": torch.full((256,), 3.0),
@@ -142,7 +126,7 @@ def test_errors(data):
 
     with pytest.raises(UnsupportedSiteError, match="no continuous latent sites"):
         DiffusionGuide(discrete_only, (torch.tensor(0.0),))
-    guide = DiffusionGuide(model, (data,), hidden_dim=8, num_steps=16)
+    guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=16)
     with pytest.raises(AutoSpecModelError, match="same shapes"):
         sample_continuous(guide, 5, torch.zeros(7, 3))
     with pytest.raises(TypeError, match="model_kwargs"):

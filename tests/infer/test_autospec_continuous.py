@@ -5,7 +5,7 @@ import torch
 
 from pyro_autospec import AutoSpec
 from pyro_autospec.guides import DiffusionGuide
-from tests.guides.test_diffusion_guide import model
+from tests.catalogue.models import conjugate_model
 
 
 @pytest.fixture(scope="module")
@@ -15,9 +15,9 @@ def data():
 
 @pytest.fixture(scope="module")
 def autospec(data):
-    guide = DiffusionGuide(model, (data,), num_steps=64)
+    guide = DiffusionGuide(conjugate_model, (data,), num_steps=64)
     return AutoSpec(
-        model, num_samples=40, num_chains=2, guide=guide, seed=0, disable_progbar=True
+        conjugate_model, num_samples=40, num_chains=2, guide=guide, seed=0, disable_progbar=True
     ).run(data)
 
 
@@ -44,6 +44,6 @@ def test_summary_diagnostics_and_arviz(autospec, capsys):
 
 
 def test_corrections_need_a_density(data):
-    guide = DiffusionGuide(model, (data,), num_steps=16)
+    guide = DiffusionGuide(conjugate_model, (data,), num_steps=16)
     with pytest.raises(ValueError, match="no tractable density"):
-        AutoSpec(model, num_samples=4, guide=guide, correction="importance").run(data)
+        AutoSpec(conjugate_model, num_samples=4, guide=guide, correction="importance").run(data)

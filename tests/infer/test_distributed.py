@@ -2,7 +2,7 @@
 the single-process run with the same seed (discrete-only and mixed models), ``seed=None``
 takes rank 0's seeds, and a missing process group raises a clear error before any work.
 
-The ranks are spawned once for the module (``run_ranks`` of the engine's distributed tests).
+The ranks are spawned once for the module (``run_ranks`` of ``tests/catalogue/distributed.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from pyro_autospec.infer import AutoSpec
-from tests.engine.test_distributed import WORLD, attempt, run_ranks
+from tests.catalogue.distributed import WORLD, attempt, run_ranks
 from tests.infer._mixed_models import MIXTURE_DATA, mixture
 
 DATA = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])

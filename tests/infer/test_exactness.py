@@ -4,72 +4,16 @@ Fixed seeds, scipy p-values, failure rate 2e-5 per test, >= 30 expected counts p
 with fewer are pooled into one bin; a test raises rather than passes when bins are too thin).
 """
 
-import pyro
-import pyro.distributions as dist
 import pytest
 import scipy.stats
 import torch
 
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model import enumerate_posterior
+from tests.catalogue.models import CASES
 
 ALPHA = 2e-5
 MIN_EXPECTED = 30.0
-
-
-def ising_model(y, rows=2, cols=3, coupling=0.6, sigma=0.8):
-    """A noisy Ising image: one Bernoulli site per pixel, pairwise factors, Gaussian pixels."""
-    spins = {}
-    for i in range(rows):
-        for j in range(cols):
-            z = pyro.sample(f"z_{i}_{j}", dist.Bernoulli(0.5))
-            spins[i, j] = 2.0 * z - 1.0
-            pyro.sample(f"y_{i}_{j}", dist.Normal(spins[i, j], sigma), obs=y[i, j])
-            if i > 0:
-                pyro.factor(f"h_{i}_{j}", coupling * spins[i, j] * spins[i - 1, j])
-            if j > 0:
-                pyro.factor(f"v_{i}_{j}", coupling * spins[i, j] * spins[i, j - 1])
-
-
-def hmm_model(ys):
-    trans = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
-    locs = torch.tensor([-1.0, 0.5, 2.0])
-    z = 0
-    for t in pyro.markov(range(len(ys))):
-        z = pyro.sample(f"z_{t}", dist.Categorical(trans[z]))
-        pyro.sample(f"y_{t}", dist.Normal(locs[z], 1.0), obs=ys[t])
-
-
-def mixed_model(y):
-    a = pyro.sample("a", dist.Bernoulli(0.3))
-    c = pyro.sample("c", dist.Categorical(torch.tensor([0.1, 0.2, 0.3, 0.4])))
-    b = pyro.sample("b", dist.Binomial(2, 0.5))
-    pyro.sample("y", dist.Normal(a + c - b, 1.0), obs=y)
-
-
-def plated_model(y):
-    g = pyro.sample("g", dist.Categorical(torch.tensor([0.4, 0.6])))
-    probs = torch.tensor([0.2, 0.7])[g]
-    with pyro.plate("data", len(y)):
-        local = pyro.sample("local", dist.Bernoulli(probs))
-        pyro.sample("y", dist.Normal(local + g, 0.8), obs=y)
-
-
-def onehot_model(y):
-    w = pyro.sample("w", dist.Bernoulli(0.6))
-    with pyro.plate("p", 2):
-        z = pyro.sample("z", dist.OneHotCategorical(torch.tensor([0.2, 0.5, 0.3])))
-        mean = (z * torch.tensor([-1.0, 0.0, 1.5])).sum(-1) + w
-        pyro.sample("y", dist.Normal(mean, 0.7), obs=y)
-
-
-CASES = {
-    "ising_2x3": (ising_model, (torch.tensor([[0.9, -0.2, 1.1], [0.3, -1.0, 0.5]]),), 3000),
-    "hmm_markov": (hmm_model, (torch.tensor([-0.5, 0.3, 2.2, 1.0]),), 3000),
-    "mixed_supports": (mixed_model, (torch.tensor(1.3),), 2000),
-    "plated_global_local": (plated_model, (torch.tensor([0.1, 1.4, 1.9]),), 2000),
-    "onehot": (onehot_model, (torch.tensor([1.2, -0.4]),), 2000),
-}
 
 
 def chi_square_p_value(draws, states, log_prob):

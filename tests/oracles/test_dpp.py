@@ -7,6 +7,8 @@ import pyro_autospec.oracles.dpp as dpp_module
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.oracles._util import work_entries
 from pyro_autospec.oracles.dpp import DPPOracle
+from tests.catalogue.oracles import random_kernel
+from tests.catalogue.references import dpp_log_prob
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -16,34 +18,6 @@ from tests.oracles._oracle_reference import (
     tabular_reference,
 )
 from tests.stats import assert_samples_match
-
-
-def dpp_log_prob(kernel):
-    n = kernel.shape[0]
-
-    def log_prob(x):
-        # P(X = A) = |det(K - diag(1 - x))|
-        d = torch.tensor([0.0 if v else 1.0 for v in x], dtype=torch.float64)
-        p = abs(float(torch.linalg.det(kernel - torch.diag(d))))
-        return math.log(p) if p > 1e-14 else -math.inf
-
-    assert len(range(n)) == n
-    return log_prob
-
-
-def random_kernel(n, seed, projection_rank=None, rank=None):
-    """A random marginal kernel: full rank, a projection of rank ``projection_rank``, or of
-    rank ``rank`` with eigenvalues in (0.05, 0.95)."""
-    gen = torch.Generator().manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    if projection_rank is not None:
-        eig = (torch.arange(n) < projection_rank).double()
-    elif rank is not None:
-        eig = 0.05 + 0.9 * torch.rand(n, generator=gen, dtype=torch.float64)
-        eig = torch.where(torch.arange(n) < rank, eig, 0.0)
-    else:
-        eig = torch.rand(n, generator=gen, dtype=torch.float64)
-    return (q * eig) @ q.T
 
 
 def impossible_by_reference(oracle, values, mask):

@@ -19,13 +19,16 @@ from pyro_autospec.oracles import (
     TabularOracle,
     TreePottsOracle,
 )
+from tests.catalogue.oracles import random_hmm, random_kernel
+from tests.catalogue.references import (
+    chain_log_prob,
+    curie_weiss_log_prob,
+    dpp_log_prob,
+    hmm_log_prob,
+    potts_log_prob,
+    spanning_tree_log_prob,
+)
 from tests.oracles._oracle_reference import enumerate_joint
-from tests.oracles.test_curie_weiss import curie_weiss_log_prob
-from tests.oracles.test_dpp import dpp_log_prob, random_kernel
-from tests.oracles.test_hmm import hmm_log_prob, random_hmm
-from tests.oracles.test_markov import chain_log_prob
-from tests.oracles.test_spanning_tree import spanning_tree_log_prob
-from tests.oracles.test_tree_potts import potts_log_prob
 from tests.stats import assert_samples_match
 
 NUM_SAMPLES = 2000

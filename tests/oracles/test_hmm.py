@@ -6,6 +6,8 @@ import torch
 
 from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle
+from tests.catalogue.oracles import random_hmm
+from tests.catalogue.references import hmm_log_prob
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -13,30 +15,6 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
-
-
-def hmm_log_prob(initial, transition, emissions):
-    init = (initial / initial.sum()).log()
-    trans = (transition / transition.sum(1, keepdim=True)).log()
-
-    def log_prob(x):
-        total = init[x[0]] + emissions[0, x[0]]
-        for i in range(1, len(x)):
-            total = total + trans[x[i - 1], x[i]] + emissions[i, x[i]]
-        return float(total)
-
-    return log_prob
-
-
-def random_hmm(n, q, seed, zeros=False, scale=2.0):
-    gen = torch.Generator().manual_seed(seed)
-    initial = torch.rand(q, generator=gen, dtype=torch.float64)
-    transition = torch.rand(q, q, generator=gen, dtype=torch.float64)
-    emissions = torch.randn(n, q, generator=gen, dtype=torch.float64) * scale
-    if zeros:
-        transition[0, 1] = 0.0
-        emissions[n // 2, 0] = -math.inf
-    return initial, transition, emissions
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,8 @@ import pyro_autospec.oracles.markov as markov_module
 from pyro_autospec.oracles import ExactOracle
 from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
+from tests.catalogue.oracles import random_hmm
+from tests.catalogue.references import chain_log_prob
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -15,20 +17,6 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
-from tests.oracles.test_hmm import random_hmm
-
-
-def chain_log_prob(initial, transition):
-    init = initial / initial.sum()
-    trans = transition / transition.sum(1, keepdim=True)
-
-    def log_prob(x):
-        p = init[x[0]]
-        for a, b in zip(x[:-1], x[1:], strict=False):
-            p = p * trans[a, b]
-        return math.log(p) if p > 0 else -math.inf
-
-    return log_prob
 
 
 @pytest.mark.parametrize("n,q,zeros", [(1, 3, False), (2, 2, False), (6, 3, True), (7, 2, False)])

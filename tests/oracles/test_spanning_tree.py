@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
+from tests.catalogue.references import spanning_tree_log_prob
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -12,29 +13,6 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
-
-
-def spanning_tree_log_prob(num_nodes, edges, weights):
-    def log_prob(x):
-        chosen = [k for k, v in enumerate(x) if v]
-        if len(chosen) != num_nodes - 1:
-            return -math.inf
-        parent = list(range(num_nodes))
-
-        def find(a):
-            while parent[a] != a:
-                a = parent[a]
-            return a
-
-        for k in chosen:
-            u, v = find(edges[k][0]), find(edges[k][1])
-            if u == v:
-                return -math.inf  # a cycle
-            parent[u] = v
-        return sum(math.log(weights[k]) for k in chosen)
-
-    return log_prob
-
 
 GRAPHS = {
     "triangle": (3, [(0, 1), (1, 2), (0, 2)]),

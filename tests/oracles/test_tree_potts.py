@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from pyro_autospec.oracles.tree_potts import TreePottsOracle
+from tests.catalogue.oracles import random_forest
+from tests.catalogue.references import potts_log_prob
 from tests.oracles._oracle_reference import (
     Wrapper,
     assert_chain_matches_rows,
@@ -12,17 +14,6 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
-
-
-def potts_log_prob(edges, table, fields):
-    def log_prob(x):
-        total = sum(float(fields[i, v]) for i, v in enumerate(x))
-        for k, (u, v) in enumerate(edges):
-            total += float(table[k, x[u], x[v]])
-        return total
-
-    return log_prob
-
 
 FORESTS = {
     "single_node": (1, []),
@@ -109,22 +100,6 @@ def test_batch_of_one_and_deep_tree():
 def test_constructor_errors(args, message):
     with pytest.raises(ValueError, match=message):
         TreePottsOracle(*args)
-
-
-def random_forest(n, seed, q, hard, forest=False):
-    """A random recursive tree (or forest) with random tables, ``-inf`` entries if ``hard``."""
-    gen = torch.Generator().manual_seed(seed)
-    edges = []
-    for i in range(1, n):
-        if forest and float(torch.rand(1, generator=gen)) < 0.1:
-            continue
-        edges.append((int(torch.randint(0, i, (), generator=gen)), i))
-    table = torch.randn(len(edges), q, q, generator=gen, dtype=torch.float64)
-    if hard:
-        table[:, 0, 1] = -math.inf
-    fields = torch.randn(n, q, generator=gen, dtype=torch.float64)
-    edges = torch.tensor(edges, dtype=torch.long).reshape(-1, 2)
-    return TreePottsOracle(edges, table, fields, num_values=q)
 
 
 # random forests (nodes, values, -inf entries, forest) and a chain length / number of targets

@@ -23,7 +23,7 @@ from pyro_autospec.engine.protocols import (
 from pyro_autospec.oracles import MarkovChainOracle, TreePottsOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 from pyro_autospec.parallel import ShardedOracle
-from tests.engine.test_distributed import (
+from tests.catalogue.distributed import (
     INIT,
     POINTS,
     SDE_TIMES,
