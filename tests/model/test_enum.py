@@ -10,6 +10,7 @@ import torch
 from pyro_autospec.engine.protocols import MarginalOracle
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
+from tests.catalogue.models import hmm_model
 
 
 def mixed_model(y):
@@ -18,15 +19,6 @@ def mixed_model(y):
     with pyro.plate("p", 2):
         b = pyro.sample("b", dist.Categorical(torch.tensor([0.2, 0.3, 0.5])))
         pyro.sample("y", dist.Normal(a + b + 0.5 * c, 1.0), obs=y)
-
-
-def hmm_model(ys):
-    trans = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
-    locs = torch.tensor([-1.0, 0.5, 2.0])
-    z = 0
-    for t in pyro.markov(range(len(ys))):
-        z = pyro.sample(f"z_{t}", dist.Categorical(trans[z]))
-        pyro.sample(f"y_{t}", dist.Normal(locs[z], 1.0), obs=ys[t])
 
 
 def onehot_model(y):
