@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from user_oracles import build_oracle  # noqa: E402
 
 from pyro_autospec.engine import keys, sample_any_order  # noqa: E402
-from pyro_autospec.engine.windows import WindowSampler  # noqa: E402
+from pyro_autospec.engine.host_plane import WindowSampler  # noqa: E402
 
 ORACLES = ["markov", "hmm", "mixture:K=8", "nade:scale=0.1", "nade:scale=2", "user_chain:n=4096"]
 

@@ -11,7 +11,7 @@ give the same draws for the same seed:
 
 * ``engine="fast"`` (default): the recursion of every draw, block and try as tensor programs
   on the oracle's device (:mod:`pyro_autospec.engine.recursion`,
-  :mod:`pyro_autospec.engine.windows`);
+  :mod:`pyro_autospec.engine.host_plane`);
 * ``engine="reference"``: plain Python generators, one per draw and try, on a round scheduler
   (:mod:`pyro_autospec.engine.reference`): slow and obviously correct.
 
@@ -33,6 +33,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.host_plane import WindowSampler
 from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
@@ -46,7 +47,6 @@ from pyro_autospec.engine.rows import (
 )
 from pyro_autospec.engine.schedule import leaf_starts, token_only
 from pyro_autospec.engine.spread import spread_draws
-from pyro_autospec.engine.windows import WindowSampler
 
 __all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
 

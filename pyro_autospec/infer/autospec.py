@@ -100,7 +100,7 @@ class AutoSpec:
     method : {"autospec", "sequential", "speculative", "agr24"}
         The engine's method for discrete sites. ``"sequential"`` is the chain-rule reference
         (``n`` rounds per draw); the last two are the baselines of
-        :mod:`pyro_autospec.engine.windows` (all exact). With a diffusion guide:
+        :mod:`pyro_autospec.engine.host_plane` (all exact). With a diffusion guide:
         ``"autospec"``, ``"sequential"`` or ``"picard"`` (approximate).
     guide : MarginalOracle or DiffusionGuide, optional
         An approximate oracle, typically a trained

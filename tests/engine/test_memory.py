@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import pyro_autospec.engine.any_order as any_order_module
+import pyro_autospec.engine.host_plane as host_plane_module
 import pyro_autospec.engine.rows as rows_module
-import pyro_autospec.engine.windows as windows_module
 from pyro_autospec.engine import keys, sample_any_order
 from pyro_autospec.engine.any_order import draw_orders
 from pyro_autospec.engine.host_rows import HostRows
@@ -86,7 +86,7 @@ class Recorder:
                 recorder.most_in_flight = max(recorder.most_in_flight, in_flight)
 
         monkeypatch.setattr(any_order_module, "OracleRows", Checked)
-        monkeypatch.setattr(windows_module, "HostRows", CheckedHost)
+        monkeypatch.setattr(host_plane_module, "HostRows", CheckedHost)
 
 
 @pytest.mark.parametrize("method", METHODS)

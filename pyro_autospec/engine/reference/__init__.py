@@ -90,4 +90,4 @@ def _schedule(problem, roots: list, method: str, knobs: dict, progress) -> tuple
     results = scheduler.run(roots)
     stats = scheduler.stats
     sample_rounds = torch.tensor(stats.sample_rounds, dtype=torch.long)
-    return results, (stats.rounds, stats.rows, sample_rounds)
+    return results, (stats.rounds, stats.oracle_rows, sample_rounds)

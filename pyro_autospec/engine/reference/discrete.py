@@ -2,7 +2,7 @@
 
 Frames are NumPy assignments ``int64[n]`` (copied whenever they change); rows are float64
 NumPy arrays. Every random number comes from the same keys as in the fast engine
-(:mod:`pyro_autospec.engine.discrete`, :mod:`pyro_autospec.engine.windows`), read one
+(:mod:`pyro_autospec.engine.discrete`, :mod:`pyro_autospec.engine.host_plane`), read one
 block or token at a time, so both engines give the same draws.
 """
 
@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.host_plane import agr24_window
 from pyro_autospec.engine.reference.scheduler import Call
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import Answer, OracleRows
-from pyro_autospec.engine.windows import agr24_window
 
 __all__ = ["Query", "ReferenceDiscrete", "token_draw"]
 

@@ -72,7 +72,7 @@ class RunStats:
     """Counters of one scheduler run."""
 
     rounds: int = 0
-    rows: int = 0
+    oracle_rows: int = 0
     sample_rounds: list[int] = field(default_factory=list)
 
 
@@ -128,7 +128,7 @@ class Scheduler:
     >>> scheduler = Scheduler(dispatch=lambda payloads: [p + 1 for p in payloads])
     >>> scheduler.run([sampler(0), sampler(1)])
     [10, 20]
-    >>> scheduler.stats.rounds, scheduler.stats.rows
+    >>> scheduler.stats.rounds, scheduler.stats.oracle_rows
     (1, 2)
     """
 
@@ -194,7 +194,7 @@ class Scheduler:
 
     @property
     def oracle_rows(self) -> int:
-        return self.stats.rows
+        return self.stats.oracle_rows
 
     def _round(self) -> None:
         tasks, calls, rows = [], [], 0
@@ -211,7 +211,7 @@ class Scheduler:
         if len(responses) != len(calls):
             raise RuntimeError("dispatch must answer every payload of the round")
         self.stats.rounds += 1
-        self.stats.rows += rows
+        self.stats.oracle_rows += rows
         for sample in {c.sample for c in calls}:
             self.stats.sample_rounds[sample] += 1
         for task, response in zip(tasks, responses):

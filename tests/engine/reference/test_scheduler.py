@@ -54,7 +54,7 @@ def test_cancelled_threads_stop_querying():
         rho=3.0, accept=lambda i: True, delays=lambda i: 2 if i == 1 else 100
     )
     assert winner == 1 and launched == [1, 2, 3]
-    assert stats.rounds == 2 and stats.rows == 6
+    assert stats.rounds == 2 and stats.oracle_rows == 6
 
 
 def test_row_cap_queues_calls():
@@ -64,5 +64,5 @@ def test_row_cap_queues_calls():
 
     scheduler = Scheduler(lambda p: [None] * len(p), max_rows_per_round=5)
     assert scheduler.run([sampler(k) for k in range(4)]) == [0, 1, 2, 3]
-    assert scheduler.stats.rounds == 4 and scheduler.stats.rows == 12
+    assert scheduler.stats.rounds == 4 and scheduler.stats.oracle_rows == 12
     assert scheduler.stats.sample_rounds == [1, 1, 1, 1]
