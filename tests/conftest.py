@@ -37,3 +37,12 @@ def docs_build(tmp_path_factory):
     result.seconds = time.perf_counter() - start
     result.html = out / "html"
     return result
+
+
+@pytest.fixture
+def one_rank_group():
+    """A gloo process group of this test's process alone, for the test's length."""
+    from tests.catalogue.distributed import one_rank_group as group
+
+    with group():
+        yield

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from pyro_autospec.oracles import (
     CurieWeissOracle,
@@ -28,6 +26,7 @@ from pyro_autospec.oracles import (
     TreePottsOracle,
 )
 from pyro_autospec.parallel import ShardedOracle
+from tests.catalogue.distributed import one_rank_group
 from tests.catalogue.models import CASES
 from tests.catalogue.oracles import random_hmm, random_kernel
 from tests.catalogue.references import (
@@ -74,16 +73,6 @@ class Conformance:
 def fixed(log_prob):
     """A ``Conformance.log_prob`` that does not need the oracle."""
     return lambda oracle: log_prob
-
-
-@contextmanager
-def one_rank_group():
-    """A gloo process group of one rank (in memory), destroyed on exit."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def sharded(make):

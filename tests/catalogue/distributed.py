@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -120,3 +121,13 @@ class FamilyOracle:
             [torch.nn.functional.logsigmoid(-logit), torch.nn.functional.logsigmoid(logit)], -1
         )
         return row[:, None, :].expand(values.shape[0], self.num_coords, 2).clone()
+
+
+@contextmanager
+def one_rank_group():
+    """A gloo process group of this process alone (in memory, no ports), destroyed on exit."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -234,14 +234,6 @@ def test_local_device():
     assert local_device(torch.device("cuda", 3)) == torch.device("cuda", 3)
 
 
-@pytest.fixture
-def one_rank_group():
-    """A group of this process alone (in memory, no ports)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_one_rank_group_matches_the_plain_call(one_rank_group):
     assert require_process_group() == (0, 1)
     plain = sample_any_order(chain(), 3, seed=5)

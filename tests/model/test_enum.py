@@ -10,7 +10,7 @@ import torch
 from pyro_autospec.engine.protocols import MarginalOracle
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
-from tests.catalogue.models import hmm_model
+from tests.catalogue.models import hmm_model, onehot_model
 
 
 def mixed_model(y):
@@ -19,14 +19,6 @@ def mixed_model(y):
     with pyro.plate("p", 2):
         b = pyro.sample("b", dist.Categorical(torch.tensor([0.2, 0.3, 0.5])))
         pyro.sample("y", dist.Normal(a + b + 0.5 * c, 1.0), obs=y)
-
-
-def onehot_model(y):
-    w = pyro.sample("w", dist.Bernoulli(0.6))
-    with pyro.plate("p", 2):
-        z = pyro.sample("z", dist.OneHotCategorical(torch.tensor([0.2, 0.5, 0.3])))
-        mean = (z * torch.tensor([-1.0, 0.0, 1.5])).sum(-1) + w
-        pyro.sample("y", dist.Normal(mean, 0.7), obs=y)
 
 
 CASES = [

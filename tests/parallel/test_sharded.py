@@ -270,13 +270,6 @@ def test_group_still_works_after_errors(ranks):
 
 
 # ------------------------------------------------------------------------ one process
-@pytest.fixture
-def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_offers_only_the_methods_of_the_replica(one_rank_group):
     rows_only, targeted, chains = (
         ShardedOracle(o) for o in (RowsOnly(), Targeted(), ChainQueries())
