@@ -4,7 +4,7 @@ Model (the one of ``tutorials/05_diffusion_guides.ipynb``): a logistic regressio
 intercept and two covariates, ``w ~ N(0, I_3)``, ``y_i ~ Bernoulli(sigmoid(x_i . w))`` for
 ``--num-data`` fixed covariate rows. A :class:`~pyro_autospec.guides.diffusion.DiffusionGuide`
 is trained by simulation (prior predictive pairs, amortised), then the same guide is sampled
-on one simulated data set with ``method="autospec"`` and ``method="sequential"`` (same law:
+on one simulated data set with ``method="autospec"`` (both rules) and ``method="sequential"`` (same law:
 the guide's Euler-Maruyama chain). Prints one markdown table: rounds per draw (median, p90),
 rows per draw and wall time of each method, from one run.
 
@@ -92,13 +92,25 @@ def run(args: argparse.Namespace) -> list[dict]:
     )
     print("|---|---|---|---|---|---|---|")
     rows = []
-    for method in ("autospec", "sequential"):
+    variants = {
+        "autospec": ("autospec", {}),
+        "autospec, rule=block": ("autospec", {"rule": "block"}),
+        "sequential": ("sequential", {}),
+    }
+    for label, (method, knobs) in variants.items():
         out = sample_continuous(
-            guide, num_samples, covariates, data, method=method, seed=args.seed, log_joint=False
+            guide,
+            num_samples,
+            covariates,
+            data,
+            method=method,
+            seed=args.seed,
+            log_joint=False,
+            **knobs,
         )
         rounds = out.sample_rounds.double().numpy()
         row = {
-            "method": method,
+            "method": label,
             "median": float(np.median(rounds)),
             "p90": float(np.quantile(rounds, 0.9)),
             "rounds": out.rounds,
@@ -108,7 +120,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         }
         rows.append(row)
         print(
-            f"| {method} | {row['median']:.0f} | {row['p90']:.0f} | {row['rounds']} "
+            f"| {label} | {row['median']:.0f} | {row['p90']:.0f} | {row['rounds']} "
             f"| {row['rows']:.1f} | {row['wall']:.2f} | {row['mean']} |"
         )
     return rows

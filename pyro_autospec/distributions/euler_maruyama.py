@@ -48,7 +48,7 @@ class EulerMaruyamaPath(TorchDistribution):
     validate_args : bool, optional
         Check that scored paths start at ``x0``.
     **sampler_options
-        Further keyword arguments of :func:`~pyro_autospec.sample_sde` (``rho``,
+        Further keyword arguments of :func:`~pyro_autospec.sample_sde` (``rule``,
         ``max_block``, ``device``, ``dtype``, ...).
 
     Attributes

@@ -6,10 +6,13 @@ The target is the law of the Euler-Maruyama chain of ``dX = b(t, X) dt + s dB`` 
     X_{k+1} = X_k + b(t_k, X_k) h_k + s sqrt(h_k) xi_k,    xi_k ~ N(0, I_d).
 
 Sequentially that is ``N`` rounds: every step needs the drift at the state the previous step
-produced. Autospeculation drafts whole blocks of steps with the drift frozen at their start,
-verifies a draft in ONE round (the drifts along the drafted path) and repairs rejections with
-exact residual tries raced by index (:doc:`/diffusion`). The output is EXACTLY the sequential
-chain's law; parallelism only changes the number of rounds.
+produced. Autospeculation drafts windows of steps with the drift frozen and verifies a draft
+in ONE round (the drifts along the drafted path). By default (``rule="token"``,
+:mod:`pyro_autospec.engine.euler_tokens`) it keeps the drafted steps one by one and redraws
+the first failed step from the residual, on the host control plane; ``rule="block"`` accepts
+whole blocks and repairs rejections with exact residual tries raced by index
+(:doc:`/diffusion`). The output is EXACTLY the sequential chain's law; parallelism only
+changes the number of rounds.
 
 For stochastic localization (:func:`sample_diffusion`) the drift is the denoiser
 ``f(t, x) = E[Y | t Y + B_t = x]``, ``X_0 = 0``, ``s = 1`` and the sample is ``X_T / T``.
@@ -17,7 +20,8 @@ For stochastic localization (:func:`sample_diffusion`) the drift is the denoiser
 Methods: ``"autospec"``, ``"sequential"`` (one step per round, the reference) and ``"picard"``
 (ParaDiGMS-style sliding-window fixed-point iteration; approximate, it reports its error
 against the sequential path driven by the same noise), all with the same counting of rounds
-and rows. Engines: ``"fast"`` (tensor programs, :mod:`pyro_autospec.engine.euler`) and
+and rows. Engines: ``"fast"`` (:mod:`pyro_autospec.engine.euler_tokens` and the tensor
+programs of :mod:`pyro_autospec.engine.euler`) and
 ``"reference"`` (generators, :mod:`pyro_autospec.engine.reference.euler`), with the same keyed
 noise, so the same draws.
 
@@ -56,6 +60,7 @@ from pyro_autospec.engine.euler import (
     picard,
     sequential,
 )
+from pyro_autospec.engine.euler_tokens import sample_tokens, token_policy
 from pyro_autospec.engine.methods import DIFFUSION, resolve_knobs
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_euler
@@ -124,30 +129,28 @@ def _float64_on(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 
-#: The diffusion defaults of ``"autospec"``'s knobs.
-AUTOSPEC_DEFAULTS = {"rho": 1.0, "max_block": None}
+#: The diffusion defaults of ``"autospec"``'s knobs (``None``: chosen by the rule, see
+#: :func:`_knobs`).
+AUTOSPEC_DEFAULTS = {"rule": "token", "max_block": None, "min_block": None, "rho": None}
+RULES = ("token", "block")
 
 
-def _knobs(method, scale, given: dict) -> dict:
-    """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise)."""
+def token_max_block(num_steps: int) -> int:
+    """The token rule's default largest window for ``N = num_steps``: ``max(8, 2 sqrt N)``
+    (as on ``[q]^n``)."""
+    return max(8, int(round(2 * math.sqrt(num_steps))))
+
+
+def _knobs(method, scale, given: dict, num_steps: int) -> dict:
+    """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise), with
+    the rule's defaults filled in, so that the result records the schedule that ran."""
     if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
         raise ValueError(
             f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
         )
     knobs = resolve_knobs(method, DIFFUSION, AUTOSPEC_DEFAULTS, given)
-    rho = knobs.get("rho", 1.0)
-    if not (
-        rho == "adaptive"
-        or callable(rho)
-        or (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho))
-    ):
-        raise ValueError(
-            f"rho must be a positive float (thread batch growth 1 + rho), 'adaptive' or a "
-            f"callable rho(block_size, log_ratio) -> float; got {rho!r}"
-        )
-    max_block = knobs.get("max_block")
-    if max_block is not None and (not isinstance(max_block, (int, np.integer)) or max_block < 1):
-        raise ValueError(f"max_block must be a positive int or None, got {max_block!r}")
+    if method == "autospec":
+        _autospec_knobs(knobs, num_steps)
     if method == "picard":
         window, tolerance = knobs["window"], knobs["tolerance"]
         if not isinstance(window, (int, np.integer)) or window < 1:
@@ -162,6 +165,50 @@ def _knobs(method, scale, given: dict) -> dict:
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
     return knobs
+
+
+def _autospec_knobs(knobs: dict, num_steps: int) -> None:
+    """Check ``"autospec"``'s knobs for its rule and fill in the rule's defaults."""
+    rule = knobs["rule"]
+    if rule not in RULES:
+        raise ValueError(
+            f"rule must be 'token' (step by step, the default) or 'block' (blocks of steps "
+            f"with residual races); got {rule!r}"
+        )
+    max_block = knobs["max_block"]
+    if max_block is not None and (
+        not isinstance(max_block, (int, np.integer)) or isinstance(max_block, bool) or max_block < 1
+    ):
+        raise ValueError(f"max_block must be a positive int or None, got {max_block!r}")
+    if rule == "token":
+        if knobs["rho"] is not None:
+            raise ValueError(
+                "rho sets the residual races of rule='block'; the token rule (the default) "
+                "races nothing. Pass rule='block' with rho, or drop rho"
+            )
+        min_block = 2 if knobs["min_block"] is None else knobs["min_block"]
+        if not isinstance(min_block, (int, np.integer)) or min_block < 1:
+            raise ValueError(f"min_block must be a positive int, got {min_block!r}")
+        knobs.update(
+            max_block=int(max_block or token_max_block(num_steps)), min_block=int(min_block)
+        )
+        return
+    if knobs["min_block"] is not None:
+        raise ValueError(
+            "min_block sets the token rule's smallest window; rule='block' tiles the chain "
+            "into blocks of at most max_block steps. Drop min_block, or use rule='token'"
+        )
+    rho = 1.0 if knobs["rho"] is None else knobs["rho"]
+    if not (
+        rho == "adaptive"
+        or callable(rho)
+        or (isinstance(rho, (int, float)) and rho > 0 and math.isfinite(rho))
+    ):
+        raise ValueError(
+            f"rho must be a positive float (thread batch growth 1 + rho), 'adaptive' or a "
+            f"callable rho(block_size, log_ratio) -> float; got {rho!r}"
+        )
+    knobs["rho"] = rho
 
 
 def _check_num_samples(num_samples) -> int:
@@ -189,6 +236,11 @@ def _run(s: _Settings) -> SampleResult:
     error = None
     if s.engine == "reference":
         out = run_euler(chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress)
+    elif s.method == "autospec" and s.knobs["rule"] == "token":
+        policy = token_policy(s.knobs)
+        out = sample_tokens(
+            chain, evaluate, x0, draw_keys, policy, s.return_paths, cap, concurrent, s.progress
+        )
     elif s.method == "autospec":
         max_block = s.knobs["max_block"] or n
         problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)
@@ -346,15 +398,21 @@ def sample_sde(
           requests go first), ``max_rows_per_call`` (cut each round into oracle calls of at
           most this many rows, for memory; still one round) and ``max_concurrent_draws``
           (continuous batching: new draws start as earlier ones finish).
-        * ``"autospec"``: ``rho`` (float, ``"adaptive"`` or callable; default 1): residual
-          threads are launched in batches of indices ``ceil((1 + rho)^r) <= i <
-          ceil((1 + rho)^(r + 1))``; larger ``rho`` means fewer rounds and more rows.
-          ``"adaptive"`` sets it per rejected draft from the draft's log ratio ``l``:
-          ``clip(1 / (1 - exp(l)) - 1, 1, 4)`` (about ``1 / TV`` tries at once: shorter tails
-          of rounds, 2 to 3 times the rows); a callable ``rho(block_size, log_ratio) ->
-          float`` is also accepted. ``max_block`` (int, default none): blocks with more steps
-          than this are split without drafting (saves the verification of drafts that would
-          almost surely be rejected).
+        * ``"autospec"``: ``rule`` (``"token"``, the default, or ``"block"``).
+          ``"token"`` verifies windows of frozen-drift steps step by step and redraws the first
+          failed step by the reflection coupling (:mod:`~pyro_autospec.engine.euler_tokens`):
+          one window per round, sized from the draw's past between ``min_block`` (default 2)
+          and ``max_block`` (default ``max(8, 2 sqrt N)``). ``"block"`` accepts or rejects
+          whole blocks and repairs rejections with residual races: ``rho`` (float,
+          ``"adaptive"`` or callable; default 1): residual threads are launched in batches of
+          indices ``ceil((1 + rho)^r) <= i < ceil((1 + rho)^(r + 1))``; larger ``rho`` means
+          fewer rounds and more rows. ``"adaptive"`` sets it per rejected draft from the
+          draft's log ratio ``l``: ``clip(1 / (1 - exp(l)) - 1, 1, 4)`` (about ``1 / TV``
+          tries at once: shorter tails of rounds, 2 to 3 times the rows); a callable
+          ``rho(block_size, log_ratio) -> float`` is also accepted. ``max_block`` (int,
+          default none): blocks with more steps than this are split without drafting.
+          ``max_block`` and ``min_block`` change which random numbers the draws read (not
+          their law); the other knobs change rounds and rows only.
         * ``"picard"``: ``window`` (default 16), the steps updated per iteration, and
           ``tolerance`` (default 0.1): a step is converged when ``|X_new - X_old|^2 / (d s^2
           h_k) <= tolerance^2`` (as in ParaDiGMS).
@@ -379,8 +437,10 @@ def sample_sde(
 
     ``log dmu_S/dnu_S = sum_{a<k<b} [<b_k - b_a, dX_k> - (|b_k|^2 - |b_a|^2) h_k / 2] / s^2``.
 
-    On rejection, exact tries (left half, then right half) race as threads and the smallest
-    accepted index wins (:doc:`/algorithm`). ``log_prob`` is the chain's log density of
+    The token rule accepts its terms step by step and redraws the first failed step from the
+    residual of two Gaussians; the block rule, on rejection, races exact tries (left half,
+    then right half) as threads and the smallest accepted index wins (:doc:`/algorithm`).
+    ``log_prob`` is the chain's log density of
     the returned increments; for ``"picard"`` it is computed on the returned path with an
     extra, uncounted, oracle pass.
 
@@ -417,7 +477,7 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
-    knobs = _knobs(method, scale, schedule)
+    knobs = _knobs(method, scale, schedule, len(grid) - 1)
     _check_engine(engine)
     device, dtype = _oracle_placement(drift, device, dtype, like)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
@@ -487,8 +547,8 @@ def sample_diffusion(
     **schedule
         ``t_switch`` (an option of :func:`diffusion_times`) and the schedule knobs of
         :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
-        ``max_concurrent_draws``; ``rho`` and ``max_block`` for ``"autospec"``, ``window``
-        and ``tolerance`` for ``"picard"``).
+        ``max_concurrent_draws``; ``rule``, ``max_block``, ``min_block`` and ``rho`` for
+        ``"autospec"``, ``window`` and ``tolerance`` for ``"picard"``).
     method, seed, device, dtype, return_paths, progress, engine, distributed :
         As in :func:`sample_sde` (``scale = 1``).
 
@@ -555,7 +615,7 @@ def sample_diffusion(
                 f"use sample_sde for chains starting elsewhere"
             )
     num_samples = _check_num_samples(num_samples)
-    knobs = _knobs(method, 1.0, schedule)
+    knobs = _knobs(method, 1.0, schedule, len(grid) - 1)
     _check_engine(engine)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
     starts = np.zeros((num_samples, int(dim)))

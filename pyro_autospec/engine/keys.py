@@ -45,6 +45,7 @@ __all__ = [
     "host_child",
     "host_gumbel",
     "host_log_uniform",
+    "host_normal",
     "host_uniform",
     "log",
     "normal",
@@ -297,6 +298,12 @@ def host_log_uniform(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np
 def host_gumbel(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
     """:func:`gumbel` on NumPy int64 arrays: ``-log(-log(u))``, float64."""
     return np.asarray(-np.log(-np.log(host_uniform(key, tag, counter))))
+
+
+def host_normal(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
+    """:func:`normal` on NumPy int64 arrays: ``ndtri(u)`` in float64 (torch's ``ndtri`` on the
+    host's uniforms, what :func:`normal` gives on a CPU)."""
+    return torch.special.ndtri(torch.from_numpy(host_uniform(key, tag, counter))).numpy()
 
 
 def normal(key: torch.Tensor, tag: int, counter: torch.Tensor | int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.engine.diffusion import AUTOSPEC_DEFAULTS, sample_diffusion
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
 
@@ -75,8 +75,7 @@ class ContinuousResult:
 
 
 _SCHEDULE_KNOBS = (
-    "rho",
-    "max_block",
+    *AUTOSPEC_DEFAULTS,
     "max_rows_per_round",
     "max_rows_per_call",
     "max_concurrent_draws",
@@ -125,8 +124,8 @@ def sample_continuous(
     log_joint : bool
         Also compute ``lp = log p(x, data)`` and the pointwise log likelihood.
     **schedule
-        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_rows_per_call``,
-        ``max_concurrent_draws``; they
+        Engine knobs ``rule``, ``max_block``, ``min_block``, ``rho``, ``max_rows_per_round``,
+        ``max_rows_per_call``, ``max_concurrent_draws`` (:func:`~pyro_autospec.sample_sde`); they
         move rounds against rows and never change the law of the draws. ``distributed=True``
         spreads the draws over the ranks of a ``torch.distributed`` group (every rank makes
         the same call and returns every draw).

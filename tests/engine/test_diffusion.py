@@ -118,13 +118,17 @@ def test_gaussian_target_exact_moments(times):
 
 
 def test_gaussian_target_exact_with_other_schedules():
-    """Exactness does not depend on rho, max_block or the per-round cap (coarse grid)."""
+    """Exactness does not depend on the rule, rho, the windows or the per-round cap (coarse
+    grid: few, long steps, where frozen-drift drafts fail most)."""
     oracle = GaussianDenoiser(MEAN, COV)
     means, covs = gaussian_sl_moments(COARSE, MEAN, COV)
     for options in (
-        {"rho": "adaptive"},
-        {"rho": 0.3, "max_block": 2},
-        {"rho": lambda size, log_ratio: 3.0, "max_rows_per_round": 64},
+        {"rule": "block"},
+        {"rule": "block", "rho": "adaptive"},
+        {"rule": "block", "rho": 0.3, "max_block": 2},
+        {"rule": "block", "rho": lambda size, log_ratio: 3.0, "max_rows_per_round": 64},
+        {"max_block": 2, "min_block": 1},
+        {"max_block": 3, "max_rows_per_round": 5, "max_concurrent_draws": 100},
     ):
         result = sample_diffusion(oracle, 1500, times=COARSE, seed=5, **options)
         assert_gaussian_law(result.samples.numpy() * COARSE[-1].item(), means[-1], covs[-1])
@@ -391,9 +395,18 @@ def test_errors_for_dimension_mismatch_and_options():
     with pytest.raises(ValueError, match="method must be one of"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, method="magic")
     with pytest.raises(ValueError, match="rho must be"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rho=-1.0)
-    with pytest.raises(ValueError, match="max_block"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, max_block=0)
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="block", rho=-1.0)
+    with pytest.raises(ValueError, match="rho sets the residual races of rule='block'"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rho=2.0)
+    with pytest.raises(ValueError, match="min_block sets the token rule"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="block", min_block=2)
+    with pytest.raises(ValueError, match="rule must be 'token'"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="tokens")
+    with pytest.raises(ValueError, match="min_block must be a positive int"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=0)
+    for rule in ("token", "block"):
+        with pytest.raises(ValueError, match="max_block"):
+            sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule=rule, max_block=0)
     with pytest.raises(ValueError, match="scale"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, scale=0.0)
     with pytest.raises(ValueError, match="paths must have shape"):

@@ -147,7 +147,13 @@ def test_diffusion_engines_agree(method):
     oracle = FiniteSupportDenoiser(torch.tensor([[1.0, 0.0], [-1.0, 0.5], [0.3, -0.3]]))
     cases = [{}, {"max_concurrent_draws": 3, "return_paths": True}]
     if method == "autospec":
-        cases += [{"rho": "adaptive"}, {"max_block": 8, "max_rows_per_round": 30}]
+        cases += [
+            {"max_block": 8, "max_rows_per_round": 30},
+            {"min_block": 1, "max_block": 5, "return_paths": True},
+            {"rule": "block"},
+            {"rule": "block", "rho": "adaptive"},
+            {"rule": "block", "max_block": 8, "max_rows_per_round": 30},
+        ]
     for knobs in cases:
         fast = sample_diffusion(oracle, 9, num_steps=48, seed=6, method=method, **knobs)
         slow = sample_diffusion(
@@ -169,6 +175,16 @@ def test_sde_engines_agree_and_knobs_do_not_change_draws():
         lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, engine="reference"
     )
     torch.testing.assert_close(base.samples, slow.samples, rtol=0, atol=1e-12)
-    for knobs in ({"rho": 4.0}, {"max_concurrent_draws": 2}, {"max_rows_per_call": 5}):
+    for knobs in (
+        {"max_concurrent_draws": 2},
+        {"max_rows_per_call": 5},
+        {"max_rows_per_round": 7},
+    ):
         other = sample_sde(lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, **knobs)
         torch.testing.assert_close(base.samples, other.samples, rtol=0, atol=1e-12)
+    block = sample_sde(lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, rule="block")
+    for knobs in ({"rho": 4.0}, {"max_concurrent_draws": 2}):
+        other = sample_sde(
+            lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, rule="block", **knobs
+        )
+        torch.testing.assert_close(block.samples, other.samples, rtol=0, atol=1e-12)

@@ -11,9 +11,15 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.euler import EulerOutput
+from pyro_autospec.engine.euler_tokens import token_policy
 from pyro_autospec.engine.methods import block_policy
 from pyro_autospec.engine.reference.discrete import ReferenceDiscrete, token_draw
-from pyro_autospec.engine.reference.euler import ReferenceEuler, picard_draw, sequential_draw
+from pyro_autospec.engine.reference.euler import (
+    ReferenceEuler,
+    picard_draw,
+    sequential_draw,
+    steps_draw,
+)
 from pyro_autospec.engine.reference.recursion import draw
 from pyro_autospec.engine.reference.scheduler import Scheduler
 from pyro_autospec.engine.schedule import leaf_starts
@@ -55,7 +61,10 @@ def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: 
         With the whole paths (and for ``"picard"`` the fixed noise, ``log_prob`` None).
     """
     problem = ReferenceEuler(chain, evaluate, x0, knobs.get("rho", 1.0))
-    if method == "autospec":
+    if method == "autospec" and knobs["rule"] == "token":
+        policy = token_policy(knobs)
+        roots = [steps_draw(problem, s, k, policy) for s, k in enumerate(draw_keys.tolist())]
+    elif method == "autospec":
         leaves = leaf_starts(chain.num_steps, int(knobs["max_block"] or chain.num_steps))
         roots = [draw(problem, s, k, leaves) for s, k in enumerate(draw_keys.tolist())]
     elif method == "sequential":

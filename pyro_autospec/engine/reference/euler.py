@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 
+import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, adaptive_rho
+from pyro_autospec.engine.euler_tokens import HostChain, draft_windows, row_mask, verify_windows
 from pyro_autospec.engine.reference.scheduler import Call
+from pyro_autospec.engine.schedule import BlockPolicy
 
-__all__ = ["ReferenceEuler", "sequential_draw", "picard_draw"]
+__all__ = ["ReferenceEuler", "sequential_draw", "picard_draw", "steps_draw"]
 
 
 class ReferenceEuler:
@@ -121,6 +124,47 @@ def sequential_draw(problem: ReferenceEuler, s: int, draw_key: int) -> Generator
         log_mu += problem._log_density(inc, f, k, k + 1)
         path[k + 1] = path[k] + inc[0]
     return path, log_mu
+
+
+def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPolicy) -> Generator:
+    """Autospeculation step by step (:mod:`pyro_autospec.engine.euler_tokens`) for one draw:
+    ask the start's drift, then a window per round until the chain's end."""
+    chain = HostChain.of(problem.chain)
+    n, d = chain.num_steps, chain.dim
+    x0 = problem.x0[s].detach().to("cpu", torch.float64).numpy()
+    draw_keys = np.array([draw_key], dtype=np.int64)
+    (f,) = yield Call((problem.chain.times[0:1], problem.x0[s : s + 1]), 1, s)
+    x, frozen, known = x0[None], f.detach().to("cpu", torch.float64).numpy()[None], True
+    k, window, tokens, misses, log_mu = 0, policy.start_window(), 0, 0, 0.0
+    increments = np.zeros((n, d))
+    while k < n:
+        w = np.array([min(window, n - k)])
+        start = np.array([k])
+        z, inc, states = draft_windows(chain, draw_keys, start, w, x, frozen)
+        mask = row_mask(chain, start, w, np.array([known]))[0]
+        drifts = np.zeros(states.shape)
+        if known:
+            drifts[0, 0] = frozen[0]
+        if mask.any():
+            at = np.flatnonzero(mask)
+            payload = (
+                torch.from_numpy(chain.times[k + at]).to(problem.chain.device),
+                torch.from_numpy(states[0, at]).to(problem.chain.device),
+            )
+            answer = yield Call(payload, int(at.size), s)
+            drifts[0, at] = answer.detach().to("cpu", torch.float64).numpy()
+        verdict = verify_windows(chain, draw_keys, start, w, frozen, z, inc, states, drifts)
+        count = int(verdict.count[0])
+        increments[k : k + count] = verdict.increments[0, :count]
+        log_mu += float(verdict.log_density[0])
+        x, frozen, known = verdict.state, verdict.drift, not bool(verdict.missed[0])
+        k += count
+        tokens += count
+        misses += int(verdict.missed[0])
+        window = int(policy.token_window(np.array([tokens]), np.array([misses]))[0])
+    path = np.concatenate([x0[None], x0[None] + np.cumsum(increments, 0)])
+    path[-1] = x[0]
+    return torch.from_numpy(path).to(device=problem.chain.device, dtype=problem.chain.wide), log_mu
 
 
 def picard_draw(
