@@ -28,7 +28,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from pyro_autospec.engine import OracleError, SampleResult, default_schedule, sample_any_order
+from pyro_autospec.engine import (
+    OracleError,
+    SampleResult,
+    Schedule,
+    default_schedule,
+    sample_any_order,
+)
 from pyro_autospec.engine.protocols import MarginalOracle, MeanOracle
 
 __version__ = "0.1.0"
@@ -63,6 +69,7 @@ __all__ = [
     "MeanOracle",
     "OracleError",
     "SampleResult",
+    "Schedule",
     "default_schedule",
     "sample_any_order",
     *_LAZY,

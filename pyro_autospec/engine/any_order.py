@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +35,14 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.host_plane import WindowSampler
-from pyro_autospec.engine.methods import DISCRETE, block_policy, default_schedule, resolve_knobs
+from pyro_autospec.engine.methods import (
+    DISCRETE,
+    Schedule,
+    block_policy,
+    default_schedule,
+    given_knobs,
+    resolve_knobs,
+)
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_discrete
@@ -103,7 +111,8 @@ def sample_any_order(
     engine: str = "fast",
     progress: bool = False,
     distributed: bool = False,
-    **schedule,
+    schedule: Schedule | Mapping | None = None,
+    **knobs: Any,
 ) -> SampleResult:
     """Draw exact samples from a :class:`~pyro_autospec.oracles.base.MarginalOracle`.
 
@@ -142,7 +151,11 @@ def sample_any_order(
         every rank makes this same call; each samples a contiguous share of the draws on its
         own device and every rank returns the full result, the same draws as one process with
         the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
-    **schedule
+    schedule : Schedule or dict, optional
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
+        result's ``schedule`` passed back gives the same draws); they may also be given as
+        keywords (``**knobs``), but not both for one knob.
+    **knobs
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
@@ -199,7 +212,7 @@ def sample_any_order(
             f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
             f"num_samples must equal it, got {num_samples}"
         )
-    knobs = resolve_knobs(method, DISCRETE, default_schedule(n), schedule)
+    knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given_knobs(schedule, knobs))
     _check_knobs(knobs)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
@@ -329,7 +342,7 @@ def run_any_order(
         wall_time=time.perf_counter() - start,
         engine=engine,
         timing=dict(rows.seconds),
-        schedule=dict(knobs),
+        schedule=Schedule.of(knobs),
     )
 
 

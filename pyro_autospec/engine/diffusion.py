@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,7 +61,13 @@ from pyro_autospec.engine.euler import (
     sequential,
 )
 from pyro_autospec.engine.euler_tokens import sample_tokens, token_policy
-from pyro_autospec.engine.methods import DIFFUSION, resolve_knobs
+from pyro_autospec.engine.methods import (
+    DIFFUSION,
+    DIFFUSION_AUTOSPEC,
+    Schedule,
+    given_knobs,
+    resolve_knobs,
+)
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_euler
 from pyro_autospec.engine.result import SampleResult
@@ -129,9 +135,6 @@ def _float64_on(device: torch.device) -> torch.device:
     return torch.device("cpu") if device.type == "mps" else device
 
 
-#: The diffusion defaults of ``"autospec"``'s knobs (``None``: chosen by the rule, see
-#: :func:`_knobs`).
-AUTOSPEC_DEFAULTS = {"rule": "token", "max_block": None, "min_block": None, "rho": None}
 RULES = ("token", "block")
 
 
@@ -148,7 +151,7 @@ def _knobs(method, scale, given: dict, num_steps: int) -> dict:
         raise ValueError(
             f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
         )
-    knobs = resolve_knobs(method, DIFFUSION, AUTOSPEC_DEFAULTS, given)
+    knobs = resolve_knobs(method, DIFFUSION, DIFFUSION_AUTOSPEC, given)
     if method == "autospec":
         _autospec_knobs(knobs, num_steps)
     if method == "picard":
@@ -305,7 +308,7 @@ def _run(s: _Settings) -> SampleResult:
         error=None if error is None else error.to(device=stats, dtype=torch.float64),
         engine=s.engine,
         timing={"oracle": evaluate.seconds},
-        schedule=dict(s.knobs),
+        schedule=Schedule.of(s.knobs),
     )
 
 
@@ -351,7 +354,8 @@ def sample_sde(
     progress: bool = False,
     engine: str = "fast",
     distributed: bool = False,
-    **schedule: Any,
+    schedule: Schedule | Mapping | None = None,
+    **knobs: Any,
 ) -> SampleResult:
     r"""Euler-Maruyama paths of ``dX = b(t, X) dt + scale dB``, exactly in law, in few rounds.
 
@@ -391,7 +395,11 @@ def sample_sde(
         call; each simulates a contiguous share of the paths on its own device and every rank
         returns them all, the same as one process with the same seed, plus ``per_rank``
         counts (:mod:`pyro_autospec.engine.spread`).
-    **schedule
+    schedule : Schedule or dict, optional
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
+        result's ``schedule`` passed back gives the same draws), or as keywords
+        (``**knobs``), not both for one knob.
+    **knobs
         The schedule's knobs; none changes the output law.
 
         * Every method: ``max_rows_per_round`` (a cap on the rows of one round; the oldest
@@ -477,7 +485,7 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
-    knobs = _knobs(method, scale, schedule, len(grid) - 1)
+    knobs = _knobs(method, scale, given_knobs(schedule, knobs), len(grid) - 1)
     _check_engine(engine)
     device, dtype = _oracle_placement(drift, device, dtype, like)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
@@ -522,7 +530,8 @@ def sample_diffusion(
     progress: bool = False,
     engine: str = "fast",
     distributed: bool = False,
-    **schedule: Any,
+    schedule: Schedule | Mapping | None = None,
+    **knobs: Any,
 ) -> SampleResult:
     r"""Sample ``mu`` through stochastic localization with a conditional-mean oracle.
 
@@ -544,7 +553,9 @@ def sample_diffusion(
         ``N`` for the default grid (256 if not given).
     delta : float, optional
         Final noise variance of the default grid, ``T = 1 / delta`` (1e-3 if not given).
-    **schedule
+    schedule : Schedule or dict, optional
+        As in :func:`sample_sde`.
+    **knobs
         ``t_switch`` (an option of :func:`diffusion_times`) and the schedule knobs of
         :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
         ``max_concurrent_draws``; ``rule``, ``max_block``, ``min_block`` and ``rho`` for
@@ -592,7 +603,7 @@ def sample_diffusion(
             f"oracle must have an integer attribute `dim` (d >= 1, the MeanOracle protocol), "
             f"got {dim!r}"
         )
-    grid_options = {k: schedule.pop(k) for k in ("t_switch",) if k in schedule}
+    grid_options = {k: knobs.pop(k) for k in ("t_switch",) if k in knobs}
     if times is None:
         grid = check_times(
             diffusion_times(
@@ -615,7 +626,7 @@ def sample_diffusion(
                 f"use sample_sde for chains starting elsewhere"
             )
     num_samples = _check_num_samples(num_samples)
-    knobs = _knobs(method, 1.0, schedule, len(grid) - 1)
+    knobs = _knobs(method, 1.0, given_knobs(schedule, knobs), len(grid) - 1)
     _check_engine(engine)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
     starts = np.zeros((num_samples, int(dim)))

@@ -12,17 +12,23 @@ change the draws, except ``max_block`` (which blocks are drafted) and the token-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from pyro_autospec.engine.schedule import BlockPolicy
 
 __all__ = [
+    "DEFAULT",
     "DIFFUSION",
+    "DIFFUSION_AUTOSPEC",
     "DISCRETE",
     "METHODS",
     "Method",
+    "Schedule",
     "block_policy",
     "default_schedule",
+    "given_knobs",
     "knob_names",
     "method_names",
     "resolve_knobs",
@@ -88,6 +94,10 @@ METHODS: dict[str, Method] = {
     )
 }
 
+#: The knobs of ``"autospec"`` on diffusions (``None``: chosen by the rule when the run
+#: starts, :mod:`pyro_autospec.engine.diffusion`).
+DIFFUSION_AUTOSPEC = {"rule": "token", "max_block": None, "min_block": None, "rho": None}
+
 #: Knobs every method of a setting accepts, with their defaults.
 COMMON_KNOBS = {
     DISCRETE: {"max_rows_per_round": None, "max_elements": 2**24, "max_concurrent_draws": None},
@@ -97,6 +107,170 @@ COMMON_KNOBS = {
         "max_concurrent_draws": None,
     },
 }
+
+
+class _Default:
+    """The value of a :class:`Schedule` field that was not set: the method's default."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+    def __reduce__(self):
+        return (_Default, ())
+
+
+#: A :class:`Schedule` field left to the method's default (``None`` is a value of its own for
+#: some knobs: no cap, no race depth, every window token by token).
+DEFAULT: Any = _Default()
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule(Mapping):
+    """The knobs of a run's schedule, in one typed object.
+
+    Every sampler (:func:`~pyro_autospec.sample_any_order`, :func:`~pyro_autospec.sample_sde`,
+    :func:`~pyro_autospec.sample_diffusion`, :class:`~pyro_autospec.AutoSpec`,
+    :class:`~pyro_autospec.AutoSpecKernel`) takes one as ``schedule=``, and every result
+    records the schedule that ran as one (``result.schedule``, defaults filled in): passing it
+    back with the same seed gives the same draws. A field left unset (:data:`DEFAULT`) takes
+    the method's default; a knob the method does not have raises ``TypeError``. It is also a
+    read-only mapping of the knobs that are set, so ``**schedule`` and ``schedule["rho"]`` work.
+    No knob changes the law of the output: they trade rounds (latency) against rows (work)
+    and memory.
+
+    Parameters
+    ----------
+    max_rows_per_round : int or None
+        Every method: a cap on the rows of one round (the oldest requests go first); ``None``:
+        no cap.
+    max_concurrent_draws : int or None
+        Every method: continuous batching, at most this many draws in flight.
+    max_elements : int
+        ``[q]^n``: the largest oracle call, in ``rows x n`` elements (memory).
+    max_rows_per_call : int or None
+        Diffusions: cut a round into drift calls of at most this many rows (memory).
+    max_block : int or None
+        ``"autospec"``: the largest window (``[q]^n``: ``max(8, 2 sqrt n)``; diffusions:
+        ``max(8, 2 sqrt N)`` for the token rule, the whole chain for the block rule).
+    min_block : int
+        ``"autospec"``: the smallest adaptive window (2).
+    first_block : int or None
+        ``"autospec"`` on ``[q]^n``: a draw's first window (``None``: ``max_block``).
+    blocks : {"adaptive", "fixed"}
+        ``"autospec"`` on ``[q]^n``: windows from each draw's past, or a fixed tiling.
+    token_below : int or None
+        ``"autospec"`` on ``[q]^n``: windows below this size use the token rule, the others
+        the block rule (``None``, the default: every window token by token; ``0``: blocks).
+    rule : {"token", "block"}
+        ``"autospec"`` on diffusions: step by step (the default) or blocks with residual races.
+    rho : float, "adaptive" or callable
+        The block rule's growth of residual-try batches (``[q]^n``: 3; diffusions: 1).
+    race_depth : int or None
+        ``"autospec"`` on ``[q]^n``: races nested deeper than this draw their tries by the
+        chain rule (1; ``None``: never).
+    window : int
+        ``"speculative"``: tokens drafted per window (8); ``"picard"``: steps per iteration
+        (16).
+    window_scale : float
+        ``"agr24"``: the scale of its window (1).
+    tolerance : float
+        ``"picard"``: the convergence tolerance (0.1).
+
+    Examples
+    --------
+    >>> schedule = Schedule(max_block=32, race_depth=None)
+    >>> dict(schedule)
+    {'max_block': 32, 'race_depth': None}
+    >>> schedule.replace(max_block=16)["max_block"]
+    16
+    >>> Schedule.of({"rho": 2.0, "token_below": 0})
+    Schedule(token_below=0, rho=2.0)
+    """
+
+    max_rows_per_round: int | None = DEFAULT
+    max_concurrent_draws: int | None = DEFAULT
+    max_elements: int = DEFAULT
+    max_rows_per_call: int | None = DEFAULT
+    max_block: int | None = DEFAULT
+    min_block: int = DEFAULT
+    first_block: int | None = DEFAULT
+    blocks: str = DEFAULT
+    token_below: int | None = DEFAULT
+    rule: str = DEFAULT
+    rho: float | str | Callable | None = DEFAULT
+    race_depth: int | None = DEFAULT
+    window: int = DEFAULT
+    window_scale: float = DEFAULT
+    tolerance: float = DEFAULT
+
+    @classmethod
+    def of(cls, knobs: Mapping) -> Schedule:
+        """The schedule of a mapping of knobs (a :class:`Schedule` is returned as is).
+
+        Raises
+        ------
+        TypeError
+            For a name that is no schedule knob, or a value that is not a mapping.
+        """
+        if isinstance(knobs, Schedule):
+            return knobs
+        if not isinstance(knobs, Mapping):
+            raise TypeError(
+                f"schedule must be a Schedule or a dict of schedule knobs; got "
+                f"{type(knobs).__name__}"
+            )
+        unknown = sorted(set(knobs) - set(_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown schedule knobs {unknown}; a Schedule has {list(_FIELDS)}")
+        return cls(**knobs)
+
+    def replace(self, **knobs: Any) -> Schedule:
+        """A copy with ``knobs`` set (``DEFAULT`` unsets one)."""
+        return Schedule.of({**self, **knobs}) if knobs else self
+
+    def __getitem__(self, name: str) -> Any:
+        value = getattr(self, name, DEFAULT) if name in _FIELDS else DEFAULT
+        if value is DEFAULT:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in _FIELDS if getattr(self, name) is not DEFAULT)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        inside = ", ".join(f"{name}={value!r}" for name, value in self.items())
+        return f"Schedule({inside})"
+
+
+_FIELDS = tuple(f.name for f in fields(Schedule))
+
+
+def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
+    """The knobs a caller gave: those of ``schedule=`` (a :class:`Schedule` or a dict) and the
+    keyword ones, which may not repeat a knob of ``schedule``.
+
+    Examples
+    --------
+    >>> given_knobs(Schedule(max_block=8), {"rho": 2.0})
+    {'max_block': 8, 'rho': 2.0}
+    """
+    if schedule is None:
+        return dict(knobs)
+    given = dict(Schedule.of(schedule)) if not isinstance(schedule, Schedule) else dict(schedule)
+    twice = sorted(set(given) & set(knobs))
+    if twice:
+        raise TypeError(f"schedule knobs {twice} given both in schedule= and as keywords")
+    return {**given, **knobs}
 
 
 def default_schedule(num_coords: int) -> dict:
@@ -175,8 +349,8 @@ def knob_names(setting: str = DISCRETE) -> tuple[str, ...]:
     """Every knob some method of ``setting`` accepts (the setting's common knobs, the
     ``"autospec"`` schedule's and the baselines' own), in a stable order."""
     names = list(COMMON_KNOBS[setting])
-    if setting == DISCRETE:
-        names += [k for k in default_schedule(1) if k not in names]
+    autospec = default_schedule(1) if setting == DISCRETE else DIFFUSION_AUTOSPEC
+    names += [k for k in autospec if k not in names]
     for method in METHODS.values():
         if setting in method.settings:
             names += [k for k in method.knobs if k not in names]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pyro_autospec.engine.methods import Schedule
 from pyro_autospec.engine.modes import ordinary
 
 __all__ = ["SampleResult", "host_output"]
@@ -59,10 +60,10 @@ class SampleResult:
     per_rank : dict or None
         Runs spread over processes (``distributed=True``): per rank, ``num_draws``,
         ``first_draw``, ``rounds``, ``oracle_rows`` and ``wall_time`` (lists by rank).
-    schedule : dict
-        The method's resolved knobs (the schedule used, defaults included). Passing them back,
-        ``sample_any_order(oracle, N, method=result.method, seed=seed, **result.schedule)``,
-        reproduces the draws on any device and batch.
+    schedule : Schedule
+        The method's resolved knobs (the schedule used, defaults included; a read-only mapping
+        too). Passing it back, ``sample_any_order(oracle, N, method=result.method, seed=seed,
+        schedule=result.schedule)``, reproduces the draws on any device and batch.
     timing : dict
         Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
         ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
@@ -83,7 +84,7 @@ class SampleResult:
     error: torch.Tensor | None = None
     engine: str = "fast"
     timing: dict = field(default_factory=dict)
-    schedule: dict = field(default_factory=dict)
+    schedule: Schedule = field(default_factory=Schedule)
     per_rank: dict | None = None
 
     def __post_init__(self) -> None:

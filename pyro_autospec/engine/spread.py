@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.methods import Schedule
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import VisitOrders
 from pyro_autospec.parallel.groups import (
@@ -219,7 +220,7 @@ def spread_draws(
         method=schema["method"],
         wall_time=time.perf_counter() - start,
         engine=schema["engine"],
-        schedule=schema["schedule"],
+        schedule=Schedule.of(schema["schedule"]),
         times=times,
         **{name: fields.get(name) for name in _PER_DRAW},
     )

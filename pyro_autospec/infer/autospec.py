@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ import torch
 from pyro import poutine
 
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, method_names
+from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
@@ -154,10 +154,13 @@ class AutoSpec:
         self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the engine's method),
         ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler`` attribute say which
         ran.
-    **schedule
-        Engine knobs ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
-        ``max_concurrent_draws`` (continuous batching); they
-        move rounds against rows and never change the law of the draws.
+    schedule : Schedule or dict, optional
+        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`);
+        they move rounds against rows and never change the law of the draws.
+    **knobs
+        The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
+        ``max_elements``, ``max_concurrent_draws`` for continuous batching, ``rule`` for a
+        diffusion guide, ...), not both for one knob.
 
     Attributes
     ----------
@@ -238,7 +241,8 @@ class AutoSpec:
         nuts_kwargs: dict | None = None,
         distributed: bool = False,
         sampler: str = "auto",
-        **schedule: Any,
+        schedule: Schedule | Mapping | None = None,
+        **knobs: Any,
     ):
         if not callable(model):
             raise TypeError(f"model must be callable; got {type(model).__name__}")
@@ -280,7 +284,7 @@ class AutoSpec:
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})
-        self.schedule = check_schedule(schedule)
+        self.schedule = check_schedule(schedule, knobs)
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be True or False; got {distributed!r}")
         self.distributed = distributed

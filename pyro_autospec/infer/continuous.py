@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pyro_autospec.engine.diffusion import AUTOSPEC_DEFAULTS, sample_diffusion
+from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.engine.methods import DIFFUSION_AUTOSPEC
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
 
@@ -75,7 +76,7 @@ class ContinuousResult:
 
 
 _SCHEDULE_KNOBS = (
-    *AUTOSPEC_DEFAULTS,
+    *DIFFUSION_AUTOSPEC,
     "max_rows_per_round",
     "max_rows_per_call",
     "max_concurrent_draws",

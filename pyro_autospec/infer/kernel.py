@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, method_names
+from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.knobs import check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle
@@ -152,9 +152,11 @@ class AutoSpecKernel(MCMCKernel):
         Exact draws per engine run (one batch of parallel samplers).
     disable_progbar : bool
         Hide the engine's own bar (``MCMC`` shows its bar over steps). Default True.
-    **schedule
-        Engine knobs (``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
-        ``max_concurrent_draws``).
+    schedule : Schedule or dict, optional
+        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`).
+    **knobs
+        The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
+        ``max_elements``, ``max_concurrent_draws``), not both for one knob.
 
     Examples
     --------
@@ -182,7 +184,8 @@ class AutoSpecKernel(MCMCKernel):
         seed: int | torch.Generator | None = None,
         draws_per_run: int = 1000,
         disable_progbar: bool = True,
-        **schedule: Any,
+        schedule: Schedule | Mapping | None = None,
+        **knobs: Any,
     ):
         if draws_per_run < 1:
             raise ValueError(f"draws_per_run must be >= 1; got {draws_per_run}")
@@ -195,7 +198,7 @@ class AutoSpecKernel(MCMCKernel):
         self.max_plate_nesting = max_plate_nesting
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
-        self.schedule = check_schedule(schedule)
+        self.schedule = check_schedule(schedule, knobs)
         self._seed = check_seed(seed)
         self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None

@@ -6,29 +6,34 @@ The methods and knobs come from the engine's one list (:mod:`pyro_autospec.engin
 
 from __future__ import annotations
 
-from pyro_autospec.engine.methods import DISCRETE, knob_names, method_names
+from collections.abc import Mapping
+from typing import Any
+
+from pyro_autospec.engine.methods import DIFFUSION, DISCRETE, given_knobs, knob_names, method_names
 
 __all__ = ["CORRECTIONS", "METHODS", "SCHEDULE_KNOBS", "check_schedule"]
 
-#: The engine's schedule knobs on ``[q]^n`` (each method accepts its own; the engine checks).
-SCHEDULE_KNOBS = knob_names(DISCRETE)
+#: The engine's schedule knobs on ``[q]^n`` and on diffusions (each method accepts its own;
+#: the engine checks).
+SCHEDULE_KNOBS = tuple(dict.fromkeys(knob_names(DISCRETE) + knob_names(DIFFUSION)))
 CORRECTIONS = (None, "importance", "imh")
 #: The methods the front end offers (discrete and diffusion), from the engine's one list.
 METHODS = method_names(front_end=True)
 
 
-def check_schedule(schedule: dict) -> dict:
-    """Reject unknown schedule keywords early, naming the accepted ones.
+def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
+    """The knobs given as ``schedule=`` (a :class:`~pyro_autospec.Schedule` or a dict) and as
+    keywords, merged; an unknown keyword is rejected early, naming the accepted ones.
 
     Examples
     --------
-    >>> check_schedule({"rho": 2.0})
+    >>> check_schedule(None, {"rho": 2.0})
     {'rho': 2.0}
     """
-    unknown = sorted(set(schedule) - set(SCHEDULE_KNOBS))
+    unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
     if unknown:
         raise TypeError(
             f"unknown keyword(s) {unknown}; the schedule knobs passed to the engine are "
             f"{list(SCHEDULE_KNOBS)} (the device is the keyword device=)"
         )
-    return dict(schedule)
+    return given_knobs(schedule, knobs)

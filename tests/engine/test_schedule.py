@@ -8,6 +8,7 @@ compute by enumeration (tier 2: chi-square, p > 2e-5, >= 30 expected counts per 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -15,7 +16,9 @@ import pytest
 import torch
 
 from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.methods import DEFAULT, DIFFUSION, DISCRETE, Schedule, knob_names
 from pyro_autospec.engine.schedule import BlockPolicy
+from pyro_autospec.oracles import MarkovChainOracle
 from tests.stats import assert_samples_match
 
 
@@ -159,3 +162,43 @@ def test_result_records_the_schedule_and_passing_it_back_reproduces_the_draws():
     assert torch.equal(first.samples, again.samples)
     default = sample_any_order(net, 6, seed=9)
     assert not torch.equal(first.samples, default.samples)
+
+
+# ------------------------------------------------------------------ the typed Schedule object
+def test_schedule_object_is_the_mapping_of_the_knobs_set():
+    schedule = Schedule(max_block=32, race_depth=None, rho=2.0)
+    assert dict(schedule) == {"max_block": 32, "rho": 2.0, "race_depth": None}
+    assert schedule["race_depth"] is None and "first_block" not in schedule
+    with pytest.raises(KeyError):
+        schedule["first_block"]
+    assert schedule == {"max_block": 32, "race_depth": None, "rho": 2.0}
+    assert schedule.replace(max_block=DEFAULT) == {"race_depth": None, "rho": 2.0}
+    assert Schedule.of(dict(schedule)) == schedule
+    with pytest.raises(TypeError, match="unknown schedule knobs \\['max_blocks'\\]"):
+        Schedule.of({"max_blocks": 3})
+    with pytest.raises(TypeError, match="must be a Schedule or a dict"):
+        Schedule.of([("max_block", 3)])
+    # the one list: every knob some method accepts is a field, and nothing else
+    every = set(knob_names(DISCRETE)) | set(knob_names(DIFFUSION))
+    assert every == {f.name for f in dataclasses.fields(Schedule)}
+
+
+def test_the_recorded_schedule_passed_back_gives_the_same_draws():
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 60)
+    given = Schedule(max_block=12, min_block=3)
+    first = sample_any_order(oracle, 6, seed=4, schedule=given)
+    assert isinstance(first.schedule, Schedule)
+    assert first.schedule["max_block"] == 12 and first.schedule["rho"] == 3.0  # defaults filled
+    again = sample_any_order(oracle, 6, seed=4, schedule=first.schedule)
+    keywords = sample_any_order(oracle, 6, seed=4, **first.schedule)
+    assert torch.equal(first.samples, again.samples) and torch.equal(
+        first.samples, keywords.samples
+    )
+    for method in ("sequential", "speculative", "agr24"):
+        base = sample_any_order(oracle, 6, seed=4, method=method)
+        back = sample_any_order(oracle, 6, seed=4, method=method, schedule=base.schedule)
+        assert torch.equal(base.samples, back.samples)
+    with pytest.raises(TypeError, match="given both in schedule= and as keywords"):
+        sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
+    with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
+        sample_any_order(oracle, 2, seed=0, schedule=Schedule(tolerance=0.2))

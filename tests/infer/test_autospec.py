@@ -8,6 +8,7 @@ import pytest
 import torch
 from pyro import poutine
 
+from pyro_autospec.engine.methods import Schedule
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model.enum import EnumOracle
 
@@ -105,6 +106,22 @@ def test_sequential_method_and_schedule_knobs():
         AutoSpec(model, num_samples=10, not_a_knob=3)
     with pytest.raises(ValueError, match="method"):
         AutoSpec(model, num_samples=10, method="gibbs")
+
+
+def test_schedule_object_or_keywords_give_the_same_draws():
+    kwargs = {"num_samples": 40, "seed": 3, "sampler": "engine", "disable_progbar": True}
+    typed = AutoSpec(model, schedule=Schedule(max_block=2, min_block=1), **kwargs).run(DATA)
+    plain = AutoSpec(model, max_block=2, min_block=1, **kwargs).run(DATA)
+    for name, value in typed.get_samples().items():
+        assert torch.equal(value, plain.get_samples()[name])
+    assert typed.results[0].schedule["max_block"] == 2
+    back = AutoSpec(model, schedule=typed.results[0].schedule, **kwargs).run(DATA)
+    for name, value in typed.get_samples().items():
+        assert torch.equal(value, back.get_samples()[name])
+    with pytest.raises(TypeError, match="given both in schedule= and as keywords"):
+        AutoSpec(model, num_samples=10, schedule={"rho": 2.0}, rho=1.0)
+    with pytest.raises(TypeError, match="unknown schedule knobs"):
+        AutoSpec(model, num_samples=10, schedule={"not_a_knob": 3})
 
 
 class _Wrapped:
