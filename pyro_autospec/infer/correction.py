@@ -20,16 +20,16 @@ import numpy as np
 import torch
 
 from pyro_autospec.diagnostics.weights import psis
+from pyro_autospec.engine import keys
 
 __all__ = ["importance_resample", "independent_metropolis_hastings"]
 
 
-def _generator(seed) -> np.random.Generator:
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if isinstance(seed, torch.Generator):
-        seed = int(torch.randint(0, 2**62, (1,), generator=seed))
-    return np.random.default_rng(seed)
+def _uniforms(seed, tag: int, num: int) -> np.ndarray:
+    """``num`` keyed uniforms in (0, 1) of ``seed`` (an int, a generator drawn from once, or
+    ``None`` for fresh entropy), from the engine's keyed generator."""
+    root = keys.seed_key(keys.check_seed(seed))
+    return keys.host_uniform(np.int64(root), tag, np.arange(num, dtype=np.int64))
 
 
 def importance_resample(
@@ -48,6 +48,8 @@ def importance_resample(
     num_samples : int, optional
         Draws to return (default ``N``).
     seed : int, numpy or torch Generator, optional
+        The root of the keyed uniforms (:mod:`~pyro_autospec.engine.keys`); a generator is
+        drawn from once. ``None``: fresh entropy.
     smooth : bool
         Use PSIS-smoothed weights (default) rather than the raw ones.
 
@@ -73,7 +75,12 @@ def importance_resample(
         smoothed = raw - np.logaddexp.reduce(raw[np.isfinite(raw)])
     probs = np.exp(smoothed)
     probs = probs / probs.sum()
-    index = _generator(seed).choice(probs.size, size=num, replace=True, p=probs)
+    # inverse CDF of keyed uniforms: a zero-weight draw owns an empty interval; a uniform that
+    # rounds onto the total takes the last draw with weight
+    cdf = np.cumsum(probs)
+    u = _uniforms(seed, keys.Tag.RESAMPLE, num) * cdf[-1]
+    last = int(np.flatnonzero(probs > 0)[-1])
+    index = np.minimum(np.searchsorted(cdf, u, side="right"), last)
     return torch.as_tensor(index, dtype=torch.long), khat
 
 
@@ -92,6 +99,7 @@ def independent_metropolis_hastings(
     log_weight : Tensor[T]
         Log weights ``log p(x_t, data) - log q_sigma_t(x_t)`` of the proposals, in order.
     seed : int, numpy or torch Generator, optional
+        The root of the keyed uniforms, as in :func:`importance_resample`.
 
     Returns
     -------
@@ -115,7 +123,7 @@ def independent_metropolis_hastings(
         finite = np.flatnonzero(np.isfinite(lw))
         if finite.size == 0:
             raise ValueError("every proposal has zero weight under the model")
-    log_u = np.log(_generator(seed).random(lw.size))
+    log_u = np.log(_uniforms(seed, keys.Tag.ACCEPT, lw.size))
     index = np.zeros(lw.size, dtype=np.int64)
     accepted = np.zeros(lw.size, dtype=bool)
     accept_prob = np.ones(lw.size, dtype=np.float64)

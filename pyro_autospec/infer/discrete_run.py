@@ -32,7 +32,7 @@ from pyro_autospec.infer.draws import DrawEvaluator
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
-from pyro_autospec.infer.seeds import correction_rng
+from pyro_autospec.infer.seeds import correction_seed
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
@@ -243,11 +243,11 @@ class DiscreteRun(RunBase):
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "
                 "the guide cannot be corrected; train it (fit_posterior) or check the model"
             )
-        rng = correction_rng(seed)  # a NumPy stream of the chain's seed, for the uniforms
+        seed = correction_seed(seed)  # a stream of the chain's seed, for keyed uniforms
         if self.correction == "importance":
-            index, _ = importance_resample(log_weight, self.num_samples, seed=rng)
+            index, _ = importance_resample(log_weight, self.num_samples, seed=seed)
             return index
-        index, accepted, accept_prob = independent_metropolis_hastings(log_weight, seed=rng)
+        index, accepted, accept_prob = independent_metropolis_hastings(log_weight, seed=seed)
         warm = self.warmup_steps
         extra["accepted"].append(accepted[warm:])
         extra["acceptance_rate"].append(accept_prob[warm:])

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.result import SampleResult
 
 __all__ = ["FFBSPlan", "MAX_BUCKET_ENTRIES", "MAX_TOTAL_ENTRIES", "plan_ffbs", "sample_exact"]
@@ -82,7 +83,8 @@ class FFBSPlan:
         return len(self.buckets)
 
     def sample(self, num_draws: int, seed: int) -> SampleResult:
-        """``num_draws`` exact draws, vectorised, from the generator seeded by ``seed``.
+        """``num_draws`` exact draws, vectorised, from keyed uniforms of ``seed``
+        (:mod:`~pyro_autospec.engine.keys`).
 
         Returns
         -------
@@ -92,7 +94,8 @@ class FFBSPlan:
         """
         start = time.perf_counter()
         device = self.device
-        gen = torch.Generator(device=device).manual_seed(int(seed) % 2**63)
+        # keyed uniforms (the engine's generator): site bucket b reads child(root, NOISE, b)
+        root = torch.tensor(keys.seed_key(int(seed)), dtype=torch.long, device=device)
         num_plates = len(self.plate_sizes)
         values: dict[int, torch.Tensor] = {}
         log_q = torch.zeros(num_draws, dtype=torch.float64, device=device)
@@ -102,7 +105,7 @@ class FFBSPlan:
             shape = [1] * (num_plates + 1)
             shape[i + 1] = size
             aranges.append(torch.arange(size, device=device).reshape(shape))
-        for bucket in reversed(self.buckets):
+        for number, bucket in enumerate(reversed(self.buckets)):
             table = bucket.table
             k = table.shape[num_plates]
             if bucket.later:
@@ -120,7 +123,8 @@ class FFBSPlan:
             logits = logits.expand(shape + (k,))
             log_probs = torch.log_softmax(logits, dim=-1)
             cdf = log_probs.exp().cumsum(-1)
-            u = torch.rand(shape, generator=gen, dtype=torch.float64, device=device)
+            counter = torch.arange(math.prod(shape), device=device).reshape(shape)
+            u = keys.uniform(keys.child(root, keys.Tag.NOISE, number), keys.Tag.DRAFT, counter)
             u = u * cdf[..., -1]
             x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
             picked = log_probs.gather(-1, x)

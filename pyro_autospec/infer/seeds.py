@@ -6,13 +6,18 @@ chain; a second stream for the discrete engine run of a model with continuous si
 the NUTS chains' seeds) and ``AutoSpecKernel`` (a seed per engine run, from one stream that
 the chains of one process continue). So a seed means the same thing everywhere:
 
-* an int in ``[0, 2**64)`` seeds a ``torch.Generator`` (``stream`` first derives an
-  independent int from it, :func:`~pyro_autospec.engine.keys.derive_seed`);
+* an int in ``[0, 2**64)`` is the root of a stream of keyed numbers
+  (:mod:`pyro_autospec.engine.keys`, the engine's own randomness): engine seed ``i`` is the
+  ``i``-th output of the SplitMix64 stream of ``seed_key(seed)`` (``stream`` first derives an
+  independent int from ``seed``, :func:`~pyro_autospec.engine.keys.derive_seed`);
 * a torch or NumPy generator is drawn from, continuing its own stream (``stream`` is ignored);
 * ``None`` draws from torch's global generator, so the draws follow ``pyro.set_rng_seed``.
 
-Each engine seed lies in ``[0, 2**62)``. A guide's correction draws its uniforms from a stream
-of each chain's seed of its own (:func:`correction_rng`).
+Each engine seed lies in ``[0, 2**62)``. A guide's correction draws its keyed uniforms from a
+seed of its own beside each chain's (:func:`correction_seed`), and forward filtering, backward
+sampling keys its uniforms by the chain's seed too: an int seed reaches every random number
+of a run through the one keyed generator (NUTS, for continuous sites, is Pyro's and draws from
+torch's global generator, seeded from the chain's seed).
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.parallel.groups import broadcast_seeds
 
-__all__ = ["ChainSeeds", "chain_seeds", "correction_rng"]
+__all__ = ["ChainSeeds", "chain_seeds", "correction_seed"]
+
+#: The stream of a chain's seed that its correction reads (:func:`correction_seed`).
+CORRECTION_STREAM = 1
 
 
 class ChainSeeds:
@@ -58,17 +67,23 @@ class ChainSeeds:
         distributed: bool = False,
     ):
         seed = check_seed(seed)
+        self.key: int | None = None  # an int seed's root key
+        self.drawn = 0  # engine seeds drawn from it so far
         if isinstance(seed, int):
-            if stream is not None:
-                seed = derive_seed(seed, stream)
-            seed = torch.Generator().manual_seed(seed)
+            self.key = keys.seed_key(seed if stream is None else derive_seed(seed, stream))
+            seed = None
         self.source: torch.Generator | np.random.Generator | None = seed
         self.distributed = distributed
 
     def __call__(self, num: int) -> list[int]:
         """The next ``num`` engine seeds, ints in ``[0, 2**62)``."""
         source = self.source
-        if isinstance(source, np.random.Generator):
+        if self.key is not None:
+            counters = np.arange(self.drawn, self.drawn + num, dtype=np.int64)
+            self.drawn += num
+            bits = keys.host_bits(np.int64(self.key), counters)
+            seeds = [int(b) & ((1 << 62) - 1) for b in bits.tolist()]
+        elif isinstance(source, np.random.Generator):
             seeds = [int(s) for s in source.integers(0, 2**62, size=num)]
         else:
             device = source.device if source is not None else "cpu"
@@ -96,8 +111,13 @@ def chain_seeds(
     return ChainSeeds(seed, stream=stream, distributed=distributed)(num)
 
 
-def correction_rng(chain_seed: int) -> np.random.Generator:
-    """The NumPy stream of a chain's correction (importance resampling, IMH): apart from the
-    engine's keyed random numbers, which depend on the same seed through
-    :mod:`pyro_autospec.engine.keys`."""
-    return np.random.default_rng([chain_seed, 1])
+def correction_seed(chain_seed: int) -> int:
+    """The seed of a chain's correction (importance resampling, IMH): a stream of the chain's
+    seed beside the engine's (:func:`~pyro_autospec.engine.keys.derive_seed`).
+
+    Examples
+    --------
+    >>> correction_seed(5) == correction_seed(5) != correction_seed(6)
+    True
+    """
+    return derive_seed(int(chain_seed), CORRECTION_STREAM)

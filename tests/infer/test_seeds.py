@@ -13,12 +13,12 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import keys, sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.keys import check_seed, derive_seed, seed_key
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 from pyro_autospec.infer import seeds as seeds_module
-from pyro_autospec.infer.seeds import ChainSeeds, chain_seeds
+from pyro_autospec.infer.seeds import ChainSeeds, chain_seeds, correction_seed
 from pyro_autospec.oracles import MarkovChainOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 
@@ -114,22 +114,27 @@ def test_kernel_in_a_worker_process_mixes_any_initial_seed(monkeypatch):
     assert torch.equal(draws[0], draws[1])  # same worker seed, same draws
 
 
-def test_one_seed_normaliser_derives_the_same_numbers():
-    """``ChainSeeds`` keeps the numbers every entry point derived before it was one class."""
+def test_one_seed_normaliser_derives_keyed_numbers():
+    """An int seed's engine seeds are outputs of the keyed generator (one random-number system
+    for an int seed: the engine's keys); a generator is drawn from."""
 
-    def torch_stream(seed, num):
-        gen = torch.Generator().manual_seed(seed)
-        return [int(s) for s in torch.randint(0, 2**62, (num,), generator=gen).tolist()]
+    def keyed_stream(seed, num, start=0):
+        root = np.int64(keys.seed_key(seed))
+        bits = keys.host_bits(root, np.arange(start, start + num, dtype=np.int64))
+        return [int(b) & ((1 << 62) - 1) for b in bits.tolist()]
 
-    assert chain_seeds(7, 3) == torch_stream(7, 3)
-    assert chain_seeds(7, 1, stream=1) == torch_stream(derive_seed(7, 1), 1)  # mixed models
+    assert chain_seeds(7, 3) == keyed_stream(7, 3)
+    assert chain_seeds(7, 1, stream=1) == keyed_stream(derive_seed(7, 1), 1)  # mixed models
+    assert all(0 <= s < 2**62 for s in chain_seeds(2**64 - 1, 50))
     numpy = np.random.default_rng(3).integers(0, 2**62, size=2).tolist()
     assert chain_seeds(np.random.default_rng(3), 2) == numpy
     gen = torch.Generator().manual_seed(5)
-    seeds = ChainSeeds(5)  # AutoSpecKernel: one engine seed per call, one stream
-    assert [seeds(1)[0] for _ in range(3)] == [
-        int(torch.randint(0, 2**62, (1,), generator=gen)) for _ in range(3)
+    assert chain_seeds(torch.Generator().manual_seed(5), 2) == [
+        int(s) for s in torch.randint(0, 2**62, (2,), generator=gen).tolist()
     ]
+    seeds = ChainSeeds(5)  # AutoSpecKernel: one engine seed per call, one stream
+    assert [seeds(1)[0] for _ in range(3)] == keyed_stream(5, 3)
+    assert correction_seed(5) == derive_seed(5, 1) != correction_seed(6)
 
 
 def test_every_entry_point_takes_its_seeds_from_chain_seeds(monkeypatch):
