@@ -295,12 +295,13 @@ def run_any_order(
         else:
             leaves = leaf_starts(n, max_block)
             width = max(b - a for a, b in zip(leaves[:-1], leaves[1:]))
-        problem = DiscreteBlocks(rows, num_samples, width)
+        adaptive = knobs["rho"] == "adaptive"
+        problem = DiscreteBlocks(rows, num_samples, width, adaptive=adaptive)
         recursion = Recursion(
             problem,
             draw_keys,
             max_block=max_block,
-            rho=float(knobs["rho"]),
+            rho=1.0 if adaptive else float(knobs["rho"]),
             policy=policy,
             max_rows_per_round=knobs["max_rows_per_round"],
             max_concurrent_draws=knobs["max_concurrent_draws"],
@@ -347,10 +348,17 @@ def run_any_order(
 
 
 def _check_knobs(knobs: dict) -> None:
-    if "rho" in knobs and not (
-        knobs["rho"] > 0 and math.isfinite(knobs["rho"]) and knobs["rho"] <= 1e6
+    rho = knobs.get("rho", 1.0)
+    if not (
+        rho == "adaptive"
+        or (
+            isinstance(rho, (int, float, np.integer, np.floating))
+            and not isinstance(rho, bool)
+            and 0 < rho <= 1e6
+            and math.isfinite(rho)
+        )
     ):
-        raise ValueError(f"rho must be a finite number in (0, 1e6]; got {knobs['rho']}")
+        raise ValueError(f"rho must be a finite number in (0, 1e6] or 'adaptive'; got {rho!r}")
     if "max_block" in knobs and int(knobs["max_block"]) < 1:
         raise ValueError(f"max_block must be >= 1; got {knobs['max_block']}")
     for name in ("max_rows_per_round", "max_concurrent_draws"):

@@ -23,6 +23,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import OracleRows
+from pyro_autospec.engine.schedule import adaptive_rho
 from pyro_autospec.engine.tables import Table, take
 
 __all__ = ["DiscreteBlocks", "value_dtype"]
@@ -49,8 +50,9 @@ class DiscreteBlocks:
         Largest block (and so draft row) that is ever speculated.
     """
 
-    def __init__(self, rows: OracleRows, num_draws: int, width: int):
+    def __init__(self, rows: OracleRows, num_draws: int, width: int, adaptive: bool = False):
         self.rows = rows
+        self.adaptive = adaptive  # rho="adaptive": races sized from each rejection
         self.device = rows.device
         self.num_positions = rows.n
         self.q = rows.q
@@ -127,6 +129,10 @@ class DiscreteBlocks:
         self.rows.finish(draws)
 
     def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho: float):
+        """Batch growth of the races of rejected drafts: ``rho``, or with ``rho="adaptive"``
+        (:attr:`adaptive`) about ``1 / TV`` tries at once from each draft's log ratio."""
+        if self.adaptive:
+            return adaptive_rho(None, log_ratio.to(torch.float64))
         return torch.full((pick.numel(),), rho, dtype=torch.float64, device=self.device)
 
     # ------------------------------------------------------------------------ positions

@@ -34,6 +34,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling, engine_mode
+from pyro_autospec.engine.schedule import adaptive_rho
 from pyro_autospec.engine.stepping import run_rounds
 from pyro_autospec.engine.tables import Table, ragged, segment_cumsum, segment_sum
 
@@ -41,7 +42,6 @@ __all__ = [
     "Chain",
     "DriftEvaluator",
     "EulerBlocks",
-    "adaptive_rho",
     "check_drift_output",
     "picard",
     "sequential",
@@ -177,17 +177,6 @@ class Chain:
         j = torch.arange(width, device=self.device)
         step = (a.unsqueeze(1) + j).clamp(max=self.num_steps - 1)  # [K, W]
         return self.noise(key.unsqueeze(1), drift.unsqueeze(1), step, j)
-
-
-def adaptive_rho(size: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor:
-    """Thread growth after drafts with log ratios ``log_ratio`` were rejected.
-
-    ``1 - exp(log_ratio)`` is the probability with which a draft was rejected: a one-sample
-    guess of ``TV(mu_S, nu_S)``, and residual tries succeed with probability about TV. The
-    first batch then holds about ``1 / TV`` tries (between 1 and 4). Exact for any value.
-    """
-    reject = torch.where(log_ratio < 0, -torch.expm1(log_ratio.clamp(max=0)), 1.0)
-    return (1.0 / reject.clamp(min=1e-12) - 1.0).clamp(1.0, 4.0)
 
 
 class EulerBlocks:

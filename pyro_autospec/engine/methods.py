@@ -171,7 +171,9 @@ class Schedule(Mapping):
     rule : {"token", "block"}
         ``"autospec"`` on diffusions: step by step (the default) or blocks with residual races.
     rho : float, "adaptive" or callable
-        The block rule's growth of residual-try batches (``[q]^n``: 3; diffusions: 1).
+        The block rule's growth of residual-try batches (``[q]^n``: 3; diffusions: 1);
+        ``"adaptive"`` sizes each race from its rejection (about ``1 / TV`` tries at once,
+        :func:`~pyro_autospec.engine.schedule.adaptive_rho`); a callable, diffusions only.
     race_depth : int or None
         ``"autospec"`` on ``[q]^n``: races nested deeper than this draw their tries by the
         chain rule (1; ``None``: never).
@@ -292,7 +294,9 @@ def default_schedule(num_coords: int) -> dict:
           block rule). ``None`` (the default): every window token by token; ``0``: every
           window as a block;
         * ``rho``: batch growth of residual tries (batch ``r`` launches tries
-          ``ceil((1+rho)^r) .. ceil((1+rho)^(r+1)) - 1``), and ``race_depth``: races nested
+          ``ceil((1+rho)^r) .. ceil((1+rho)^(r+1)) - 1``; ``"adaptive"``: per race, from
+          the rejected draft's log ratio, about ``1 / TV`` tries at once), and
+          ``race_depth``: races nested
           deeper than this draw their tries by the chain rule instead of recursively;
         * ``max_rows_per_round``: ``None`` (no cap).
 

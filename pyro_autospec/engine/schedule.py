@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["BlockPolicy", "leaf_starts", "token_only"]
+__all__ = ["BlockPolicy", "adaptive_rho", "leaf_starts", "token_only"]
 
 BLOCK_MODES = ("adaptive", "fixed")
 
@@ -223,3 +223,20 @@ def part_bounds(lo: torch.Tensor, hi: torch.Tensor, parts: torch.Tensor, j: torc
     """Start and end of part ``j`` of ``parts`` of ``(lo, hi]`` (all LongTensor[K])."""
     span = hi - lo
     return lo + span * j // parts, lo + span * (j + 1) // parts
+
+
+def adaptive_rho(size: torch.Tensor | None, log_ratio: torch.Tensor) -> torch.Tensor:
+    """Thread growth after drafts with log ratios ``log_ratio`` were rejected (``rho="adaptive"``:
+    race batches sized from what the rejection tells).
+
+    ``1 - exp(log_ratio)`` is the probability with which a draft was rejected: a one-sample
+    guess of ``TV(mu_S, nu_S)``, and residual tries succeed with probability about TV. The
+    first batch then holds about ``1 / TV`` tries (between 1 and 4). Exact for any value.
+
+    Examples
+    --------
+    >>> adaptive_rho(None, torch.tensor([-0.01, -3.0], dtype=torch.float64)).tolist()
+    [4.0, 1.0]
+    """
+    reject = torch.where(log_ratio < 0, -torch.expm1(log_ratio.clamp(max=0)), 1.0)
+    return (1.0 / reject.clamp(min=1e-12) - 1.0).clamp(1.0, 4.0)

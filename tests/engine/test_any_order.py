@@ -26,6 +26,8 @@ SCHEDULES = {
     # token windows below 4, the block rule at 4 and above; small first window
     "hybrid": {"max_block": 6, "token_below": 4, "first_block": 2},
     "fixed_tiling_blocks": {"blocks": "fixed", "token_below": 0, "race_depth": None},
+    # races sized from each rejection (about 1 / TV tries at once), nested races included
+    "adaptive_races": {"max_block": 64, "token_below": 0, "race_depth": None, "rho": "adaptive"},
 }
 # Every target with the default schedule; every other schedule on a target that stresses it.
 CASES = [(target, "default") for target in sorted(TARGETS)] + [
@@ -44,6 +46,8 @@ CASES = [(target, "default") for target in sorted(TARGETS)] + [
     ("potts", "hybrid"),
     ("pairs_equal", "hybrid"),
     ("near_deterministic", "fixed_tiling_blocks"),
+    ("potts", "adaptive_races"),
+    ("near_deterministic", "adaptive_races"),
 ]
 
 

@@ -64,6 +64,7 @@ SCHEDULES = {
     "blocks_deep": {"token_below": 0, "race_depth": None, "max_block": 16, "rho": 1e-9},
     "blocks_chain_tries": {"token_below": 0, "race_depth": 0, "max_block": 12},
     "blocks_fixed": {"blocks": "fixed", "token_below": 0, "race_depth": None},
+    "blocks_adaptive_races": {"token_below": 0, "race_depth": None, "rho": "adaptive"},
     "hybrid_cap": {"token_below": 6, "max_block": 12, "first_block": 3, "max_rows_per_round": 9},
 }
 

@@ -96,7 +96,7 @@ def test_bad_arguments():
         sample_any_order(oracle, 2, order="sorted")
     with pytest.raises(TypeError, match="unknown schedule knobs"):
         sample_any_order(oracle, 2, rhoo=1.0)
-    for rho in (0.0, float("inf"), float("nan")):
+    for rho in (0.0, float("inf"), float("nan"), "fast", True):
         with pytest.raises(ValueError, match="rho must be a finite number"):
             sample_any_order(oracle, 2, rho=rho)
     with pytest.raises(TypeError, match="seed"):

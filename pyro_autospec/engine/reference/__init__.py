@@ -37,7 +37,8 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
     rounds, total_rows : int
     sample_rounds : LongTensor[N]
     """
-    problem = ReferenceDiscrete(rows, float(knobs.get("rho", 1.0)))
+    rho = knobs.get("rho", 1.0)
+    problem = ReferenceDiscrete(rows, rho if rho == "adaptive" else float(rho))
     if method == "autospec":
         leaves = leaf_starts(rows.n, int(knobs["max_block"]))
         policy = block_policy(knobs)

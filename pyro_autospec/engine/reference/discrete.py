@@ -20,6 +20,7 @@ from pyro_autospec.engine.host_plane import agr24_window
 from pyro_autospec.engine.reference.scheduler import Call
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import Answer, OracleRows
+from pyro_autospec.engine.schedule import adaptive_rho
 
 __all__ = ["Query", "ReferenceDiscrete", "token_draw"]
 
@@ -60,11 +61,11 @@ class ReferenceDiscrete:
     Parameters
     ----------
     rows : OracleRows
-    rho : float
-        Batch growth of residual tries.
+    rho : float or "adaptive"
+        Batch growth of residual tries (``"adaptive"``: from each rejected draft's log ratio).
     """
 
-    def __init__(self, rows: OracleRows, rho: float):
+    def __init__(self, rows: OracleRows, rho: float | str):
         self.rows = rows
         self.orders = rows.orders.cpu().numpy()
         self.n, self.q = rows.n, rows.q
@@ -181,6 +182,8 @@ class ReferenceDiscrete:
         return float(row[np.arange(b - a), y[self.orders[s, a:b]]].sum())
 
     def race_rho(self, size: int, log_ratio: float) -> float:
+        if self.rho == "adaptive":
+            return float(adaptive_rho(None, torch.tensor([log_ratio], dtype=torch.float64))[0])
         return self.rho
 
 

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.euler import Chain, DriftEvaluator, adaptive_rho
+from pyro_autospec.engine.euler import Chain, DriftEvaluator
 from pyro_autospec.engine.euler_tokens import HostChain, draft_windows, row_mask, verify_windows
 from pyro_autospec.engine.reference.scheduler import Call
-from pyro_autospec.engine.schedule import BlockPolicy
+from pyro_autospec.engine.schedule import BlockPolicy, adaptive_rho
 
 __all__ = ["ReferenceEuler", "sequential_draw", "picard_draw", "steps_draw"]
 
