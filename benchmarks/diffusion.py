@@ -14,6 +14,9 @@ N in {64, 256, 1024, 4096}. Prints one markdown table and the issue's done crite
 of the wall time (the engine) per drift row. Picard's wall time and drift time include the
 sequential pass that measures its error.
 
+``--sweep 32 64 128 256 512`` instead sweeps the default rule's ``max_block`` (rounds against
+rows and wall time) at N in {1024, 4096}.
+
 Run ``python benchmarks/diffusion.py`` (a few minutes on 2 CPU cores) or ``--smoke``
 (seconds). Rounds and rows do not depend on the machine; wall times do (single-threaded torch
 unless ``--threads``). The run ends with the same comparison for a trained diffusion guide on
@@ -60,10 +63,59 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--no-guide", action="store_true", help="skip the trained diffusion guide row"
     )
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="MAX_BLOCK",
+        help="only sweep the default rule's max_block over these values (rounds against rows)",
+    )
     return parser.parse_args(argv)
 
 
+def sweep(args: argparse.Namespace) -> bool:
+    """The default rule's rounds against rows and wall time as its largest window grows."""
+    torch.set_num_threads(args.threads)
+    steps = args.steps or [1024, 4096]
+    num_samples = args.num_samples or 32
+    print(
+        f"# max_block sweep of the default rule: finite support ({args.num_points} points on "
+        f"the unit sphere), delta = {args.delta}, {num_samples} samples per setting\n"
+    )
+    print(
+        "| d | N | max_block | rounds/sample median | rounds (run) | rows/sample / N | wall (s) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for d in args.dims:
+        oracle = FiniteSupportDenoiser.unit_sphere(args.num_points, d, seed=args.seed)
+        if args.device is not None:
+            oracle = oracle.to(args.device)
+        for n in steps:
+            for max_block in args.sweep:
+                start = time.perf_counter()
+                result = sample_diffusion(
+                    oracle,
+                    num_samples,
+                    num_steps=n,
+                    delta=args.delta,
+                    seed=args.seed + 1,
+                    max_block=max_block,
+                )
+                wall = time.perf_counter() - start
+                median = float(result.sample_rounds.double().median())
+                rows = result.oracle_rows / num_samples / n
+                print(
+                    f"| {d} | {n} | {max_block} | {median:.0f} | {result.rounds} | {rows:.2f} "
+                    f"| {wall:.2f} |",
+                    flush=True,
+                )
+    return True
+
+
 def run(args: argparse.Namespace) -> bool:
+    if args.sweep:
+        return sweep(args)
     torch.set_num_threads(args.threads)
     steps = args.steps or ([64, 256] if args.smoke else [64, 256, 1024, 4096])
     num_samples = args.num_samples or (8 if args.smoke else 32)
