@@ -9,14 +9,17 @@
 # streams its output to a file under $OUT (default: a new folder under /tmp) and the next step
 # runs whether it passed or not; the summary at the end (also $OUT/summary.txt) lists each
 # step's exit status and seconds (124: cut by its limit; the table rows printed so far are kept).
-# Steps and default limits (sum 460 s, plus start-up):
+# Steps and default limits (sum 470 s, plus start-up):
 #   tests             LIMIT_TESTS=40     pytest of the tests that run on CUDA (-k cuda or device)
-#   user_oracles      LIMIT_USER=180     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
+#   user_oracles      LIMIT_USER=150     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
 #                                        the oracles in order of interest, as far as time goes
 #   user_oracles_256  LIMIT_USER_256=45  the same, 256 draws, five oracles, three methods
 #   user_counts       LIMIT_COUNTS=45    engine calls and host reads per round, 16 draws
 #   engine_race       LIMIT_ENGINE=90    benchmarks/engine.py --parts overhead race (n = 4096)
 #   rounds            LIMIT_ROUNDS=60    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
+#   diffusion         LIMIT_DIFFUSION=40 benchmarks/diffusion.py, d = 16, N = 1024: the default
+#                                        rule against the block rule, sequential and Picard, then
+#                                        its max_block at 64 (the default) and 128 (rounds-first)
 #
 # A GPU image without Pyro and ArviZ (the engine and the benchmarks need neither, the Pyro
 # tests do) takes them as wheels, downloaded where pip reaches PyPI and installed there with
@@ -63,7 +66,7 @@ step tests "${LIMIT_TESTS:-40}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/infer/test_device.py tests/oracles/test_dpp.py \
     -k "cuda or device or chunk_budget"
 
-step user_oracles "${LIMIT_USER:-180}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+step user_oracles "${LIMIT_USER:-150}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
     --draws 1 16 --no-count "${smoke[@]}" --variants autospec agr24 speculative sequential \
     --oracles nade:scale=2 nade:scale=0.5 mixture:K=64 user_chain:n=4096 markov hmm \
     guide:steps=0 mixture:K=8 tree_potts nade:scale=0.1
@@ -84,5 +87,15 @@ mkdir -p "$rounds_out"
 step rounds "${LIMIT_ROUNDS:-60}" "$PY" benchmarks/rounds.py --device "$DEVICE" \
     --families markov hmm --sizes 256 1024 4096 --num-samples 16 --jobs 8 \
     --out "$rounds_out" "${smoke[@]}"
+
+if [ -n "${SMOKE:-}" ]; then
+    diffusion_sizes=(--steps 64)
+else
+    diffusion_sizes=(--steps 1024)
+fi
+step diffusion "${LIMIT_DIFFUSION:-40}" bash -c 'cd benchmarks && "$0" diffusion.py \
+    --device "$1" --dims 16 --no-guide --num-samples 32 "${@:2}" \
+    && "$0" diffusion.py --device "$1" --dims 16 --num-samples 32 --sweep 64 128 "${@:2}"' \
+    "$PY" "$DEVICE" "${diffusion_sizes[@]}"
 
 echo "== done in $SECONDS s; outputs under $OUT" | tee -a "$OUT/summary.txt"
