@@ -60,7 +60,7 @@ from pyro_autospec.engine.euler import (
     picard,
     sequential,
 )
-from pyro_autospec.engine.euler_tokens import sample_tokens, token_policy
+from pyro_autospec.engine.euler_tokens import sample_tokens
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
@@ -240,10 +240,7 @@ def _run(s: _Settings) -> SampleResult:
     if s.engine == "reference":
         out = run_euler(chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress)
     elif s.method == "autospec" and s.knobs["rule"] == "token":
-        policy = token_policy(s.knobs)
-        out = sample_tokens(
-            chain, evaluate, x0, draw_keys, policy, s.return_paths, cap, concurrent, s.progress
-        )
+        out = sample_tokens(chain, evaluate, x0, draw_keys, s.knobs, s.return_paths, s.progress)
     elif s.method == "autospec":
         max_block = s.knobs["max_block"] or n
         problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)

@@ -57,6 +57,7 @@ from pyro_autospec.engine.stepping import run_rounds
 __all__ = [
     "EulerTokens",
     "HostChain",
+    "Draft",
     "Verdict",
     "draft_windows",
     "row_mask",
@@ -125,23 +126,46 @@ def _steps(chain: HostChain, k: np.ndarray, width: int) -> tuple[np.ndarray, np.
     return np.minimum(k[:, None] + j, chain.num_steps - 1), j
 
 
-def draft_windows(
-    chain: HostChain,
-    draw_keys: np.ndarray,
-    k: np.ndarray,
-    w: np.ndarray,
-    x: np.ndarray,
-    frozen: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Drafts of windows: steps ``k .. k + w - 1`` of each draw with its drift frozen.
+@dataclass
+class Draft:
+    """Drafted windows: steps ``k .. k + w - 1`` of each draw with its drift frozen (all arrays
+    have ``L`` rows; ``W = max w``).
+
+    Attributes
+    ----------
+    draw_keys : ndarray[L] of int64
+        The draws' keys.
+    k, w : ndarray[L] of int64
+        First step and length (``>= 0``) of each window.
+    frozen : ndarray[L, d]
+        The draft drift ``b*``.
+    z : ndarray[L, W, d]
+        Standard normal noise of the steps.
+    increments : ndarray[L, W, d]
+        ``b* h + s sqrt(h) z`` (zero beyond a window's end).
+    states : ndarray[L, W + 1, d]
+        ``X_k`` and the drafted states after each step.
+    """
+
+    draw_keys: np.ndarray
+    k: np.ndarray
+    w: np.ndarray
+    frozen: np.ndarray
+    z: np.ndarray
+    increments: np.ndarray
+    states: np.ndarray
+
+
+def draft_windows(chain: HostChain, draw_keys: np.ndarray, windows: np.ndarray, x, frozen) -> Draft:
+    """Draft windows of steps with the drift frozen.
 
     Parameters
     ----------
     chain : HostChain
     draw_keys : ndarray[L] of int64
         The draws' keys.
-    k, w : ndarray[L] of int64
-        First step and length (``>= 0``) of each window.
+    windows : ndarray[L, 2] of int64
+        First step ``k`` and length ``w >= 0`` of each window.
     x : ndarray[L, d]
         State ``X_k`` of each draw.
     frozen : ndarray[L, d]
@@ -149,13 +173,9 @@ def draft_windows(
 
     Returns
     -------
-    z : ndarray[L, W, d]
-        Standard normal noise of the steps (``W = max w``).
-    increments : ndarray[L, W, d]
-        ``b* h + s sqrt(h) z`` (zero beyond a window's end).
-    states : ndarray[L, W + 1, d]
-        ``X_k`` and the drafted states after each step.
+    Draft
     """
+    k, w = windows[:, 0], windows[:, 1]
     width = int(w.max()) if w.size else 0
     step, j = _steps(chain, k, width)
     step_keys = keys.host_child(draw_keys[:, None], keys.Tag.LEAF, step)
@@ -164,16 +184,18 @@ def draft_windows(
     increments = frozen[:, None, :] * chain.h[step][..., None] + chain.sd[step][..., None] * z
     increments = np.where((j < w[:, None])[..., None], increments, 0.0)
     states = np.concatenate([x[:, None], x[:, None] + np.cumsum(increments, 1)], 1)
-    return z, increments, states
+    return Draft(draw_keys, k, w, frozen, z, increments, states)
 
 
-def row_mask(chain: HostChain, k: np.ndarray, w: np.ndarray, known: np.ndarray) -> np.ndarray:
-    """Which states of the windows the verification asks the drift at: bool [L, W + 1].
+def row_mask(chain: HostChain, windows: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Which states of the windows (``windows`` as in :func:`draft_windows`) the verification
+    asks the drift at: bool [L, W + 1].
 
     State ``j`` of a window (``X_{k + j}``) is asked for ``j = 0`` unless its drift is known,
     for ``0 < j < w``, and for ``j = w`` (it drafts the next window) unless that is the
     chain's end.
     """
+    k, w = windows[:, 0], windows[:, 1]
     width = int(w.max()) if w.size else 0
     j = np.arange(width + 1)
     return (
@@ -212,32 +234,23 @@ class Verdict:
     drift: np.ndarray
 
 
-def verify_windows(
-    chain: HostChain,
-    draw_keys: np.ndarray,
-    k: np.ndarray,
-    w: np.ndarray,
-    frozen: np.ndarray,
-    z: np.ndarray,
-    increments: np.ndarray,
-    states: np.ndarray,
-    drifts: np.ndarray,
-) -> Verdict:
+def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdict:
     """Accept the drafted steps of windows one by one; redraw the first that fails.
 
     Parameters
     ----------
-    chain, draw_keys, k, w, frozen :
-        As in :func:`draft_windows`.
-    z, increments, states :
+    chain : HostChain
+    draft : Draft
         What :func:`draft_windows` returned.
     drifts : ndarray[L, W + 1, d]
-        The drift at each state of ``states`` (at least at ``j <= w``, ``j < N - k``).
+        The drift at each state of ``draft.states`` (at least at ``j <= w``, ``j < N - k``).
 
     Returns
     -------
     Verdict
     """
+    draw_keys, k, w, frozen = draft.draw_keys, draft.k, draft.w, draft.frozen
+    z, increments, states = draft.z, draft.increments, draft.states
     num, width = increments.shape[:2]
     rows = np.arange(num)
     step, j = _steps(chain, k, width)
@@ -290,15 +303,14 @@ class EulerTokens:
     x0 : Tensor[D, d]
         Start states.
     draw_keys : LongTensor[D]
-    policy : BlockPolicy
-        Chooses each draw's windows (``max_block``, ``min_block``, ``first_block``).
+    knobs : dict
+        The resolved knobs of ``rule="token"``: ``max_block`` and ``min_block`` (each draw's
+        windows, :func:`token_policy`), ``max_rows_per_round`` (draws whose requests do not
+        fit wait for the next round, oldest draws first; a round takes at least one draw) and
+        ``max_concurrent_draws`` (continuous batching: new draws start as earlier ones
+        finish).
     return_paths : bool
         Keep every kept increment.
-    max_rows_per_round : int or None
-        Draws whose requests do not fit wait for the next round (oldest draws first; a round
-        takes at least one draw).
-    max_concurrent_draws : int or None
-        Continuous batching: new draws start as earlier ones finish.
     """
 
     def __init__(
@@ -307,20 +319,18 @@ class EulerTokens:
         evaluate: DriftEvaluator,
         x0: torch.Tensor,
         draw_keys: torch.Tensor,
-        policy: BlockPolicy,
+        knobs: dict,
         return_paths: bool,
-        max_rows_per_round: int | None,
-        max_concurrent_draws: int | None,
     ):
         self.host = HostChain.of(chain)
         self.evaluate = evaluate
-        self.policy = policy
-        self.cap = max_rows_per_round
+        self.policy = token_policy(knobs)
+        self.cap = knobs.get("max_rows_per_round")
         num, d = x0.shape
         self.num, self.d, self.n = num, d, self.host.num_steps
         self.x0 = x0.detach().to("cpu", torch.float64).numpy()
         self.keys = draw_keys.detach().cpu().numpy()
-        lanes = min(int(max_concurrent_draws or num), num)
+        lanes = min(int(knobs.get("max_concurrent_draws") or num), num)
         self.draw = np.full(lanes, -1, dtype=np.int64)
         self.k = np.zeros(lanes, dtype=np.int64)
         self.x = np.zeros((lanes, d))
@@ -365,8 +375,8 @@ class EulerTokens:
         active = active[np.argsort(self.draw[active], kind="stable")]
         if self.cap is None:
             return active
-        w = self._windows(active)
-        rows = row_mask(self.host, self.k[active], w, self.known[active]).sum(1)
+        windows = np.stack([self.k[active], self._windows(active)], 1)
+        rows = row_mask(self.host, windows, self.known[active]).sum(1)
         fits = np.cumsum(rows) <= self.cap
         fits[0] = True
         return active[fits]
@@ -374,9 +384,11 @@ class EulerTokens:
     def step(self) -> None:
         lanes = self._round_lanes()
         host, k, x, frozen = self.host, self.k[lanes], self.x[lanes], self.frozen[lanes]
-        w, known, draw_keys = self._windows(lanes), self.known[lanes], self.keys[self.draw[lanes]]
-        z, increments, states = draft_windows(host, draw_keys, k, w, x, frozen)
-        mask = row_mask(host, k, w, known)
+        windows = np.stack([k, self._windows(lanes)], 1)
+        known, draw_keys = self.known[lanes], self.keys[self.draw[lanes]]
+        draft = draft_windows(host, draw_keys, windows, x, frozen)
+        increments, states = draft.increments, draft.states
+        mask = row_mask(host, windows, known)
         drifts = np.zeros(states.shape)
         drifts[known, 0] = frozen[known]
         count = int(mask.sum())
@@ -387,7 +399,7 @@ class EulerTokens:
             self.rounds += 1
             self.oracle_rows += count
             self.sample_rounds[self.draw[lanes[mask.any(1)]]] += 1
-        verdict = verify_windows(host, draw_keys, k, w, frozen, z, increments, states, drifts)
+        verdict = verify_windows(host, draft, drifts)
         self.log_mu[lanes] += verdict.log_density
         self.x[lanes] = verdict.state
         self.frozen[lanes] = verdict.drift
@@ -420,13 +432,11 @@ def sample_tokens(
     evaluate: DriftEvaluator,
     x0: torch.Tensor,
     draw_keys: torch.Tensor,
-    policy: BlockPolicy,
+    knobs: dict,
     return_paths: bool,
-    max_rows_per_round: int | None,
-    max_concurrent_draws: int | None,
     progress: bool,
 ) -> EulerOutput:
-    """Run :class:`EulerTokens` for every draw (arguments as there).
+    """Run :class:`EulerTokens` for every draw (arguments as there), with a progress bar.
 
     Returns
     -------
@@ -441,15 +451,13 @@ def sample_tokens(
     >>> chain = Chain(torch.linspace(0.0, 1.0, 65), 1.0, 1, torch.device("cpu"))
     >>> cpu = torch.device("cpu")
     >>> drift = DriftEvaluator(lambda t, x: -x, 1, cpu, torch.float64, None, "drift")
-    >>> policy = BlockPolicy(max_block=16, token_below=None)
     >>> draws = keys.draw_keys(0, torch.arange(4))
-    >>> x0 = torch.zeros(4, 1)
-    >>> out = sample_tokens(chain, drift, x0, draws, policy, False, None, None, False)
+    >>> knobs = {"max_block": 16, "min_block": 2}
+    >>> out = sample_tokens(chain, drift, torch.zeros(4, 1), draws, knobs, False, False)
     >>> out.final.shape, out.rounds < 64
     (torch.Size([4, 1]), True)
     """
-    cap, lanes = max_rows_per_round, max_concurrent_draws
-    stepper = EulerTokens(chain, evaluate, x0, draw_keys, policy, return_paths, cap, lanes)
+    stepper = EulerTokens(chain, evaluate, x0, draw_keys, knobs, return_paths)
     run_rounds(stepper, total=stepper.num, progress=progress, desc="autospec")
     final = torch.from_numpy(stepper.final)
     paths = None

@@ -36,15 +36,15 @@ def one_step_verdicts(frozen, target, h=0.5, scale=1.0, num=20000, seed=0):
     times = torch.tensor([0.0, h], dtype=torch.float64)
     chain = HostChain.of(Chain(times, scale, len(frozen), torch.device("cpu")))
     draw_keys = keys.draw_keys(seed, torch.arange(num)).numpy()
-    k, w = np.zeros(num, dtype=np.int64), np.ones(num, dtype=np.int64)
+    windows = np.tile(np.array([[0, 1]]), (num, 1))  # step 0, one step
     x = np.zeros((num, len(frozen)))
     frozen = np.broadcast_to(np.asarray(frozen, dtype=np.float64), x.shape).copy()
-    z, inc, states = draft_windows(chain, draw_keys, k, w, x, frozen)
-    mask = row_mask(chain, k, w, np.zeros(num, dtype=bool))
+    draft = draft_windows(chain, draw_keys, windows, x, frozen)
+    mask = row_mask(chain, windows, np.zeros(num, dtype=bool))
     assert mask[:, 0].all() and not mask[:, 1].any()  # the start's drift only: the end is N
-    drifts = np.zeros(states.shape)
+    drifts = np.zeros(draft.states.shape)
     drifts[:, 0] = target
-    return chain, verify_windows(chain, draw_keys, k, w, frozen, z, inc, states, drifts)
+    return chain, verify_windows(chain, draft, drifts)
 
 
 @pytest.mark.parametrize(

@@ -138,22 +138,21 @@ def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPoli
     k, window, tokens, misses, log_mu = 0, policy.start_window(), 0, 0, 0.0
     increments = np.zeros((n, d))
     while k < n:
-        w = np.array([min(window, n - k)])
-        start = np.array([k])
-        z, inc, states = draft_windows(chain, draw_keys, start, w, x, frozen)
-        mask = row_mask(chain, start, w, np.array([known]))[0]
-        drifts = np.zeros(states.shape)
+        windows = np.array([[k, min(window, n - k)]])
+        draft = draft_windows(chain, draw_keys, windows, x, frozen)
+        mask = row_mask(chain, windows, np.array([known]))[0]
+        drifts = np.zeros(draft.states.shape)
         if known:
             drifts[0, 0] = frozen[0]
         if mask.any():
             at = np.flatnonzero(mask)
             payload = (
                 torch.from_numpy(chain.times[k + at]).to(problem.chain.device),
-                torch.from_numpy(states[0, at]).to(problem.chain.device),
+                torch.from_numpy(draft.states[0, at]).to(problem.chain.device),
             )
             answer = yield Call(payload, int(at.size), s)
             drifts[0, at] = answer.detach().to("cpu", torch.float64).numpy()
-        verdict = verify_windows(chain, draw_keys, start, w, frozen, z, inc, states, drifts)
+        verdict = verify_windows(chain, draft, drifts)
         count = int(verdict.count[0])
         increments[k : k + count] = verdict.increments[0, :count]
         log_mu += float(verdict.log_density[0])
