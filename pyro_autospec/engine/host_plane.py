@@ -177,6 +177,10 @@ class WindowSampler:
         self.misses = np.zeros(lanes, dtype=np.int64)
         self.log_mu = np.zeros(lanes, dtype=np.float64)
         self.draft_rows = np.zeros((lanes, self.width, q), dtype=np.float64)
+        # "autospec": a draft row that is stale (conditioned on a prefix that ended in a
+        # rejected token, not on the lane's own prefix), and how many coordinates it covers
+        self.stale = np.zeros(lanes, dtype=bool)
+        self.avail = np.zeros(lanes, dtype=np.int64)
         self.samples = host_output((self.num_draws, n), torch.long)  # filled at finish
         self._log_prob = np.full(self.num_draws, math.nan)
         self._sample_rounds = np.zeros(self.num_draws, dtype=np.int64)
@@ -198,6 +202,7 @@ class WindowSampler:
         """Window drafted at position ``t`` (clipped to the end) by ``lanes`` ("autospec")."""
         if self.method == "autospec":
             size = self.win[lanes]
+            size = np.where(self.stale[lanes], np.minimum(size, self.avail[lanes]), size)
         elif self.method in ("sequential", "gumbel_sequential"):
             size = np.ones_like(t)
         elif self.method == "speculative":
@@ -240,6 +245,7 @@ class WindowSampler:
             self.win[lanes] = self.policy.start_window()
             self.tokens[lanes] = 0
             self.misses[lanes] = 0
+            self.stale[lanes] = False
         self.log_mu[lanes] = 0.0
         self.frames[lanes] = 0
         self.state[lanes] = _WAIT_ROW
@@ -296,8 +302,8 @@ class WindowSampler:
         grid = np.broadcast_to(lanes[:, None], coords.shape)
         self.frames[grid[valid], coords[valid]] = x[valid]
         first = _pick(data[:, 0], x[:, 0])
-        if self.method == "autospec":  # a window of one coordinate: the recursion's leaf
-            lone = k == 1
+        if self.method == "autospec":  # a window of one coordinate from a fresh row: a leaf
+            lone = (k == 1) & ~self.stale[lanes]
         else:  # the last coordinate, drawn from its exact row
             lone = (k == 1) & (self._next_size(t, k, lanes) == 0)
         if lone.any():
@@ -365,21 +371,28 @@ class WindowSampler:
         verify = self.state[lanes] == _WAIT_VERIFY
         t, k = self.t[lanes], self.k[lanes]
         nxt = np.where(verify, self._next_size(t, k, lanes), 0)
-        rows = np.where(verify, k - 1 + (nxt > 0), 1)
+        # a window drafted from a fresh row keeps its first token unverified (its draft row is
+        # its target row); a stale window verifies it too: its chain starts one earlier
+        first = np.where(self.stale[lanes], 0, 1)
+        rows = np.where(verify, k - first + (nxt > 0), 1)
         if self.cap is not None:
             order = np.argsort(self.stamp[lanes], kind="stable")
-            lanes, verify, t, k, nxt, rows = (x[order] for x in (lanes, verify, t, k, nxt, rows))
+            lanes, verify, t, k, nxt, rows, first = (
+                x[order] for x in (lanes, verify, t, k, nxt, rows, first)
+            )
             keep = np.cumsum(rows) <= self.cap
             keep[0] = True
-            lanes, verify, t, k, nxt, rows = (x[keep] for x in (lanes, verify, t, k, nxt, rows))
+            lanes, verify, t, k, nxt, rows, first = (
+                x[keep] for x in (lanes, verify, t, k, nxt, rows, first)
+            )
         self.rounds += 1
         self.oracle_rows += int(rows.sum())
         self._sample_rounds[self.draw[lanes]] += 1
         want = ~verify
         want_row = lanes[want]
-        vl, vt, vk, vn = lanes[verify], t[verify], k[verify], nxt[verify]
+        vl, vt, vk, vn, vf = lanes[verify], t[verify], k[verify], nxt[verify], first[verify]
         pre = vn > 0
-        long_chain = vk > 1
+        long_chain = vk > vf  # a chain of at least one row
         # a prefetched row follows its window's chain in the same oracle call where the oracle
         # answers both at once; otherwise (and after a window of one token) it is a row of its own
         paired = pre & long_chain if self.rows.native_then else np.zeros_like(pre)
@@ -397,8 +410,8 @@ class WindowSampler:
         chains = (
             vc,
             draw[vc],
-            (vt + 1)[long_chain],
-            (vk - 1)[long_chain],
+            (vt + vf)[long_chain],
+            (vk - vf)[long_chain],
             np.where(paired, vn, 0)[long_chain],  # width of the row after each chain
         )
         row_answer, chain_answer, then_answer = self.host.ask(self.frames, row_req, chains)
@@ -432,7 +445,8 @@ class WindowSampler:
 
     def _verify(self, lanes, t, k, nxt, long_chain, chain, prefetch) -> np.ndarray:
         """Verify the drafted windows of ``lanes``; return the lanes whose next window can be
-        drafted at once (every token kept, with a prefetched draft row)."""
+        drafted at once (every token kept, with a prefetched draft row; or, for
+        ``"autospec"``, a token rejected, with stale draft rows for what follows it)."""
         width = max(int(k.max()), 2)  # tokens 1.. exist in the padded view
         data = (
             self.draft_rows[lanes, :width]
@@ -442,36 +456,53 @@ class WindowSampler:
         coords = self._coords(lanes, t, width)
         x = self.frames[lanes[:, None], coords]  # drafted window [L, width]
         num, q = lanes.size, self.q
-        # target rows of tokens 1..k-1 (token 0's target row is its draft row)
-        target = np.zeros((num, width - 1, q))
-        bad = np.zeros((num, width - 1), dtype=bool)
+        stale = self.stale[lanes]
+        # target rows of tokens 0..k-1: a fresh window's token 0 has its draft row as target,
+        # a stale window's comes first in its chain
+        target = np.zeros((num, width, q))
+        bad = np.zeros((num, width), dtype=bool)
+        mass = np.zeros((num, width))
+        target[:, 0] = data[:, 0]
         if chain is not None:
             length = chain.log_probs.shape[1]
-            target[long_chain, :length] = chain.log_probs
-            bad[long_chain, :length] = chain.bad
-        j = np.arange(1, width)[None, :]  # tokens 1..
+            chained = np.flatnonzero(long_chain)
+            for offset in (0, 1):
+                pick = (stale[chained] if offset == 0 else ~stale[chained]).nonzero()[0]
+                span = min(length, width - offset)
+                where = chained[pick]
+                target[where, offset : offset + span] = chain.log_probs[pick, :span]
+                bad[where, offset : offset + span] = chain.bad[pick, :span]
+                mass[where, offset : offset + span] = chain.log_mass[pick, :span]
+        j = np.arange(width)[None, :]  # tokens 0..
         in_window = j < k[:, None]
-        xt = x[:, 1:]
-        target_x = _pick(target, xt)
+        target_x = _pick(target, x)
         if self.method in ("speculative", "autospec"):
-            draft_x = _pick(data[:, 1:], xt)
+            draft_x = _pick(data, x)
             key = self._window_keys(lanes, t)[:, None]  # [L, 1], also the residuals'
             log_u = keys.host_log_uniform(key, keys.Tag.ACCEPT, j)
             with np.errstate(invalid="ignore"):  # -inf - -inf (padding) compares False
                 keep = (log_u < target_x - draft_x) & in_window
+            keep[:, 0] |= ~stale  # a fresh window's first token is drawn from its target row
         else:  # agr24: the recomputed coordinate must agree with the draft
             y = np.argmax(target + self._fixed_noise(lanes, t, j), axis=-1)
-            keep = (y == xt) & in_window
-        # first rejected (or disagreeing) token J in 1..k-1, or k when all pass
+            keep = (y == x) & in_window
+        # first rejected (or disagreeing) token J in 0..k-1, or k when all pass
         stop = np.where(~keep & in_window, j, k[:, None]).min(1)
         checked = (j <= stop[:, None]) & in_window  # rows conditioned on accepted tokens
         if (bad & checked).any():
-            self._raise_verification(lanes, long_chain, chain, bad & checked, width)
-        log_mu = _pick(data[:, 0], x[:, 0]) + np.where(j < stop[:, None], target_x, 0.0).sum(1)
+            OracleRows.raise_bad(
+                Answer(target, bad & checked, mass),
+                bad & checked,
+                "verification row {target} of window {row} of the round",
+            )
+        later = j[:, 1:]
+        log_mu = np.where(stop > 0, target_x[:, 0], 0.0) + np.where(
+            later < stop[:, None], target_x[:, 1:], 0.0
+        ).sum(1)
         rejected = stop < k
         if rejected.any():
             rl, js, tr = lanes[rejected], stop[rejected], t[rejected]
-            rows_j = target[rejected, js - 1]  # [R, q]
+            rows_j = target[rejected, js]  # [R, q]
             if self.method in ("speculative", "autospec"):
                 draft_j = data[rejected, js]
                 residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
@@ -493,31 +524,60 @@ class WindowSampler:
         # all accepted with a prefetched row: the next window is drafted in this round
         go_on = ~rejected & ~ended
         with_row = go_on & (nxt > 0)
+        has = nxt > 0
         if prefetch is not None:
-            has = nxt > 0
             OracleRows.raise_bad(
                 prefetch,
                 prefetch.bad & with_row[has][:, None],
                 "prefetched draft row {row} (target {target}), conditioned on an accepted window,",
             )
-            self.draft_rows[lanes[has], : prefetch.log_probs.shape[1]] = prefetch.log_probs
-        self._wait_row(lanes[(go_on & ~with_row) | (rejected & ~ended)])
-        return lanes[with_row]
+        restart = rejected & ~ended
+        again = np.zeros(num, dtype=bool)
+        if self.method == "autospec" and restart.any():
+            again = self._stale_rows(lanes, k, nxt, stop, restart, target, bad, prefetch)
+        if prefetch is not None:
+            fresh = has & ~again
+            self.draft_rows[lanes[fresh], : prefetch.log_probs.shape[1]] = prefetch.log_probs[
+                fresh[has]
+            ]
+        self.stale[lanes] = again
+        self._wait_row(lanes[(go_on & ~with_row) | (restart & ~again)])
+        return lanes[with_row | again]
 
-    def _raise_verification(self, lanes, long_chain, chain, mask, width) -> None:
-        """Raise for the bad verification rows ``mask`` [L, width - 1] (with the oracle's
-        masses for the message)."""
-        num, q = lanes.size, self.q
-        target = np.zeros((num, width - 1, q))
-        mass = np.zeros((num, width - 1))
-        length = chain.log_probs.shape[1]
-        target[long_chain, :length] = chain.log_probs
-        mass[long_chain, :length] = chain.log_mass
-        OracleRows.raise_bad(
-            Answer(target, mask, mass),
-            mask,
-            "verification row {target} of window {row} of the round",
-        )
+    def _stale_rows(self, lanes, k, nxt, stop, restart, target, bad, prefetch) -> np.ndarray:
+        """Draft rows for the windows that follow a rejected token, without a round of their
+        own ("autospec"): the verification's rows of the window's later tokens (conditioned on
+        the drafted prefix, the rejected token included) and then its prefetched row. A draft
+        may be any distribution chosen from the past; these rows are. Returns which lanes got
+        one (at least one row before the first bad one); ``avail`` says how many coordinates
+        it covers, and the next window is no longer than that."""
+        num, width = target.shape[:2]
+        j = np.arange(width)[None, :]
+        later = (j > stop[:, None]) & (j < k[:, None])  # tokens after the rejected one
+        good = later & ~bad
+        # rows usable up to the first bad one (a row conditioned on an impossible prefix)
+        run = np.where(later & ~good, j, k[:, None]).min(1) - stop - 1
+        whole = run == k - stop - 1
+        count = np.minimum(run, self.width)
+        pre = np.zeros(num, dtype=np.int64)
+        has = nxt > 0
+        if prefetch is not None and has.any():
+            ok = ~prefetch.bad  # [H, W]: rows of the prefetch that are usable
+            first_bad = np.where(ok, prefetch.log_probs.shape[1], np.arange(ok.shape[1])).min(1)
+            pre[has] = np.minimum(first_bad, nxt[has])
+        pre = np.where(whole, pre, 0)
+        total = np.minimum(count + pre, self.width)
+        got = restart & (total > 0)
+        for i in np.flatnonzero(got):
+            lane, c = lanes[i], int(count[i])
+            rows = self.draft_rows[lane]
+            rows[:c] = target[i, stop[i] + 1 : stop[i] + 1 + c]
+            p = int(min(pre[i], self.width - c))
+            if p:
+                h = int(np.count_nonzero(has[:i]))
+                rows[c : c + p] = prefetch.log_probs[h, :p]
+            self.avail[lane] = c + p
+        return got
 
 
 class _Lockstep:

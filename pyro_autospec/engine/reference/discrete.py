@@ -131,9 +131,11 @@ class ReferenceDiscrete:
         drafted[self.orders[s, a:b]] = x
         return drafted, float(row[np.arange(k), x].sum())
 
-    def verify_request(self, s: int, drafted, a: int, b: int, nxt: int) -> Query:
+    def verify_request(self, s: int, drafted, a: int, b: int, nxt: int, first: int = 1) -> Query:
+        """The chain of positions ``a + first .. b - 1`` and the prefetch of ``(b, nxt]``
+        (``first = 0``: a window drafted from stale rows verifies its first token too)."""
         rows = [(b, nxt - b)] if nxt > b else []
-        return Query(s, drafted, rows=rows, chain=(a + 1, b - a - 1))
+        return Query(s, drafted, rows=rows, chain=(a + first, b - a - first))
 
     def verify(self, s, drafted, a, b, nxt, row, log_nu, answer: QueryAnswer):
         x = drafted[self.orders[s, a:b]]
@@ -155,17 +157,24 @@ class ReferenceDiscrete:
             next_row = pre.log_probs[0].numpy()
         return log_ratio, log_mu, next_row
 
-    def tokens(self, s, key: int, drafted, a: int, b: int, row, answer: QueryAnswer):
+    def tokens(self, s, key: int, drafted, a: int, b: int, nxt: int, row, answer, stale, restart):
         """Token-level acceptance of the drafted window ``(a, b]``: the longest accepted
-        prefix, then one token from the residual; returns ``(frame, kept, log mu, whole)``
-        (``whole``: every token passed)."""
+        prefix, then one token from the residual.
+
+        ``stale``: the window was drafted from stale rows, so its first token is verified too
+        (its target row is the first of the chain). Returns ``(frame, kept, log mu, whole,
+        rows)``: ``whole`` says every token passed; ``rows`` is then the prefetched draft row
+        (or ``None``), and after a rejected token, with ``restart``, the stale draft rows of
+        what follows it (:meth:`stale_rows`, or ``None``).
+        """
         x = drafted[self.orders[s, a:b]]
-        log_mu = float(row[0, x[0]])
+        first = 0 if stale else 1
+        log_mu = 0.0 if stale else float(row[0, x[0]])
         frame = drafted.copy()
         v = np.arange(self.q)
-        for j in range(1, b - a):
+        for j in range(first, b - a):
             what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
-            target = _check(answer.chain, j - 1, what)
+            target = _check(answer.chain, j - first, what)
             u = keys.uniform(torch.tensor(key), keys.Tag.ACCEPT, j)
             if bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u)):
                 log_mu += float(target[x[j]])
@@ -175,8 +184,42 @@ class ReferenceDiscrete:
                 log_residual = np.log(residual / residual.sum())
             y = int(np.argmax(log_residual + _gumbel(key, keys.Tag.RESAMPLE, v)))
             frame[self.orders[s, a + j]] = y
-            return frame, j + 1, log_mu + float(target[y]), False
-        return frame, b - a, log_mu, True
+            rows = (
+                self.stale_rows(answer, j - first + 1, b - a - j - 1, nxt - b) if restart else None
+            )
+            return frame, j + 1, log_mu + float(target[y]), False, rows
+        next_row = None
+        if nxt > b:
+            (pre,) = answer.rows
+            what = (
+                f"prefetched draft row of draw {s} conditioned on its first {b} coordinates "
+                "(target {target})"
+            )
+            OracleRows.raise_bad(pre, pre.bad, what)
+            next_row = pre.log_probs[0].numpy()
+        return frame, b - a, log_mu, True, next_row
+
+    @staticmethod
+    def stale_rows(answer: QueryAnswer, start: int, count: int, prefetched: int):
+        """The draft rows of the window after a rejected token: the chain's rows ``start ..
+        start + count - 1`` (the later tokens, conditioned on the drafted prefix) up to the
+        first bad one, then, if all were good, the prefetched row's first ``prefetched``
+        coordinates up to its first bad one. ``None`` when no row is usable."""
+        chain = answer.chain
+        parts = []
+        good = 0
+        while good < count and not bool(chain.bad[0, start + good]):
+            good += 1
+        if good:
+            parts.append(chain.log_probs[0, start : start + good].numpy())
+        if good == count and prefetched > 0:
+            pre = answer.rows[0]
+            usable = 0
+            while usable < prefetched and not bool(pre.bad[0, usable]):
+                usable += 1
+            if usable:
+                parts.append(pre.log_probs[0, :usable].numpy())
+        return np.concatenate(parts) if parts else None
 
     def try_log_nu(self, s: int, y, a: int, b: int, row: np.ndarray) -> float:
         return float(row[np.arange(b - a), y[self.orders[s, a:b]]].sum())

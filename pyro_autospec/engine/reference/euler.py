@@ -82,7 +82,7 @@ class ReferenceEuler:
         drafted[a + 1 : b + 1] = frame[a] + inc.cumsum(0)
         return drafted, self._log_density(inc, row, a, b)
 
-    def verify_request(self, s, drafted, a, b, nxt):
+    def verify_request(self, s, drafted, a, b, nxt, first: int = 1):
         stop = b + 1 if nxt > b else b  # the drift at X_b seeds the next block's draft
         return self.chain.times[a + 1 : stop], drafted[a + 1 : stop]
 

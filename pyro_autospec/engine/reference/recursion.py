@@ -27,6 +27,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.reference.scheduler import Call, FirstAccepted
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
+from pyro_autospec.engine.schedule import token_only
 
 __all__ = ["node", "draw"]
 
@@ -51,6 +52,8 @@ def node(
     policy=None,
     depth: int = 0,
     token: bool = False,
+    stale: bool = False,
+    restart: bool = False,
 ) -> Generator:
     """Sample positions ``(a, b]`` of draw ``s`` exactly given ``frame``; ``(b, nxt]`` follows.
 
@@ -63,16 +66,20 @@ def node(
     if row is None:
         row = yield Call(problem.row_request(s, frame, a, b), rows=1, sample=s)
         row = problem.row_answer(s, a, row)
-    if b - a == 1:
+    if b - a == 1 and not stale:
         frame, log_mu = problem.leaf(s, key, frame, a, row)
         return frame, log_mu, None, (1, True) if token else False
     drafted, log_nu = problem.draft(s, key, frame, a, b, row)
-    rows = (b - a - 1) + (1 if nxt > b else 0)
-    answer = yield Call(problem.verify_request(s, drafted, a, b, nxt), rows=rows, sample=s)
-    log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
+    first = 0 if stale else 1
+    rows = (b - a - first) + (1 if nxt > b else 0)
+    request = problem.verify_request(s, drafted, a, b, nxt, first)
+    answer = yield Call(request, rows=rows, sample=s)
     if token:
-        frame, kept, log_mu, whole = problem.tokens(s, key, drafted, a, b, row, answer)
-        return frame, log_mu, next_row if whole else None, (kept, whole)
+        frame, kept, log_mu, whole, after = problem.tokens(
+            s, key, drafted, a, b, nxt, row, answer, stale, restart
+        )
+        return frame, log_mu, after, (kept, whole)
+    log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
     if bool(accept_draft(torch.tensor(log_ratio), _uniform(key, keys.Tag.ACCEPT))):
         return drafted, log_mu, next_row, False
     parts = 2
@@ -124,13 +131,29 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
     if policy is not None and policy.adaptive:
         a, window, token = 0, policy.start_window(), policy.start_token()
         tokens = misses = 0  # coordinates kept by token windows, and their rejected tokens
+        # every window token by token: the rows after a rejected token draft the next window
+        # (stale rows, at most the window's width), as on the host control plane
+        restart = token_only(policy)
+        width = min(int(policy.max_block), n)
+        stale = None  # how many coordinates the stale rows cover, when the row is stale
         while a < n:
-            b = min(a + window, n)
+            b = min(a + (window if stale is None else min(window, stale)), n)
             after = policy.prefetch(*map(torch.tensor, (window, token, tokens, misses)))
             nxt = min(b + int(after), n)
             key = _child(draw_key, keys.Tag.LEAF, a)
             frame, log_mu, row, outcome = yield from node(
-                problem, s, key, frame, a, b, nxt, row, policy, token=token
+                problem,
+                s,
+                key,
+                frame,
+                a,
+                b,
+                nxt,
+                row,
+                policy,
+                token=token,
+                stale=stale is not None,
+                restart=restart,
             )
             log_prob += log_mu
             kept, full = outcome if token else (b - a, not outcome)
@@ -138,6 +161,10 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
                 tokens, misses = tokens + kept, misses + (not full)
             w, t = policy.next_block(*map(torch.tensor, (window, token, full, tokens, misses)))
             window, token, a = int(w), bool(t), a + kept
+            stale = None
+            if token and not full and row is not None and a < n:
+                row = row[:width]
+                stale = len(row)
         return frame, log_prob
     m = len(leaves) - 1
     for j in range(m):
