@@ -20,9 +20,12 @@ the next window's draft row). All draws advance together, one batched oracle cal
 * ``"autospec"`` with an adaptive token schedule (:class:`~pyro_autospec.engine.schedule.
   BlockPolicy` with every window sampled token by token, the default): ``"speculative"`` whose
   windows follow the policy, each draw's from its own past (windows of one coordinate are
-  drawn from their row, as the recursion's leaves). It takes the same draws, rounds and rows
-  as the recursion (:mod:`pyro_autospec.engine.recursion`) with the same schedule, on the
-  token methods' lighter bookkeeping.
+  drawn from their row, as the recursion's leaves). After a rejected token it does not spend
+  a round on a fresh draft row: the next window is drafted from *stale* rows, the
+  verification's rows of the tokens after the rejected one and the prefetched row, all
+  conditioned on the drafted prefix, and its first token is verified too (a draft may be any
+  distribution chosen from the past). The reference engine does the same
+  (:func:`pyro_autospec.engine.reference.recursion.draw`), draw for draw.
 
 **A host control plane.** The draws' bookkeeping (positions, windows, states, stamps, the
 drafted tokens and the acceptance tests) lives on the host in NumPy arrays, whatever the
