@@ -39,6 +39,7 @@ from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
     block_policy,
+    default_max_elements,
     default_schedule,
     given_knobs,
     resolve_knobs,
@@ -161,7 +162,8 @@ def sample_any_order(
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
         start as earlier ones finish; only the draws in flight hold an order and partial
         samples, so it bounds the engine's memory beside the ``N x n`` output) and
-        ``max_elements`` (memory per oracle call). None of them changes the law of the
+        ``max_elements`` (memory per oracle call; by default ``2**20`` entries on a CPU and
+        ``2**24`` elsewhere: a preset by hardware). None of them changes the law of the
         output; only ``max_block`` and the windows change which numbers the draws read.
 
     Returns
@@ -213,15 +215,17 @@ def sample_any_order(
             f"num_samples must equal it, got {num_samples}"
         )
     knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given_knobs(schedule, knobs))
+    if device is None:
+        device = getattr(oracle, "device", None) or "cpu"
+    device = torch.device(device)
+    if knobs["max_elements"] is None:  # a preset by hardware; the draws do not depend on it
+        knobs["max_elements"] = default_max_elements(device)
     _check_knobs(knobs)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each)
     in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
     check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
-    if device is None:
-        device = getattr(oracle, "device", None) or "cpu"
-    device = torch.device(device)
     if distributed:  # hook: spread the draws over the ranks of a process group
         order_tensor = check_order(order, n)
         return spread_draws(
@@ -282,7 +286,8 @@ def run_any_order(
     # (for small tests) all of them
     concurrency = knobs.get("max_concurrent_draws")
     lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
-    rows = OracleRows(oracle, orders, device, knobs["max_elements"], draw_ids, lanes=lanes)
+    budget = knobs.get("max_elements") or default_max_elements(device)
+    rows = OracleRows(oracle, orders, device, budget, draw_ids, lanes=lanes)
     if engine == "reference":
         samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress

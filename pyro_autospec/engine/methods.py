@@ -27,6 +27,7 @@ __all__ = [
     "Method",
     "Schedule",
     "block_policy",
+    "default_max_elements",
     "default_schedule",
     "given_knobs",
     "knob_names",
@@ -100,7 +101,7 @@ DIFFUSION_AUTOSPEC = {"rule": "token", "max_block": None, "min_block": None, "rh
 
 #: Knobs every method of a setting accepts, with their defaults.
 COMMON_KNOBS = {
-    DISCRETE: {"max_rows_per_round": None, "max_elements": 2**24, "max_concurrent_draws": None},
+    DISCRETE: {"max_rows_per_round": None, "max_elements": None, "max_concurrent_draws": None},
     DIFFUSION: {
         "max_rows_per_round": None,
         "max_rows_per_call": None,
@@ -153,7 +154,8 @@ class Schedule(Mapping):
     max_concurrent_draws : int or None
         Every method: continuous batching, at most this many draws in flight.
     max_elements : int
-        ``[q]^n``: the largest oracle call, in ``rows x n`` elements (memory).
+        ``[q]^n``: the largest oracle call, in ``rows x n`` elements (memory; by default
+        ``2**20`` on a CPU, ``2**24`` elsewhere, :func:`default_max_elements`).
     max_rows_per_call : int or None
         Diffusions: cut a round into drift calls of at most this many rows (memory).
     max_block : int or None
@@ -273,6 +275,25 @@ def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
     if twice:
         raise TypeError(f"schedule knobs {twice} given both in schedule= and as keywords")
     return {**given, **knobs}
+
+
+def default_max_elements(device) -> int:
+    """The default size of one oracle call on ``[q]^n`` (``max_elements``, in ``rows x n``
+    entries), by device: ``2**20`` on a CPU, ``2**24`` elsewhere.
+
+    A preset by hardware that never changes the draws (a call's size only cuts a round into
+    calls). On a CPU, calls of ``2**24`` entries made an oracle's own temporaries tens of
+    megabytes, and glibc's allocator mapped fresh pages for them on every call: a hand-written
+    oracle with ``log_marginals_at`` only (n = 4096, 16 draws) took 5.5 times AGR24's time
+    with them and 1.2 times with ``2**20``, and the shipped families and networks were as fast
+    or faster (``benchmarks/README.md``). A GPU wants large calls.
+
+    Examples
+    --------
+    >>> default_max_elements("cpu"), default_max_elements("cuda")
+    (1048576, 16777216)
+    """
+    return 2**20 if str(device).split(":")[0] == "cpu" else 2**24
 
 
 def default_schedule(num_coords: int) -> dict:

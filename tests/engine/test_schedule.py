@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.engine.methods import DEFAULT, DIFFUSION, DISCRETE, Schedule, knob_names
+from pyro_autospec.engine.methods import (
+    DEFAULT,
+    DIFFUSION,
+    DISCRETE,
+    Schedule,
+    default_max_elements,
+    knob_names,
+)
 from pyro_autospec.engine.schedule import BlockPolicy
 from pyro_autospec.oracles import MarkovChainOracle
 from tests.stats import assert_samples_match
@@ -202,3 +209,14 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
         sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
     with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
         sample_any_order(oracle, 2, seed=0, schedule=Schedule(tolerance=0.2))
+
+
+def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 60)
+    here = sample_any_order(oracle, 6, seed=4)
+    assert here.schedule["max_elements"] == default_max_elements("cpu") == 2**20
+    assert default_max_elements(torch.device("cuda", 1)) == 2**24
+    for budget in (2**24, 300):  # one call per round, or many small ones
+        other = sample_any_order(oracle, 6, seed=4, max_elements=budget)
+        assert torch.equal(other.samples, here.samples)
+        assert other.rounds == here.rounds and other.schedule["max_elements"] == budget
