@@ -49,6 +49,18 @@ def _key(key: int, tag: int, index: int) -> int:
     return int(keys.child(torch.tensor(key), tag, index))
 
 
+def _prefetched(answer: QueryAnswer, s: int, b: int) -> np.ndarray:
+    """The prefetched draft row of draw ``s`` after position ``b`` (float64 [width, q]),
+    raising if it is bad."""
+    (pre,) = answer.rows
+    what = (
+        f"prefetched draft row of draw {s} conditioned on its first {b} coordinates "
+        "(target {target})"
+    )
+    OracleRows.raise_bad(pre, pre.bad, what)
+    return pre.log_probs[0].numpy()
+
+
 def _check(answer: Answer, index: int, what: str) -> np.ndarray:
     """Row ``index`` of ``answer`` (float64 [q]), raising if it is bad."""
     OracleRows.raise_bad(answer.part(slice(0, 1)), answer.bad[:1, index : index + 1], what)
@@ -146,15 +158,7 @@ class ReferenceDiscrete:
             what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
             log_mu += float(_check(answer.chain, j - 1, what)[x[j]])
         log_ratio = log_mu - log_nu if log_mu > -math.inf else -math.inf
-        next_row = None
-        if nxt > b and log_mu > -math.inf:
-            (pre,) = answer.rows
-            what = (
-                f"prefetched draft row of draw {s} conditioned on its first {b} coordinates "
-                "(target {target})"
-            )
-            OracleRows.raise_bad(pre, pre.bad, what)
-            next_row = pre.log_probs[0].numpy()
+        next_row = _prefetched(answer, s, b) if nxt > b and log_mu > -math.inf else None
         return log_ratio, log_mu, next_row
 
     def tokens(self, s, key: int, drafted, a: int, b: int, nxt: int, row, answer, stale, restart):
@@ -188,15 +192,7 @@ class ReferenceDiscrete:
                 self.stale_rows(answer, j - first + 1, b - a - j - 1, nxt - b) if restart else None
             )
             return frame, j + 1, log_mu + float(target[y]), False, rows
-        next_row = None
-        if nxt > b:
-            (pre,) = answer.rows
-            what = (
-                f"prefetched draft row of draw {s} conditioned on its first {b} coordinates "
-                "(target {target})"
-            )
-            OracleRows.raise_bad(pre, pre.bad, what)
-            next_row = pre.log_probs[0].numpy()
+        next_row = _prefetched(answer, s, b) if nxt > b else None
         return frame, b - a, log_mu, True, next_row
 
     @staticmethod
