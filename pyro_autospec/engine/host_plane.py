@@ -571,15 +571,23 @@ class WindowSampler:
         pre = np.where(whole, pre, 0)
         total = np.minimum(count + pre, self.width)
         got = restart & (total > 0)
-        for i in np.flatnonzero(got):
-            lane, c = lanes[i], int(count[i])
-            rows = self.draft_rows[lane]
-            rows[:c] = target[i, stop[i] + 1 : stop[i] + 1 + c]
-            p = int(min(pre[i], self.width - c))
-            if p:
-                h = int(np.count_nonzero(has[:i]))
-                rows[c : c + p] = prefetch.log_probs[h, :p]
-            self.avail[lane] = c + p
+        picked = np.flatnonzero(got)
+        if picked.size == 0:
+            return got
+        # one gather for every lane: position m of the new draft is the old window's token
+        # stop + 1 + m while m < count, then the prefetched row's coordinate m - count
+        m = np.arange(self.width)[None, :]
+        c = count[picked][:, None]
+        source = np.minimum(stop[picked][:, None] + 1 + m, width - 1)
+        rows = np.take_along_axis(target[picked], source[..., None], axis=1)
+        if prefetch is not None:
+            p = np.minimum(pre[picked], self.width - count[picked])[:, None]
+            h = (np.cumsum(has) - 1)[picked][:, None]  # each lane's row of the prefetch
+            column = np.clip(m - c, 0, prefetch.log_probs.shape[1] - 1)
+            later = prefetch.log_probs[np.maximum(h, 0), column]
+            rows = np.where(((m >= c) & (m < c + p))[..., None], later, rows)
+        self.draft_rows[lanes[picked]] = rows
+        self.avail[lanes[picked]] = total[picked]
         return got
 
 
