@@ -67,6 +67,12 @@ __all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
 TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
 
+#: A drafted value the target gives less than ``1e-12`` is taken as impossible when choosing
+#: stale draft rows: the rows conditioned on it are conditioned on an event of zero
+#: probability up to rounding (a determinant's or a ``1 - p``'s), so they hold rounding noise,
+#: and drafting from them would make the draws depend on the oracle's last bits.
+STALE_LOG_FLOOR = math.log(1e-12)
+
 
 def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
     """AGR24's window after ``t`` fixed coordinates: ``ceil(scale (t / log q)^(1/3))``, >= 1.
@@ -537,7 +543,7 @@ class WindowSampler:
         restart = rejected & ~ended
         again = np.zeros(num, dtype=bool)
         if self.method == "autospec" and restart.any():
-            again = self._stale_rows(lanes, k, nxt, stop, restart, target, bad, prefetch)
+            again = self._stale_rows(lanes, k, nxt, stop, restart, target, target_x, bad, prefetch)
         if prefetch is not None:
             fresh = has & ~again
             self.draft_rows[lanes[fresh], : prefetch.log_probs.shape[1]] = prefetch.log_probs[
@@ -547,20 +553,29 @@ class WindowSampler:
         self._wait_row(lanes[(go_on & ~with_row) | (restart & ~again)])
         return lanes[with_row | again]
 
-    def _stale_rows(self, lanes, k, nxt, stop, restart, target, bad, prefetch) -> np.ndarray:
+    def _stale_rows(
+        self, lanes, k, nxt, stop, restart, target, target_x, bad, prefetch
+    ) -> np.ndarray:
         """Draft rows for the windows that follow a rejected token, without a round of their
         own ("autospec"): the verification's rows of the window's later tokens (conditioned on
         the drafted prefix, the rejected token included) and then its prefetched row. A draft
         may be any distribution chosen from the past; these rows are. Returns which lanes got
-        one (at least one row before the first bad one); ``avail`` says how many coordinates
-        it covers, and the next window is no longer than that."""
+        one (at least one row before the first unusable one); ``avail`` says how many
+        coordinates it covers, and the next window is no longer than that.
+
+        A row is usable while it is not bad and every drafted token it is conditioned on, from
+        the rejected one on, has target probability above :data:`STALE_LOG_FLOOR`.
+        """
         num, width = target.shape[:2]
         j = np.arange(width)[None, :]
         later = (j > stop[:, None]) & (j < k[:, None])  # tokens after the rejected one
-        good = later & ~bad
-        # rows usable up to the first bad one (a row conditioned on an impossible prefix)
-        run = np.where(later & ~good, j, k[:, None]).min(1) - stop - 1
-        whole = run == k - stop - 1
+        # the first drafted token from the rejected one on that the target calls impossible
+        low = (j >= stop[:, None]) & (j < k[:, None]) & ~(target_x > STALE_LOG_FLOOR)
+        first_low = np.where(low, j, k[:, None]).min(1)
+        # rows usable up to the first bad one or the one after the first impossible token
+        end = np.minimum(np.where(later & bad, j, k[:, None]).min(1), first_low + 1)
+        run = np.minimum(end, k) - stop - 1
+        whole = (run == k - stop - 1) & (first_low == k)
         count = np.minimum(run, self.width)
         pre = np.zeros(num, dtype=np.int64)
         has = nxt > 0

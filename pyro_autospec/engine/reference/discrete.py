@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.host_plane import agr24_window
+from pyro_autospec.engine.host_plane import STALE_LOG_FLOOR, agr24_window
 from pyro_autospec.engine.reference.scheduler import Call
 from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import Answer, OracleRows
@@ -188,27 +188,39 @@ class ReferenceDiscrete:
                 log_residual = np.log(residual / residual.sum())
             y = int(np.argmax(log_residual + _gumbel(key, keys.Tag.RESAMPLE, v)))
             frame[self.orders[s, a + j]] = y
-            rows = (
-                self.stale_rows(answer, j - first + 1, b - a - j - 1, nxt - b) if restart else None
-            )
+            rows = None
+            if restart:  # target log probabilities of the drafted tokens j, j + 1, ...
+                later = answer.chain.log_probs[0, j - first + 1 : b - a - first]
+                drafted_lp = [float(target[x[j]])] + [
+                    float(later[i, x[j + 1 + i]]) for i in range(len(later))
+                ]
+                rows = self.stale_rows(answer, j - first + 1, b - a - j - 1, nxt - b, drafted_lp)
             return frame, j + 1, log_mu + float(target[y]), False, rows
         next_row = _prefetched(answer, s, b) if nxt > b else None
         return frame, b - a, log_mu, True, next_row
 
     @staticmethod
-    def stale_rows(answer: QueryAnswer, start: int, count: int, prefetched: int):
+    def stale_rows(answer: QueryAnswer, start: int, count: int, prefetched: int, drafted_lp):
         """The draft rows of the window after a rejected token: the chain's rows ``start ..
         start + count - 1`` (the later tokens, conditioned on the drafted prefix) up to the
-        first bad one, then, if all were good, the prefetched row's first ``prefetched``
-        coordinates up to its first bad one. ``None`` when no row is usable."""
+        first unusable one, then, if all were usable, the prefetched row's first ``prefetched``
+        coordinates up to its first bad one. ``None`` when no row is usable.
+
+        ``drafted_lp[i]``: the target log probability of the rejected token (``i = 0``) and of
+        the drafted tokens after it; a row is unusable when bad or conditioned on a token at or
+        below :data:`~pyro_autospec.engine.host_plane.STALE_LOG_FLOOR`."""
         chain = answer.chain
         parts = []
         good = 0
-        while good < count and not bool(chain.bad[0, start + good]):
+        while (
+            good < count
+            and drafted_lp[good] > STALE_LOG_FLOOR
+            and not bool(chain.bad[0, start + good])
+        ):
             good += 1
         if good:
             parts.append(chain.log_probs[0, start : start + good].numpy())
-        if good == count and prefetched > 0:
+        if good == count and drafted_lp[count] > STALE_LOG_FLOOR and prefetched > 0:
             pre = answer.rows[0]
             usable = 0
             while usable < prefetched and not bool(pre.bad[0, usable]):
