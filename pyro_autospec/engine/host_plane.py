@@ -543,7 +543,13 @@ class WindowSampler:
         restart = rejected & ~ended
         again = np.zeros(num, dtype=bool)
         if self.method == "autospec" and restart.any():
-            again = self._stale_rows(lanes, k, nxt, stop, restart, target, target_x, bad, prefetch)
+            # a later row may serve as a stale draft row unless it is bad or conditioned on a
+            # drafted token (from the rejected one on) that the target calls impossible;
+            # column k stands for the prefetched row (its bad rows are checked there)
+            low = (j >= stop[:, None]) & in_window & ~(target_x > STALE_LOG_FLOOR)
+            clean = np.cumsum(np.pad(low, ((0, 0), (1, 0))), 1) == 0
+            usable = clean & np.pad(~bad, ((0, 0), (0, 1)), constant_values=True)
+            again = self._stale_rows(lanes, k, nxt, stop, restart, target, usable, prefetch)
         if prefetch is not None:
             fresh = has & ~again
             self.draft_rows[lanes[fresh], : prefetch.log_probs.shape[1]] = prefetch.log_probs[
@@ -553,9 +559,7 @@ class WindowSampler:
         self._wait_row(lanes[(go_on & ~with_row) | (restart & ~again)])
         return lanes[with_row | again]
 
-    def _stale_rows(
-        self, lanes, k, nxt, stop, restart, target, target_x, bad, prefetch
-    ) -> np.ndarray:
+    def _stale_rows(self, lanes, k, nxt, stop, restart, target, usable, prefetch) -> np.ndarray:
         """Draft rows for the windows that follow a rejected token, without a round of their
         own ("autospec"): the verification's rows of the window's later tokens (conditioned on
         the drafted prefix, the rejected token included) and then its prefetched row. A draft
@@ -563,19 +567,16 @@ class WindowSampler:
         one (at least one row before the first unusable one); ``avail`` says how many
         coordinates it covers, and the next window is no longer than that.
 
-        A row is usable while it is not bad and every drafted token it is conditioned on, from
-        the rejected one on, has target probability above :data:`STALE_LOG_FLOOR`.
+        ``usable`` bool [L, width + 1]: whether row ``j`` may serve (not bad, and every drafted
+        token it is conditioned on, from the rejected one on, has target probability above
+        :data:`STALE_LOG_FLOOR`); column ``k`` says it of the prefetched row.
         """
         num, width = target.shape[:2]
         j = np.arange(width)[None, :]
         later = (j > stop[:, None]) & (j < k[:, None])  # tokens after the rejected one
-        # the first drafted token from the rejected one on that the target calls impossible
-        low = (j >= stop[:, None]) & (j < k[:, None]) & ~(target_x > STALE_LOG_FLOOR)
-        first_low = np.where(low, j, k[:, None]).min(1)
-        # rows usable up to the first bad one or the one after the first impossible token
-        end = np.minimum(np.where(later & bad, j, k[:, None]).min(1), first_low + 1)
-        run = np.minimum(end, k) - stop - 1
-        whole = (run == k - stop - 1) & (first_low == k)
+        # rows usable up to the first one that is not
+        run = np.where(later & ~usable[:, :width], j, k[:, None]).min(1) - stop - 1
+        whole = (run == k - stop - 1) & usable[np.arange(num), k]
         count = np.minimum(run, self.width)
         pre = np.zeros(num, dtype=np.int64)
         has = nxt > 0
