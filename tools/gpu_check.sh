@@ -15,11 +15,13 @@
 #                                        the oracles in order of interest, as far as time goes
 #   user_oracles_256  LIMIT_USER_256=45  the same, 256 draws, five oracles, three methods
 #   user_counts       LIMIT_COUNTS=45    engine calls and host reads per round, 16 draws
-#   engine_race       LIMIT_ENGINE=90    benchmarks/engine.py --parts overhead race (n = 4096)
+#   engine_race       LIMIT_ENGINE=90    benchmarks/engine.py --parts overhead race (n = 4096,
+#                                        Markov and HMM: the tree's sequential rows outrun it)
 #   rounds            LIMIT_ROUNDS=60    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
 #   diffusion         LIMIT_DIFFUSION=40 benchmarks/diffusion.py, d = 16, N = 1024: the default
 #                                        rule against the block rule, sequential and Picard, then
-#                                        its max_block at 64 (the default) and 128 (rounds-first)
+#                                        its max_block at 64 (the default) and 128 (rounds-first),
+#                                        the fastest of 3 runs each
 #
 # A GPU image without Pyro and ArviZ (the engine and the benchmarks need neither, the Pyro
 # tests do) takes them as wheels, downloaded where pip reaches PyPI and installed there with
@@ -80,7 +82,7 @@ step user_counts "${LIMIT_COUNTS:-45}" "$PY" benchmarks/user_oracles.py --device
     "${smoke[@]}"
 
 step engine_race "${LIMIT_ENGINE:-90}" "$PY" benchmarks/engine.py --device "$DEVICE" \
-    --parts overhead race --no-reference "${smoke[@]}"
+    --parts overhead race --no-reference --families markov hmm "${smoke[@]}"
 
 rounds_out="$OUT/rounds"
 mkdir -p "$rounds_out"
@@ -95,7 +97,7 @@ else
 fi
 step diffusion "${LIMIT_DIFFUSION:-40}" bash -c 'cd benchmarks && "$0" diffusion.py \
     --device "$1" --dims 16 --no-guide --num-samples 32 "${@:2}" \
-    && "$0" diffusion.py --device "$1" --dims 16 --num-samples 32 --sweep 64 128 "${@:2}"' \
+    && "$0" diffusion.py --device "$1" --dims 16 --num-samples 32 --sweep 64 128 --repeats 3 "${@:2}"' \
     "$PY" "$DEVICE" "${diffusion_sizes[@]}"
 
 echo "== done in $SECONDS s; outputs under $OUT" | tee -a "$OUT/summary.txt"
