@@ -39,6 +39,7 @@ from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
     block_policy,
+    default_max_block,
     default_max_elements,
     default_schedule,
     given_knobs,
@@ -214,17 +215,20 @@ def sample_any_order(
             f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
             f"num_samples must equal it, got {num_samples}"
         )
-    knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given_knobs(schedule, knobs))
+    given = given_knobs(schedule, knobs)
+    knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given)
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"
     device = torch.device(device)
     if knobs["max_elements"] is None:  # a preset by hardware; the draws do not depend on it
         knobs["max_elements"] = default_max_elements(device)
+    in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
+    if "max_block" in knobs and "max_block" not in given:  # a preset by hardware and batch
+        knobs["max_block"] = default_max_block(n, in_flight, device)
     _check_knobs(knobs)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each)
-    in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
     check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
     if distributed:  # hook: spread the draws over the ranks of a process group
         order_tensor = check_order(order, n)

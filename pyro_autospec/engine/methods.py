@@ -27,6 +27,7 @@ __all__ = [
     "Method",
     "Schedule",
     "block_policy",
+    "default_max_block",
     "default_max_elements",
     "default_schedule",
     "given_knobs",
@@ -159,7 +160,9 @@ class Schedule(Mapping):
     max_rows_per_call : int or None
         Diffusions: cut a round into drift calls of at most this many rows (memory).
     max_block : int or None
-        ``"autospec"``: the largest window (``[q]^n``: ``max(8, 2 sqrt n)``; diffusions:
+        ``"autospec"``: the largest window (``[q]^n``: ``max(8, 2 sqrt n)``, or
+        ``max(8, sqrt n)`` on an accelerator with 256 draws in flight or more,
+        :func:`default_max_block`; diffusions:
         ``max(8, 2 sqrt N)`` for the token rule, the whole chain for the block rule).
     min_block : int
         ``"autospec"``: the smallest adaptive window (2).
@@ -296,6 +299,37 @@ def default_max_elements(device) -> int:
     return 2**20 if str(device).split(":")[0] == "cpu" else 2**24
 
 
+#: Draws in flight from which an accelerator's default window is rows-lean
+#: (:func:`default_max_block`).
+LEAN_DRAWS = 256
+
+
+def default_max_block(num_coords: int, draws_in_flight: int = 1, device="cpu") -> int:
+    """The default largest window of ``"autospec"`` on ``[q]^n`` (``max_block``): a preset by
+    hardware and batch.
+
+    ``max(8, 2 sqrt n)`` (rounds first), except on an accelerator with at least
+    :data:`LEAN_DRAWS` draws in flight, whose rounds already fill the device, so that rows set
+    the time there: ``max(8, sqrt n)``. On an H100, 256 draws at n = 1024 took 0.70 to 0.88
+    times the time with the smaller window on the two rough random networks and an untrained
+    guide (the roughest network from 1.58 to 1.16 times sequential sampling's), and 1.00 to
+    1.12 times on a smooth network, a mixture and a Markov chain; with 64 draws the smaller
+    window lost up to 1.31 times, and on a CPU it lost up to 1.5 times on consistent oracles
+    at 256 draws (``benchmarks/README.md``). Like every knob it changes which
+    random numbers the draws read, not their law; the result records it, and passing the
+    schedule back gives the same draws on any device.
+
+    Examples
+    --------
+    >>> default_max_block(1024), default_max_block(1024, 256, "cpu")
+    (64, 64)
+    >>> default_max_block(1024, 256, "cuda"), default_max_block(1024, 255, "cuda")
+    (32, 64)
+    """
+    lean = str(device).split(":")[0] != "cpu" and draws_in_flight >= LEAN_DRAWS
+    return max(8, int(round((1 if lean else 2) * math.sqrt(num_coords))))
+
+
 def default_schedule(num_coords: int) -> dict:
     """The default schedule of ``"autospec"`` on ``[q]^n`` for ``n = num_coords``.
 
@@ -307,7 +341,9 @@ def default_schedule(num_coords: int) -> dict:
         * ``blocks="adaptive"``: every draw chooses its next window from its own past (grown
           after a window that passed whole, shrunk after one that did not);
           ``"fixed"``: the balanced tiling into blocks of about ``max_block``;
-        * ``max_block``: the largest window, ``max(8, 2 sqrt(n))``; ``min_block``: the
+        * ``max_block``: the largest window, ``max(8, 2 sqrt(n))`` (:func:`sample_any_order
+          <pyro_autospec.sample_any_order>` takes ``max(8, sqrt(n))`` on an accelerator with
+          256 draws in flight or more, :func:`default_max_block`); ``min_block``: the
           smallest (2); ``first_block``: a draw's first window (``None``: ``max_block``);
         * ``token_below``: windows below this size keep their longest accepted prefix and
           redraw one token from the residual, as in speculative decoding; windows at or above
@@ -338,7 +374,7 @@ def default_schedule(num_coords: int) -> dict:
     """
     return {
         "rho": 3.0,
-        "max_block": max(8, int(round(2 * math.sqrt(num_coords)))),
+        "max_block": default_max_block(num_coords),
         "max_rows_per_round": None,
         "blocks": "adaptive",
         "min_block": 2,

@@ -105,6 +105,21 @@ def test_rounding_noise_does_not_shift_the_random_stream(name, method):
 
 
 @needs_cuda
+def test_cuda_lean_windows_for_many_draws_reproduce_on_cpu():
+    """256 draws in flight on a GPU take the rows-lean window; the recorded schedule gives
+    the GPU's draws on the CPU."""
+    n = 256
+    stay = torch.tensor([[0.8, 0.2], [0.3, 0.7]])
+    cpu = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, n)
+    gpu = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, n, device="cuda")
+    b = sample_any_order(gpu, 256, seed=5)
+    assert b.schedule["max_block"] == 16
+    a = sample_any_order(cpu, 256, seed=5, schedule=b.schedule)
+    assert torch.equal(a.samples, b.samples.cpu())
+    assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
+
+
+@needs_cuda
 @pytest.mark.parametrize("method", ["autospec", "speculative", "agr24", "sequential"])
 @pytest.mark.parametrize(
     "name",

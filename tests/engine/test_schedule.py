@@ -20,7 +20,9 @@ from pyro_autospec.engine.methods import (
     DEFAULT,
     DIFFUSION,
     DISCRETE,
+    LEAN_DRAWS,
     Schedule,
+    default_max_block,
     default_max_elements,
     knob_names,
 )
@@ -209,6 +211,22 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
         sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
     with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
         sample_any_order(oracle, 2, seed=0, schedule=Schedule(tolerance=0.2))
+
+
+def test_the_largest_window_is_a_preset_by_device_and_batch():
+    """``max(8, 2 sqrt n)``, or ``max(8, sqrt n)`` on an accelerator with 256 draws in
+    flight; a given ``max_block`` wins, and the recorded one gives the same draws."""
+    assert default_max_block(256) == default_max_block(256, 4096, "cpu") == 32
+    assert default_max_block(256, 256, torch.device("cuda", 0)) == 16
+    assert default_max_block(256, 255, "cuda") == 32
+    assert default_max_block(16, 256, "cuda") == 8  # never below 8
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 256)
+    run = sample_any_order(oracle, LEAN_DRAWS, seed=1, max_concurrent_draws=300)
+    assert run.schedule["max_block"] == 32  # on a CPU
+    given = sample_any_order(oracle, 4, seed=1, max_block=16)
+    assert given.schedule["max_block"] == 16
+    again = sample_any_order(oracle, 4, seed=1, schedule=given.schedule)
+    assert torch.equal(again.samples, given.samples)
 
 
 def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():
