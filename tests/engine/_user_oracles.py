@@ -20,7 +20,7 @@ import math
 
 import torch
 
-__all__ = ["RandomNADE", "ProductMixture", "HandChain", "chain_rule_log_prob"]
+__all__ = ["RandomNADE", "ProductMixture", "HandChain", "NoAdjacentZeros", "chain_rule_log_prob"]
 
 
 class RandomNADE:
@@ -273,6 +273,40 @@ class HandChain:
         same = (x[:, 1:] == x[:, :-1]).double()
         steps = same * math.log(self.stay) + (1 - same) * math.log(1 - self.stay)
         return math.log(0.5) + steps.sum(1)
+
+
+class NoAdjacentZeros:
+    """An imperfect network with a hard constraint, as a user might bolt one on: value 0 is
+    impossible at a coordinate next to (index +- 1) a coordinate pinned to 0. Its rows are
+    the network's renormalised over the allowed values; rows conditioned on a prefix that
+    breaks the rule are still plain network rows (nothing flags them).
+
+    Examples
+    --------
+    >>> net = NoAdjacentZeros(RandomNADE(4, 2, hidden=4, seed=0, chains=False))
+    >>> values = torch.tensor([[0, 0, 1, 1]])
+    >>> mask = torch.tensor([[True, False, False, False]])
+    >>> net.log_marginals(values, mask)[0, 1, 0].item()
+    -inf
+    """
+
+    inference_safe = True
+
+    def __init__(self, net):
+        self.net, self.num_coords, self.num_values = net, net.num_coords, net.num_values
+
+    def log_marginals(self, values, mask):
+        out = self.net.log_marginals(values, mask).double()
+        zero = mask & (values == 0)
+        banned = torch.nn.functional.pad(zero[:, :-1], (1, 0)) | torch.nn.functional.pad(
+            zero[:, 1:], (0, 1)
+        )
+        out[..., 0] = torch.where(banned, -torch.inf, out[..., 0])
+        return out.log_softmax(-1)
+
+    def log_marginals_at(self, values, mask, targets):
+        rows = self.log_marginals(values, mask)
+        return rows.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
 
 
 def chain_rule_log_prob(oracle, states: torch.Tensor, order) -> torch.Tensor:

@@ -25,6 +25,7 @@ from pyro_autospec.oracles import (
 )
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 from tests.catalogue.targets import TARGETS
+from tests.engine._user_oracles import NoAdjacentZeros, RandomNADE
 
 
 def _oracles() -> dict:
@@ -49,6 +50,10 @@ def _oracles() -> dict:
         "dpp": DPPOracle(L=3.0 * torch.exp(-(torch.cdist(pts, pts) ** 2) * n / 2)),
         "spanning_tree": SpanningTreeOracle(9, torch.tensor(grid)),
         "curie_weiss": CurieWeissOracle(n, beta=1.2, h=0.1),
+        # an imperfect network with hard zeros: stale rows after impossible drafted tokens
+        "constrained_network": NoAdjacentZeros(
+            RandomNADE(n, 3, hidden=8, scale=2.0, seed=4, chains=False)
+        ),
     }
 
 
@@ -69,10 +74,10 @@ SCHEDULES = {
 }
 
 
-def _same(a, b, counts: bool) -> None:
+def _same(a, b, counts: bool, atol: float = 1e-10) -> None:
     assert torch.equal(a.samples, b.samples)
     assert torch.equal(a.orders, b.orders)
-    torch.testing.assert_close(a.log_prob, b.log_prob, rtol=0, atol=1e-10)
+    torch.testing.assert_close(a.log_prob, b.log_prob, rtol=0, atol=atol)
     if counts:
         assert a.rounds == b.rounds and a.oracle_rows == b.oracle_rows
         assert torch.equal(a.sample_rounds, b.sample_rounds)
@@ -84,7 +89,9 @@ def test_autospec_engines_agree(name, schedule):
     oracle, knobs = ORACLES[name], SCHEDULES[schedule]
     fast = sample_any_order(oracle, 12, seed=3, **knobs)
     slow = sample_any_order(oracle, 12, seed=3, engine="reference", **knobs)
-    _same(fast, slow, counts="max_rows_per_round" not in knobs)
+    # a float32 network's rows round with the batch they are computed in (caps change it)
+    atol = 1e-5 if name == "constrained_network" else 1e-10
+    _same(fast, slow, counts="max_rows_per_round" not in knobs, atol=atol)
 
 
 @pytest.mark.parametrize("method", ["sequential", "gumbel_sequential", "speculative", "agr24"])
