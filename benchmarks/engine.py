@@ -19,6 +19,9 @@ Five parts (``--parts``), each printing a markdown table:
 * ``draws``: the same race at ``--race-n`` for ``--draws`` draws at a time (1 to 64 by
   default), Markov chain and HMM: where autospeculation wins and loses on a CPU as the batch
   grows (rounds stay about the same, rows add up, and a CPU pays for every row).
+* ``profile`` (only when named): the ``overhead`` setting at the largest n under cProfile,
+  the engine's own time by function, and the floor of the dense inputs (the same bytes
+  written by NumPy alone).
 * ``batching``: continuous batching (``max_concurrent_draws``) on many draws of the noisy
   Ising grid of ``benchmarks/pyro_models.py`` (AutoSpec with exact enumeration): whole-run
   rounds and rows at several concurrencies against all draws at once and sequential sampling.
@@ -320,7 +323,70 @@ def batching(args) -> None:
         )
 
 
-PARTS = {"overhead": overhead, "race": race, "ops": ops, "draws": draws, "batching": batching}
+def profile(args) -> None:
+    """Where the engine's time goes outside the oracle, by function (cProfile), for the
+    ``overhead`` setting at the largest ``--sizes`` n; and the floor of the dense inputs: the
+    time to fill a ``[rows, n]`` int64 ``values`` and bool ``mask`` with NumPy alone."""
+    import cProfile
+    import pstats
+
+    import numpy as np
+
+    n = max(args.sizes)
+    oracle = RowsOnly(markov(n, device=args.device))
+    warm_up(oracle, ["autospec"], args)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    r = sample_any_order(oracle, args.num_samples, seed=args.seed)
+    profiler.disable()
+    rows = r.oracle_rows
+    stats = pstats.Stats(profiler).stats
+    engine_root = str(Path(__file__).resolve().parents[1] / "pyro_autospec" / "engine")
+    own: dict[str, float] = {}
+    for (filename, _, name), (_, _, tottime, _, _) in stats.items():
+        if filename.startswith(engine_root):
+            key = f"{Path(filename).name}:{name}"
+            own[key] = own.get(key, 0.0) + tottime
+    outside = r.wall_time - r.timing["oracle"]
+    print(
+        f"\n## Where the engine's time goes (n = {n}, {args.num_samples} draws, an oracle with "
+        f"`log_marginals_at` only, under cProfile; {load()})\n"
+    )
+    print(
+        f"{rows} rows in {r.rounds} rounds; wall {r.wall_time:.2f} s, in the oracle "
+        f"{r.timing['oracle']:.2f} s, outside it {1e6 * outside / rows:.2f} us per row, of "
+        f"which the dense inputs {1e6 * r.timing['inputs'] / rows:.2f} us.\n"
+    )
+    print("| engine function (own time) | seconds | us per row |")
+    print("|---|---|---|")
+    for key, seconds in sorted(own.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"| `{key}` | {seconds:.3f} | {1e6 * seconds / rows:.2f} |")
+    # the floor: the same bytes written by NumPy alone, in calls of the engine's size
+    per_call = max(1, 2**20 // n)
+    frame = np.zeros(n, dtype=np.int64)
+    ranks = np.arange(n, dtype=np.int16 if n < 2**15 else np.int32)
+    values = np.empty((per_call, n), dtype=np.int64)
+    mask = np.empty((per_call, n), dtype=bool)
+    cuts = np.arange(per_call)[:, None]
+    start = time.perf_counter()
+    for _ in range(max(1, rows // per_call)):
+        values[...] = frame
+        np.less(ranks, cuts, out=mask)
+    floor = (time.perf_counter() - start) / (max(1, rows // per_call) * per_call)
+    print(
+        f"\nFloor of the dense inputs: {1e6 * floor:.2f} us per row (a `[{per_call}, {n}]` "
+        "int64 `values` filled from one frame and a bool `mask` from ranks, NumPy alone)."
+    )
+
+
+PARTS = {
+    "overhead": overhead,
+    "race": race,
+    "ops": ops,
+    "draws": draws,
+    "batching": batching,
+    "profile": profile,
+}
 
 
 def main(argv=None) -> None:
