@@ -75,4 +75,6 @@ def test_benchmark_smoke(script, tmp_path):
     args = [str(ROOT / "benchmarks" / script), "--smoke"]
     if script == "rounds.py":
         args += ["--out", str(tmp_path)]
+    if script == "engine.py":  # every part, the opt-in profile too
+        args += ["--parts", "overhead", "race", "ops", "draws", "batching", "profile"]
     run(*args)
