@@ -39,7 +39,7 @@ from tests.catalogue.references import (
     potts_log_prob,
     spanning_tree_log_prob,
 )
-from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE
+from tests.engine._user_oracles import HandChain, NoAdjacentZeros, ProductMixture, RandomNADE
 from tests.guides._models import ising_chain
 
 
@@ -112,6 +112,7 @@ PROJECTION = random_kernel(6, seed=9, projection_rank=3)
 GRAPH = (4, [(0, 1), (1, 2), (2, 3), (3, 0), (0, 2)], [1.0, 2.0, 0.5, 1.5, 3.0])
 CW = (6, 1.3, 0.2)
 NADE = {"n": 5, "q": 3, "hidden": 8, "scale": 2.0, "seed": 1}
+NADE_ROWS = {**NADE, "chains": False}
 MIXTURE = {"n": 5, "q": 3, "components": 4, "sharpness": 1.5, "seed": 2}
 GUIDE_MLP = {"num_coords": 5, "num_values": 3, "architecture": "mlp", "hidden_dim": 16}
 ISING_DATA = (torch.tensor([0.8, -0.3, 1.1, -1.0, 0.2]),)
@@ -177,4 +178,5 @@ CONFORMANCE = {
     "user_random_nade_rows_only": C(lambda: RandomNADE(**NADE, chains=False), **LEARNED),
     "user_product_mixture": C(lambda: ProductMixture(**MIXTURE), _joint, point_masses=False),
     "user_hand_chain": C(lambda: HandChain(6, stay=0.8), _joint, point_masses=False),
+    "user_constrained_nade": C(lambda: NoAdjacentZeros(RandomNADE(**NADE_ROWS)), **LEARNED),
 }  # fmt: skip

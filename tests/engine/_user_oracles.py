@@ -296,7 +296,7 @@ class NoAdjacentZeros:
         self.net, self.num_coords, self.num_values = net, net.num_coords, net.num_values
 
     def log_marginals(self, values, mask):
-        out = self.net.log_marginals(values, mask).double()
+        out = self.net.log_marginals(values, mask).clone()  # the network's float32
         zero = mask & (values == 0)
         banned = torch.nn.functional.pad(zero[:, :-1], (1, 0)) | torch.nn.functional.pad(
             zero[:, 1:], (0, 1)
