@@ -134,8 +134,14 @@ def sample_any_order(
         sequential Gumbel-max sampler with the noise ``"agr24"`` uses; same seed, same path).
         All are exact for the oracle's chain rule in the order used (:doc:`/choosing`).
     seed : int, torch.Generator, numpy.random.Generator or None
-        Same seed, same draws, whatever the engine, device, batch or schedule. An int must lie
-        in ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
+        Same seed and schedule, same draws, whatever the engine, device, batch composition
+        (``max_concurrent_draws``), caps (``max_rows_per_round``) and call sizes
+        (``max_elements``). The window knobs (``max_block``, ``min_block``, ``first_block``,
+        ``blocks``, ``token_below``, ``rho``, ``race_depth``) change which random numbers the
+        draws read, not their law; the default ``max_block`` depends on the device and the
+        draws in flight (:func:`~pyro_autospec.engine.methods.default_max_block`), so pass
+        ``schedule=result.schedule`` to repeat a run elsewhere. An int must lie in
+        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
         ``"random"`` draws a fresh uniform order per draw (needed for the ``sqrt(n)`` bound);
         a fixed permutation is used for every draw.

@@ -374,9 +374,12 @@ def sample_sde(
         chain, one step per round. ``"picard"``: ParaDiGMS-style sliding-window fixed-point
         iteration with pre-drawn noise; APPROXIMATE, see ``error`` in the result.
     seed : int, numpy.random.Generator or torch.Generator, optional
-        Root of all randomness (keyed by draw, block and try, in float64); the same seed gives
-        the same output whatever the engine, batch or schedule. An int must lie in
-        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
+        Root of all randomness (keyed by draw, step, block and try, in float64); the same seed
+        and schedule give the same output whatever the engine, device, batch composition,
+        caps and call sizes. The window knobs (``rule``, ``max_block``, ``min_block``,
+        ``rho``) change which random numbers the draws read (the draft drift is frozen at a
+        window's start), not their law. An int must lie in ``[0, 2**64)``
+        (:func:`~pyro_autospec.engine.keys.check_seed`).
     device, dtype : optional
         Where and in which dtype the drift is called. Default: the drift's own ``device`` /
         ``dtype`` attributes (or its parameters for an ``nn.Module``), else those of ``x0``,
