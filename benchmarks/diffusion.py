@@ -85,6 +85,19 @@ def _warm_up(oracle, settings) -> None:
         sample_diffusion(oracle, 2, num_steps=16, delta=0.01, method=method, seed=0, **knobs)
 
 
+def _timed(oracle, num_samples: int, n: int, args, repeats: int = 1, **kwargs):
+    """``(result, wall)``: one setting's draws and the fastest of ``repeats`` wall times (the
+    same draws each time)."""
+    wall = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = sample_diffusion(
+            oracle, num_samples, num_steps=n, delta=args.delta, seed=args.seed + 1, **kwargs
+        )
+        wall = min(wall, time.perf_counter() - start)
+    return result, wall
+
+
 def sweep(args: argparse.Namespace) -> bool:
     """The default rule's rounds against rows and wall time as its largest window grows."""
     torch.set_num_threads(args.threads)
@@ -105,18 +118,9 @@ def sweep(args: argparse.Namespace) -> bool:
         _warm_up(oracle, [("autospec", {"max_block": m}) for m in args.sweep])
         for n in steps:
             for max_block in args.sweep:
-                wall = math.inf  # the fastest of --repeats runs (the same draws each time)
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    result = sample_diffusion(
-                        oracle,
-                        num_samples,
-                        num_steps=n,
-                        delta=args.delta,
-                        seed=args.seed + 1,
-                        max_block=max_block,
-                    )
-                    wall = min(wall, time.perf_counter() - start)
+                result, wall = _timed(
+                    oracle, num_samples, n, args, repeats=args.repeats, max_block=max_block
+                )
                 median = float(result.sample_rounds.double().median())
                 rows = result.oracle_rows / num_samples / n
                 print(
@@ -163,17 +167,7 @@ def run(args: argparse.Namespace) -> bool:
             for label, method, knobs in settings:
                 if knobs.get("rule") == "block":
                     knobs = {**knobs, "rho": rho}
-                start = time.perf_counter()
-                result = sample_diffusion(
-                    oracle,
-                    num_samples,
-                    num_steps=n,
-                    delta=args.delta,
-                    method=method,
-                    seed=args.seed + 1,
-                    **knobs,
-                )
-                wall = time.perf_counter() - start
+                result, wall = _timed(oracle, num_samples, n, args, method=method, **knobs)
                 rounds = result.sample_rounds.double().numpy()
                 median, p90 = float(np.median(rounds)), float(np.quantile(rounds, 0.9))
                 rows = result.oracle_rows / num_samples

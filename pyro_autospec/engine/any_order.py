@@ -299,7 +299,7 @@ def run_any_order(
     budget = knobs.get("max_elements") or default_max_elements(device)
     rows = OracleRows(oracle, orders, device, budget, draw_ids, lanes=lanes)
     if engine == "reference":
-        samples, log_prob, rounds, total_rows, sample_rounds = run_discrete(
+        samples, log_prob, rounds, oracle_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress
         )
     elif method == "autospec" and not token_only(block_policy(knobs)):
@@ -325,7 +325,7 @@ def run_any_order(
         )
         counts = recursion.run()
         samples, log_prob = problem.samples, recursion.log_prob
-        rounds, total_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
+        rounds, oracle_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
     else:
         sampler = WindowSampler(
             rows,
@@ -340,7 +340,7 @@ def run_any_order(
         )
         sampler.run()
         samples, log_prob = sampler.samples, sampler.log_prob
-        rounds, total_rows, sample_rounds = (
+        rounds, oracle_rows, sample_rounds = (
             sampler.rounds,
             sampler.oracle_rows,
             sampler.sample_rounds,
@@ -353,7 +353,7 @@ def run_any_order(
         orders=orders.to("cpu"),  # computed from the keys when first read
         rounds=int(rounds),
         sample_rounds=sample_rounds.cpu(),
-        oracle_rows=int(total_rows),
+        oracle_rows=int(oracle_rows),
         method=method,
         wall_time=time.perf_counter() - start,
         engine=engine,

@@ -285,11 +285,9 @@ def default_max_elements(device) -> int:
     entries), by device: ``2**20`` on a CPU, ``2**24`` elsewhere.
 
     A preset by hardware that never changes the draws (a call's size only cuts a round into
-    calls). On a CPU, calls of ``2**24`` entries made an oracle's own temporaries tens of
-    megabytes, and glibc's allocator mapped fresh pages for them on every call: a hand-written
-    oracle with ``log_marginals_at`` only (n = 4096, 16 draws) took 5.5 times AGR24's time
-    with them and 1.2 times with ``2**20``, and the shipped families and networks were as fast
-    or faster (``benchmarks/README.md``). A GPU wants large calls.
+    calls). On a CPU, large calls make an oracle's own temporaries tens of megabytes, which
+    the allocator may map afresh on every call; a GPU wants large calls. The measurements
+    behind it are in ``benchmarks/README.md`` ("A preset by hardware").
 
     Examples
     --------
@@ -310,14 +308,12 @@ def default_max_block(num_coords: int, draws_in_flight: int = 1, device="cpu") -
 
     ``max(8, 2 sqrt n)`` (rounds first), except on an accelerator with at least
     :data:`LEAN_DRAWS` draws in flight, whose rounds already fill the device, so that rows set
-    the time there: ``max(8, sqrt n)``. On an H100, 256 draws at n = 1024 took 0.70 to 0.88
-    times the time with the smaller window on the two rough random networks and an untrained
-    guide (the roughest network from 1.58 to 1.16 times sequential sampling's), and 1.00 to
-    1.12 times on a smooth network, a mixture and a Markov chain; with 64 draws the smaller
-    window lost up to 1.31 times, and on a CPU it lost up to 1.5 times on consistent oracles
-    at 256 draws (``benchmarks/README.md``). Like every knob it changes which
-    random numbers the draws read, not their law; the result records it, and passing the
-    schedule back gives the same draws on any device.
+    the time there: ``max(8, sqrt n)``, which spends fewer rows on imperfect oracles for a few
+    more rounds on consistent ones. On a CPU every row is paid for at any batch, and with
+    fewer draws the rounds matter more; the measurements behind the choice are in
+    ``benchmarks/README.md`` ("The window with many draws on the H100"). Like every knob it
+    changes which random numbers the draws read, not their law; the result records it, and
+    passing the schedule back gives the same draws on any device.
 
     Examples
     --------

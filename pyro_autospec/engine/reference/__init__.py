@@ -34,7 +34,7 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
     -------
     samples : LongTensor[N, n]
     log_prob : DoubleTensor[N]
-    rounds, total_rows : int
+    rounds, oracle_rows : int
     sample_rounds : LongTensor[N]
     """
     rho = knobs.get("rho", 1.0)
