@@ -60,11 +60,12 @@ from pyro_autospec.engine.euler import (
     picard,
     sequential,
 )
-from pyro_autospec.engine.euler_tokens import sample_tokens
+from pyro_autospec.engine.euler_tokens import EulerTokens
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
     Schedule,
+    default_max_block,
     given_knobs,
     resolve_knobs,
 )
@@ -138,12 +139,6 @@ def _float64_on(device: torch.device) -> torch.device:
 RULES = ("token", "block")
 
 
-def token_max_block(num_steps: int) -> int:
-    """The token rule's default largest window for ``N = num_steps``: ``max(8, 2 sqrt N)``
-    (as on ``[q]^n``)."""
-    return max(8, int(round(2 * math.sqrt(num_steps))))
-
-
 def _knobs(method, scale, given: dict, num_steps: int) -> dict:
     """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise), with
     the rule's defaults filled in, so that the result records the schedule that ran."""
@@ -193,7 +188,7 @@ def _autospec_knobs(knobs: dict, num_steps: int) -> None:
         if not isinstance(min_block, (int, np.integer)) or min_block < 1:
             raise ValueError(f"min_block must be a positive int, got {min_block!r}")
         knobs.update(
-            max_block=int(max_block or token_max_block(num_steps)), min_block=int(min_block)
+            max_block=int(max_block or default_max_block(num_steps)), min_block=int(min_block)
         )
         return
     if knobs["min_block"] is not None:
@@ -240,7 +235,7 @@ def _run(s: _Settings) -> SampleResult:
     if s.engine == "reference":
         out = run_euler(chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress)
     elif s.method == "autospec" and s.knobs["rule"] == "token":
-        out = sample_tokens(chain, evaluate, x0, draw_keys, s.knobs, s.return_paths, s.progress)
+        out = EulerTokens(chain, evaluate, x0, draw_keys, s.knobs, s.return_paths).run(s.progress)
     elif s.method == "autospec":
         max_block = s.knobs["max_block"] or n
         problem = EulerBlocks(chain, evaluate, x0, s.knobs["rho"], s.return_paths)

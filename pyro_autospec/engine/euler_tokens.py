@@ -61,7 +61,6 @@ __all__ = [
     "Verdict",
     "draft_windows",
     "row_mask",
-    "sample_tokens",
     "token_policy",
     "verify_windows",
 ]
@@ -425,50 +424,40 @@ class EulerTokens:
         self.finished += ended.size
         self.start()
 
+    @engine_mode()
+    def run(self, progress: bool = False) -> EulerOutput:
+        """Run every draw to completion, with a progress bar if ``progress``.
 
-@engine_mode()
-def sample_tokens(
-    chain: Chain,
-    evaluate: DriftEvaluator,
-    x0: torch.Tensor,
-    draw_keys: torch.Tensor,
-    knobs: dict,
-    return_paths: bool,
-    progress: bool,
-) -> EulerOutput:
-    """Run :class:`EulerTokens` for every draw (arguments as there), with a progress bar.
+        Returns
+        -------
+        EulerOutput
+            On the host, in float64.
 
-    Returns
-    -------
-    EulerOutput
-        On the host, in float64.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from pyro_autospec.engine import keys
-    >>> from pyro_autospec.engine.euler import Chain, DriftEvaluator
-    >>> chain = Chain(torch.linspace(0.0, 1.0, 65), 1.0, 1, torch.device("cpu"))
-    >>> cpu = torch.device("cpu")
-    >>> drift = DriftEvaluator(lambda t, x: -x, 1, cpu, torch.float64, None, "drift")
-    >>> draws = keys.draw_keys(0, torch.arange(4))
-    >>> knobs = {"max_block": 16, "min_block": 2}
-    >>> out = sample_tokens(chain, drift, torch.zeros(4, 1), draws, knobs, False, False)
-    >>> out.final.shape, out.rounds < 64
-    (torch.Size([4, 1]), True)
-    """
-    stepper = EulerTokens(chain, evaluate, x0, draw_keys, knobs, return_paths)
-    run_rounds(stepper, total=stepper.num, progress=progress, desc="autospec")
-    final = torch.from_numpy(stepper.final)
-    paths = None
-    if stepper.increments is not None:
-        start = torch.from_numpy(stepper.x0)
-        paths = paths_from_increments(start, torch.from_numpy(stepper.increments), final)
-    return EulerOutput(
-        final,
-        paths,
-        torch.from_numpy(stepper.log_prob),
-        stepper.rounds,
-        stepper.oracle_rows,
-        torch.from_numpy(stepper.sample_rounds),
-    )
+        Examples
+        --------
+        >>> import torch
+        >>> from pyro_autospec.engine import keys
+        >>> from pyro_autospec.engine.euler import Chain, DriftEvaluator
+        >>> chain = Chain(torch.linspace(0.0, 1.0, 65), 1.0, 1, torch.device("cpu"))
+        >>> cpu = torch.device("cpu")
+        >>> drift = DriftEvaluator(lambda t, x: -x, 1, cpu, torch.float64, None, "drift")
+        >>> draws = keys.draw_keys(0, torch.arange(4))
+        >>> knobs = {"max_block": 16, "min_block": 2}
+        >>> out = EulerTokens(chain, drift, torch.zeros(4, 1), draws, knobs, False).run()
+        >>> out.final.shape, out.rounds < 64
+        (torch.Size([4, 1]), True)
+        """
+        run_rounds(self, total=self.num, progress=progress, desc="autospec")
+        final = torch.from_numpy(self.final)
+        paths = None
+        if self.increments is not None:
+            start = torch.from_numpy(self.x0)
+            paths = paths_from_increments(start, torch.from_numpy(self.increments), final)
+        return EulerOutput(
+            final,
+            paths,
+            torch.from_numpy(self.log_prob),
+            self.rounds,
+            self.oracle_rows,
+            torch.from_numpy(self.sample_rounds),
+        )

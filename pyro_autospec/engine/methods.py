@@ -313,7 +313,8 @@ def default_max_block(num_coords: int, draws_in_flight: int = 1, device="cpu") -
     fewer draws the rounds matter more; the measurements behind the choice are in
     ``benchmarks/README.md`` ("The window with many draws on the H100"). Like every knob it
     changes which random numbers the draws read, not their law; the result records it, and
-    passing the schedule back gives the same draws on any device.
+    passing the schedule back gives the same draws on any device. The diffusions' token rule
+    takes ``default_max_block(N)``, ``max(8, 2 sqrt N)`` on every device.
 
     Examples
     --------
