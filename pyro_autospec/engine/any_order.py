@@ -33,7 +33,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
-from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.errors import OracleError, check_eval_mode
 from pyro_autospec.engine.host_plane import WindowSampler
 from pyro_autospec.engine.methods import (
     DISCRETE,
@@ -78,6 +78,7 @@ def _check_oracle(oracle) -> tuple[int, int]:
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:
         raise ValueError(f"oracle.num_coords and oracle.num_values must be >= 1; got n={n}, q={q}")
+    check_eval_mode(oracle)
     return n, q
 
 
@@ -184,7 +185,9 @@ def sample_any_order(
     ------
     OracleError
         If the oracle returns NaN, rows that do not sum to one, rows with no mass, or tensors
-        of the wrong shape or dtype.
+        of the wrong shape or dtype; or, before sampling, if it answers with a network in
+        training mode with dropout or batch norm (random answers; call ``.eval()``, see
+        :func:`~pyro_autospec.engine.errors.check_eval_mode`).
     MemoryError
         Before anything of the run's size is allocated, if the samples (``8 N n`` bytes) and
         the state of the draws in flight cannot fit in this machine's memory.

@@ -50,6 +50,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
+from pyro_autospec.engine.errors import check_eval_mode
 from pyro_autospec.engine.euler import (
     Chain,
     DriftEvaluator,
@@ -431,7 +432,9 @@ def sample_sde(
     ValueError
         For a grid that is not strictly increasing, a shape or dimension mismatch, or a bad option.
     OracleError
-        If the drift returns NaN/inf or a wrongly shaped tensor.
+        If the drift returns NaN/inf or a wrongly shaped tensor, or calls a network in
+        training mode with dropout or batch norm
+        (:func:`~pyro_autospec.engine.errors.check_eval_mode`).
 
     Notes
     -----
@@ -482,6 +485,7 @@ def sample_sde(
         )
     knobs = _knobs(method, scale, given_knobs(schedule, knobs), len(grid) - 1)
     _check_engine(engine)
+    check_eval_mode(drift)
     device, dtype = _oracle_placement(drift, device, dtype, like)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
     return _dispatch(
@@ -571,7 +575,8 @@ def sample_diffusion(
         Bad grid (not increasing, not starting at 0, grid and schedule options both given),
         an oracle without an integer ``dim``, or a bad option.
     OracleError
-        NaN/inf or wrongly shaped oracle outputs.
+        NaN/inf or wrongly shaped oracle outputs, or a network in training mode with dropout
+        or batch norm (:func:`~pyro_autospec.engine.errors.check_eval_mode`).
 
     Notes
     -----
@@ -623,6 +628,7 @@ def sample_diffusion(
     num_samples = _check_num_samples(num_samples)
     knobs = _knobs(method, 1.0, given_knobs(schedule, knobs), len(grid) - 1)
     _check_engine(engine)
+    check_eval_mode(oracle)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
     starts = np.zeros((num_samples, int(dim)))
     return _dispatch(

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.engine import OracleError, sample_any_order
+from pyro_autospec.engine.diffusion import sample_sde
 from pyro_autospec.oracles.tabular import TabularOracle
 
 
@@ -244,3 +245,69 @@ def test_width_groups_on_the_host_and_on_tensors_agree():
     assert [g.tolist() for g in host] == [t.tolist() for t in tensors]
     assert sorted(np.concatenate(host).tolist()) == list(range(width.size))
     assert len(host) > 1  # wide and narrow requests are asked apart
+
+
+class NetworkOracle(torch.nn.Module):
+    """A small any-order network as a user writes one: an ``nn.Module`` whose rows come from
+    ``net``; ``layer`` is placed after its hidden layer."""
+
+    num_values = 2
+
+    def __init__(self, layer: torch.nn.Module, n: int = 6):
+        super().__init__()
+        self.num_coords = n
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(2 * n, 16), layer, torch.nn.Tanh(), torch.nn.Linear(16, 2 * n)
+        )
+
+    def log_marginals(self, values, mask):
+        features = torch.cat([(values * mask).double(), mask.double()], 1).float()
+        out = self.net(features).view(-1, self.num_coords, 2).double()
+        return torch.log_softmax(out, -1)
+
+
+@pytest.mark.parametrize(
+    "layer, name",
+    [(torch.nn.Dropout(0.2), "Dropout"), (torch.nn.BatchNorm1d(16), "BatchNorm1d")],
+)
+def test_a_network_in_training_mode_is_refused_until_eval(layer, name):
+    """Dropout answers at random and batch norm from the batch: the same row asked twice (draft
+    and verification) differs, so no sampler is exact for such an oracle. Refused with the
+    fix named; after ``eval()`` it samples, and deterministically."""
+    oracle = NetworkOracle(layer)
+    with pytest.raises(OracleError, match=rf"oracle\.net\[1\] \({name}\).*training mode.*eval\(\)"):
+        sample_any_order(oracle, 4, seed=0)
+    oracle.eval()
+    first = sample_any_order(oracle, 4, seed=0)
+    assert torch.equal(first.samples, sample_any_order(oracle, 4, seed=0).samples)
+
+
+def test_harmless_training_mode_and_zero_dropout_are_accepted():
+    """Training mode changes nothing without a random or batch-dependent layer."""
+    sample_any_order(NetworkOracle(torch.nn.Identity()), 2, seed=0)
+    sample_any_order(NetworkOracle(torch.nn.Dropout(0.0)), 2, seed=0)
+
+
+def test_a_drift_calling_a_network_in_training_mode_is_refused():
+    """Found through a closure, a bound method and an attribute."""
+    times = torch.linspace(0.0, 1.0, 9)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+
+    class Drift:
+        dim = 2
+
+        def __init__(self):
+            self.network = net
+
+        def __call__(self, t, x):
+            return self.network(x.float()).to(x.dtype)
+
+    for drift, name in [
+        (lambda t, x: net(x.float()).to(x.dtype), "net"),
+        (net.forward, "oracle.__self__"),
+        (Drift(), "oracle.network"),
+    ]:
+        with pytest.raises(OracleError, match=rf"^{name}\[1\] \(Dropout\)"):
+            sample_sde(drift, times, torch.zeros(2), 3, seed=0)
+    net.eval()
+    sample_sde(lambda t, x: net(x.float()).to(x.dtype), times, torch.zeros(2), 3, seed=0)
