@@ -20,6 +20,10 @@ tests share lives here, one module per kind of thing:
 ``models``
     Pyro models shared by test modules: the exactness ``CASES`` (model, arguments, number of
     draws) and the conjugate continuous model of the diffusion guide.
+``fingerprints``
+    Hashes of the draws of every sampler on every catalogued oracle, the diffusions and
+    ``AutoSpec`` (``tests/test_draws_unchanged.py`` compares them with
+    ``draw_fingerprints.json``; ``python -m tests.catalogue.fingerprints --write`` records them).
 ``distributed``
     Spawning gloo ranks (``run_ranks``, ``attempt``, ``WORLD``) and the small oracles and
     comparisons of the distributed tests.
