@@ -26,7 +26,7 @@ import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from pyro import poutine
@@ -155,18 +155,31 @@ def _check_declared_dims(name, site, log_prob, plain_shape, plated) -> None:
         )
 
 
-def _run_chunk(
-    model,
-    args,
-    kwargs,
-    values,
-    shapes,
-    mpn,
-    observed_shapes,
-    deterministic_shapes,
-    n,
-    unbatched=False,
-):
+@dataclass(frozen=True)
+class _Evaluation:
+    """What every batched trace of one :func:`evaluate` call shares: the model and its
+    arguments, the latent sites' shapes, the plate depth, and the observed and deterministic
+    sites to return."""
+
+    model: Callable
+    args: tuple
+    kwargs: dict
+    shapes: Mapping[str, tuple[torch.Size, torch.Size]]
+    max_plate_nesting: int
+    observed_shapes: Mapping[str, torch.Size]
+    deterministic_shapes: Mapping[str, torch.Size]
+
+    def only_latent(self) -> _Evaluation:
+        """The same evaluation returning no pointwise or deterministic values."""
+        return replace(self, observed_shapes={}, deterministic_shapes={})
+
+
+def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> LogJoint:
+    """One batched trace of ``n`` draws (``values``: ``name -> Tensor[n, ...]``); with
+    ``unbatched``, one draw in the model's own shapes."""
+    model, args, kwargs, shapes = job.model, job.args, job.kwargs, job.shapes
+    mpn = job.max_plate_nesting
+    observed_shapes, deterministic_shapes = job.observed_shapes, job.deterministic_shapes
     data = {}
     for name, (batch_shape, event_shape) in shapes.items():
         value = torch.as_tensor(values[name])
@@ -319,20 +332,11 @@ def evaluate(
         raise ValueError("evaluate needs at least one latent site")
     first = next(iter(shapes))
     num_draws = int(torch.as_tensor(values[first]).shape[0])
+    job = _Evaluation(
+        model, args, kwargs, shapes, max_plate_nesting, observed_shapes, deterministic_shapes
+    )
     try:
-        return _evaluate_batched(
-            model,
-            args,
-            kwargs,
-            values,
-            shapes,
-            max_plate_nesting,
-            observed_shapes,
-            deterministic_shapes,
-            chunk_size,
-            check_mixing,
-            num_draws,
-        )
+        return _evaluate_batched(job, values, chunk_size, check_mixing, num_draws)
     except AutoSpecModelError as error:
         if not per_draw_fallback:
             raise
@@ -345,14 +349,8 @@ def evaluate(
     )
     parts = [
         _run_chunk(
-            model,
-            args,
-            kwargs,
+            job,
             {name: torch.as_tensor(values[name])[i : i + 1] for name in shapes},
-            shapes,
-            max_plate_nesting,
-            observed_shapes,
-            deterministic_shapes,
             1,
             unbatched=True,
         )
@@ -374,42 +372,20 @@ def _concatenate(parts: list) -> LogJoint:
 
 
 def _evaluate_batched(
-    model,
-    args,
-    kwargs,
-    values,
-    shapes,
-    max_plate_nesting,
-    observed_shapes,
-    deterministic_shapes,
-    chunk_size,
-    check_mixing,
-    num_draws,
+    job: _Evaluation, values, chunk_size: int, check_mixing: bool, num_draws: int
 ) -> LogJoint:
     parts = []
     for start in range(0, num_draws, chunk_size):
         stop = min(start + chunk_size, num_draws)
-        chunk = {name: torch.as_tensor(values[name])[start:stop] for name in shapes}
+        chunk = {name: torch.as_tensor(values[name])[start:stop] for name in job.shapes}
         try:
-            parts.append(
-                _run_chunk(
-                    model,
-                    args,
-                    kwargs,
-                    chunk,
-                    shapes,
-                    max_plate_nesting,
-                    observed_shapes,
-                    deterministic_shapes,
-                    stop - start,
-                )
-            )
+            parts.append(_run_chunk(job, chunk, stop - start))
         except RuntimeError as e:  # shapes of the batched run do not line up
             raise AutoSpecModelError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
     out = _concatenate(parts)
     if check_mixing and num_draws > 1:
-        one = {name: torch.as_tensor(values[name])[:1] for name in shapes}
-        alone = _run_chunk(model, args, kwargs, one, shapes, max_plate_nesting, {}, {}, 1)
+        one = {name: torch.as_tensor(values[name])[:1] for name in job.shapes}
+        alone = _run_chunk(job.only_latent(), one, 1)
         tolerance = 64 * torch.finfo(out.dtype).eps * (1.0 + float(out.magnitude[0]))
         a, b = float(alone.total[0]), float(out.total[0])
         if not (abs(a - b) <= tolerance or (math.isinf(a) and a == b)):
