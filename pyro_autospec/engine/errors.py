@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 __all__ = ["OracleError", "check_eval_mode"]
@@ -18,18 +20,25 @@ class OracleError(ValueError):
 
 
 def _networks(oracle: object) -> dict[str, torch.nn.Module]:
-    """The :class:`torch.nn.Module` s an oracle answers with, by name: the oracle itself, the
-    object of a bound method, its attributes and the variables a function reads."""
+    """The :class:`torch.nn.Module` s an oracle answers with, by name: the oracle itself, its
+    attributes, the object of a bound method, and the variables (closed over or global) a
+    plain function reads."""
+    candidates: list[tuple[str, object]] = [("oracle", oracle)]
+    if isinstance(oracle, types.MethodType):  # e.g. net.forward
+        candidates.append(("oracle.__self__", oracle.__self__))
+    if isinstance(oracle, types.FunctionType):
+        code = oracle.__code__
+        cells = zip(code.co_freevars, oracle.__closure__ or ())
+        candidates += [(name, cell.cell_contents) for name, cell in cells if _full(cell)]
+        scope = oracle.__globals__
+        candidates += [(name, scope[name]) for name in code.co_names if name in scope]
+    else:
+        try:  # not through a __getattr__ the oracle may define
+            attributes = dict(object.__getattribute__(oracle, "__dict__"))
+        except AttributeError:  # __slots__
+            attributes = {}
+        candidates += [(f"oracle.{k}", v) for k, v in attributes.items()]
     found: dict[str, torch.nn.Module] = {}
-    owner = getattr(oracle, "__self__", None)  # a bound method, e.g. net.forward
-    candidates = [("oracle", oracle), ("oracle.__self__", owner)]
-    candidates += [(f"oracle.{k}", v) for k, v in getattr(oracle, "__dict__", {}).items()]
-    closure = getattr(oracle, "__closure__", None) or ()
-    names = getattr(getattr(oracle, "__code__", None), "co_freevars", ())
-    candidates += [(name, cell.cell_contents) for name, cell in zip(names, closure) if _full(cell)]
-    scope = getattr(oracle, "__globals__", {})  # module-level networks a function calls
-    used = getattr(getattr(oracle, "__code__", None), "co_names", ())
-    candidates += [(name, scope[name]) for name in used if name in scope]
     for name, value in candidates:
         if isinstance(value, torch.nn.Module) and all(value is not m for m in found.values()):
             found[name] = value

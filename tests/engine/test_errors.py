@@ -311,3 +311,20 @@ def test_a_drift_calling_a_network_in_training_mode_is_refused():
             sample_sde(drift, times, torch.zeros(2), 3, seed=0)
     net.eval()
     sample_sde(lambda t, x: net(x.float()).to(x.dtype), times, torch.zeros(2), 3, seed=0)
+
+
+def test_the_training_mode_check_accepts_an_oracle_with_slots():
+    """An oracle with ``__slots__`` (no ``__dict__`` to look for networks in) samples as
+    before."""
+
+    class Slotted:
+        __slots__ = ("inner", "num_coords", "num_values")
+
+        def __init__(self):
+            self.inner = TabularOracle(logits=good_table())
+            self.num_coords, self.num_values = 2, 2
+
+        def log_marginals(self, values, mask):
+            return self.inner.log_marginals(values, mask)
+
+    assert sample_any_order(Slotted(), 3, seed=0).samples.shape == (3, 2)
