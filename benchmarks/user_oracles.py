@@ -32,8 +32,11 @@ dispatch) and the host reads among them (calls that make the host wait for a GPU
 ``.item()``, ``bool()``, boolean-mask indexing, ...; ``benchmarks/engine.py`` lists them). The
 oracle is wrapped for that run in a proxy that flags its own methods' calls, so an oracle's
 work never counts as the engine's. On a GPU the time inside the oracle is host time (kernels
-are not waited for), so "outside oracle / row" is only meaningful on a CPU. The last column is wall time over the fastest variant whose
-method is not ``autospec``.
+are not waited for), so "outside oracle / row" is only meaningful on a CPU. The last column is
+wall time over the fastest variant whose method is not ``autospec``. Before the variants of a
+draw count are timed, the first one runs once untimed (``--no-warmup`` skips it): a process's
+first oracle calls of a new size fault in fresh memory, which made whichever variant came
+first up to three times slower on the hand-written chain.
 
 Usage::
 
@@ -267,6 +270,14 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-warmup",
+        dest="warmup",
+        action="store_false",
+        help="time the first variant of each draw count cold (by default it runs once untimed "
+        "first: a process's first calls of a size fault in fresh memory, which once cost the "
+        "first variant up to 3 times its time)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.n, args.draws = 64, [1, 4]
@@ -308,6 +319,9 @@ def main(argv=None) -> None:
                 sample_any_order(oracle, 2, method=method, seed=args.seed + 1, **knobs)
         for draws in args.draws:
             results, count = {}, args.count and draws in args.count_draws
+            if args.warmup:  # the process's first calls of this size pay for fresh memory
+                _, method, knobs = variants[0]
+                sample_any_order(oracle, draws, method=method, seed=args.seed + 1, **knobs)
             for v, m, k in variants:
                 try:
                     results[v] = run_variant(oracle, draws, m, k, args, count)

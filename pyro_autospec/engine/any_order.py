@@ -45,7 +45,7 @@ from pyro_autospec.engine.methods import (
     given_knobs,
     resolve_knobs,
 )
-from pyro_autospec.engine.protocols import oracle_num_draws
+from pyro_autospec.engine.protocols import has_chain_marginals, oracle_num_draws
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
@@ -139,8 +139,9 @@ def sample_any_order(
         (``max_concurrent_draws``), caps (``max_rows_per_round``) and call sizes
         (``max_elements``). The window knobs (``max_block``, ``min_block``, ``first_block``,
         ``blocks``, ``token_below``, ``rho``, ``race_depth``) change which random numbers the
-        draws read, not their law; the default ``max_block`` depends on the device and the
-        draws in flight (:func:`~pyro_autospec.engine.methods.default_max_block`), so pass
+        draws read, not their law; the default ``max_block`` depends on the device, the draws
+        in flight and whether the oracle answers chain queries
+        (:func:`~pyro_autospec.engine.methods.default_max_block`), so pass
         ``schedule=result.schedule`` to repeat a run elsewhere. An int must lie in
         ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
@@ -232,8 +233,8 @@ def sample_any_order(
     if knobs["max_elements"] is None:  # a preset by hardware; the draws do not depend on it
         knobs["max_elements"] = default_max_elements(device)
     in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
-    if "max_block" in knobs and "max_block" not in given:  # a preset by hardware and batch
-        knobs["max_block"] = default_max_block(n, in_flight, device)
+    if "max_block" in knobs and "max_block" not in given:  # a preset by hardware, batch, oracle
+        knobs["max_block"] = default_max_block(n, in_flight, device, has_chain_marginals(oracle))
     _check_knobs(knobs)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes

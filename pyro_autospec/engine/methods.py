@@ -301,20 +301,35 @@ def default_max_elements(device) -> int:
 #: (:func:`default_max_block`).
 LEAN_DRAWS = 256
 
+#: Draws in flight from which a CPU's default window is rows-lean for an oracle without chain
+#: queries (:func:`default_max_block`).
+LEAN_ROWS_DRAWS = 4
 
-def default_max_block(num_coords: int, draws_in_flight: int = 1, device="cpu") -> int:
+
+def default_max_block(
+    num_coords: int, draws_in_flight: int = 1, device="cpu", chain_queries: bool = True
+) -> int:
     """The default largest window of ``"autospec"`` on ``[q]^n`` (``max_block``): a preset by
-    hardware and batch.
+    hardware, batch and oracle.
 
-    ``max(8, 2 sqrt n)`` (rounds first), except on an accelerator with at least
-    :data:`LEAN_DRAWS` draws in flight, whose rounds already fill the device, so that rows set
-    the time there: ``max(8, sqrt n)``, which spends fewer rows on imperfect oracles for a few
-    more rounds on consistent ones. On a CPU every row is paid for at any batch, and with
-    fewer draws the rounds matter more; the measurements behind the choice are in
-    ``benchmarks/README.md`` ("The window with many draws on the H100"). Like every knob it
-    changes which random numbers the draws read, not their law; the result records it, and
-    passing the schedule back gives the same draws on any device. The diffusions' token rule
-    takes ``default_max_block(N)``, ``max(8, 2 sqrt N)`` on every device.
+    ``max(8, 2 sqrt n)`` (rounds first), except where rows set the time:
+
+    * on an accelerator with at least :data:`LEAN_DRAWS` draws in flight, whose rounds already
+      fill the device: ``max(8, sqrt n)``, which spends fewer rows on imperfect oracles for a
+      few more rounds on consistent ones;
+    * on a CPU with at least :data:`LEAN_ROWS_DRAWS` draws in flight and an oracle without
+      chain queries (no ``log_marginals_chain``): ``max(8, sqrt(n) / 4)``. Such an oracle
+      pays a full call per verified token, so a round of several draws costs its rows, and
+      windows of up to ``2 sqrt n`` spend about 2 n rows on an imperfect network against
+      AGR24's 1.2 n; with these windows autospec does about AGR24's rows in fewer rounds.
+
+    On a CPU with chain queries every row is paid for too, but a chain costs about one row, and
+    with fewer draws the rounds matter more; the measurements behind each choice are in
+    ``benchmarks/README.md`` ("The window with many draws on the H100", "Oracles without chain
+    queries on a CPU"). Like every knob it changes which random numbers the draws read, not
+    their law; the result records it, and passing the schedule back gives the same draws on
+    any device. The diffusions' token rule takes ``default_max_block(N)``, ``max(8, 2 sqrt N)``
+    on every device.
 
     Examples
     --------
@@ -322,8 +337,18 @@ def default_max_block(num_coords: int, draws_in_flight: int = 1, device="cpu") -
     (64, 64)
     >>> default_max_block(1024, 256, "cuda"), default_max_block(1024, 255, "cuda")
     (32, 64)
+    >>> default_max_block(1024, 4, "cpu", chain_queries=False)
+    8
+    >>> default_max_block(4096, 4, "cpu", chain_queries=False)
+    16
+    >>> default_max_block(1024, 3, "cpu", chain_queries=False)
+    64
     """
-    lean = str(device).split(":")[0] != "cpu" and draws_in_flight >= LEAN_DRAWS
+    if str(device).split(":")[0] == "cpu":
+        if not chain_queries and draws_in_flight >= LEAN_ROWS_DRAWS:
+            return max(8, int(round(math.sqrt(num_coords) / 4)))
+        return max(8, int(round(2 * math.sqrt(num_coords))))
+    lean = draws_in_flight >= LEAN_DRAWS
     return max(8, int(round((1 if lean else 2) * math.sqrt(num_coords))))
 
 
@@ -340,8 +365,10 @@ def default_schedule(num_coords: int) -> dict:
           ``"fixed"``: the balanced tiling into blocks of about ``max_block``;
         * ``max_block``: the largest window, ``max(8, 2 sqrt(n))`` (:func:`sample_any_order
           <pyro_autospec.sample_any_order>` takes ``max(8, sqrt(n))`` on an accelerator with
-          256 draws in flight or more, :func:`default_max_block`); ``min_block``: the
-          smallest (2); ``first_block``: a draw's first window (``None``: ``max_block``);
+          256 draws in flight or more, and ``max(8, sqrt(n) / 4)`` on a CPU with 4 draws in
+          flight or more for an oracle without chain queries: :func:`default_max_block`);
+          ``min_block``: the smallest (2); ``first_block``: a draw's first window (``None``:
+          ``max_block``);
         * ``token_below``: windows below this size keep their longest accepted prefix and
           redraw one token from the residual, as in speculative decoding; windows at or above
           it are accepted or rejected whole and repaired by residual races (autospeculation's

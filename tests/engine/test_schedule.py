@@ -21,6 +21,7 @@ from pyro_autospec.engine.methods import (
     DIFFUSION,
     DISCRETE,
     LEAN_DRAWS,
+    LEAN_ROWS_DRAWS,
     Schedule,
     default_max_block,
     default_max_elements,
@@ -28,6 +29,7 @@ from pyro_autospec.engine.methods import (
 )
 from pyro_autospec.engine.schedule import BlockPolicy
 from pyro_autospec.oracles import MarkovChainOracle
+from tests.engine._user_oracles import HandChain, RandomNADE
 from tests.stats import assert_samples_match
 
 
@@ -227,6 +229,28 @@ def test_the_largest_window_is_a_preset_by_device_and_batch():
     assert given.schedule["max_block"] == 16
     again = sample_any_order(oracle, 4, seed=1, schedule=given.schedule)
     assert torch.equal(again.samples, given.samples)
+
+
+def test_the_largest_window_is_rows_lean_on_a_cpu_for_an_oracle_without_chain_queries():
+    """8 on a CPU with 4 draws in flight or more when the oracle has no
+    ``log_marginals_chain`` (every verified token is a call of its own); recorded, and the
+    recorded schedule gives the same draws with another batch and on the reference engine."""
+    assert default_max_block(256, LEAN_ROWS_DRAWS, "cpu", chain_queries=False) == 8
+    assert default_max_block(256, LEAN_ROWS_DRAWS - 1, "cpu", chain_queries=False) == 32
+    assert default_max_block(256, 4096, "cuda", chain_queries=False) == 16  # GPU: as before
+    rows_only, chains = HandChain(256), RandomNADE(256, 3, seed=0)
+    lean = sample_any_order(rows_only, LEAN_ROWS_DRAWS, seed=2)
+    assert lean.schedule["max_block"] == 8
+    assert sample_any_order(rows_only, LEAN_ROWS_DRAWS - 1, seed=2).schedule["max_block"] == 32
+    assert sample_any_order(chains, LEAN_ROWS_DRAWS, seed=2).schedule["max_block"] == 32
+    # in flight, not asked for: 4 draws two at a time take the rounds-first window
+    assert (
+        sample_any_order(rows_only, 4, seed=2, max_concurrent_draws=2).schedule["max_block"] == 32
+    )
+    one_at_a_time = {**dict(lean.schedule), "max_concurrent_draws": 1}
+    for schedule, engine in ((one_at_a_time, "fast"), (lean.schedule, "reference")):
+        again = sample_any_order(rows_only, 4, seed=2, schedule=schedule, engine=engine)
+        assert torch.equal(again.samples, lean.samples)
 
 
 def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():
