@@ -3,7 +3,8 @@
 One short hash per run, for every oracle of the conformance catalogue (``CONFORMANCE``, the
 shipped oracles and the user oracles; the sharded ones apart, which need a process group and
 are the same draws as their inner oracle) under every method and several schedules, for the
-diffusion samplers, and for ``AutoSpec`` on Pyro models with both of its samplers. A run's
+default windows that depend on the batch and the oracle, for the diffusion samplers, and for
+``AutoSpec`` on Pyro models with both of its samplers. A run's
 hash covers its samples (the diffusions' rounded to 9 significant digits, so that a last-bit
 difference in a sum does not count) and its rounds and rows; not the log probabilities, which
 a float32 network's rows move in their last bits with the thread count while the draws stay.
@@ -37,9 +38,10 @@ import torch
 from pyro_autospec import AutoSpec
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
-from pyro_autospec.oracles import GaussianMixtureDenoiser
+from pyro_autospec.oracles import GaussianMixtureDenoiser, MarkovChainOracle
 from tests.catalogue.conformance import CONFORMANCE
 from tests.catalogue.models import CASES
+from tests.engine._user_oracles import HandChain
 
 RECORDED = Path(__file__).with_name("draw_fingerprints.json")
 DRAWS = 12
@@ -100,6 +102,25 @@ def discrete_fingerprints() -> dict[str, str]:
     return out
 
 
+def preset_fingerprints() -> dict[str, str]:
+    """``"preset/run" -> hash``: the default windows that depend on the batch and the oracle
+    (:func:`~pyro_autospec.engine.methods.default_max_block`), at a size where they differ:
+    an oracle without chain queries with 3 and 4 draws in flight, and one with them."""
+    stay = torch.tensor([[0.8, 0.2], [0.3, 0.7]], dtype=torch.float64)
+    runs = {
+        "rows_only_3_draws": (HandChain(64, stay=0.8), 3),
+        "rows_only_4_draws": (HandChain(64, stay=0.8), 4),
+        "chains_4_draws": (MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 64), 4),
+    }
+    out = {}
+    for label, (oracle, draws) in runs.items():
+        result = sample_any_order(oracle, draws, seed=9)
+        out[f"preset/{label}"] = digest(
+            result.samples, result.rounds, result.oracle_rows, result.schedule["max_block"]
+        )
+    return out
+
+
 def diffusion_fingerprints() -> dict[str, str]:
     """``"diffusion/run" -> hash``: an SDE with a nonlinear drift under each rule and method,
     and stochastic localization of a Gaussian mixture."""
@@ -133,7 +154,12 @@ def pyro_fingerprints() -> dict[str, str]:
 
 def fingerprints() -> dict[str, str]:
     """Every fingerprint, by name."""
-    return {**discrete_fingerprints(), **diffusion_fingerprints(), **pyro_fingerprints()}
+    return {
+        **discrete_fingerprints(),
+        **preset_fingerprints(),
+        **diffusion_fingerprints(),
+        **pyro_fingerprints(),
+    }
 
 
 def compare(now: dict[str, str], recorded: dict[str, str]) -> list[str]:
