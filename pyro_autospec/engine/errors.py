@@ -14,8 +14,10 @@ class OracleError(ValueError):
 
     Raised for rows conditioned on a possible assignment that contain NaN or ``+inf``, that do
     not sum to one, or that give zero mass to every value; for outputs of the wrong shape or
-    dtype; and for oracles whose ``num_coords`` / ``num_values`` / ``dim`` disagree with what
-    they return. The message names the row and the usual fix.
+    dtype; for oracles whose ``num_coords`` / ``num_values`` / ``dim`` disagree with what
+    they return; and, before sampling, for an oracle that answers with a network in training
+    mode with dropout or batch norm (:func:`check_eval_mode`). The message names the row (or
+    the layer) and the usual fix.
     """
 
 
