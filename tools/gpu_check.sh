@@ -70,8 +70,8 @@ step tests "${LIMIT_TESTS:-40}" "$PY" -m pytest -q -p no:cacheprovider \
 
 step user_oracles "${LIMIT_USER:-150}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
     --draws 1 16 --no-count "${smoke[@]}" --variants autospec agr24 speculative sequential \
-    --oracles nade:scale=2 nade:scale=0.5 mixture:K=64 user_chain:n=4096 markov hmm \
-    guide:steps=0 mixture:K=8 tree_potts nade:scale=0.1
+    --oracles nade:scale=2 nade:scale=2,chains=false nade:scale=0.5 mixture:K=64 \
+    user_chain:n=4096 markov hmm guide:steps=0 mixture:K=8 tree_potts nade:scale=0.1
 
 step user_oracles_256 "${LIMIT_USER_256:-45}" "$PY" benchmarks/user_oracles.py \
     --device "$DEVICE" --draws 256 --no-count "${smoke[@]}" --variants autospec agr24 sequential \
