@@ -7,6 +7,7 @@ fixed order it is computable by brute force, state by state.
 """
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -225,3 +226,19 @@ def test_an_oracle_writing_into_its_inputs_changes_nothing(make, method):
             )
             assert torch.equal(clean.samples, dirty.samples)
             assert torch.equal(clean.log_prob, dirty.log_prob)
+
+
+def test_exact_with_the_rows_lean_window_of_an_oracle_without_chain_queries():
+    """The default window a CPU takes for an oracle without chain queries and many draws
+    (``max(8, sqrt(n) / 4)``, here 8 against the rounds-first 20): windows of five
+    consecutive coordinates of a stationary chain, anywhere along it, follow the chain's law."""
+    n, stay = 100, 0.85
+    hand = HandChain(n, stay=stay)
+    result = sample_any_order(hand, 3000, seed=11)
+    assert result.schedule["max_block"] == 8
+    states = joint_states(5, 2)
+    same = (states[:, 1:] == states[:, :-1]).double()
+    log_probs = math.log(0.5) + (same * math.log(stay) + (1 - same) * math.log(1 - stay)).sum(1)
+    for start in (0, 47, n - 5):
+        window = result.samples[:, start : start + 5]
+        assert_samples_match(window, log_probs.reshape([2] * 5), 2)
