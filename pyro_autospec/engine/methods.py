@@ -294,7 +294,12 @@ def default_max_elements(device) -> int:
     >>> default_max_elements("cpu"), default_max_elements("cuda")
     (1048576, 16777216)
     """
-    return 2**20 if str(device).split(":")[0] == "cpu" else 2**24
+    return 2**20 if _on_cpu(device) else 2**24
+
+
+def _on_cpu(device) -> bool:
+    """Whether ``device`` (a ``torch.device`` or its name, e.g. ``"cuda:1"``) is the CPU."""
+    return str(device).split(":")[0] == "cpu"
 
 
 #: Draws in flight from which an accelerator's default window is rows-lean
@@ -344,7 +349,7 @@ def default_max_block(
     >>> default_max_block(1024, 3, "cpu", chain_queries=False)
     64
     """
-    if str(device).split(":")[0] == "cpu":
+    if _on_cpu(device):
         if not chain_queries and draws_in_flight >= LEAN_ROWS_DRAWS:
             return max(8, int(round(math.sqrt(num_coords) / 4)))
         return max(8, int(round(2 * math.sqrt(num_coords))))
