@@ -6,7 +6,7 @@ Two parts, one table each:
   said): wall time per round, the time inside the oracle's methods, and the time outside it
   (the control plane: building inputs, checking rows, the verification, the drafts, the keyed
   numbers), with the share of the verification and the drafts measured by timing the
-  engine's own ``WindowSampler._verify`` and ``WindowSampler._draft``.
+  engine's own ``TokenSampler._verify`` and ``TokenSampler._draft``.
 * ``kernel``: the arithmetic of one verification (acceptance tests in float64 log space, the
   first rejected token's residual redraw, the keyed uniforms and Gumbels) as the engine writes
   it in NumPy, against the same arithmetic compiled with numba (when numba is installed:
@@ -35,22 +35,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from user_oracles import build_oracle  # noqa: E402
 
 from pyro_autospec.engine import keys, sample_any_order  # noqa: E402
-from pyro_autospec.engine.host_plane import WindowSampler  # noqa: E402
+from pyro_autospec.engine.host_plane import TokenSampler  # noqa: E402
 
 ORACLES = ["markov", "hmm", "mixture:K=8", "nade:scale=0.1", "nade:scale=2", "user_chain:n=4096"]
 
 
 # ------------------------------------------------------------------------------ rounds
 class _Timed:
-    """Accumulates the seconds spent in ``WindowSampler._verify`` and ``_draft``."""
+    """Accumulates the seconds spent in ``TokenSampler._verify`` and ``_draft``."""
 
     def __init__(self):
         self.seconds = {"_verify": 0.0, "_draft": 0.0}
-        self.saved = {name: getattr(WindowSampler, name) for name in self.seconds}
+        self.saved = {name: getattr(TokenSampler, name) for name in self.seconds}
 
     def __enter__(self):
         for name, method in self.saved.items():
-            setattr(WindowSampler, name, self._wrap(name, method))
+            setattr(TokenSampler, name, self._wrap(name, method))
         return self
 
     def _wrap(self, name, method):
@@ -67,7 +67,7 @@ class _Timed:
 
     def __exit__(self, *exc):
         for name, method in self.saved.items():
-            setattr(WindowSampler, name, method)
+            setattr(TokenSampler, name, method)
 
 
 def rounds_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
@@ -106,7 +106,7 @@ def _pick(table, index):
 
 
 def verify_numpy(data, target, x, k, key):
-    """The verification of ``WindowSampler._verify`` (speculative rule), NumPy: ``(stop,
+    """The verification of ``TokenSampler._verify`` (speculative rule), NumPy: ``(stop,
     log_mu, redrawn value or -1)`` per draw."""
     num, width, q = data.shape
     j = np.arange(1, width)[None, :]

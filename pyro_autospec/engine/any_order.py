@@ -34,7 +34,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError, check_eval_mode
-from pyro_autospec.engine.host_plane import WindowSampler
+from pyro_autospec.engine.host_plane import TokenSampler
 from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
@@ -331,7 +331,7 @@ def run_any_order(
         samples, log_prob = problem.samples, recursion.log_prob
         rounds, oracle_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
     else:
-        sampler = WindowSampler(
+        sampler = TokenSampler(
             rows,
             draw_keys,
             method,

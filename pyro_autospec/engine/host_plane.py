@@ -62,7 +62,7 @@ from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
 from pyro_autospec.engine.schedule import BlockPolicy, token_only
 from pyro_autospec.engine.stepping import run_rounds
 
-__all__ = ["WindowSampler", "agr24_window", "TOKEN_METHODS"]
+__all__ = ["TokenSampler", "agr24_window", "TOKEN_METHODS"]
 
 TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
@@ -92,7 +92,7 @@ def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(table, index[..., None], -1)[..., 0]
 
 
-class WindowSampler:
+class TokenSampler:
     """Run a token-level method for ``num_draws`` draws.
 
     The draws' state lives on the host; a round asks the oracle through
@@ -608,13 +608,13 @@ class WindowSampler:
 
 
 class _Lockstep:
-    """The sequential methods when :meth:`WindowSampler._in_lockstep`: round ``t`` draws
+    """The sequential methods when :meth:`TokenSampler._in_lockstep`: round ``t`` draws
     position ``t`` of every draw. The same rows, noise and arithmetic as the general loop (so
     the same draws), kept on the oracle's device: the partial samples are dense, and the noise
     of many steps is drawn at once. A :class:`~pyro_autospec.engine.stepping.RoundStepper`
     whose units are steps."""
 
-    def __init__(self, sampler: WindowSampler):
+    def __init__(self, sampler: TokenSampler):
         self.sampler = s = sampler
         num, n, device = s.num_draws, s.n, s.device
         self.lanes = torch.arange(num, device=device)

@@ -1,7 +1,7 @@
 """The oracle's rows for a host control plane: requests and answers as NumPy arrays.
 
 :class:`HostRows` answers the requests of a round of the host control plane
-(:class:`~pyro_autospec.engine.host_plane.WindowSampler`), which keeps every draw's state on the
+(:class:`~pyro_autospec.engine.host_plane.TokenSampler`), which keeps every draw's state on the
 host. The requests are the same as :class:`~pyro_autospec.engine.rows.OracleRows`'s (targeted
 rows and chains along the draws' orders, see there); what differs is where the bookkeeping
 runs. Per oracle call the data plane is:

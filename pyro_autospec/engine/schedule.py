@@ -186,7 +186,7 @@ class BlockPolicy:
 def token_only(policy: BlockPolicy) -> bool:
     """Whether every window of ``policy`` is sampled token by token (adaptive windows, never
     the block rule): then no window races, and a draw is speculative decoding whose windows
-    the policy chooses (:class:`~pyro_autospec.engine.host_plane.WindowSampler` runs it)."""
+    the policy chooses (:class:`~pyro_autospec.engine.host_plane.TokenSampler` runs it)."""
     return policy.adaptive and policy.below > int(policy.max_block)
 
 

@@ -161,9 +161,9 @@ class ReferenceDiscrete:
         next_row = _prefetched(answer, s, b) if nxt > b and log_mu > -math.inf else None
         return log_ratio, log_mu, next_row
 
-    def tokens(self, s, key: int, drafted, a: int, b: int, nxt: int, row, answer, stale, restart):
-        """Token-level acceptance of the drafted window ``(a, b]``: the longest accepted
-        prefix, then one token from the residual.
+    def tokens(self, s, key: int, drafted, span, row, answer, stale, restart):
+        """Token-level acceptance of the drafted window ``(a, b]`` of ``span = (a, b, nxt)``:
+        the longest accepted prefix, then one token from the residual.
 
         ``stale``: the window was drafted from stale rows, so its first token is verified too
         (its target row is the first of the chain). Returns ``(frame, kept, log mu, whole,
@@ -171,6 +171,7 @@ class ReferenceDiscrete:
         (or ``None``), and after a rejected token, with ``restart``, the stale draft rows of
         what follows it (:meth:`stale_rows`, or ``None``).
         """
+        a, b, nxt = span
         x = drafted[self.orders[s, a:b]]
         first = 0 if stale else 1
         log_mu = 0.0 if stale else float(row[0, x[0]])

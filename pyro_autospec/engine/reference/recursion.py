@@ -21,15 +21,17 @@ how a block is drafted and verified is the business of a *reference problem*
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.reference.scheduler import Call, FirstAccepted
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
-from pyro_autospec.engine.schedule import token_only
+from pyro_autospec.engine.schedule import BlockPolicy, token_only
 
-__all__ = ["node", "draw"]
+__all__ = ["DrawContext", "Span", "node", "draw"]
 
 
 def _uniform(key: int, tag: int, counter: int = 0) -> torch.Tensor:
@@ -40,22 +42,40 @@ def _child(key: int, tag: int, index: int) -> int:
     return int(keys.child(torch.tensor(key, dtype=torch.long), tag, index))
 
 
+@dataclass(frozen=True)
+class DrawContext:
+    """What every node of one draw shares: its problem, its index and its schedule.
+
+    ``restart``: every window of the draw is sampled token by token, so the rows after a
+    rejected token draft the next window (:func:`~pyro_autospec.engine.schedule.token_only`).
+    """
+
+    problem: Any
+    s: int
+    policy: BlockPolicy | None = None
+    restart: bool = False
+
+
+class Span(NamedTuple):
+    """A node's block ``(a, b]`` and the end ``nxt`` of the block after it (``nxt == b``:
+    none), whose draft row the node's verification prefetches."""
+
+    a: int
+    b: int
+    nxt: int
+
+
 def node(
-    problem,
-    s: int,
+    context: DrawContext,
     key: int,
     frame,
-    a: int,
-    b: int,
-    nxt: int,
+    span: Span,
     row,
-    policy=None,
     depth: int = 0,
     token: bool = False,
     stale: bool = False,
-    restart: bool = False,
 ) -> Generator:
-    """Sample positions ``(a, b]`` of draw ``s`` exactly given ``frame``; ``(b, nxt]`` follows.
+    """Sample the positions ``(a, b]`` of ``span`` exactly given ``frame``; ``(b, nxt]`` follows.
 
     Returns ``(frame, log mu_S, next_row, raced)``; ``depth`` counts the races around the node
     (a residual try at depth ``d`` uses ``policy.try_parts``: halves or the chain rule). A
@@ -63,6 +83,8 @@ def node(
     returns ``(kept, whole)`` in place of ``raced``: how many coordinates it kept, and whether
     every token passed.
     """
+    problem, s, policy = context.problem, context.s, context.policy
+    a, b, nxt = span
     if row is None:
         row = yield Call(problem.row_request(s, frame, a, b), rows=1, sample=s)
         row = problem.row_answer(s, a, row)
@@ -76,7 +98,7 @@ def node(
     answer = yield Call(request, rows=rows, sample=s)
     if token:
         frame, kept, log_mu, whole, after = problem.tokens(
-            s, key, drafted, a, b, nxt, row, answer, stale, restart
+            s, key, drafted, span, row, answer, stale, context.restart
         )
         return frame, log_mu, after, (kept, whole)
     log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
@@ -95,17 +117,9 @@ def node(
         for j in range(parts):
             part_key = _child(try_key, keys.Tag.CHILD, j)
             after = bounds[j + 2] if j + 2 <= parts else nxt
+            part = Span(bounds[j], bounds[j + 1], after)
             y, log_mu_j, part_row, _ = yield from node(
-                problem,
-                s,
-                part_key,
-                y,
-                bounds[j],
-                bounds[j + 1],
-                after,
-                part_row,
-                policy,
-                depth + 1,
+                context, part_key, y, part, part_row, depth + 1
             )
             log_mu_y += log_mu_j
         if not log_mu_y > -float("inf"):
@@ -133,7 +147,7 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
         tokens = misses = 0  # coordinates kept by token windows, and their rejected tokens
         # every window token by token: the rows after a rejected token draft the next window
         # (stale rows, at most the window's width), as on the host control plane
-        restart = token_only(policy)
+        context = DrawContext(problem, s, policy, restart=token_only(policy))
         width = min(int(policy.max_block), n)
         stale = None  # how many coordinates the stale rows cover, when the row is stale
         while a < n:
@@ -142,18 +156,7 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
             nxt = min(b + int(after), n)
             key = _child(draw_key, keys.Tag.LEAF, a)
             frame, log_mu, row, outcome = yield from node(
-                problem,
-                s,
-                key,
-                frame,
-                a,
-                b,
-                nxt,
-                row,
-                policy,
-                token=token,
-                stale=stale is not None,
-                restart=restart,
+                context, key, frame, Span(a, b, nxt), row, token=token, stale=stale is not None
             )
             log_prob += log_mu
             kept, full = outcome if token else (b - a, not outcome)
@@ -167,9 +170,10 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
                 stale = len(row)
         return frame, log_prob
     m = len(leaves) - 1
+    context = DrawContext(problem, s, policy)
     for j in range(m):
         a, b, nxt = leaves[j], leaves[j + 1], leaves[min(j + 2, m)]
         key = _child(draw_key, keys.Tag.LEAF, a)
-        frame, log_mu, row, _ = yield from node(problem, s, key, frame, a, b, nxt, row, policy)
+        frame, log_mu, row, _ = yield from node(context, key, frame, Span(a, b, nxt), row)
         log_prob += log_mu
     return frame, log_prob
