@@ -21,29 +21,59 @@ class OracleError(ValueError):
     """
 
 
+#: How far :func:`check_eval_mode` looks for networks from the oracle (attributes of attributes,
+#: items of lists and dicts), and how many objects it visits at most.
+_SEARCH_DEPTH = 4
+_SEARCH_VISITS = 2000
+_LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type, types.ModuleType)
+
+
+def _children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
+    """What ``value`` may answer with, by name: the object of a bound method, the variables
+    (closed over or global) a function reads, the items of a list, tuple or dict, and an
+    object's attributes (read past any ``__getattr__``; none with ``__slots__``)."""
+    if isinstance(value, types.MethodType):  # e.g. net.forward
+        return [(f"{name}.__self__", value.__self__)]
+    if isinstance(value, types.FunctionType):
+        code = value.__code__
+        cells = zip(code.co_freevars, value.__closure__ or ())
+        found = [(var, cell.cell_contents) for var, cell in cells if _full(cell)]
+        scope = value.__globals__
+        return found + [(var, scope[var]) for var in code.co_names if var in scope]
+    if isinstance(value, (list, tuple)):
+        return [(f"{name}[{i}]", item) for i, item in enumerate(value[:100])]
+    if isinstance(value, dict):
+        items = list(value.items())[:100]
+        return [(f"{name}[{k!r}]", v) for k, v in items if isinstance(k, (str, int))]
+    if isinstance(value, torch.nn.Module) and not root or isinstance(value, _LEAVES):
+        return []  # a module's own layers are its named_modules()
+    try:  # not through a __getattr__ the oracle may define
+        attributes = dict(object.__getattribute__(value, "__dict__"))
+    except (AttributeError, TypeError):  # __slots__, or a builtin object
+        return []
+    if isinstance(value, torch.nn.Module):  # its layers live in _modules: named_modules()
+        attributes = {k: v for k, v in attributes.items() if not k.startswith("_")}
+    return [(f"{name}.{k}", v) for k, v in attributes.items()]
+
+
 def _networks(oracle: object) -> dict[str, torch.nn.Module]:
-    """The :class:`torch.nn.Module` s an oracle answers with, by name: the oracle itself, its
-    attributes, the object of a bound method, and the variables (closed over or global) a
-    plain function reads."""
-    candidates: list[tuple[str, object]] = [("oracle", oracle)]
-    if isinstance(oracle, types.MethodType):  # e.g. net.forward
-        candidates.append(("oracle.__self__", oracle.__self__))
-    if isinstance(oracle, types.FunctionType):
-        code = oracle.__code__
-        cells = zip(code.co_freevars, oracle.__closure__ or ())
-        candidates += [(name, cell.cell_contents) for name, cell in cells if _full(cell)]
-        scope = oracle.__globals__
-        candidates += [(name, scope[name]) for name in code.co_names if name in scope]
-    else:
-        try:  # not through a __getattr__ the oracle may define
-            attributes = dict(object.__getattribute__(oracle, "__dict__"))
-        except AttributeError:  # __slots__
-            attributes = {}
-        candidates += [(f"oracle.{k}", v) for k, v in attributes.items()]
+    """The :class:`torch.nn.Module` s an oracle answers with, by name, nearest first: the
+    oracle itself, and what :func:`_children` finds from it, up to ``_SEARCH_DEPTH`` steps
+    away (``oracle.model.net``, ``oracle.nets[1]``, a network a function closes over)."""
     found: dict[str, torch.nn.Module] = {}
-    for name, value in candidates:
-        if isinstance(value, torch.nn.Module) and all(value is not m for m in found.values()):
-            found[name] = value
+    seen: set[int] = set()
+    level = [("oracle", oracle)]
+    for depth in range(_SEARCH_DEPTH + 1):
+        following = []
+        for name, value in level:
+            if id(value) in seen or len(seen) >= _SEARCH_VISITS:
+                continue
+            seen.add(id(value))
+            if isinstance(value, torch.nn.Module):
+                found.setdefault(name, value)
+            if depth < _SEARCH_DEPTH:
+                following += _children(name, value, root=depth == 0)
+        level = following
     return found
 
 
@@ -73,8 +103,10 @@ def check_eval_mode(oracle: object) -> None:
     Such an oracle gives a different conditional each time it is asked the same question, so
     no sampler can be exact for it: the engine asks a row several times (draft, verification)
     and in batches of varying composition. The fix is ``net.eval()`` before sampling. Modules
-    are found on the oracle itself, its attributes, the object of a bound method and the
-    variables (closed over or global) a function reads.
+    are found on the oracle itself and up to four steps from it: attributes (of attributes),
+    items of lists, tuples and dicts, the object of a bound method and the variables (closed
+    over or global) a function reads. A network called with ``training=True`` by hand
+    (``F.dropout(x, training=True)``) cannot be seen and stays the caller's responsibility.
 
     Raises
     ------

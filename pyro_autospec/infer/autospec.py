@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,15 @@ def _is_diffusion_guide(guide: Any) -> bool:
         and callable(getattr(guide, "oracle", None))
         and not callable(getattr(guide, "log_marginals", None))
     )
+
+
+@dataclass(frozen=True)
+class ModelKernel:
+    """What ``AutoSpec.kernel`` gives: the model, read as ``mcmc.kernel.model`` is read
+    (``arviz.from_pyro``). AutoSpec has no MCMC kernel; to run exact draws inside
+    ``pyro.infer.MCMC``, use :class:`~pyro_autospec.infer.AutoSpecKernel`."""
+
+    model: Callable
 
 
 class AutoSpec:
@@ -225,8 +235,8 @@ class AutoSpec:
     def __init__(
         self,
         model: Callable,
-        *,
         num_samples: int,
+        *,
         num_chains: int = 1,
         oracle: Any = "enum",
         method: str = "autospec",
@@ -539,6 +549,30 @@ class AutoSpec:
         return self._run
 
     @property
+    def kernel(self) -> ModelKernel:
+        """The model where ``pyro.infer.MCMC`` keeps it (``mcmc.kernel.model``), so that
+        ``arviz.from_pyro(autospec)`` converts a run as it converts an ``MCMC``.
+
+        ``az.from_pyro`` stores the chains as run (one chain is not split, see
+        :meth:`to_inference_data`) and the *conditional* log likelihood (given every latent
+        site of each draw, from ``pyro.infer.Predictive``); :meth:`to_inference_data` stores
+        the marginal form that ``az.loo`` needs where it exists.
+
+        Examples
+        --------
+        >>> import arviz as az, pyro, pyro.distributions as dist
+        >>> def model(y):
+        ...     z = pyro.sample("z", dist.Bernoulli(0.3))
+        ...     pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+        >>> autospec = AutoSpec(model, 40, num_chains=2, seed=0, disable_progbar=True)
+        >>> _ = autospec.run(torch.tensor(1.5))
+        >>> idata = az.from_pyro(autospec)
+        >>> idata.posterior["z"].shape, idata.log_likelihood["y"].shape
+        ((2, 40), (2, 40))
+        """
+        return ModelKernel(self.model)
+
+    @property
     def layout(self):
         """The coordinate mapping of the discrete sites (after :meth:`run`)."""
         return None if self._run is None else self._run.layout
@@ -726,7 +760,10 @@ class AutoSpec:
           ``log sum_k w_k N(y_i; mu_k, s_k)``). It is what ``az.loo`` and ``az.waic`` need to
           estimate predictive accuracy, and exists when each observed element reads discrete
           sites of its own (same plates, read by nothing else, depending on no other discrete
-          site) and the model can be enumerated.
+          site) and the model can be enumerated. In a model without continuous sites it is
+          the same for every draw (no parameter is learned): ``az.loo`` then gives the exact
+          ``elpd`` with ``p_loo = 0``, and its Pareto k values, computed from a constant, mean
+          nothing.
         * ``"conditional"``: given every latent site of the draw, discrete ones included,
           computed from batched conditioned traces. LOO on it treats each draw's sampled
           assignment as a parameter, which is not usable for model comparison.

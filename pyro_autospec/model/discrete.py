@@ -371,6 +371,9 @@ def _check_discrete_site(name: str, site: dict) -> None:
         if isinstance(fn, dist.Independent) or (
             isinstance(fn, dist.MaskedDistribution) and isinstance(fn.base_dist, dist.Independent)
         ):
+            support_error = (
+                "`.to_event()` makes its elements one joint event, which Pyro does not enumerate"
+            )
             hint = " Declare its batch dimensions with `pyro.plate` instead of `.to_event()`."
         raise UnsupportedSiteError(
             f"Site '{name}' is a discrete latent site ({kind}) that AutoSpec cannot enumerate: "
@@ -558,6 +561,20 @@ def _check_continuous_parents(
         if parents:
             listed = ", ".join(f"'{p}'" for p in parents)
             first = parents[0]
+            stem = name[: -len("_unobserved")]
+            observed = trace.nodes.get(f"{stem}_observed") if name.endswith("_unobserved") else None
+            if observed is not None and observed.get("is_observed"):
+                raise UnsupportedSiteError(
+                    f"Site '{name}' holds the entries of the observation '{stem}' that its "
+                    f"`obs_mask` hides: Pyro samples them as a continuous latent site, and its "
+                    f"distribution depends on the discrete site(s) {listed}. AutoSpec samples "
+                    f"continuous sites before discrete ones, so it cannot sample them. The "
+                    f"masked entries do not change the posterior of the other sites; to drop "
+                    f"them from the likelihood, observe '{stem}' under `poutine.mask(mask=...)` "
+                    f"instead of passing `obs_mask` (give the hidden entries any finite value), "
+                    f"and draw the missing values afterwards with `pyro.infer.Predictive` if "
+                    f"you need them."
+                )
             raise UnsupportedSiteError(
                 f"Site '{name}' (continuous, {type(node['fn']).__name__}) has a distribution that "
                 f"depends on the discrete site(s) {listed}. AutoSpec samples the continuous "

@@ -328,3 +328,68 @@ def test_the_training_mode_check_accepts_an_oracle_with_slots():
             return self.inner.log_marginals(values, mask)
 
     assert sample_any_order(Slotted(), 3, seed=0).samples.shape == (3, 2)
+
+
+def test_networks_in_containers_and_nested_attributes_are_found():
+    """A network in a list or dict attribute, or two attributes down, is found and named as
+    the user wrote it; after ``eval()`` the oracle samples."""
+
+    class Holder:
+        def __init__(self, net):
+            self.net = net
+
+    class Oracle:
+        num_coords, num_values = 6, 2
+
+        def __init__(self, where):
+            self.net = NetworkOracle(torch.nn.Dropout(0.3))
+            if where == "list":
+                self.nets = [self.net]
+            elif where == "dict":
+                self.parts = {"net": self.net}
+            else:
+                self.model = Holder(self.net)
+            del self.net
+
+        def _network(self):
+            return next(iter(m for m in _all(self) if isinstance(m, NetworkOracle)))
+
+        def log_marginals(self, values, mask):
+            return self._network().log_marginals(values, mask)
+
+    def _all(oracle):
+        return [*getattr(oracle, "nets", []), *getattr(oracle, "parts", {}).values()] + [
+            getattr(getattr(oracle, "model", None), "net", None)
+        ]
+
+    for where, name in [
+        ("list", r"oracle\.nets\[0\]"),
+        ("dict", r"oracle\.parts\['net'\]"),
+        ("nested", r"oracle\.model\.net"),
+    ]:
+        oracle = Oracle(where)
+        with pytest.raises(OracleError, match=rf"^{name}\.net\[1\] \(Dropout\).*{name}\.eval"):
+            sample_any_order(oracle, 2, seed=0)
+        oracle._network().eval()
+        assert sample_any_order(oracle, 2, seed=0).samples.shape == (2, 6)
+
+
+class NaNAfterTwoPinned:
+    """Rows conditioned on two coordinates or more are NaN: the first bad row of a chain is
+    its second, not its first."""
+
+    num_coords, num_values = 4, 2
+
+    def log_marginals(self, values, mask):
+        out = torch.full((values.shape[0], 4, 2), -torch.log(torch.tensor(2.0)).item())
+        out = out.double()
+        out[mask.sum(1) >= 2] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_bad_verification_row_is_described_by_its_own_mass(engine):
+    """Both engines say what is wrong with the row that is bad (here: NaN), not with another
+    row of its chain."""
+    with pytest.raises(OracleError, match="contains NaN"):
+        sample_any_order(NaNAfterTwoPinned(), 4, seed=0, engine=engine, max_block=4)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
-from pyro_autospec.infer import AutoSpecKernel
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
 LOCS = torch.tensor([-1.0, 0.5, 2.0])
@@ -81,3 +81,20 @@ def test_two_chains_differ():
     grouped = mcmc.get_samples(group_by_chain=True)
     assert grouped["z"].shape == (2, 20, 3)
     assert not torch.equal(grouped["z"][0], grouped["z"][1])
+
+
+@pytest.mark.skipif(not hasattr(az, "from_pyro"), reason="ArviZ 1.x has no from_pyro")
+def test_from_pyro_reads_an_autospec_run_as_it_reads_an_mcmc():
+    """``az.from_pyro(autospec)``, which a Pyro user tries first, reads ``kernel.model`` like
+    an ``MCMC``'s: the posterior in its chains, no divergences, and the conditional log
+    likelihood given each draw."""
+    autospec = AutoSpec(model, 30, num_chains=2, seed=0, disable_progbar=True).run(DATA)
+    assert autospec.kernel.model is model
+    with _no_vectorized_trace_warning():
+        idata = az.from_pyro(autospec)
+    samples = autospec.get_samples()
+    assert idata.posterior["z"].shape == (2, 30, 3)
+    assert not idata.sample_stats["diverging"].values.any()
+    ll = idata.log_likelihood["y"].values.reshape(60, 3)
+    direct = dist.Normal(samples["z"] + LOCS[samples["g"]][:, None], 0.8).log_prob(DATA)
+    np.testing.assert_allclose(ll, direct.numpy(), atol=1e-5)

@@ -109,6 +109,34 @@ def test_continuous_site_depending_on_a_discrete_one_is_refused_before_nuts(monk
     assert "expected (M,)" not in text
 
 
+def masked_continuous_observation(y):
+    with pyro.plate("n", 5):
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+        mask = torch.tensor([True, False, True, True, False])
+        pyro.sample("y", dist.Normal(2.0 * z - 0.5, 0.8), obs=y, obs_mask=mask)
+
+
+def test_obs_mask_on_a_continuous_observation_names_the_observation_and_the_fix():
+    """Pyro turns the hidden entries into a latent site 'y_unobserved' the user never wrote:
+    the refusal names the observation, ``obs_mask`` and ``poutine.mask``."""
+    with pytest.raises(UnsupportedSiteError) as info:
+        run(masked_continuous_observation, torch.randn(5), warmup_steps=5)
+    text = str(info.value)
+    assert "the observation 'y' that its `obs_mask` hides" in text
+    assert "poutine.mask" in text and "Vindex" not in text
+
+
+def test_to_event_on_a_discrete_site_says_why_it_is_not_enumerated():
+    def model():
+        pyro.sample("z", dist.Bernoulli(0.5 * torch.ones(3)).to_event(1))
+
+    with pytest.raises(UnsupportedSiteError) as info:
+        run(model)
+    text = str(info.value)
+    assert "`.to_event()` makes its elements one joint event" in text
+    assert "no finite enumerable support" not in text and "pyro.plate" in text
+
+
 def test_plate_without_a_size_says_so():
     def model(y):
         p = pyro.sample("z", dist.Bernoulli(0.5))

@@ -63,7 +63,9 @@ def _prefetched(answer: QueryAnswer, s: int, b: int) -> np.ndarray:
 
 def _check(answer: Answer, index: int, what: str) -> np.ndarray:
     """Row ``index`` of ``answer`` (float64 [q]), raising if it is bad."""
-    OracleRows.raise_bad(answer.part(slice(0, 1)), answer.bad[:1, index : index + 1], what)
+    error = torch.zeros_like(answer.bad[:1])  # only row ``index`` (the message reads its mass)
+    error[:, index] = answer.bad[:1, index]
+    OracleRows.raise_bad(answer.part(slice(0, 1)), error, what)
     return answer.log_probs[0, index].numpy()
 
 
