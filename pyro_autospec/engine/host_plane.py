@@ -499,10 +499,12 @@ class TokenSampler:
         stop = np.where(~keep & in_window, j, k[:, None]).min(1)
         checked = (j <= stop[:, None]) & in_window  # rows conditioned on accepted tokens
         if (bad & checked).any():
+            r, c = (int(i) for i in np.argwhere(bad & checked)[0])  # what raise_bad reports
             OracleRows.raise_bad(
                 Answer(target, bad & checked, mass),
                 bad & checked,
-                "verification row {target} of window {row} of the round",
+                f"verification row of draw {int(self.draw[lanes[r]])} conditioned on its first "
+                f"{int(t[r]) + c} coordinates",
             )
         later = j[:, 1:]
         log_mu = np.where(stop > 0, target_x[:, 0], 0.0) + np.where(

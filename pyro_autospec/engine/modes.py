@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
+from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.protocols import is_inference_safe
 
 __all__ = ["calling", "engine_mode", "ordinary"]
@@ -28,7 +29,18 @@ engine_mode = torch.inference_mode
 @contextlib.contextmanager
 def _foreign(grad_enabled: bool) -> Iterator[None]:
     with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
-        yield
+        try:
+            yield
+        except RuntimeError as error:
+            if "Inplace update to inference tensor" not in str(error):
+                raise
+            raise OracleError(
+                "The oracle (or drift) wrote in place into a tensor the engine gave it (values, "
+                "mask, targets, chain, or a time or state): the engine's inputs are read-only, "
+                "as other rows of the round may share them. Copy before writing "
+                "(values = values.clone()), or use an out-of-place operation "
+                "(torch.where(mask, values, 0) in place of values[~mask] = 0)."
+            ) from error
 
 
 def calling(oracle: object, grad_enabled: bool = False):

@@ -656,11 +656,19 @@ class OracleRows:
         if not isinstance(out, torch.Tensor):
             raise OracleError(f"oracle.{name} must return a torch.Tensor, got {type(out).__name__}")
         if tuple(out.shape) != expected:
-            what = "num_coords" if name == "log_marginals" else "targets"
+            what, fix = {
+                "log_marginals": ("num_coords", "the oracle's num_coords attribute"),
+                "log_marginals_at": ("targets", "that it answers targets.shape[1] coordinates"),
+                "log_marginals_chain": ("chain length", "that it answers chain.shape[1] steps"),
+                "log_marginals_chain_then": (
+                    "then length",
+                    "that its second output answers then.shape[1] coordinates",
+                ),
+            }.get(name, ("targets", "the oracle's num_coords attribute"))
             raise OracleError(
                 f"oracle.{name} returned shape {tuple(out.shape)} for {expected[0]} rows; "
-                f"expected {expected} = (rows, {what}, num_values). Check the oracle's "
-                "num_coords and num_values attributes."
+                f"expected {expected} = (rows, {what}, num_values). Check {fix}, and its "
+                "num_values attribute."
             )
         if not out.dtype.is_floating_point:
             raise OracleError(

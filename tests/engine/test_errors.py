@@ -393,3 +393,44 @@ def test_a_bad_verification_row_is_described_by_its_own_mass(engine):
     row of its chain."""
     with pytest.raises(OracleError, match="contains NaN"):
         sample_any_order(NaNAfterTwoPinned(), 4, seed=0, engine=engine, max_block=4)
+
+
+def test_the_fast_engine_names_the_draw_and_prefix_of_a_bad_verification_row():
+    with pytest.raises(
+        OracleError, match=r"verification row of draw \d+ conditioned on its first 2 coordinates"
+    ):
+        sample_any_order(NaNAfterTwoPinned(), 4, seed=0, max_block=4)
+
+
+class ShortChain:
+    """Answers one step fewer than the chain asks for."""
+
+    num_coords, num_values = 4, 2
+
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 4, 2), 0.5).log().double()
+
+    def log_marginals_chain(self, values, mask, chain):
+        return torch.full((values.shape[0], chain.shape[1] - 1, 2), 0.5).log().double()
+
+
+def test_a_chain_of_the_wrong_length_points_at_the_chain_not_at_num_coords():
+    with pytest.raises(OracleError, match=r"chain length.*chain\.shape\[1\] steps") as info:
+        sample_any_order(ShortChain(), 4, seed=0, max_block=4)
+    assert "num_coords" not in str(info.value)
+
+
+class WritesIntoValues:
+    """A plain oracle (not inference-safe) that zeroes the unpinned values in place."""
+
+    num_coords, num_values = 2, 2
+
+    def log_marginals(self, values, mask):
+        values[~mask] = 0
+        return TabularOracle(logits=good_table()).log_marginals(values, mask)
+
+
+@pytest.mark.parametrize("method", ["autospec", "agr24", "sequential"])
+def test_an_oracle_writing_into_its_inputs_is_told_to_copy_them(method):
+    with pytest.raises(OracleError, match=r"wrote in place into a tensor.*values\.clone\(\)"):
+        sample_any_order(WritesIntoValues(), 3, seed=0, method=method)
