@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError, check_eval_mode
 from pyro_autospec.engine.host_plane import TokenSampler
@@ -236,6 +237,7 @@ def sample_any_order(
     if "max_block" in knobs and "max_block" not in given:  # a preset by hardware, batch, oracle
         knobs["max_block"] = default_max_block(n, in_flight, device, has_chain_marginals(oracle))
     _check_knobs(knobs)
+    check_consistency(oracle, device)  # one answer to one question, whichever way it is asked
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each)

@@ -1,0 +1,234 @@
+"""A check, before sampling, that an oracle gives one answer to one question.
+
+The engine asks the same conditional in several ways: as a targeted row
+(``log_marginals_at``) or a full row (``log_marginals``), inside a chain query
+(``log_marginals_chain``), after a chain (``log_marginals_chain_then``), alone or batched
+with other rows, and with arbitrary values at the unpinned coordinates. Every sampler is exact
+for the oracle's chain rule only if all of these agree: a chain query that forgets to pin its
+cut, or rows that read unpinned values, give each sampler its own law, and a test that
+compares autospeculation with the sequential sampler on such an oracle fails for the oracle's
+reason, not the sampler's.
+
+:func:`check_consistency` asks a handful of small questions every way the oracle offers and
+raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
+no random numbers (the questions follow a fixed order and the most probable values), so the
+draws that follow do not change; it costs about ``L + 4`` oracle calls of at most ``2 L``
+rows, ``L = min(n, 8)``. It cannot prove an oracle consistent, only catch the common slips.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.modes import calling, engine_mode
+from pyro_autospec.engine.protocols import (
+    has_chain_marginals,
+    has_chain_then,
+    has_targeted_marginals,
+    oracle_num_draws,
+)
+
+__all__ = ["check_consistency", "PROBE_LENGTH"]
+
+#: How many coordinates the questions pin at most.
+PROBE_LENGTH = 8
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    """Largest difference in probability two answers to one question may show: rounding of
+    the output's precision (``1000 eps``), at least ``1e-4`` and at most ``0.05``."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return float(min(0.05, max(1e-4, 1000.0 * eps)))
+
+
+class _LeftToTheEngine(Exception):
+    """An answer of the wrong type or shape: the engine's own checks report it."""
+
+
+class _Probe:
+    """The questions and the oracle's answers, on one device, for target 0 of a family."""
+
+    def __init__(self, oracle, device: torch.device, grad_enabled: bool):
+        self.oracle = oracle
+        self.device = device
+        self.n, self.q = int(oracle.num_coords), int(oracle.num_values)
+        self.family = oracle_num_draws(oracle) is not None
+        self.call = calling(oracle, grad_enabled)  # as the engine calls it
+        self.tolerance = 1e-4
+        generator = torch.Generator().manual_seed(0)
+        self.order = torch.randperm(self.n, generator=generator)[: min(self.n, PROBE_LENGTH)]
+
+    def _extra(self, rows: int) -> dict:
+        if not self.family:
+            return {}
+        return {"draws": torch.zeros(rows, dtype=torch.long, device=self.device)}
+
+    def _normalised(self, out: torch.Tensor, name: str, shape: tuple) -> torch.Tensor:
+        if (
+            not isinstance(out, torch.Tensor)
+            or tuple(out.shape) != shape
+            or not out.dtype.is_floating_point
+            or out.device.type != self.device.type
+        ):
+            raise _LeftToTheEngine  # its output checks name what is wrong, and the fix
+        self.tolerance = max(self.tolerance, _tolerance(out.dtype))
+        return torch.log_softmax(out.detach().to("cpu", torch.float64), -1)
+
+    def inputs(self, values: torch.Tensor, pinned: list[int]):
+        """``values`` [B, n] and the masks [B, n] pinning ``order[:pinned[b]]``."""
+        mask = torch.zeros(len(pinned), self.n, dtype=torch.bool)
+        for b, k in enumerate(pinned):
+            mask[b, self.order[:k]] = True
+        return values.to(self.device, copy=True), mask.to(self.device)
+
+    def rows(self, values: torch.Tensor, pinned: list[int], targeted: bool) -> torch.Tensor:
+        """Row ``b``: the conditional of ``order[pinned[b]]`` given ``order[:pinned[b]]``."""
+        values, mask = self.inputs(values, pinned)
+        coords = self.order[pinned]
+        extra = self._extra(len(pinned))
+        with self.call():
+            if targeted:
+                targets = coords.view(-1, 1).to(self.device, copy=True)
+                out = self.oracle.log_marginals_at(
+                    values, mask, targets, **self._extra(len(pinned))
+                )
+                return self._normalised(out, "log_marginals_at", (len(pinned), 1, self.q))[:, 0]
+            out = self.oracle.log_marginals(values, mask, **extra)
+        full = self._normalised(out, "log_marginals", (len(pinned), self.n, self.q))
+        return full[torch.arange(len(pinned)), coords]
+
+    def chain(self, values: torch.Tensor, cut: int, then: bool):
+        """The chain ``order[cut:]`` given ``order[:cut]`` (without its last coordinate, and
+        then the row of that one after it, with ``then``)."""
+        stop = len(self.order) - (1 if then else 0)
+        values, mask = self.inputs(values.unsqueeze(0), [cut])
+        chain = self.order[cut:stop].view(1, -1).to(self.device, copy=True)
+        length = stop - cut
+        with self.call():
+            if not then:
+                out = self.oracle.log_marginals_chain(values, mask, chain, **self._extra(1))
+                return self._normalised(out, "log_marginals_chain", (1, length, self.q))[0], None
+            after_coord = self.order[stop:].view(1, 1).to(self.device, copy=True)
+            out, after = self.oracle.log_marginals_chain_then(
+                values, mask, chain, after_coord, **self._extra(1)
+            )
+        out = self._normalised(out, "log_marginals_chain_then", (1, length, self.q))[0]
+        return out, self._normalised(after, "log_marginals_chain_then", (1, 1, self.q))[0, 0]
+
+    def compare(
+        self, answer: torch.Tensor, expected: torch.Tensor, how: str, base: str, first: int = 0
+    ) -> None:
+        """Raise if the conditionals ``answer`` [K, q] and ``expected`` [K, q] (of the
+        coordinates ``order[first:first + K]``) differ."""
+        gap = (answer.exp() - expected.exp()).abs().amax(-1)
+        worst = int(gap.argmax())
+        if not float(gap[worst]) > self.tolerance:  # NaN is for the row checks to report
+            return
+        coord, given = int(self.order[first + worst]), first + worst
+        raise OracleError(
+            f"The oracle answers one conditional two ways: {how} differs from {base} (the "
+            f"conditional of coordinate {coord} given {given} pinned coordinates) "
+            f"by {float(gap[worst]):.3g} in probability (more than {self.tolerance:.3g}). "
+            "Every sampler is exact for the oracle's chain rule only if all its methods agree: "
+            "a chain query must pin the prefix (mask) and the chain coordinates before each "
+            "row, a row must ignore the values at unpinned coordinates and not depend on the "
+            "other rows of its batch. Fix the method named, or remove it (the engine then asks "
+            "plain rows)."
+        )
+
+
+def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
+    """Raise :class:`~pyro_autospec.engine.errors.OracleError` where the oracle answers one
+    question two ways.
+
+    Pins the coordinates of a fixed order one by one at their most probable value (one row
+    each, so the prefix has positive probability) and asks the same conditionals again: with
+    other values at the unpinned coordinates, all in one batch, as full rows and as targeted
+    rows (whichever the oracle has), and as chain queries from two cuts, with the row after
+    the chain where the oracle answers it (``log_marginals_chain_then``). The answers must
+    agree within rounding of the output's precision (:func:`_tolerance`). Rows with NaN or
+    that do not sum to one are left to the engine's row checks, which name them.
+
+    Parameters
+    ----------
+    oracle : MarginalOracle
+        Its ``num_coords`` and ``num_values`` already checked.
+    device : torch.device or str
+        Where the engine will ask it.
+
+    Raises
+    ------
+    OracleError
+        Naming the two ways that disagree and by how much.
+
+    Examples
+    --------
+    >>> from pyro_autospec.oracles import MarkovChainOracle
+    >>> stay = torch.tensor([[0.8, 0.2], [0.2, 0.8]])
+    >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 16)
+    >>> check_consistency(chain)
+    >>> class Unpinned:  # a chain query that forgets its prefix
+    ...     num_coords, num_values = 16, 2
+    ...     def log_marginals(self, values, mask):
+    ...         return chain.log_marginals(values, mask)
+    ...     def log_marginals_chain(self, values, mask, c):
+    ...         return chain.log_marginals_chain(values, torch.zeros_like(mask), c)
+    >>> check_consistency(Unpinned())
+    Traceback (most recent call last):
+    ...
+    pyro_autospec.engine.errors.OracleError: The oracle answers one conditional two ways: ...
+    """
+    probe = _Probe(oracle, torch.device(device), torch.is_grad_enabled())
+    try:
+        with engine_mode():  # the oracle is called as the engine calls it
+            _check(probe)
+    except _LeftToTheEngine:
+        pass
+
+
+def _check(probe: _Probe) -> None:
+    oracle = probe.oracle
+    length = len(probe.order)
+    targeted = has_targeted_marginals(oracle)
+    values = torch.zeros(probe.n, dtype=torch.long)
+    expected = []
+    for k in range(length):  # one row at a time: the most probable value given the prefix
+        row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
+        if not bool(torch.isfinite(row).any()):
+            return  # no mass: the engine's row checks report it
+        expected.append(row)
+        values[probe.order[k]] = int(row.argmax())
+    expected = torch.stack(expected)
+    way = "log_marginals_at" if targeted else "log_marginals"
+    base = f"{way} asked one row at a time"
+    pinned = list(range(length))
+    # the same rows in one batch, with other values wherever a coordinate is not pinned
+    other = (values + 1) % probe.q
+    scrambled = torch.stack([torch.where(_pinned(probe, k), values, other) for k in pinned])
+    probe.compare(
+        probe.rows(scrambled, pinned, targeted),
+        expected,
+        f"{way} with other values at the unpinned coordinates, in one batch",
+        base,
+    )
+    if targeted and callable(getattr(oracle, "log_marginals", None)):
+        probe.compare(
+            probe.rows(values.expand(length, -1), pinned, False), expected, "log_marginals", base
+        )
+    if has_chain_marginals(oracle):
+        for cut in (0, min(1, length - 1)):
+            out, _ = probe.chain(values, cut, then=False)
+            how = f"log_marginals_chain from cut {cut}"
+            probe.compare(out, expected[cut:], how, base, first=cut)
+    if has_chain_then(oracle) and length >= 2:
+        out, after = probe.chain(values, 0, then=True)
+        probe.compare(out, expected[:-1], "log_marginals_chain_then's chain", base)
+        probe.compare(after[None], expected[-1:], "log_marginals_chain_then's row after", base)
+
+
+def _pinned(probe: _Probe, k: int) -> torch.Tensor:
+    """BoolTensor[n]: the coordinates ``order[:k]``."""
+    mask = torch.zeros(probe.n, dtype=torch.bool)
+    mask[probe.order[:k]] = True
+    return mask

@@ -1,0 +1,116 @@
+"""An oracle that answers one question two ways is refused before sampling.
+
+Each oracle below breaks the protocol in a way users do (found by sampling oracles written
+outside the project): without the check, each sampler drew from its own law, silently (a
+chi-square p-value of 0 against the sequential sampler for the chain that forgets its cut).
+"""
+
+import pytest
+import torch
+
+from pyro_autospec.engine import OracleError, sample_any_order
+from pyro_autospec.engine.consistency import check_consistency
+from pyro_autospec.oracles import MarkovChainOracle
+
+STAY = torch.tensor([[0.85, 0.15], [0.15, 0.85]], dtype=torch.float64)
+CHAIN = MarkovChainOracle(torch.tensor([0.5, 0.5], dtype=torch.float64), STAY, 12)
+
+
+class Rows:
+    """The Markov chain's rows, targeted; subclasses add a faulty method."""
+
+    num_coords, num_values = 12, 2
+
+    def log_marginals_at(self, values, mask, targets):
+        return CHAIN.log_marginals_at(values, mask, targets)
+
+
+class ChainForgetsItsCut(Rows):
+    def log_marginals_chain(self, values, mask, chain):
+        return self.log_marginals_at(values, mask, chain)  # chain[:j] never pinned
+
+
+class ChainForgetsItsPrefix(Rows):
+    def log_marginals_chain(self, values, mask, chain):
+        return CHAIN.log_marginals_chain(values, torch.zeros_like(mask), chain)
+
+
+class ReadsUnpinnedValues(Rows):
+    def log_marginals_at(self, values, mask, targets):
+        return CHAIN.log_marginals_at(values, torch.ones_like(mask), targets)
+
+
+class DependsOnItsBatch(Rows):
+    """Rows mixed with the batch's mean row (a batch statistic, as batch norm in training)."""
+
+    def log_marginals_at(self, values, mask, targets):
+        out = CHAIN.log_marginals_at(values, mask, targets).exp()
+        return (0.5 * out + 0.5 * out.mean(0, keepdim=True)).log()
+
+
+class WrongRowAfterChain(Rows):
+    def log_marginals_chain(self, values, mask, chain):
+        return CHAIN.log_marginals_chain(values, mask, chain)
+
+    def log_marginals_chain_then(self, values, mask, chain, then):
+        out = CHAIN.log_marginals_chain(values, mask, chain)
+        return out, CHAIN.log_marginals_at(values, mask, then)  # the chain left unpinned
+
+
+class FullRowsDisagree(Rows):
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 12, 2), 0.5, dtype=torch.float64).log()
+
+
+@pytest.mark.parametrize(
+    "oracle, named",
+    [
+        (ChainForgetsItsCut(), "log_marginals_chain from cut 0"),
+        (ChainForgetsItsPrefix(), "log_marginals_chain from cut 1"),
+        (ReadsUnpinnedValues(), "other values at the unpinned coordinates"),
+        (DependsOnItsBatch(), "in one batch"),
+        (WrongRowAfterChain(), "log_marginals_chain_then's row after"),
+        (FullRowsDisagree(), "log_marginals differs from log_marginals_at"),
+    ],
+    ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
+)
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_an_oracle_answering_one_question_two_ways_is_refused(oracle, named, engine):
+    with pytest.raises(OracleError, match=rf"two ways: .*{named}.*conditional of coordinate"):
+        sample_any_order(oracle, 4, seed=0, engine=engine)
+
+
+class Counting(Rows):
+    def __init__(self):
+        self.rows = 0
+
+    def log_marginals_at(self, values, mask, targets):
+        self.rows += values.shape[0]
+        return super().log_marginals_at(values, mask, targets)
+
+
+def test_the_check_is_small_and_leaves_the_draws_alone():
+    """A consistent oracle passes; the check asks a few small questions, reads no engine
+    randomness, and is not counted in the run's rows."""
+    oracle = Counting()
+    check_consistency(oracle)
+    assert 0 < oracle.rows <= 3 * 8
+    first = sample_any_order(Counting(), 6, seed=3)
+    again = sample_any_order(CHAIN, 6, seed=3)
+    assert torch.equal(first.samples, again.samples)
+    assert first.oracle_rows == again.oracle_rows
+
+
+def test_a_float32_network_passes_within_its_rounding():
+    """Answers computed in float32 by different routes (one pass over a chain, or row by row)
+    differ in their last bits: within the float32 tolerance."""
+
+    class Float32Chain(Rows):
+        def log_marginals_at(self, values, mask, targets):
+            return CHAIN.log_marginals_at(values, mask, targets).float()
+
+        def log_marginals_chain(self, values, mask, chain):
+            out = CHAIN.log_marginals_chain(values, mask, chain).float()
+            return out + 1e-6 * torch.randn(out.shape)  # rounding noise
+
+    check_consistency(Float32Chain())
