@@ -64,7 +64,10 @@ class _Probe:
             return {}
         return {"draws": torch.zeros(rows, dtype=torch.long, device=self.device)}
 
-    def _normalised(self, out: torch.Tensor, name: str, shape: tuple) -> torch.Tensor:
+    def _normalised(self, out, name: str, shape: tuple, coords=None) -> torch.Tensor:
+        """``out`` checked for its ``shape`` (else the engine reports it) and normalised in
+        float64 on the host; of full rows ``[B, n, q]``, only coordinate ``coords[b]`` of row
+        ``b``."""
         if (
             not isinstance(out, torch.Tensor)
             or tuple(out.shape) != shape
@@ -73,7 +76,10 @@ class _Probe:
         ):
             raise _LeftToTheEngine  # its output checks name what is wrong, and the fix
         self.tolerance = max(self.tolerance, _tolerance(out.dtype))
-        return torch.log_softmax(out.detach().to("cpu", torch.float64), -1)
+        out = out.detach()
+        if coords is not None:
+            out = out[torch.arange(shape[0], device=out.device), coords.to(out.device)]
+        return torch.log_softmax(out.to("cpu", torch.float64), -1)
 
     def inputs(self, values: torch.Tensor, pinned: list[int]):
         """``values`` [B, n] and the masks [B, n] pinning ``order[:pinned[b]]``."""
@@ -86,7 +92,6 @@ class _Probe:
         """Row ``b``: the conditional of ``order[pinned[b]]`` given ``order[:pinned[b]]``."""
         values, mask = self.inputs(values, pinned)
         coords = self.order[pinned]
-        extra = self._extra(len(pinned))
         with self.call():
             if targeted:
                 targets = coords.view(-1, 1).to(self.device, copy=True)
@@ -94,9 +99,17 @@ class _Probe:
                     values, mask, targets, **self._extra(len(pinned))
                 )
                 return self._normalised(out, "log_marginals_at", (len(pinned), 1, self.q))[:, 0]
-            out = self.oracle.log_marginals(values, mask, **extra)
-        full = self._normalised(out, "log_marginals", (len(pinned), self.n, self.q))
-        return full[torch.arange(len(pinned)), coords]
+            # full rows in calls of at most 2**20 entries, as the engine asks them on a CPU
+            per_call = max(1, 2**20 // (self.n * self.q))
+            pieces = []
+            for lo in range(0, len(pinned), per_call):
+                part = slice(lo, lo + per_call)
+                rows = len(pinned[part])
+                extra = self._extra(rows)
+                out = self.oracle.log_marginals(values[part], mask[part], **extra)
+                shape = (rows, self.n, self.q)
+                pieces.append(self._normalised(out, "log_marginals", shape, coords[part]))
+        return torch.cat(pieces)
 
     def chain(self, values: torch.Tensor, cut: int, then: bool):
         """The chain ``order[cut:]`` given ``order[:cut]`` (without its last coordinate, and

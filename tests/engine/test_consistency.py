@@ -114,3 +114,19 @@ def test_a_float32_network_passes_within_its_rounding():
             return out + 1e-6 * torch.randn(out.shape)  # rounding noise
 
     check_consistency(Float32Chain())
+
+
+def test_full_rows_of_a_wide_oracle_are_asked_within_the_engines_call_size():
+    """``[B, n, q]`` full rows are asked a few at a time (at most ``2**20`` entries), as the
+    engine asks them on a CPU: the check never needs more memory than sampling."""
+
+    class Wide:
+        num_coords, num_values = 600, 2000
+        largest = 0
+
+        def log_marginals(self, values, mask):
+            Wide.largest = max(Wide.largest, values.shape[0] * 600 * 2000)
+            return torch.full((values.shape[0], 600, 2000), -torch.log(torch.tensor(2000.0)))
+
+    check_consistency(Wide())
+    assert 0 < Wide.largest <= 600 * 2000
