@@ -31,7 +31,9 @@ oracle (the engine's: every torch function and tensor method, each a kernel laun
 dispatch) and the host reads among them (calls that make the host wait for a GPU: ``nonzero``,
 ``.item()``, ``bool()``, boolean-mask indexing, ...; ``benchmarks/engine.py`` lists them). The
 oracle is wrapped for that run in a proxy that flags its own methods' calls, so an oracle's
-work never counts as the engine's. On a GPU the time inside the oracle is host time (kernels
+work never counts as the engine's; the calls of the consistency check that starts every run
+(:func:`~pyro_autospec.engine.consistency.check_consistency`, once per run, not per round)
+are counted apart and left out, and its time is listed under the table. On a GPU the time inside the oracle is host time (kernels
 are not waited for), so "outside oracle / row" is only meaningful on a CPU. The last column is
 wall time over the fastest variant whose method is not ``autospec``. On a CPU, before the
 variants of a draw count are timed, the first one runs once untimed (``--no-warmup`` skips it):
@@ -71,6 +73,8 @@ from engine import _SYNCING, _waits  # noqa: E402
 from rounds import hmm, markov, tree_potts  # noqa: E402
 
 from pyro_autospec.engine import sample_any_order  # noqa: E402
+from pyro_autospec.engine.consistency import check_consistency  # noqa: E402
+from pyro_autospec.engine.protocols import declares_consistent_queries  # noqa: E402
 from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
 
 DEFAULT_ORACLES = [
@@ -194,7 +198,7 @@ class Flagged:
 
     def __init__(self, oracle, counter: OutsideOracle):
         self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
-        for attr in ("device", "inference_safe", "num_draws"):
+        for attr in ("device", "inference_safe", "num_draws", "consistent_queries"):
             if getattr(oracle, attr, None) is not None:
                 setattr(self, attr, getattr(oracle, attr))
         for name in ORACLE_METHODS:
@@ -238,12 +242,32 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
         proxy = Flagged(oracle, counter)
         with counter:
             again = sample_any_order(proxy, draws, method=method, seed=args.seed, **knobs)
+        if not declares_consistent_queries(oracle):
+            # per round: the engine's work, without the consistency check made once per run
+            check = OutsideOracle()
+            with check:
+                check_consistency(Flagged(oracle, check), args.device)
+            counter.engine -= check.engine
+            counter.syncs -= check.syncs
+            counter.oracle -= check.oracle
         if not torch.equal(again.samples, r.samples):
             raise RuntimeError(f"{method} {knobs}: the counted run drew other samples")
         out["calls_per_round"] = counter.engine / r.rounds
         out["syncs_per_round"] = counter.syncs / r.rounds
         out["oracle_calls_per_round"] = counter.oracle / r.rounds
     return out
+
+
+def _check_seconds(oracle, device: str) -> float:
+    """Fastest of three runs of the consistency check that every run starts with."""
+    times = []
+    for _ in range(3):
+        _sync(device)
+        start = time.perf_counter()
+        check_consistency(oracle, device)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def describe(oracle, spec: str) -> str:
@@ -314,7 +338,13 @@ def main(argv=None) -> None:
     for spec in args.oracles:
         built = time.perf_counter()
         oracle = build_oracle(spec, args.n, args.device)
-        notes.append(f"- {describe(oracle, spec)}, built in {time.perf_counter() - built:.1f} s")
+        built = time.perf_counter() - built
+        if declares_consistent_queries(oracle):
+            check = "declares consistent queries (no check before its runs)"
+        else:
+            seconds = _check_seconds(oracle, args.device)
+            check = f"the consistency check before each run takes {1e3 * seconds:.1f} ms"
+        notes.append(f"- {describe(oracle, spec)}, built in {built:.1f} s; {check}")
         label, n = spec, oracle.num_coords
         if torch.device(args.device).type != "cpu":  # context, kernels, allocator
             for _, method, knobs in variants:

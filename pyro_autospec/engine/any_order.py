@@ -46,7 +46,11 @@ from pyro_autospec.engine.methods import (
     given_knobs,
     resolve_knobs,
 )
-from pyro_autospec.engine.protocols import has_chain_marginals, oracle_num_draws
+from pyro_autospec.engine.protocols import (
+    declares_consistent_queries,
+    has_chain_marginals,
+    oracle_num_draws,
+)
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
@@ -237,7 +241,8 @@ def sample_any_order(
     if "max_block" in knobs and "max_block" not in given:  # a preset by hardware, batch, oracle
         knobs["max_block"] = default_max_block(n, in_flight, device, has_chain_marginals(oracle))
     _check_knobs(knobs)
-    check_consistency(oracle, device)  # one answer to one question, whichever way it is asked
+    if not declares_consistent_queries(oracle):  # one answer to one question, asked any way
+        check_consistency(oracle, device)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each)

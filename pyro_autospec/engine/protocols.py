@@ -12,10 +12,11 @@ One call of either is one *round*; each row of the batch is one *row* of work.
 
 A marginal oracle may offer more than ``log_marginals``. Each optional capability is a named
 protocol here (:class:`TargetedMarginals`, :class:`ChainMarginals`, :class:`ChainThenMarginals`,
-:class:`FamilyOfTargets`, :class:`InferenceSafe`) with one check (:func:`has_targeted_marginals`,
-:func:`has_chain_marginals`, :func:`has_chain_then`, :func:`oracle_num_draws`,
-:func:`is_inference_safe`); the engine checks each once, when it starts a run
-(:class:`~pyro_autospec.engine.rows.OracleRows`), and asks only for what the oracle offers.
+:class:`FamilyOfTargets`, :class:`InferenceSafe`, :class:`ConsistentQueries`) with one check
+(:func:`has_targeted_marginals`, :func:`has_chain_marginals`, :func:`has_chain_then`,
+:func:`oracle_num_draws`, :func:`is_inference_safe`, :func:`declares_consistent_queries`);
+the engine checks each once, when it starts a run (:class:`~pyro_autospec.engine.rows.
+OracleRows`), and asks only for what the oracle offers.
 The checks read the attribute (``getattr``), so an oracle that forwards methods through
 ``__getattr__`` (a wrapper) is seen as offering them.
 """
@@ -29,12 +30,14 @@ import torch
 __all__ = [
     "ChainMarginals",
     "ChainThenMarginals",
+    "ConsistentQueries",
     "FamilyOfTargets",
     "InferenceSafe",
     "MarginalOracle",
     "MeanOracle",
     "TargetedMarginals",
     "chain_rows",
+    "declares_consistent_queries",
     "has_chain_marginals",
     "has_chain_then",
     "has_targeted_marginals",
@@ -111,6 +114,13 @@ class MarginalOracle(Protocol):
     (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. Its
     inputs are then inference tensors: read them, never write into them. The built-in
     exact oracles are inference-safe.
+
+    *One answer to one question.* Before sampling, the engine asks the oracle a handful of
+    small questions every way it offers (:func:`~pyro_autospec.engine.consistency.
+    check_consistency`) and refuses it where two answers differ. An oracle whose methods are
+    tested to agree may set the class attribute ``consistent_queries = True`` to skip that
+    check (a few milliseconds); the library's own oracles do, and ``tests/oracles/
+    test_conformance.py`` runs the check on each of them.
 
     Examples
     --------
@@ -212,6 +222,15 @@ class FamilyOfTargets(Protocol):
     num_draws: int
 
 
+class ConsistentQueries(Protocol):
+    """Capability: the oracle's query methods are known to answer one conditional the same
+    way (``consistent_queries = True``; :class:`MarginalOracle`), so the engine skips
+    :func:`~pyro_autospec.engine.consistency.check_consistency`. Checked by
+    :func:`declares_consistent_queries`."""
+
+    consistent_queries: bool
+
+
 class InferenceSafe(Protocol):
     """Capability: the oracle may be called under :func:`torch.inference_mode`
     (``inference_safe = True``; :class:`MarginalOracle`). Checked by
@@ -240,6 +259,12 @@ def is_inference_safe(oracle: object) -> bool:
     """Whether ``oracle`` may be called under :func:`torch.inference_mode`
     (``oracle.inference_safe``; see :class:`MarginalOracle`)."""
     return getattr(oracle, "inference_safe", False) is True
+
+
+def declares_consistent_queries(oracle: object) -> bool:
+    """Whether ``oracle`` declares its query methods consistent
+    (``oracle.consistent_queries``; see :class:`MarginalOracle`)."""
+    return getattr(oracle, "consistent_queries", False) is True
 
 
 def oracle_num_draws(oracle: object) -> int | None:

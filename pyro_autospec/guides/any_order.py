@@ -157,6 +157,10 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
     torch.Size([4, 3])
     """
 
+    #: Its row, targeted and chain queries are one network's answers, checked to agree by
+    #: tests/oracles/test_conformance.py: the engine skips its consistency check.
+    consistent_queries = True
+
     def __init__(
         self,
         model: Callable | Any = None,

@@ -357,6 +357,9 @@ class EnumOracle:
     """
 
     _markov = True  # False: pyro.markov hidden from enumeration (see _compile)
+    #: Its queries are checked to agree by tests/oracles/test_conformance.py: the engine skips
+    #: its consistency check.
+    consistent_queries = True
 
     def __init__(
         self,

@@ -36,12 +36,16 @@ class ExactOracle:
 
     Subclasses inherit ``inference_safe = True``: the engine calls them under
     :func:`torch.inference_mode` (see :class:`~pyro_autospec.engine.protocols.MarginalOracle`). A
-    subclass whose methods create parameters or change state sets it to ``False``.
+    subclass whose methods create parameters or change state sets it to ``False``. They also
+    inherit ``consistent_queries = True`` (the engine skips its consistency check; the
+    conformance tests run it on every shipped oracle): a subclass that overrides a query
+    method without a conformance test sets it to ``False``.
     """
 
     num_coords: int
     num_values: int
     inference_safe = True
+    consistent_queries = True
 
     # -- devices -----------------------------------------------------------------------------
     @property

@@ -130,3 +130,17 @@ def test_full_rows_of_a_wide_oracle_are_asked_within_the_engines_call_size():
 
     check_consistency(Wide())
     assert 0 < Wide.largest <= 600 * 2000
+
+
+def test_an_oracle_declaring_consistent_queries_is_not_checked():
+    """``consistent_queries = True`` is the oracle's word (the library's own oracles give it,
+    backed by the conformance tests): the engine then asks no extra question."""
+
+    class Declared(ChainForgetsItsCut):
+        consistent_queries = True
+
+    assert sample_any_order(Declared(), 2, seed=0).samples.shape == (2, 12)
+    built_in = Counting()
+    built_in.consistent_queries = True
+    sample_any_order(built_in, 2, seed=0, method="sequential")
+    assert built_in.rows == 2 * 12  # the draws' rows only

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.engine.protocols import (
     MarginalOracle,
     has_chain_marginals,
@@ -289,6 +290,15 @@ def test_chain_then_rows_are_the_rows_after_the_chain(case):
 
 
 # ------------------------------------------------------------------------ the joint
+def test_the_engines_consistency_check_passes(case):
+    """The check the engine runs before sampling an oracle that does not declare
+    ``consistent_queries`` passes on every catalogued oracle: the shipped ones, which declare
+    it (this test is what the declaration rests on), and the user oracles, which are checked
+    at every run."""
+    entry, oracle = case
+    check_consistency(oracle)
+
+
 def test_chain_rule_law_is_the_joint(case):
     """Every state enumerated: the chain rule's law in three orders is normalised and, for a
     consistent oracle, equals the brute-force joint (or the law in another order) to 1e-9."""
