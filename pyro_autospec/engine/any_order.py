@@ -83,7 +83,7 @@ def _check_oracle(oracle) -> tuple[int, int]:
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:
         raise ValueError(f"oracle.num_coords and oracle.num_values must be >= 1; got n={n}, q={q}")
-    check_eval_mode(oracle)
+    check_eval_mode(oracle, reach=1 if declares_consistent_queries(oracle) else 4)
     return n, q
 
 

@@ -31,7 +31,15 @@ _LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type, types.Modu
 def _children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     """What ``value`` may answer with, by name: the object of a bound method, the variables
     (closed over or global) a function reads, the items of a list, tuple or dict, and an
-    object's attributes (read past any ``__getattr__``; none with ``__slots__``)."""
+    object's attributes (read past any ``__getattr__``; none with ``__slots__``). Nothing
+    for an object that cannot be read so (a property that raises, a proxy)."""
+    try:
+        return _readable_children(name, value, root)
+    except Exception:  # noqa: BLE001 - what cannot be read is not searched
+        return []
+
+
+def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     if isinstance(value, types.MethodType):  # e.g. net.forward
         return [(f"{name}.__self__", value.__self__)]
     if isinstance(value, types.FunctionType):
@@ -56,22 +64,25 @@ def _children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     return [(f"{name}.{k}", v) for k, v in attributes.items()]
 
 
-def _networks(oracle: object) -> dict[str, torch.nn.Module]:
+def _networks(oracle: object, reach: int = _SEARCH_DEPTH) -> dict[str, torch.nn.Module]:
     """The :class:`torch.nn.Module` s an oracle answers with, by name, nearest first: the
-    oracle itself, and what :func:`_children` finds from it, up to ``_SEARCH_DEPTH`` steps
+    oracle itself, and what :func:`_children` finds from it, up to ``reach`` steps
     away (``oracle.model.net``, ``oracle.nets[1]``, a network a function closes over)."""
     found: dict[str, torch.nn.Module] = {}
     seen: set[int] = set()
     level = [("oracle", oracle)]
-    for depth in range(_SEARCH_DEPTH + 1):
+    for depth in range(reach + 1):
         following = []
         for name, value in level:
             if id(value) in seen or len(seen) >= _SEARCH_VISITS:
                 continue
             seen.add(id(value))
-            if isinstance(value, torch.nn.Module):
-                found.setdefault(name, value)
-            if depth < _SEARCH_DEPTH:
+            try:
+                if isinstance(value, torch.nn.Module):
+                    found.setdefault(name, value)
+            except Exception:  # noqa: BLE001 - a __class__ that raises: not a network
+                continue
+            if depth < reach:
                 following += _children(name, value, root=depth == 0)
         level = following
     return found
@@ -96,16 +107,19 @@ def _random_in_training(layer: torch.nn.Module) -> bool:
     return isinstance(rate, float) and rate > 0
 
 
-def check_eval_mode(oracle: object) -> None:
+def check_eval_mode(oracle: object, reach: int = _SEARCH_DEPTH) -> None:
     """Raise if a network the oracle answers with is in training mode with a layer that makes
     its answers random (dropout) or dependent on the batch (batch norm).
 
     Such an oracle gives a different conditional each time it is asked the same question, so
     no sampler can be exact for it: the engine asks a row several times (draft, verification)
     and in batches of varying composition. The fix is ``net.eval()`` before sampling. Modules
-    are found on the oracle itself and up to four steps from it: attributes (of attributes),
-    items of lists, tuples and dicts, the object of a bound method and the variables (closed
-    over or global) a function reads. A network called with ``training=True`` by hand
+    are found on the oracle itself and up to ``reach`` (four) steps from it: attributes (of
+    attributes), items of lists, tuples and dicts, the object of a bound method and the
+    variables (closed over or global) a function reads. The engine passes ``reach=1`` (the
+    oracle and what it holds directly) for an oracle that declares ``consistent_queries``:
+    it vouches for one answer per question, and may hold networks it never calls (a model
+    whose factors it compiled once). A network called with ``training=True`` by hand
     (``F.dropout(x, training=True)``) cannot be seen and stays the caller's responsibility.
 
     Raises
@@ -123,7 +137,7 @@ def check_eval_mode(oracle: object) -> None:
     >>> _ = net.eval()
     >>> check_eval_mode(lambda t, x: net(x))
     """
-    for name, network in _networks(oracle).items():
+    for name, network in _networks(oracle, reach).items():
         for path, layer in network.named_modules():
             if layer.training and _random_in_training(layer):
                 parts = [p for p in path.split(".") if p]
@@ -131,5 +145,6 @@ def check_eval_mode(oracle: object) -> None:
                 raise OracleError(
                     f"{where} ({type(layer).__name__}) is in training mode: its answers are "
                     "random or depend on the batch, so no sampler can be exact for this "
-                    f"oracle; call {name}.eval() before sampling"
+                    f"oracle; call {name}.eval() before sampling (also if the oracle never "
+                    "calls it: it is within the oracle's reach)"
                 )

@@ -35,9 +35,10 @@ def _foreign(grad_enabled: bool) -> Iterator[None]:
             if "Inplace update to inference tensor" not in str(error):
                 raise
             raise OracleError(
-                "The oracle (or drift) wrote in place into a tensor the engine gave it (values, "
-                "mask, targets, chain, or a time or state): the engine's inputs are read-only, "
-                "as other rows of the round may share them. Copy before writing "
+                "The oracle (or drift) wrote in place into a tensor created under inference "
+                "mode: usually one the engine gave it (values, mask, targets, chain, or a time "
+                "or state), which are read-only, as other rows of the round may share them; or "
+                "one the oracle itself made inside torch.inference_mode(). Copy before writing "
                 "(values = values.clone()), or use an out-of-place operation "
                 "(torch.where(mask, values, 0) in place of values[~mask] = 0)."
             ) from error

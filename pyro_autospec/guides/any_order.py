@@ -654,6 +654,10 @@ class ConditionedGuide:
     True
     """
 
+    #: Its queries are the guide network's, checked to agree by the guide tests: the engine
+    #: skips its consistency check (a training step samples through one).
+    consistent_queries = True
+
     def __init__(self, guide: AnyOrderGuide, context: GuideContext, repeats: int = 1):
         if not isinstance(repeats, int) or repeats < 1:
             raise ValueError(f"repeats must be a positive int; got {repeats!r}")

@@ -1,5 +1,7 @@
 """Bad input gets a clear error, never a silent wrong sample."""
 
+import types
+
 import pytest
 import torch
 
@@ -434,3 +436,30 @@ class WritesIntoValues:
 def test_an_oracle_writing_into_its_inputs_is_told_to_copy_them(method):
     with pytest.raises(OracleError, match=r"wrote in place into a tensor.*values\.clone\(\)"):
         sample_any_order(WritesIntoValues(), 3, seed=0, method=method)
+
+
+def test_the_network_search_skips_what_it_cannot_read_and_trusts_declared_oracles():
+    """An attribute whose ``__dict__`` raises (a proxy) is not searched, not a crash; an oracle
+    that declares ``consistent_queries`` is searched one step deep only, so a network it
+    holds further away and never calls (a model's guide, compiled away) is not refused."""
+
+    class Proxy:
+        @property
+        def __dict__(self):
+            raise RuntimeError("no context")
+
+    class Holder:
+        def __init__(self):
+            self.proxy = Proxy()
+            self.model = types.SimpleNamespace(guide=torch.nn.Dropout(0.5))  # in training mode
+            self.inner = TabularOracle(logits=good_table())
+            self.num_coords, self.num_values = 2, 2
+
+        def log_marginals(self, values, mask):
+            return self.inner.log_marginals(values, mask)
+
+    oracle = Holder()
+    with pytest.raises(OracleError, match=r"oracle\.model\.guide \(Dropout\)"):
+        sample_any_order(oracle, 2, seed=0)
+    oracle.consistent_queries = True
+    assert sample_any_order(oracle, 2, seed=0).samples.shape == (2, 2)

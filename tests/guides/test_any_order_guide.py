@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pyro_autospec import sample_any_order
+from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.model import enumerate_posterior
 from tests.guides._models import ising_chain, ising_cycle, mixed_sites, potts_triangle
@@ -243,6 +244,21 @@ def test_other_data_sets_and_families():
         family.log_marginals(empty, empty.bool())
     with pytest.raises(ValueError, match="coordinates"):
         guide.oracle(torch.zeros(3))
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_the_engines_consistency_check_passes_on_guides_and_their_conditioned_oracles(
+    architecture,
+):
+    """What ``consistent_queries = True`` on :class:`AnyOrderGuide` and ``ConditionedGuide``
+    rests on (the engine then skips the check): the check passes on an untrained guide, on
+    it conditioned on other data, and on a family of data sets."""
+    guide = _random_guide(architecture)
+    assert guide.consistent_queries and guide.oracle(-POTTS_DATA).consistent_queries
+    check_consistency(guide)
+    check_consistency(guide.oracle(-POTTS_DATA))
+    context = guide.context_for({"y": torch.stack([POTTS_DATA, -POTTS_DATA])})
+    check_consistency(guide.conditioned(context, repeats=3))
 
 
 def test_fit_to_samples_moves_towards_the_data():
