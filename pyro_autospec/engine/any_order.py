@@ -338,17 +338,7 @@ def run_any_order(
         samples, log_prob = problem.samples, recursion.log_prob
         rounds, oracle_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
     else:
-        sampler = TokenSampler(
-            rows,
-            draw_keys,
-            method,
-            window=knobs.get("window", 8),
-            window_scale=knobs.get("window_scale", 1.0),
-            max_rows_per_round=knobs["max_rows_per_round"],
-            max_concurrent_draws=knobs["max_concurrent_draws"],
-            progress=progress,
-            policy=block_policy(knobs) if method == "autospec" else None,
-        )
+        sampler = TokenSampler(rows, draw_keys, method, knobs, progress)
         sampler.run()
         samples, log_prob = sampler.samples, sampler.log_prob
         rounds, oracle_rows, sample_rounds = (

@@ -266,8 +266,7 @@ def _run(s: _Settings) -> SampleResult:
         paths_too, progress = s.return_paths, s.progress
         out = sequential(chain, evaluate, x0, draw_keys, paths_too, concurrent, cap, progress)
     else:
-        window, tolerance = s.knobs["window"], s.knobs["tolerance"]
-        out = picard(chain, evaluate, x0, draw_keys, window, tolerance, concurrent, cap, s.progress)
+        out = picard(chain, evaluate, x0, draw_keys, s.knobs, s.progress)
     wall_time = time.perf_counter() - start_time
     final, paths, log_prob = out.final, out.paths, out.log_prob
     if s.method == "picard":

@@ -664,10 +664,7 @@ def picard(
     evaluate: DriftEvaluator,
     x0: torch.Tensor,
     draw_keys,
-    window: int,
-    tolerance: float,
-    max_concurrent: int | None,
-    max_rows_per_round: int | None,
+    knobs: dict,
     progress: bool,
 ):
     """ParaDiGMS-style sliding-window Picard iteration, every draw in flight together.
@@ -675,15 +672,18 @@ def picard(
     Each draw has fixed noise ``s sqrt(h_k) normal(draw, NOISE, k d + c)``; a round evaluates
     the drift on the current guess of the window ``[begin, end)``, rebuilds the window's path
     by a cumulative sum, keeps the converged prefix (``|X_new - X_old|^2 / (d s^2 h_k) <=
-    tolerance^2``) and slides. APPROXIMATE: stops at the tolerance.
+    tolerance^2``) and slides. APPROXIMATE: stops at the tolerance. ``knobs``: the method's
+    validated ``window``, ``tolerance``, ``max_concurrent_draws`` and ``max_rows_per_round``.
 
     Returns
     -------
     EulerOutput
         With the whole paths and the fixed noise; ``log_prob`` None.
     """
-    stepper = _Picard(chain, evaluate, x0, draw_keys, window, tolerance, max_concurrent)
-    stepper.cap = max_rows_per_round
+    window, tolerance = knobs["window"], knobs["tolerance"]
+    concurrent = knobs["max_concurrent_draws"]
+    stepper = _Picard(chain, evaluate, x0, draw_keys, window, tolerance, concurrent)
+    stepper.cap = knobs["max_rows_per_round"]
     run_rounds(stepper, total=x0.shape[0], progress=progress, desc="picard")
     out = stepper.out
     return EulerOutput(

@@ -56,10 +56,11 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.host_rows import HostRows
+from pyro_autospec.engine.methods import block_policy
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
-from pyro_autospec.engine.schedule import BlockPolicy, token_only
+from pyro_autospec.engine.schedule import token_only
 from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["TokenSampler", "agr24_window", "TOKEN_METHODS"]
@@ -106,15 +107,16 @@ class TokenSampler:
     draw_keys : LongTensor[D]
         Keys of the draws (:func:`pyro_autospec.engine.keys.draw_keys`).
     method : {"sequential", "gumbel_sequential", "speculative", "agr24", "autospec"}
-        ``"autospec"`` needs an adaptive all-token ``policy``.
-    window : int
-        ``"speculative"``: tokens drafted per window.
-    window_scale : float
-        ``"agr24"``: scale of the window.
-    max_rows_per_round, max_concurrent_draws, progress :
-        As in :class:`~pyro_autospec.engine.recursion.Recursion`.
-    policy : BlockPolicy, optional
-        ``"autospec"``: the schedule that chooses each draw's windows.
+        ``"autospec"`` needs knobs whose policy is adaptive and all-token.
+    knobs : dict
+        The method's resolved knobs (:func:`~pyro_autospec.engine.methods.resolve_knobs`):
+        ``window`` (``"speculative"``: tokens drafted per window), ``window_scale``
+        (``"agr24"``: scale of the window), ``max_rows_per_round`` and
+        ``max_concurrent_draws`` (as in :class:`~pyro_autospec.engine.recursion.Recursion`),
+        and for ``"autospec"`` the schedule that chooses each draw's windows
+        (:func:`~pyro_autospec.engine.methods.block_policy`).
+    progress : bool
+        A tqdm bar over finished draws.
 
     Attributes
     ----------
@@ -135,14 +137,13 @@ class TokenSampler:
         rows: OracleRows,
         draw_keys: torch.Tensor,
         method: str,
-        *,
-        window: int = 8,
-        window_scale: float = 1.0,
-        max_rows_per_round: int | None = None,
-        max_concurrent_draws: int | None = None,
+        knobs: dict,
         progress: bool = False,
-        policy: BlockPolicy | None = None,
     ):
+        policy = block_policy(knobs) if method == "autospec" else None
+        window, window_scale = knobs.get("window", 8), knobs.get("window_scale", 1.0)
+        max_rows_per_round = knobs.get("max_rows_per_round")
+        max_concurrent_draws = knobs.get("max_concurrent_draws")
         if method == "autospec":
             if policy is None or not token_only(policy):
                 raise ValueError("method 'autospec' here needs an adaptive all-token policy")
