@@ -17,6 +17,8 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``.
 * ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
   them. Key ``n``.
+* Any of them with ``full=true``: seen through ``log_marginals`` alone (whole rows, the one
+  method the protocol requires), e.g. ``mixture:K=8,full=true``.
 
 Method variants (``--variants``): ``method`` or ``method:key=value,...``, each run as
 ``sample_any_order(oracle, draws, method=method, seed=seed, **knobs)``; values are read as
@@ -116,6 +118,11 @@ def parse_value(text: str):
     return text
 
 
+def _rest(kw: dict) -> str:
+    """The keys of a spec again, as ``:key=value,...`` (empty without keys)."""
+    return (":" + ",".join(f"{k}={v}" for k, v in kw.items())) if kw else ""
+
+
 def parse_spec(spec: str) -> tuple[str, dict]:
     """``"name:k=v,k2=v2"`` -> ``("name", {"k": v, "k2": v2})``."""
     name, _, rest = spec.partition(":")
@@ -151,8 +158,25 @@ def _guide(n: int, device: str, steps: int = 0, hidden: int = 64, layers: int = 
     return guide.eval().to(device)
 
 
+class FullRowsOnly:
+    """The oracle seen through ``log_marginals`` alone: whole rows ``[B, n, q]``, the one
+    method the protocol requires (what a user writes first)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.num_coords, self.num_values = inner.num_coords, inner.num_values
+        for attr in ("device", "inference_safe"):
+            if getattr(inner, attr, None) is not None:
+                setattr(self, attr, getattr(inner, attr))
+
+    def log_marginals(self, values, mask):
+        return self.inner.log_marginals(values, mask)
+
+
 def build_oracle(spec: str, n_default: int, device: str):
     name, kw = parse_spec(spec)
+    if kw.pop("full", False):
+        return FullRowsOnly(build_oracle(name + _rest(kw), n_default, device))
     n = int(kw.pop("n", n_default))
     if name == "nade":
         return RandomNADE(n, 4, device=device, **kw)
