@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.methods import default_max_elements
 from pyro_autospec.engine.modes import calling, engine_mode
 from pyro_autospec.engine.protocols import (
     has_chain_marginals,
@@ -30,6 +31,7 @@ from pyro_autospec.engine.protocols import (
     has_targeted_marginals,
     oracle_num_draws,
 )
+from pyro_autospec.engine.rows import _tolerance as row_tolerance
 
 __all__ = ["check_consistency", "PROBE_LENGTH"]
 
@@ -45,9 +47,9 @@ TOLERANCE = 0.01
 
 def _tolerance(dtype: torch.dtype) -> float:
     """Largest difference in probability two answers to one question may show:
-    :data:`TOLERANCE`, or the rounding of a narrower output (``1000 eps``), at most ``0.05``."""
-    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
-    return float(min(0.05, max(TOLERANCE, 1000.0 * eps)))
+    :data:`TOLERANCE`, or the row checks' allowance for a narrower output (``1000 eps``, at
+    most ``0.05``)."""
+    return max(TOLERANCE, row_tolerance(dtype))
 
 
 class _LeftToTheEngine(Exception):
@@ -89,11 +91,15 @@ class _Probe:
             out = out[torch.arange(shape[0], device=out.device), coords.to(out.device)]
         return torch.log_softmax(out.to("cpu", torch.float64), -1)
 
+    def pinned(self, k: int) -> torch.Tensor:
+        """BoolTensor[n]: the coordinates ``order[:k]``."""
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        mask[self.order[:k]] = True
+        return mask
+
     def inputs(self, values: torch.Tensor, pinned: list[int]):
         """``values`` [B, n] and the masks [B, n] pinning ``order[:pinned[b]]``."""
-        mask = torch.zeros(len(pinned), self.n, dtype=torch.bool)
-        for b, k in enumerate(pinned):
-            mask[b, self.order[:k]] = True
+        mask = torch.stack([self.pinned(k) for k in pinned])
         return values.to(self.device, copy=True), mask.to(self.device)
 
     def rows(self, values: torch.Tensor, pinned: list[int], targeted: bool) -> torch.Tensor:
@@ -107,8 +113,8 @@ class _Probe:
                     values, mask, targets, **self._extra(len(pinned))
                 )
                 return self._normalised(out, "log_marginals_at", (len(pinned), 1, self.q))[:, 0]
-            # full rows in calls of at most 2**20 entries, as the engine asks them on a CPU
-            per_call = max(1, 2**20 // (self.n * self.q))
+            # full rows in calls no larger than the engine's own on this device
+            per_call = max(1, default_max_elements(self.device) // (self.n * self.q))
             pieces = []
             for lo in range(0, len(pinned), per_call):
                 part = slice(lo, lo + per_call)
@@ -237,7 +243,7 @@ def _check(probe: _Probe) -> None:
         runner_up = row.topk(min(2, probe.q)).indices[-1]
         if torch.isfinite(row[runner_up]):
             other[probe.order[j]] = int(runner_up)
-    scrambled = torch.stack([torch.where(_pinned(probe, k), values, other) for k in pinned])
+    scrambled = torch.stack([torch.where(probe.pinned(k), values, other) for k in pinned])
     probe.compare(
         probe.rows(scrambled, pinned, targeted),
         expected,
@@ -253,10 +259,3 @@ def _check(probe: _Probe) -> None:
         out, after = probe.chain(values, 0, then=True)
         probe.compare(out, expected[:-1], "log_marginals_chain_then's chain", base)
         probe.compare(after[None], expected[-1:], "log_marginals_chain_then's row after", base)
-
-
-def _pinned(probe: _Probe, k: int) -> torch.Tensor:
-    """BoolTensor[n]: the coordinates ``order[:k]``."""
-    mask = torch.zeros(probe.n, dtype=torch.bool)
-    mask[probe.order[:k]] = True
-    return mask

@@ -55,10 +55,9 @@ def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, 
         return [(f"{name}[{k!r}]", v) for k, v in items if isinstance(k, (str, int))]
     if isinstance(value, torch.nn.Module) and not root or isinstance(value, _LEAVES):
         return []  # a module's own layers are its named_modules()
-    try:  # not through a __getattr__ the oracle may define
-        attributes = dict(object.__getattribute__(value, "__dict__"))
-    except (AttributeError, TypeError):  # __slots__, or a builtin object
-        return []
+    # not through a __getattr__ the oracle may define; an object without a __dict__
+    # (__slots__, a builtin) raises here, and _children then searches nothing in it
+    attributes = dict(object.__getattribute__(value, "__dict__"))
     if isinstance(value, torch.nn.Module):  # its layers live in _modules: named_modules()
         attributes = {k: v for k, v in attributes.items() if not k.startswith("_")}
     return [(f"{name}.{k}", v) for k, v in attributes.items()]
