@@ -27,6 +27,7 @@ References
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -262,6 +263,22 @@ class _Tables:
         index = self.reverse.reshape(r, num * d)
         index = index.reshape(index.shape + (1,) * (m.dim() - 3)).expand(flat.shape)
         return flat.gather(1, index).reshape(m.shape)
+
+
+class _Beliefs(NamedTuple):
+    """What :class:`GraphNet`'s belief propagation gives its learned correction: two logits
+    per node, ``[R, N, q]`` each (``[0, log-odds]`` when ``q = 2`` on the binary path).
+
+    Attributes
+    ----------
+    field : Tensor[R, N, q]
+        The unary potentials plus the terms of the pinned neighbours (no messages).
+    belief : Tensor[R, N, q]
+        The field plus the messages of the unpinned neighbours after the sweeps.
+    """
+
+    field: torch.Tensor
+    belief: torch.Tensor
 
 
 class GraphNet(nn.Module):
@@ -503,17 +520,17 @@ class GraphNet(nn.Module):
         nb_pinned = tables.nodes(mask.unsqueeze(-1)).squeeze(-1) & tables.valid
         live = tables.valid & ~nb_pinned & ~mask.unsqueeze(-1)  # messages between unpinned nodes
         if self.q == 2 and self.binary_fast_path:
-            field, belief = self._binary_bp(unary, slots, nb_values, nb_pinned, live, tables, b)
+            beliefs = self._binary_bp(unary, slots, nb_values, nb_pinned, live, tables, b)
         else:
-            field, belief = self._bp(unary, slots, nb_values, nb_pinned, live, tables, b)
+            beliefs = self._bp(unary, slots, nb_values, nb_pinned, live, tables, b)
         correction = self._correction(
-            values, mask, field, belief, slots, nb_pinned, live, tables, histogram, centre_only
+            values, mask, beliefs, slots, live, tables, histogram, centre_only
         )
         if centre_only:
-            return belief[:, :1] + correction
-        return belief + correction
+            return beliefs.belief[:, :1] + correction
+        return beliefs.belief + correction
 
-    def _bp(self, unary, slots, nb_values, nb_pinned, live, tables, b):
+    def _bp(self, unary, slots, nb_values, nb_pinned, live, tables, b) -> _Beliefs:
         """Log-domain loopy belief propagation: (field, belief), each [R, N, q]."""
         q = self.q
         num, d = nb_values.shape[1], nb_values.shape[2]
@@ -530,9 +547,9 @@ class GraphNet(nn.Module):
             new = torch.logsumexp(slots + cavity.unsqueeze(-2), dim=-1)  # [R, N, D, q]
             new = new - torch.logsumexp(new, dim=-1, keepdim=True)
             messages = new * live_f * self._scale(sweep)
-        return field, field + messages.sum(2)
+        return _Beliefs(field, field + messages.sum(2))
 
-    def _binary_bp(self, unary, slots, nb_values, nb_pinned, live, tables, b):
+    def _binary_bp(self, unary, slots, nb_values, nb_pinned, live, tables, b) -> _Beliefs:
         """:meth:`_bp` for ``q = 2`` in log-odds (one number per message): the same beliefs,
         returned as logits ``[0, log-odds]``."""
         num, d = nb_values.shape[1], nb_values.shape[2]
@@ -561,7 +578,7 @@ class GraphNet(nn.Module):
             messages = new * live_f * self._scale(sweep)
         belief = field + messages.sum(2)
         zeros = torch.zeros_like(belief)
-        return torch.stack([zeros, field], -1), torch.stack([zeros, belief], -1)
+        return _Beliefs(torch.stack([zeros, field], -1), torch.stack([zeros, belief], -1))
 
     def _coupling(self, slots: torch.Tensor) -> torch.Tensor:
         """One number per slot: the interaction strength of its potential ``[..., q, q]``
@@ -576,14 +593,48 @@ class GraphNet(nn.Module):
         return k.clamp(-_FEATURE_CLIP, _FEATURE_CLIP)
 
     def _correction(
-        self, values, mask, field, belief, slots, nb_pinned, live, tables, histogram, centre_only
-    ):
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        beliefs: _Beliefs,
+        slots: torch.Tensor,
+        live: torch.Tensor,
+        tables: _Tables,
+        histogram: torch.Tensor,
+        centre_only: bool,
+    ) -> torch.Tensor:
         """The learned part: narrow message passing (``_MESSAGE_CHANNELS`` numbers per edge,
         weighted by the edge's coupling and by whether it joins unpinned nodes) between wide
         node updates, then a node-wise head. No ``[rows, nodes, degree, hidden]`` tensor is
         formed, so its cost stays near that of belief propagation. With ``centre_only`` (a
-        ball query) the last round and the head run for node 0 alone."""
+        ball query) the last round and the head run for node 0 alone.
+
+        Parameters
+        ----------
+        values : LongTensor[R, N]
+            The queries' values (read where ``mask`` is True).
+        mask : BoolTensor[R, N]
+            The pinned nodes.
+        beliefs : _Beliefs
+            Belief propagation's field and belief, ``[R, N, q]`` each.
+        slots : Tensor[R|1, N, D, q, q]
+            Pairwise potentials per neighbour slot.
+        live : BoolTensor[R, N, D]
+            The slots that join two unpinned nodes.
+        tables : _Tables
+            The neighbour tables of the graph (``N`` nodes, ``D`` slots each).
+        histogram : Tensor[R, q + 1]
+            The pinned histogram of each row's whole query (:meth:`_pinned_histogram`).
+        centre_only : bool
+            A ball query: the output of node 0 alone.
+
+        Returns
+        -------
+        Tensor[R, N, q] or Tensor[R, 1, q]
+            The correction added to the belief (``[R, 1, q]`` with ``centre_only``).
+        """
         num, q = values.shape[1], self.q
+        field, belief = beliefs.field, beliefs.belief
         dtype = field.dtype
         if centre_only and self.num_layers == 0:
             values, mask, field, belief = values[:, :1], mask[:, :1], field[:, :1], belief[:, :1]

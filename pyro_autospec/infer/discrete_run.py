@@ -28,7 +28,7 @@ import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
-from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
@@ -148,7 +148,11 @@ class DiscreteRun(RunBase):
             log_z = None if plan is None else plan.log_normalizer
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
         draws = DrawEvaluator(
-            self.model, args, kwargs, layout, self_check=self_check, device=device, stage=self.stage
+            ModelCall(self.model, args, kwargs),
+            layout,
+            self_check=self_check,
+            device=device,
+            stage=self.stage,
         )
         num_draws = self.num_samples + self.warmup_steps
         self.results = []

@@ -32,7 +32,24 @@ from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import LogJoint, evaluate
 
-__all__ = ["DrawEvaluator", "EvaluatedDraws"]
+__all__ = ["DrawEvaluator", "EvaluatedDraws", "ModelCall"]
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A model and the arguments of one call of it: what :class:`DrawEvaluator` evaluates.
+
+    Attributes
+    ----------
+    model : callable
+    args : tuple
+    kwargs : dict
+        The model's arguments (data included).
+    """
+
+    model: Callable
+    args: tuple
+    kwargs: dict
 
 
 @dataclass
@@ -76,9 +93,8 @@ class DrawEvaluator:
 
     Parameters
     ----------
-    model : callable
-    args, kwargs
-        The model's arguments (data included).
+    call : ModelCall
+        The model and its arguments (data included).
     layout : SiteLayout
         The coordinates of the model's discrete sites.
     self_check : SelfCheck, optional
@@ -99,9 +115,7 @@ class DrawEvaluator:
 
     def __init__(
         self,
-        model: Callable,
-        args: tuple,
-        kwargs: dict,
+        call: ModelCall,
         layout: SiteLayout,
         *,
         self_check: SelfCheck | None,
@@ -110,8 +124,7 @@ class DrawEvaluator:
         per_draw_fallback: bool = False,
         stage: Callable[[str], AbstractContextManager] | None = None,
     ):
-        self.model = model
-        self.args, self.kwargs = args, kwargs
+        self.call = call
         self.layout = layout
         self.self_check = self_check
         self.device = device
@@ -128,10 +141,11 @@ class DrawEvaluator:
                 "observed_shapes": layout.observed_batch_shapes,
                 "deterministic_shapes": layout.deterministic,
             }
+        call = self.call
         return evaluate(
-            self.model,
-            self.args,
-            self.kwargs,
+            call.model,
+            call.args,
+            call.kwargs,
             values,
             layout.latent_shapes(),
             layout.max_plate_nesting,

@@ -14,7 +14,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
-from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.knobs import check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.seeds import ChainSeeds
@@ -236,9 +236,7 @@ class AutoSpecKernel(MCMCKernel):
         self._self_check.oracle = self._oracle
         self._checked_call = call
         self._draws = DrawEvaluator(
-            self.user_model,
-            args,
-            kwargs,
+            ModelCall(self.user_model, args, kwargs),
             self.layout,
             self_check=self._self_check,
             device=getattr(self._oracle, "device", None),

@@ -29,7 +29,7 @@ from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
 from pyro_autospec.infer.display import compact_names
-from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
@@ -140,9 +140,7 @@ class MixedRun(RunBase):
         self.results = []
         result = self.engine_run(oracle, total, engine_seed, oracle.device)
         draws = DrawEvaluator(
-            self.model,
-            args,
-            kwargs,
+            ModelCall(self.model, args, kwargs),
             layout,
             self_check=SelfCheck(oracle),
             device=oracle.device,

@@ -14,7 +14,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
-from pyro_autospec.infer.draws import DrawEvaluator
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model import discover_sites
 
@@ -88,7 +88,7 @@ def test_evaluated_draws_carry_values_log_joint_and_weights():
     class Oracle:  # a stand-in: the check below compares the draws with each other
         pass
 
-    draws = DrawEvaluator(discrete, (DATA,), {}, layout, self_check=SelfCheck(Oracle()))
+    draws = DrawEvaluator(ModelCall(discrete, (DATA,), {}), layout, self_check=SelfCheck(Oracle()))
     out = draws.evaluate(coords, oracle_lp)
     assert out.values["g"].tolist() == [0, 2] and out.values["z"].tolist() == [[0.0] * 3, [1.0] * 3]
     assert out.lp.dtype == torch.float64 and out.lp.shape == (2,)
