@@ -49,6 +49,7 @@ from pyro_autospec.engine.methods import (
 from pyro_autospec.engine.protocols import (
     declares_consistent_queries,
     has_chain_marginals,
+    has_targeted_marginals,
     oracle_num_draws,
 )
 from pyro_autospec.engine.recursion import Recursion
@@ -239,7 +240,9 @@ def sample_any_order(
         knobs["max_elements"] = default_max_elements(device)
     in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
     if "max_block" in knobs and "max_block" not in given:  # a preset by hardware, batch, oracle
-        knobs["max_block"] = default_max_block(n, in_flight, device, has_chain_marginals(oracle))
+        knobs["max_block"] = default_max_block(
+            n, in_flight, device, has_chain_marginals(oracle), has_targeted_marginals(oracle)
+        )
     _check_knobs(knobs)
     if not declares_consistent_queries(oracle):  # one answer to one question, asked any way
         check_consistency(oracle, device)

@@ -312,7 +312,11 @@ LEAN_ROWS_DRAWS = 4
 
 
 def default_max_block(
-    num_coords: int, draws_in_flight: int = 1, device="cpu", chain_queries: bool = True
+    num_coords: int,
+    draws_in_flight: int = 1,
+    device="cpu",
+    chain_queries: bool = True,
+    targeted_queries: bool = True,
 ) -> int:
     """The default largest window of ``"autospec"`` on ``[q]^n`` (``max_block``): a preset by
     hardware, batch and oracle.
@@ -326,15 +330,19 @@ def default_max_block(
       chain queries (no ``log_marginals_chain``): ``max(8, sqrt(n) / 4)``. Such an oracle
       pays a full call per verified token, so a round of several draws costs its rows, and
       windows of up to ``2 sqrt n`` spend about 2 n rows on an imperfect network against
-      AGR24's 1.2 n; with these windows autospec does about AGR24's rows in fewer rounds.
+      AGR24's 1.2 n; with these windows autospec does about AGR24's rows in fewer rounds;
+    * on a CPU, whatever the draws, for an oracle with whole rows alone (``log_marginals``,
+      no ``log_marginals_at`` and no chain queries): ``max(8, sqrt(n) / 4)`` too. Every
+      verified token then costs a whole ``[n, q]`` row, so the rows decide the time, and
+      the large calls of long windows cost more per row on a CPU than short ones.
 
     On a CPU with chain queries every row is paid for too, but a chain costs about one row, and
     with fewer draws the rounds matter more; the measurements behind each choice are in
     ``benchmarks/README.md`` ("The window with many draws on the H100", "Oracles without chain
-    queries on a CPU"). Like every knob it changes which random numbers the draws read, not
-    their law; the result records it, and passing the schedule back gives the same draws on
-    any device. The diffusions' token rule takes ``default_max_block(N)``, ``max(8, 2 sqrt N)``
-    on every device.
+    queries on a CPU", "Oracles with whole rows alone on a CPU"). Like every knob it changes
+    which random numbers the draws read, not their law; the result records it, and passing
+    the schedule back gives the same draws on any device. The diffusions' token rule takes
+    ``default_max_block(N)``, ``max(8, 2 sqrt N)`` on every device.
 
     Examples
     --------
@@ -348,9 +356,12 @@ def default_max_block(
     16
     >>> default_max_block(1024, 3, "cpu", chain_queries=False)
     64
+    >>> default_max_block(1024, 1, "cpu", chain_queries=False, targeted_queries=False)
+    8
     """
     if _on_cpu(device):
-        if not chain_queries and draws_in_flight >= LEAN_ROWS_DRAWS:
+        lean_rows = draws_in_flight >= LEAN_ROWS_DRAWS or not targeted_queries
+        if not chain_queries and lean_rows:
             return max(8, int(round(math.sqrt(num_coords) / 4)))
         return max(8, int(round(2 * math.sqrt(num_coords))))
     lean = draws_in_flight >= LEAN_DRAWS

@@ -253,6 +253,23 @@ def test_the_largest_window_is_rows_lean_on_a_cpu_for_an_oracle_without_chain_qu
         assert torch.equal(again.samples, lean.samples)
 
 
+def test_the_largest_window_is_rows_lean_on_a_cpu_for_an_oracle_with_whole_rows_alone():
+    """8 on a CPU whatever the draws when the oracle answers whole rows alone (no
+    ``log_marginals_at``, no chain queries): every verified token costs a whole row. An oracle
+    with ``log_marginals_at`` keeps the rounds-first window below 4 draws, and a GPU its own
+    preset; the recorded schedule gives the same draws on the reference engine."""
+    assert default_max_block(256, 1, "cpu", chain_queries=False, targeted_queries=False) == 8
+    assert default_max_block(256, 1, "cuda", chain_queries=False, targeted_queries=False) == 32
+    whole = RandomNADE(256, 3, seed=0, chains=False)
+    whole.log_marginals_at = None  # the protocol checks callable(getattr(oracle, name, None))
+    one = sample_any_order(whole, 1, seed=2)
+    assert one.schedule["max_block"] == 8
+    targeted = RandomNADE(256, 3, seed=0, chains=False)
+    assert sample_any_order(targeted, 1, seed=2).schedule["max_block"] == 32
+    again = sample_any_order(whole, 1, seed=2, schedule=one.schedule, engine="reference")
+    assert torch.equal(again.samples, one.samples)
+
+
 def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():
     oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 60)
     here = sample_any_order(oracle, 6, seed=4)
