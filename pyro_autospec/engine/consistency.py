@@ -12,7 +12,7 @@ reason, not the sampler's.
 :func:`check_consistency` asks a handful of small questions every way the oracle offers and
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and the most probable values), so the
-draws that follow do not change; it costs about ``L + 4`` oracle calls of at most ``L``
+draws that follow do not change; it costs at most ``L + 7`` oracle calls of at most ``L``
 rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
 oracle consistent, only catch the common slips (differences of a hundredth in probability
 or more).
@@ -125,23 +125,51 @@ class _Probe:
                 pieces.append(self._normalised(out, "log_marginals", shape, coords[part]))
         return torch.cat(pieces)
 
-    def chain(self, values: torch.Tensor, cut: int, then: bool):
-        """The chain ``order[cut:]`` given ``order[:cut]`` (without its last coordinate, and
-        then the row of that one after it, with ``then``)."""
-        stop = len(self.order) - (1 if then else 0)
-        values, mask = self.inputs(values.unsqueeze(0), [cut])
-        chain = self.order[cut:stop].view(1, -1).to(self.device, copy=True)
-        length = stop - cut
+    def paired_rows(
+        self, values: torch.Tensor, pinned: list[int]
+    ) -> tuple[list[int], torch.Tensor]:
+        """As :meth:`rows` through ``log_marginals_at``, each row asking two targets out of
+        coordinate order: ``order[pinned[b]]`` and an unpinned partner, the larger first, so
+        an answer in any order but the targets' shows. Only the rows with a partner are
+        asked; returns their indices in ``pinned`` and their answers."""
+        free = ~torch.stack([self.pinned(k) for k in pinned])
+        free[torch.arange(len(pinned)), self.order[pinned]] = False
+        keep = [b for b in range(len(pinned)) if bool(free[b].any())]
+        if not keep:
+            return keep, torch.empty(0, self.q, dtype=torch.float64)
+        asked = [pinned[b] for b in keep]
+        values, mask = self.inputs(values[keep], asked)
+        coords = self.order[asked]
+        partners = free[keep].long().argmax(1)  # the smallest unpinned other coordinate
+        first = partners > coords  # the larger of the two first
+        targets = torch.stack(
+            [torch.where(first, partners, coords), torch.where(first, coords, partners)], 1
+        )
+        with self.call():
+            out = self.oracle.log_marginals_at(
+                values, mask, targets.to(self.device, copy=True), **self._extra(len(asked))
+            )
+        out = self._normalised(out, "log_marginals_at", (len(asked), 2, self.q))
+        return keep, out[torch.arange(len(asked)), first.long()]
+
+    def chains(self, values: torch.Tensor, cuts: list[int], length: int, then: bool):
+        """Chain ``c``: ``order[cuts[c]:cuts[c] + length]`` given ``order[:cuts[c]]``, all in
+        one call; with ``then``, also the row of the coordinate after each chain."""
+        values, mask = self.inputs(values.expand(len(cuts), -1), cuts)
+        chain = torch.stack([self.order[cut : cut + length] for cut in cuts])
+        chain = chain.to(self.device, copy=True)
+        extra, shape = self._extra(len(cuts)), (len(cuts), length, self.q)
         with self.call():
             if not then:
-                out = self.oracle.log_marginals_chain(values, mask, chain, **self._extra(1))
-                return self._normalised(out, "log_marginals_chain", (1, length, self.q))[0], None
-            after_coord = self.order[stop:].view(1, 1).to(self.device, copy=True)
+                out = self.oracle.log_marginals_chain(values, mask, chain, **extra)
+                return self._normalised(out, "log_marginals_chain", shape), None
+            after_coord = torch.stack([self.order[cut + length : cut + length + 1] for cut in cuts])
             out, after = self.oracle.log_marginals_chain_then(
-                values, mask, chain, after_coord, **self._extra(1)
+                values, mask, chain, after_coord.to(self.device, copy=True), **extra
             )
-        out = self._normalised(out, "log_marginals_chain_then", (1, length, self.q))[0]
-        return out, self._normalised(after, "log_marginals_chain_then", (1, 1, self.q))[0, 0]
+        out = self._normalised(out, "log_marginals_chain_then", shape)
+        after = self._normalised(after, "log_marginals_chain_then", (len(cuts), 1, self.q))
+        return out, after[:, 0]
 
     def compare(
         self, answer: torch.Tensor, expected: torch.Tensor, how: str, base: str, first: int = 0
@@ -160,10 +188,11 @@ class _Probe:
             f"by {float(gap[worst]):.3g} in probability (more than {self.tolerance:.3g}). "
             "Every sampler is exact for the oracle's chain rule only if all its methods agree: "
             "a chain query must pin the prefix (mask) and the chain coordinates before each "
-            "row, a row must ignore the values at unpinned coordinates and not depend on the "
-            "other rows of its batch. Fix the method named, or remove it (the engine then asks "
-            "plain rows). If the methods are right and differ by rounding only, set "
-            "consistent_queries = True on the oracle to skip this check."
+            "row (each chain of a batch its own), log_marginals_at must answer its targets in "
+            "the order given, a row must ignore the values at unpinned coordinates and not "
+            "depend on the other rows of its batch. Fix the method named, or remove it (the "
+            "engine then asks plain rows). If the methods are right and differ by rounding "
+            "only, set consistent_queries = True on the oracle to skip this check."
         )
 
 
@@ -175,8 +204,9 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
     each, so the prefix has positive probability) and asks the same conditionals again, only
     through the methods the engine will call: all in one batch with other values (in their
     supports) at the unpinned coordinates, as targeted rows (``log_marginals_at``, else full
-    rows), and as chain queries from two cuts, with the row after the chain where the oracle
-    answers it (``log_marginals_chain_then``). The answers must agree within
+    rows; and two targets per row, the larger coordinate first), and as chain queries from
+    two cuts, one chain per call and two in one call, with the row after the chain where the
+    oracle answers it (``log_marginals_chain_then``). The answers must agree within
     :data:`TOLERANCE` in probability (more for outputs narrower than float32). Rows with NaN or
     that do not sum to one are left to the engine's row checks, which name them.
 
@@ -250,12 +280,29 @@ def _check(probe: _Probe) -> None:
         f"{way} with other values at the unpinned coordinates, in one batch",
         base,
     )
+    if targeted:  # several targets in one row, out of coordinate order
+        keep, out = probe.paired_rows(scrambled, pinned)
+        how = "log_marginals_at with two targets per row, the larger coordinate first"
+        for answer, b in zip(out, keep):
+            probe.compare(answer[None], expected[b : b + 1], how, base, first=b)
     if has_chain_marginals(oracle):
         for cut in sorted({0, min(1, length - 1)}):
-            out, _ = probe.chain(values, cut, then=False)
+            out, _ = probe.chains(values, [cut], length - cut, then=False)
             how = f"log_marginals_chain from cut {cut}"
-            probe.compare(out, expected[cut:], how, base, first=cut)
+            probe.compare(out[0], expected[cut:], how, base, first=cut)
+        if length >= 3:  # two chains of one batch, from different cuts
+            out, _ = probe.chains(values, [0, 1], length - 1, then=False)
+            how = "log_marginals_chain asked two chains (cuts 0 and 1) in one call"
+            probe.compare(out[0], expected[:-1], how, base)
+            probe.compare(out[1], expected[1:], how, base, first=1)
     if has_chain_then(oracle) and length >= 2:
-        out, after = probe.chain(values, 0, then=True)
-        probe.compare(out, expected[:-1], "log_marginals_chain_then's chain", base)
-        probe.compare(after[None], expected[-1:], "log_marginals_chain_then's row after", base)
+        out, after = probe.chains(values, [0], length - 1, then=True)
+        probe.compare(out[0], expected[:-1], "log_marginals_chain_then's chain", base)
+        probe.compare(after, expected[-1:], "log_marginals_chain_then's row after", base)
+        if length >= 3:
+            out, after = probe.chains(values, [0, 1], length - 2, then=True)
+            how = "log_marginals_chain_then asked two chains (cuts 0 and 1) in one call"
+            probe.compare(out[0], expected[: length - 2], how, base)
+            probe.compare(out[1], expected[1 : length - 1], how, base, first=1)
+            probe.compare(after[:1], expected[length - 2 : length - 1], how, base, first=length - 2)
+            probe.compare(after[1:], expected[length - 1 :], how, base, first=length - 1)

@@ -59,6 +59,26 @@ class WrongRowAfterChain(Rows):
         return out, CHAIN.log_marginals_at(values, mask, then)  # the chain left unpinned
 
 
+class TargetsSorted(Rows):
+    """Answers its targets in coordinate order instead of the order asked: right whenever a
+    row asks one target."""
+
+    def log_marginals_at(self, values, mask, targets):
+        return CHAIN.log_marginals_at(values, mask, targets.sort(1).values)
+
+
+class ChainPinsEveryChain(Rows):
+    """The indexing slip ``mask[:, chain[:, j]] = True``: pins coordinate ``j`` of every chain
+    of the batch in every row; right for a batch of one chain."""
+
+    def log_marginals_chain(self, values, mask, chain):
+        mask, rows = mask.clone(), []
+        for j in range(chain.shape[1]):
+            rows.append(CHAIN.log_marginals_at(values, mask, chain[:, j : j + 1]))
+            mask[:, chain[:, j]] = True
+        return torch.cat(rows, 1)
+
+
 class FullRowsAreAStub(Rows):
     """The engine asks targeted rows of an oracle that has them, never full rows."""
 
@@ -85,6 +105,8 @@ class Bfloat16Network(Rows):
         (ReadsUnpinnedValues(), "other values at the unpinned coordinates"),
         (DependsOnItsBatch(), "in one batch"),
         (WrongRowAfterChain(), "log_marginals_chain_then's row after"),
+        (TargetsSorted(), "two targets per row"),
+        (ChainPinsEveryChain(), "two chains"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
 )
