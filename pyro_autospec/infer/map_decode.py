@@ -7,6 +7,11 @@ density; so every scaled site's distribution is first replaced by one whose log 
 the scaled one (:class:`ScaleIntoDensity`), and the pass maximises the density the draws
 follow. Where Pyro's pass cannot decode the model (``OneHotCategorical`` sites) and the model
 has few enough joint states, every state is scored instead.
+
+Before either, the model is compiled as a run compiles it
+(:class:`~pyro_autospec.model.enum.EnumOracle`, without measuring its queries), so that
+``map`` refuses what a run refuses: a site reaching past its ``pyro.markov`` history, for
+one, which Pyro's pass decodes silently wrong.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
 
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.enum import EnumOracle, check_evidence
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.model.log_joint import enumerate_posterior
 from pyro_autospec.model.tracing import parallel_enumeration
@@ -86,7 +92,14 @@ def most_probable(
     -------
     dict
         ``name -> Tensor`` in the model's shape and dtype for every discrete latent site.
+
+    Raises
+    ------
+    AutoSpecModelError, UnsupportedSiteError
+        Where a run of the model would refuse it, or the data have probability zero.
     """
+    compiled = EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses as a run
+    check_evidence(compiled.log_normalizer())
     enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
     decoder = infer_discrete(
         enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0

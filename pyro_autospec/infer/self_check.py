@@ -93,9 +93,12 @@ def check_exact_draws(
         )
     else:
         advice = (
-            "The enumeration oracle and the model's log density disagree: the model uses a "
-            "handler or construct AutoSpec does not reproduce. Please report it with the model; "
-            "meanwhile use pyro.infer.infer_discrete or MCMC."
+            "The enumeration oracle and the model's log density disagree. A common cause is a "
+            "model whose density is not a fixed function of its sites: it draws random numbers "
+            "that no visible pyro.sample site records (poutine.block hiding a latent site, "
+            "torch.rand or .sample() inside the model); make them sites of the model. "
+            "Otherwise the model uses a handler or construct AutoSpec does not reproduce: "
+            "please report it with the model; meanwhile use pyro.infer.infer_discrete or MCMC."
         )
     raise SelfCheckError(
         f"Self-check failed: log p(x, data) - log q(x) {what} by up to {spread:.3g} "

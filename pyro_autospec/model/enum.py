@@ -68,7 +68,7 @@ from pyro_autospec.model.tracing import (
 )
 from pyro_autospec.oracles.hmm import PairwiseChainOracle
 
-__all__ = ["EnumOracle"]
+__all__ = ["EnumOracle", "check_evidence"]
 
 
 def _unique_rows(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -239,6 +239,30 @@ def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerati
         f"AutoSpec(model, guide=guide, correction='imh'), which needs no enumeration (see "
         f"tutorials/07_beyond_enumeration)."
     )
+
+
+def check_evidence(log_normalizer: torch.Tensor | float) -> None:
+    """Refuse data of probability zero under every assignment of the discrete sites.
+
+    Parameters
+    ----------
+    log_normalizer : Tensor or float
+        ``log sum_x p(x, data)`` (0-dim).
+
+    Raises
+    ------
+    AutoSpecModelError
+        Where it is ``-inf`` (or NaN): there is no posterior to sample.
+    """
+    if float(log_normalizer) == -float("inf"):  # NaN is left to the row checks
+        raise AutoSpecModelError(
+            f"The data have probability zero under every assignment of the discrete latent "
+            f"sites (log p(data) = {float(log_normalizer)}), so there is no posterior to "
+            f"sample. Some observation lies outside the support of its distribution whatever "
+            f"the latent values (e.g. obs=5.0 at a Uniform(0.0, z + 1.0) site with z in "
+            f"{{0, 1}}), or the factors and masks rule out every assignment. Check the data "
+            f"against the model's supports."
+        )
 
 
 class EnumOracle:
@@ -701,7 +725,10 @@ class EnumOracle:
                     f"'{earlier}' for '{name}', so the dependence cannot be expressed (Pyro's "
                     f"infer_discrete silently samples the wrong law here). Ways out: raise "
                     f"history in pyro.markov(..., history=h) to the longest lag the model "
-                    f"uses (history=2 for a second-order chain), or drop the dependence."
+                    f"uses (history=2 for a second-order chain), or drop the dependence. "
+                    f"Where each step opens its own `with pyro.markov():`, the steps are "
+                    f"sibling contexts that reuse one dim: put the whole loop in one "
+                    f"`for t in pyro.markov(range(T))` instead."
                 )
             holder[dim] = name
 

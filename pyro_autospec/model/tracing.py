@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import traceback
 import warnings
 from collections.abc import Callable
 
@@ -513,6 +515,16 @@ def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
     )
 
 
+def _library_file(filename: str) -> str | None:
+    """``"pyro"`` or ``"torch"`` where ``filename`` is a module of that library, else None."""
+    path = os.path.realpath(filename)
+    for module in (pyro, torch):
+        root = os.path.dirname(os.path.realpath(module.__file__))
+        if path.startswith(root + os.sep):
+            return module.__name__
+    return None
+
+
 def assertion_error(
     error: AssertionError, seen: list[str], what: str, max_plate_nesting: int
 ) -> AutoSpecModelError:
@@ -522,6 +534,17 @@ def assertion_error(
     last = f" after site '{seen[-1]}'" if seen else ""
     said = f" ({error})" if str(error) else ""
     draws = -(max_plate_nesting + 1)
+    frames = traceback.extract_tb(error.__traceback__)
+    library = _library_file(frames[-1].filename) if frames else None
+    if library is not None and what == "under enumeration":
+        return AutoSpecModelError(
+            f"An assert inside {library} (not in the model's code) failed{last} when AutoSpec "
+            f"ran the model under enumeration: two sites' enumerated values met on one tensor "
+            f"dim. Common causes: one `with pyro.markov():` per step (sibling contexts reuse "
+            f"the same dims: put the whole loop in one `for t in pyro.markov(range(T))`), or a "
+            f"site that depends on a site further back than its pyro.markov history (raise "
+            f"history=h to the longest lag)."
+        )
     return AutoSpecModelError(
         f"The model raised AssertionError{said}{last} when AutoSpec ran it {what}. AutoSpec "
         f"runs the model with extra batch dims left of its plates: one for a batch of draws "

@@ -87,6 +87,47 @@ def test_dependence_past_the_markov_history_names_the_sites():
         assert abs(float(marginals[i, 1]) - float(expected)) < 1e-10
 
 
+def test_map_refuses_what_a_run_refuses():
+    """``map`` compiles the model as a run does: Pyro's max-product pass alone decodes the
+    second-order chain under ``history=1`` silently wrong."""
+    with pytest.raises(AutoSpecModelError, match="further back than its pyro.markov history"):
+        AutoSpec(second_order_chain(history=1), 1).map()
+
+
+def sibling_markov_steps():
+    """One ``with pyro.markov():`` per step: sibling contexts that reuse one enumeration dim."""
+    x = torch.tensor(0)
+    for t in range(4):
+        with pyro.markov():
+            x = pyro.sample(f"x_{t}", dist.Categorical(torch.tensor([[0.7, 0.2, 0.1]] * 3)[x]))
+            pyro.sample(f"y_{t}", dist.Normal(x.float(), 0.7), obs=torch.tensor(1.0))
+
+
+def test_an_assert_inside_pyro_under_enumeration_names_the_markov_contexts():
+    with pytest.raises(AutoSpecModelError) as info:
+        AutoSpec(sibling_markov_steps, 10, seed=0, disable_progbar=True).run()
+    text = str(info.value)
+    assert "not in the model's code" in text and "for t in pyro.markov(range(T))" in text
+
+
+def impossible_data(y):
+    """``y = 5`` lies outside ``Uniform(0, z + 1)`` for both values of ``z``."""
+    with pyro.plate("n", len(y)):
+        z = pyro.sample("z", dist.Categorical(torch.tensor([0.5, 0.5])))
+        pyro.sample("y", dist.Uniform(0.0, z.float() + 1.0, validate_args=False), obs=y)
+
+
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_data_of_probability_zero_are_refused_as_such(sampler):
+    y = torch.tensor([0.5, 5.0, 1.5])
+    fit = AutoSpec(impossible_data, 10, seed=0, disable_progbar=True, sampler=sampler)
+    with pytest.raises(AutoSpecModelError, match="data have probability zero"):
+        fit.run(y)
+    with pytest.raises(AutoSpecModelError, match="data have probability zero"):
+        fit.map(y)
+    AutoSpec(impossible_data, 10, seed=0, disable_progbar=True).run(torch.tensor([0.5, 1.5]))
+
+
 def scale_depends_on_z(y):
     z = pyro.sample("z", dist.Bernoulli(0.5))
     scale = pyro.sample("scale", dist.LogNormal(z, 1.0))
