@@ -33,7 +33,7 @@ from pyro_autospec.engine.protocols import (
 )
 from pyro_autospec.engine.rows import _tolerance as row_tolerance
 
-__all__ = ["check_consistency", "PROBE_LENGTH"]
+__all__ = ["check_consistency", "check_drift_consistency", "PROBE_LENGTH"]
 
 #: How many coordinates the questions pin at most.
 PROBE_LENGTH = 8
@@ -306,3 +306,65 @@ def _check(probe: _Probe) -> None:
             probe.compare(out[1], expected[1 : length - 1], how, base, first=1)
             probe.compare(after[:1], expected[length - 2 : length - 1], how, base, first=length - 2)
             probe.compare(after[1:], expected[length - 1 :], how, base, first=length - 1)
+
+
+#: Largest relative difference between a drift's answers to one row asked alone and asked in a
+#: call with other rows, for float64 outputs (narrower dtypes: ``1000 eps``, at most 0.05).
+DRIFT_TOLERANCE = 1e-6
+
+
+def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> None:
+    """Raise :class:`~pyro_autospec.engine.errors.OracleError` where a drift (or a diffusion's
+    mean oracle) answers a row differently alone and in a call with other rows.
+
+    The sequential sampler asks one time per call; the other samplers ask rows of different
+    times and states in one call. A drift that reads ``t[0]`` for every row (one time per
+    batch assumed) or mixes its rows is then exact for the sequential sampler only, and every
+    other sampler draws from another law, silently. Asks up to 4 rows at times spread over
+    ``times`` (states near the first draws' starts): in one call, in one call in reverse order,
+    and one by one. Draws no random numbers and counts no rounds.
+
+    Parameters
+    ----------
+    evaluate : DriftEvaluator
+        The run's checked drift calls (:class:`~pyro_autospec.engine.euler.DriftEvaluator`).
+    times : Tensor[N + 1]
+        The run's time grid.
+    x0 : Tensor[D, d]
+        The draws' starting states.
+
+    Raises
+    ------
+    OracleError
+        Naming the time of the row whose answers differ, and by how much.
+
+    An oracle (or drift) that sets ``consistent_queries = True`` is not checked by the engine.
+    """
+    steps = int(times.shape[0]) - 1
+    picks = sorted({round(j * (steps - 1) / 3) for j in range(4)}) if steps > 1 else [0]
+    if len(picks) < 2:
+        return
+    t = times[picks].to(x0.dtype)
+    shift = 0.1 * torch.arange(len(picks), dtype=x0.dtype, device=x0.device)[:, None]
+    x = x0[torch.arange(len(picks)) % x0.shape[0]] + shift
+    try:
+        together = evaluate(t, x)
+        reverse = evaluate(t.flip(0), x.flip(0)).flip(0)
+        alone = torch.cat([evaluate(t[i : i + 1], x[i : i + 1]) for i in range(len(picks))])
+    except OracleError:
+        return  # the engine's output checks report it, at the row where sampling meets it
+    eps = torch.finfo(evaluate.dtype).eps
+    tolerance = min(0.05, max(DRIFT_TOLERANCE, 1000 * eps))
+    for answer, how in ((together, "in one call"), (reverse, "in one call in reverse order")):
+        gap = ((answer - alone).abs() / (1 + alone.abs())).amax(-1)
+        worst = int(gap.argmax())
+        if float(gap[worst]) > tolerance:
+            raise OracleError(
+                f"The {evaluate.name} answers a row differently alone and with other rows "
+                f"{how}: at time t = {float(t[worst]):.4g} by {float(gap[worst]):.3g} "
+                f"(relative, more than {tolerance:.3g}). Every sampler but the sequential one "
+                f"asks rows of different times and states in one call, so each row of the answer "
+                f"must depend on its own t[i] and x[i] only (a common slip: reading t[0] for "
+                f"every row). Fix it, or, if the difference is rounding, set "
+                f"consistent_queries = True on it to skip this check."
+            )

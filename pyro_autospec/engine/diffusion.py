@@ -49,8 +49,9 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.consistency import check_drift_consistency
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
-from pyro_autospec.engine.errors import check_eval_mode
+from pyro_autospec.engine.errors import OracleError, check_eval_mode
 from pyro_autospec.engine.euler import (
     Chain,
     DriftEvaluator,
@@ -70,6 +71,7 @@ from pyro_autospec.engine.methods import (
     given_knobs,
     resolve_knobs,
 )
+from pyro_autospec.engine.protocols import declares_consistent_queries
 from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_euler
 from pyro_autospec.engine.result import SampleResult
@@ -130,6 +132,11 @@ def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
             dtype = like.dtype
         if not isinstance(dtype, torch.dtype):
             dtype = torch.get_default_dtype()
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(
+            f"dtype must be a floating point torch.dtype (the states of a diffusion are real "
+            f"vectors); got {dtype!r}"
+        )
     return torch.device(device if device is not None else "cpu"), dtype
 
 
@@ -229,6 +236,8 @@ def _run(s: _Settings) -> SampleResult:
     times = torch.as_tensor(s.grid, dtype=torch.float64)
     chain = Chain(times, s.scale, dim, s.device)
     x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
+    if s.method != "sequential" and not declares_consistent_queries(s.drift):
+        check_drift_consistency(evaluate, chain.times, x0)  # one answer per row, in any call
     draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
     n = chain.num_steps
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
@@ -287,8 +296,17 @@ def _run(s: _Settings) -> SampleResult:
         if error is not None:
             error = error / float(s.grid[-1])
     stats = _float64_on(s.device)
+    samples = final.to(device=s.device, dtype=s.dtype)
+    if not bool(torch.isfinite(samples).all()):
+        largest = float(final.abs().max())
+        raise OracleError(
+            f"the samples do not fit {s.dtype}: the chain, kept in float64, reached |x| = "
+            f"{largest:.3g}, beyond what {s.dtype} holds, because the "
+            f"{s.name} returned values that large. Check "
+            f"its scale, or pass dtype=torch.float64"
+        )
     return SampleResult(
-        samples=final.to(device=s.device, dtype=s.dtype),
+        samples=samples,
         paths=paths.to(device=s.device, dtype=s.dtype) if s.return_paths else None,
         log_prob=log_prob.to(device=stats, dtype=torch.float64),
         rounds=int(out.rounds),

@@ -88,6 +88,18 @@ def check_drift_output(
         )
 
 
+def check_log_ratio(log_ratio, log_mu, name: str) -> None:
+    """Raise :class:`OracleError` unless a verification stayed finite (tensors or arrays): a
+    finite drift too large for float64's squares (``|b|^2 h`` beyond ``1e308``) makes it NaN,
+    and a block rejected for a NaN would race residual tries for ever."""
+    finite = bool(torch.isfinite(torch.as_tensor(log_ratio)).all())
+    if not (finite and bool(torch.isfinite(torch.as_tensor(log_mu)).all())):
+        raise OracleError(
+            f"the {name}'s values are too large for the chain's float64 arithmetic (a square "
+            f"|b|^2 h overflowed, so a log density ratio is not a number): check its scale"
+        )
+
+
 class DriftEvaluator:
     """Batched, validated drift calls: float64 tensors in and out, one round per call.
 
@@ -392,6 +404,7 @@ class EulerBlocks:
         sums = segment_sum(terms, size, j)  # [nv, 3]: per block
         log_ratio = sums[:, 0] / chain.var
         log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * sums[:, 1] / chain.var
+        check_log_ratio(log_ratio, log_mu, self.evaluate.name)
         if bool(has_next.any()):
             slots = self.slots.alloc(int(has_next.sum()))
             self.slots["f"][slots] = drifts[last[has_next]]

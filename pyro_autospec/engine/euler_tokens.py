@@ -49,7 +49,13 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput, paths_from_increments
+from pyro_autospec.engine.euler import (
+    Chain,
+    DriftEvaluator,
+    EulerOutput,
+    check_log_ratio,
+    paths_from_increments,
+)
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.schedule import BlockPolicy
 from pyro_autospec.engine.stepping import run_rounds
@@ -256,10 +262,11 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
     h = chain.h[step]  # [L, W]
     f = drifts[:, :width]  # the drift at the start of each step
     valid = j < w[:, None]
-    log_ratio = (
-        ((f - frozen[:, None]) * increments).sum(-1)
-        - 0.5 * ((f * f).sum(-1) - (frozen * frozen).sum(-1)[:, None]) * h
-    ) / chain.var
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is raised below, named
+        log_ratio = (
+            ((f - frozen[:, None]) * increments).sum(-1)
+            - 0.5 * ((f * f).sum(-1) - (frozen * frozen).sum(-1)[:, None]) * h
+        ) / chain.var
     step_keys = keys.host_child(draw_keys[:, None], keys.Tag.LEAF, step)
     log_u = keys.host_log_uniform(step_keys, keys.Tag.ACCEPT, 0)
     failed = valid & ~(log_u < np.minimum(log_ratio, 0.0))
@@ -278,8 +285,10 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
         reflected = z_at - 2.0 * (e * z_at).sum(-1)[:, None] * e
         kept[lanes, at] = f_at * chain.h[s][:, None] + chain.sd[s][:, None] * reflected
     count = first + missed
-    resid = kept - f * h[..., None]
-    terms = chain.step_log_norm[step] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
+    with np.errstate(over="ignore", invalid="ignore"):
+        resid = kept - f * h[..., None]
+        terms = chain.step_log_norm[step] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
+    check_log_ratio(log_ratio[valid], terms[j < count[:, None]], "drift")
     # a running sum along the window: the same bits whatever the other windows' lengths
     running = np.cumsum(np.where(j < count[:, None], terms, 0.0), 1)
     log_density = np.zeros(num)

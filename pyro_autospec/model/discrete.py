@@ -377,12 +377,11 @@ def _check_discrete_site(name: str, site: dict) -> None:
             hint = " Declare its batch dimensions with `pyro.plate` instead of `.to_event()`."
         raise UnsupportedSiteError(
             f"Site '{name}' is a discrete latent site ({kind}) that AutoSpec cannot enumerate: "
-            f"{support_error}.{hint} Enumerable sites are Bernoulli, Categorical, "
+            f"{support_error.rstrip('.')}.{hint} Enumerable sites are Bernoulli, Categorical, "
             f"OneHotCategorical, Binomial and BetaBinomial (with homogeneous total_count). "
             f"Use one of those (for example a truncated Categorical in place of a Poisson or "
             f"Geometric), or condition the site with `poutine.condition(model, data={{'{name}': "
-            f"value}})`. (A guide-based Metropolis-within-Gibbs step for such sites may follow "
-            f"in a later release.)"
+            f"value}})`."
         )
 
 

@@ -75,3 +75,58 @@ def test_nan_is_raised_with_its_row(run, method, engine):
 def test_diffusion_wrong_shape_is_named(method, engine):
     with pytest.raises(OracleError, match=r"oracle returned shape \(\d+, 3\).*d = 2"):
         _diffusion(lambda t, x: torch.zeros(x.shape[0], 3), method, engine)
+
+
+def test_an_integer_dtype_is_refused():
+    """Integer states would be truncated at every step (found by an outside user's sweep)."""
+    with pytest.raises(ValueError, match="floating point torch.dtype"):
+        sample_sde(lambda t, x: -x, TIMES, torch.zeros(2), 4, seed=0, dtype=torch.long)
+    with pytest.raises(ValueError, match="floating point torch.dtype"):
+        sample_diffusion(Mean(lambda t, x: x), 4, num_steps=8, seed=0, dtype=torch.long)
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_samples_beyond_the_dtype_are_refused(rule):
+    """A finite float64 drift whose chain leaves float32's range: an error, not inf samples."""
+
+    def huge(t, x):
+        return torch.full(x.shape, 1e40, dtype=torch.float64)
+
+    with pytest.raises(OracleError, match="do not fit torch.float32"):
+        sample_sde(huge, TIMES, torch.zeros(2), 4, seed=0, rule=rule)
+
+
+def reads_the_first_time(t, x):
+    """A drift that assumes one time per call: right for the sequential sampler only."""
+    return -x * (1.0 + t[:1, None])
+
+
+@pytest.mark.parametrize(
+    "method, engine", [("autospec", "fast"), ("picard", "fast"), ("autospec", "reference")]
+)
+def test_a_drift_that_mixes_its_rows_is_refused(method, engine):
+    with pytest.raises(OracleError, match=r"row differently alone .* reading t\[0\]"):
+        sample_sde(
+            reads_the_first_time, TIMES, torch.ones(2), 4, seed=0, method=method, engine=engine
+        )
+    sample_sde(reads_the_first_time, TIMES, torch.ones(2), 4, seed=0, method="sequential")
+    reads_the_first_time.consistent_queries = True  # the user's word: not checked
+    try:
+        sample_sde(reads_the_first_time, TIMES, torch.ones(2), 4, seed=0, method=method)
+    finally:
+        del reads_the_first_time.consistent_queries
+
+
+@pytest.mark.parametrize(
+    "rule, engine",
+    [("token", "fast"), ("block", "fast"), ("token", "reference"), ("block", "reference")],
+)
+def test_a_drift_too_large_for_float64_squares_is_refused_not_raced_for_ever(rule, engine):
+    """``|b|^2 h`` overflows: the log ratio is NaN; the block rule used to race for ever."""
+
+    def huge(t, x):
+        return torch.full(x.shape, 1e160, dtype=torch.float64)
+
+    x0 = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(OracleError, match="too large for the chain's float64"):
+        sample_sde(huge, TIMES, x0, 4, seed=0, rule=rule, engine=engine)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.euler import Chain, DriftEvaluator
+from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_log_ratio
 from pyro_autospec.engine.euler_tokens import HostChain, draft_windows, row_mask, verify_windows
 from pyro_autospec.engine.reference.scheduler import Call
 from pyro_autospec.engine.schedule import BlockPolicy, adaptive_rho
@@ -97,7 +97,9 @@ class ReferenceEuler:
         ) / chain.var
         drifts = torch.cat([row.unsqueeze(0), f_k])
         next_row = answer[b - a - 1] if nxt > b else None
-        return log_ratio, self._log_density(inc, drifts, a, b), next_row
+        log_mu = self._log_density(inc, drifts, a, b)
+        check_log_ratio(torch.tensor(log_ratio), torch.as_tensor(log_mu), self.evaluate.name)
+        return log_ratio, log_mu, next_row
 
     def try_log_nu(self, s, y, a, b, row):
         return self._log_density(y[a + 1 : b + 1] - y[a:b], row, a, b)
