@@ -11,7 +11,7 @@ reason, not the sampler's.
 
 :func:`check_consistency` asks a handful of small questions every way the oracle offers and
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
-no random numbers (the questions follow a fixed order and the most probable values), so the
+no random numbers (the questions follow a fixed order and fixed values), so the
 draws that follow do not change; it costs at most ``L + 7`` oracle calls of at most ``L``
 rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
 oracle consistent, only catch the common slips (differences of a hundredth in probability
@@ -200,7 +200,8 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
     """Raise :class:`~pyro_autospec.engine.errors.OracleError` where the oracle answers one
     question two ways.
 
-    Pins the coordinates of a fixed order one by one at their most probable value (one row
+    Pins the coordinates of a fixed order one by one at a probable value (the most probable
+    one other than 0 with at least :data:`TOLERANCE` of the mass, else the most probable; one row
     each, so the prefix has positive probability) and asks the same conditionals again, only
     through the methods the engine will call: all in one batch with other values (in their
     supports) at the unpinned coordinates, as targeted rows (``log_marginals_at``, else full
@@ -250,29 +251,42 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
         pass
 
 
+def _pinned_value(row: torch.Tensor) -> int:
+    """The value a question pins: the most probable one other than 0 that has at least
+    :data:`TOLERANCE` of the mass, else the most probable. Not 0 where it can be, so that a
+    method reading zeros instead of its ``values`` (a buffer never filled) answers another
+    question; with that mass, the pinned prefix keeps a positive probability."""
+    mass = row.exp()
+    mass[0] = torch.where(mass[0] > 0, -1.0, mass[0])  # 0 only if nothing else will do
+    best = int(mass.argmax())
+    return best if float(mass[best]) >= TOLERANCE else int(row.argmax())
+
+
 def _check(probe: _Probe) -> None:
     oracle = probe.oracle
     length = len(probe.order)
     targeted = has_targeted_marginals(oracle)
     values = torch.zeros(probe.n, dtype=torch.long)
     expected = []
-    for k in range(length):  # one row at a time: the most probable value given the prefix
+    for k in range(length):  # one row at a time, each coordinate pinned in its support
         row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
         if not bool(torch.isfinite(row).any()):
             return  # no mass: the engine's row checks report it
         expected.append(row)
-        values[probe.order[k]] = int(row.argmax())
+        values[probe.order[k]] = _pinned_value(row)
     expected = torch.stack(expected)
     way = "log_marginals_at" if targeted else "log_marginals"
     base = f"{way} asked one row at a time"
     pinned = list(range(length))
     # the same rows in one batch, with other values wherever a probed coordinate is not
-    # pinned: its second most probable value, in its support as the engine's values are
+    # pinned: its most probable value but 0, in its support as the engine's values are
     other = values.clone()
     for j, row in enumerate(expected):
-        runner_up = row.topk(min(2, probe.q)).indices[-1]
-        if torch.isfinite(row[runner_up]):
-            other[probe.order[j]] = int(runner_up)
+        rest = row.clone()
+        rest[0] = -float("inf")  # the rows above saw 0 there (the values start at 0)
+        runner_up = int(rest.argmax())
+        if torch.isfinite(rest[runner_up]):
+            other[probe.order[j]] = runner_up
     scrambled = torch.stack([torch.where(probe.pinned(k), values, other) for k in pinned])
     probe.compare(
         probe.rows(scrambled, pinned, targeted),

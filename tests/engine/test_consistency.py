@@ -79,6 +79,14 @@ class ChainPinsEveryChain(Rows):
         return torch.cat(rows, 1)
 
 
+class ChainReadsZeros(Rows):
+    """Reads zeros instead of its ``values`` (a buffer never filled): right wherever the pinned
+    values are zeros, which are this chain's most probable values from a start at 0."""
+
+    def log_marginals_chain(self, values, mask, chain):
+        return CHAIN.log_marginals_chain(torch.zeros_like(values), mask, chain)
+
+
 class FullRowsAreAStub(Rows):
     """The engine asks targeted rows of an oracle that has them, never full rows."""
 
@@ -107,6 +115,7 @@ class Bfloat16Network(Rows):
         (WrongRowAfterChain(), "log_marginals_chain_then's row after"),
         (TargetsSorted(), "two targets per row"),
         (ChainPinsEveryChain(), "two chains"),
+        (ChainReadsZeros(), "log_marginals_chain from cut 0"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
 )
