@@ -100,7 +100,7 @@ def check_order(order, n: int) -> torch.Tensor | None:
     if perm.shape != (n,) or not np.issubdtype(perm.dtype, np.integer):
         raise ValueError(
             f"order must be 'random' or an integer permutation of shape ({n},); "
-            f"got shape {perm.shape}"
+            f"got shape {perm.shape} of dtype {perm.dtype}"
         )
     if not np.array_equal(np.sort(perm), np.arange(n)):
         raise ValueError(
@@ -378,8 +378,11 @@ def _check_knobs(knobs: dict) -> None:
         )
     ):
         raise ValueError(f"rho must be a finite number in (0, 1e6] or 'adaptive'; got {rho!r}")
-    if "max_block" in knobs and int(knobs["max_block"]) < 1:
-        raise ValueError(f"max_block must be >= 1; got {knobs['max_block']}")
+    block = knobs.get("max_block")
+    if "max_block" in knobs and (
+        not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1
+    ):
+        raise ValueError(f"max_block must be a positive int; got {block!r}")
     for name in ("max_rows_per_round", "max_concurrent_draws"):
         value = knobs.get(name)
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
