@@ -49,6 +49,7 @@ Usage::
     python benchmarks/user_oracles.py --draws 1 16          # the README's "before" run
     python benchmarks/user_oracles.py --oracles nade:scale=0.25 mixture:K=64 \\
         --variants autospec autospec:max_block=8 agr24 sequential --draws 1 8
+    python benchmarks/user_oracles.py --draws 1 --repeats 3 # median of 3 runs in turn
     python benchmarks/user_oracles.py --device cuda         # on a GPU
     python benchmarks/user_oracles.py --smoke               # seconds, for CI
 """
@@ -282,6 +283,18 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
     return out
 
 
+def _median_run(runs):
+    """The run of median wall time among ``runs`` (the first run's counts kept), or the
+    error message of a variant that failed."""
+    if isinstance(runs, str):
+        return runs
+    median = dict(sorted(runs, key=lambda r: r["wall"])[len(runs) // 2])
+    for key in ("calls_per_round", "syncs_per_round", "oracle_calls_per_round"):
+        if key in runs[0]:
+            median[key] = runs[0][key]
+    return median
+
+
 def _check_seconds(oracle, device: str) -> float:
     """Fastest of three runs of the consistency check that every run starts with."""
     times = []
@@ -320,6 +333,13 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="time every variant this many times, the variants in turn, and report the run "
+        "of median wall time (a shared machine's slow spells then hit every variant)",
+    )
     parser.add_argument(
         "--no-warmup",
         dest="warmup",
@@ -379,11 +399,16 @@ def main(argv=None) -> None:
                 # the process's first calls of this size pay for fresh memory (glibc)
                 _, method, knobs = variants[0]
                 sample_any_order(oracle, draws, method=method, seed=args.seed + 1, **knobs)
-            for v, m, k in variants:
-                try:
-                    results[v] = run_variant(oracle, draws, m, k, args, count)
-                except Exception as error:  # report it in the table and go on
-                    results[v] = f"{type(error).__name__}: {error}"
+            runs = {v: [] for v, _, _ in variants}
+            for repeat in range(args.repeats):  # in turn, so that a slow spell hits them all
+                for v, m, k in variants:
+                    if isinstance(runs[v], str):
+                        continue
+                    try:
+                        runs[v].append(run_variant(oracle, draws, m, k, args, count and not repeat))
+                    except Exception as error:  # report it in the table and go on
+                        runs[v] = f"{type(error).__name__}: {error}"
+            results = {v: _median_run(r) for v, r in runs.items()}
             baselines = [
                 results[v]["wall"]
                 for v, m, _ in variants
