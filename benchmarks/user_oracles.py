@@ -349,6 +349,8 @@ def main(argv=None) -> None:
         "once cost the first variant up to 3 times its time)",
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; got {args.repeats}")
     if args.smoke:
         args.n, args.draws = 64, [1, 4]
         args.count_draws = args.count_draws or [4]

@@ -304,7 +304,7 @@ def _check(probe: _Probe) -> None:
             out, _ = probe.chains(values, [cut], length - cut, then=False)
             how = f"log_marginals_chain from cut {cut}"
             probe.compare(out[0], expected[cut:], how, base, first=cut)
-        if length >= 3:  # two chains of one batch, from different cuts
+        if length >= 2:  # two chains of one batch, from different cuts
             out, _ = probe.chains(values, [0, 1], length - 1, then=False)
             how = "log_marginals_chain asked two chains (cuts 0 and 1) in one call"
             probe.compare(out[0], expected[:-1], how, base)
@@ -322,11 +322,6 @@ def _check(probe: _Probe) -> None:
             probe.compare(after[1:], expected[length - 1 :], how, base, first=length - 1)
 
 
-#: Largest relative difference between a drift's answers to one row asked alone and asked in a
-#: call with other rows, for float64 outputs (narrower dtypes: ``1000 eps``, at most 0.05).
-DRIFT_TOLERANCE = 1e-6
-
-
 def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> None:
     """Raise :class:`~pyro_autospec.engine.errors.OracleError` where a drift (or a diffusion's
     mean oracle) answers a row differently alone and in a call with other rows.
@@ -336,7 +331,8 @@ def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> 
     batch assumed) or mixes its rows is then exact for the sequential sampler only, and every
     other sampler draws from another law, silently. Asks up to 4 rows at times spread over
     ``times`` (states near the first draws' starts): in one call, in one call in reverse order,
-    and one by one. Draws no random numbers and counts no rounds.
+    and one by one; relative differences above :data:`TOLERANCE` (more for outputs narrower
+    than float32) raise. Draws no random numbers and counts no rounds.
 
     Parameters
     ----------
@@ -367,8 +363,9 @@ def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> 
         alone = torch.cat([evaluate(t[i : i + 1], x[i : i + 1]) for i in range(len(picks))])
     except OracleError:
         return  # the engine's output checks report it, at the row where sampling meets it
-    eps = torch.finfo(evaluate.dtype).eps
-    tolerance = min(0.05, max(DRIFT_TOLERANCE, 1000 * eps))
+    # a network computed in bfloat16 may take another kernel for one row than for four, and
+    # differ by a bfloat16 step; the slip this check is for differs by the answer's own size
+    tolerance = _tolerance(evaluate.dtype)
     for answer, how in ((together, "in one call"), (reverse, "in one call in reverse order")):
         gap = ((answer - alone).abs() / (1 + alone.abs())).amax(-1)
         worst = int(gap.argmax())

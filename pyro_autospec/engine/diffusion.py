@@ -236,8 +236,6 @@ def _run(s: _Settings) -> SampleResult:
     times = torch.as_tensor(s.grid, dtype=torch.float64)
     chain = Chain(times, s.scale, dim, s.device)
     x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
-    if s.method != "sequential" and not declares_consistent_queries(s.drift):
-        check_drift_consistency(evaluate, chain.times, x0)  # one answer per row, in any call
     draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
     n = chain.num_steps
     cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
@@ -324,6 +322,14 @@ def _run(s: _Settings) -> SampleResult:
 
 def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
     """Run ``s`` here, or (hook) spread its draws over the ranks of a process group."""
+    if s.method != "sequential" and not declares_consistent_queries(s.drift):
+        # one answer per row, in any call; on the whole run's starts, so every rank agrees
+        dim = s.x0.shape[1]
+        evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, None, s.name)
+        chain = Chain(torch.as_tensor(s.grid, dtype=torch.float64), s.scale, dim, s.device)
+        check_drift_consistency(
+            evaluate, chain.times, torch.as_tensor(s.x0[:4], dtype=chain.wide, device=s.device)
+        )
     if not distributed:
         return _run(s)
     return spread_draws(

@@ -92,11 +92,12 @@ def check_log_ratio(log_ratio, log_mu, name: str) -> None:
     """Raise :class:`OracleError` unless a verification stayed finite (tensors or arrays): a
     finite drift too large for float64's squares (``|b|^2 h`` beyond ``1e308``) makes it NaN,
     and a block rejected for a NaN would race residual tries for ever."""
-    finite = bool(torch.isfinite(torch.as_tensor(log_ratio)).all())
-    if not (finite and bool(torch.isfinite(torch.as_tensor(log_mu)).all())):
+    ratio, mu = torch.as_tensor(log_ratio), torch.as_tensor(log_mu)
+    if not bool(torch.isfinite(ratio).all() & torch.isfinite(mu).all()):  # one host read
         raise OracleError(
-            f"the {name}'s values are too large for the chain's float64 arithmetic (a square "
-            f"|b|^2 h overflowed, so a log density ratio is not a number): check its scale"
+            f"the values of the {name} are too large for the chain's float64 arithmetic (a "
+            f"square |b|^2 h overflowed, so a log density ratio is not a number): check its "
+            f"scale"
         )
 
 

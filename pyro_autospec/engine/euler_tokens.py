@@ -288,7 +288,7 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
     with np.errstate(over="ignore", invalid="ignore"):
         resid = kept - f * h[..., None]
         terms = chain.step_log_norm[step] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
-    check_log_ratio(log_ratio[valid], terms[j < count[:, None]], "drift")
+    check_log_ratio(log_ratio[valid], terms[j < count[:, None]], "drift or mean oracle")
     # a running sum along the window: the same bits whatever the other windows' lengths
     running = np.cumsum(np.where(j < count[:, None], terms, 0.0), 1)
     log_density = np.zeros(num)

@@ -449,6 +449,11 @@ class AutoSpec:
             For a model with continuous latent sites: condition them first, e.g.
             ``AutoSpec(poutine.condition(model, data={"loc": loc}), ...).map(data)`` gives
             the MAP of the discrete sites given ``loc``.
+        AutoSpecModelError
+            Where :meth:`run` would refuse the model (the model is compiled as a run compiles
+            it first: Pyro's max-product pass alone decodes a chain whose sites reach past
+            their ``pyro.markov`` history silently wrong), or where the data have probability
+            zero under every assignment.
 
         Examples
         --------

@@ -11,7 +11,8 @@ has few enough joint states, every state is scored instead.
 Before either, the model is compiled as a run compiles it
 (:class:`~pyro_autospec.model.enum.EnumOracle`, without measuring its queries), so that
 ``map`` refuses what a run refuses: a site reaching past its ``pyro.markov`` history, for
-one, which Pyro's pass decodes silently wrong.
+one, which Pyro's pass decodes silently wrong. After, data of probability zero are refused:
+the most probable state has density zero exactly when every state has.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pyro.poutine.messenger import Messenger
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence
 from pyro_autospec.model.errors import UnsupportedSiteError
-from pyro_autospec.model.log_joint import enumerate_posterior
+from pyro_autospec.model.log_joint import enumerate_posterior, log_joint
 from pyro_autospec.model.tracing import parallel_enumeration
 
 __all__ = ["MAX_BRUTE_FORCE_STATES", "ScaleIntoDensity", "most_probable"]
@@ -98,15 +99,17 @@ def most_probable(
     AutoSpecModelError, UnsupportedSiteError
         Where a run of the model would refuse it, or the data have probability zero.
     """
-    compiled = EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses as a run
-    check_evidence(compiled.log_normalizer())
+    EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses what a run refuses
     enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
     decoder = infer_discrete(
         enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0
     )
     try:
         trace = poutine.trace(decoder).get_trace(*args, **kwargs)
-        return {name: trace.nodes[name]["value"].detach() for name in layout.names}
+        best = {name: trace.nodes[name]["value"].detach() for name in layout.names}
+        # the data have probability zero exactly where the most probable state has
+        check_evidence(trace.log_prob_sum().detach())
+        return best
     except (ValueError, RuntimeError, NotImplementedError, KeyError) as error:
         states = math.prod(int(k) for k in layout.support_sizes.tolist())
         if states > MAX_BRUTE_FORCE_STATES:
@@ -119,5 +122,8 @@ def most_probable(
                 f"(and one_hot the value) for map()."
             ) from error
         states, log_prob = enumerate_posterior(model, args, kwargs, layout=layout)
-        best = states[int(log_prob.argmax())][None]
-        return {k: v[0] for k, v in layout.from_coords(best).items()}
+        best = states[int(torch.nan_to_num(log_prob, nan=-math.inf).argmax())][None]
+        best = {k: v[0] for k, v in layout.from_coords(best).items()}
+        batch = {k: v[None] for k, v in best.items()}
+        check_evidence(log_joint(model, args, kwargs, layout, batch))
+        return best

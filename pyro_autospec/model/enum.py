@@ -247,21 +247,22 @@ def check_evidence(log_normalizer: torch.Tensor | float) -> None:
     Parameters
     ----------
     log_normalizer : Tensor or float
-        ``log sum_x p(x, data)`` (0-dim).
+        ``log sum_x p(x, data)`` (0-dim; or one per draw of a family).
 
     Raises
     ------
     AutoSpecModelError
         Where it is ``-inf`` (or NaN): there is no posterior to sample.
     """
-    if float(log_normalizer) == -float("inf"):  # NaN is left to the row checks
+    log_normalizer = torch.as_tensor(log_normalizer)
+    if bool((log_normalizer == -float("inf")).any()):  # NaN is left to the row checks
         raise AutoSpecModelError(
-            f"The data have probability zero under every assignment of the discrete latent "
-            f"sites (log p(data) = {float(log_normalizer)}), so there is no posterior to "
-            f"sample. Some observation lies outside the support of its distribution whatever "
-            f"the latent values (e.g. obs=5.0 at a Uniform(0.0, z + 1.0) site with z in "
-            f"{{0, 1}}), or the factors and masks rule out every assignment. Check the data "
-            f"against the model's supports."
+            "The data have probability zero under every assignment of the discrete latent "
+            "sites (log p(data) = -inf), so there is no posterior to "
+            "sample. Some observation lies outside the support of its distribution whatever "
+            "the latent values (e.g. obs=5.0 at a Uniform(0.0, z + 1.0) site with z in "
+            "{0, 1}), or the factors and masks rule out every assignment. Check the data "
+            "against the model's supports."
         )
 
 

@@ -538,8 +538,9 @@ def assertion_error(
     library = _library_file(frames[-1].filename) if frames else None
     if library is not None and what == "under enumeration":
         return AutoSpecModelError(
-            f"An assert inside {library} (not in the model's code) failed{last} when AutoSpec "
-            f"ran the model under enumeration: two sites' enumerated values met on one tensor "
+            f"An assert inside {library} (not in the model's code) failed{said}{last} when "
+            f"AutoSpec ran the model under enumeration, most likely because two sites' "
+            f"enumerated values met on one tensor "
             f"dim. Common causes: one `with pyro.markov():` per step (sibling contexts reuse "
             f"the same dims: put the whole loop in one `for t in pyro.markov(range(T))`), or a "
             f"site that depends on a site further back than its pyro.markov history (raise "
