@@ -324,12 +324,10 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
     """Run ``s`` here, or (hook) spread its draws over the ranks of a process group."""
     if s.method != "sequential" and not declares_consistent_queries(s.drift):
         # one answer per row, in any call; on the whole run's starts, so every rank agrees
-        dim = s.x0.shape[1]
-        evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, None, s.name)
-        chain = Chain(torch.as_tensor(s.grid, dtype=torch.float64), s.scale, dim, s.device)
-        check_drift_consistency(
-            evaluate, chain.times, torch.as_tensor(s.x0[:4], dtype=chain.wide, device=s.device)
-        )
+        evaluate = DriftEvaluator(s.drift, s.x0.shape[1], s.device, s.dtype, None, s.name)
+        times = torch.as_tensor(s.grid, dtype=evaluate.wide, device=s.device)
+        x0 = torch.as_tensor(s.x0[:4], dtype=evaluate.wide, device=s.device)
+        check_drift_consistency(evaluate, times, x0)
     if not distributed:
         return _run(s)
     return spread_draws(
