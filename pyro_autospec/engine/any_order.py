@@ -9,11 +9,15 @@ round, and repaired after a rejection by exact residual tries raced by thread in
 Two engines run it with the same keyed randomness (:mod:`pyro_autospec.engine.keys`), so they
 give the same draws for the same seed:
 
-* ``engine="fast"`` (default): the recursion of every draw, block and try as tensor programs
-  on the oracle's device (:mod:`pyro_autospec.engine.recursion`,
-  :mod:`pyro_autospec.engine.host_plane`);
+* ``engine="fast"`` (default): every draw's window as host arrays, with one batched oracle call
+  per round on the oracle's device (:mod:`pyro_autospec.engine.host_plane`);
 * ``engine="reference"``: plain Python generators, one per draw and try, on a round scheduler
   (:mod:`pyro_autospec.engine.reference`): slow and obviously correct.
+
+The block rule (``token_below`` not ``None``: windows accepted whole or raced by residual tries)
+runs on the reference engine whatever ``engine`` says, and its result says so
+(``result.engine == "reference"``). It is kept to study the recursion of the paper; the default
+token rule took fewer rounds and fewer rows than it on every benchmark (:doc:`/algorithm`).
 
 References
 ----------
@@ -33,7 +37,6 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_consistency
-from pyro_autospec.engine.discrete import DiscreteBlocks
 from pyro_autospec.engine.errors import OracleError, check_eval_mode
 from pyro_autospec.engine.host_plane import TokenSampler
 from pyro_autospec.engine.methods import (
@@ -52,7 +55,6 @@ from pyro_autospec.engine.protocols import (
     has_targeted_marginals,
     oracle_num_draws,
 )
-from pyro_autospec.engine.recursion import Recursion
 from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
@@ -61,7 +63,7 @@ from pyro_autospec.engine.rows import (
     check_output_size,
     draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
 )
-from pyro_autospec.engine.schedule import leaf_starts, token_only
+from pyro_autospec.engine.schedule import token_only
 from pyro_autospec.engine.spread import spread_draws
 
 __all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
@@ -157,9 +159,10 @@ def sample_any_order(
         Where the oracle's inputs and the engine's state live (default: ``oracle.device`` if it
         has one, else the CPU).
     engine : {"fast", "reference"}
-        ``"fast"``: the vectorised engine. ``"reference"``: the generator engine, slow and
+        ``"fast"``: the host control plane. ``"reference"``: the generator engine, slow and
         obviously correct. Both give the same draws, rounds and rows (the rows-per-round cap
-        may order requests differently, which changes rounds only).
+        may order requests differently, which changes rounds only). The block rule
+        (``token_below`` not ``None``) always runs on the reference engine.
     progress : bool
         Show a progress bar over finished draws, with rounds and rows.
     distributed : bool
@@ -306,8 +309,10 @@ def run_any_order(
     draw_ids = draw_ids.to(device)
     draw_keys = keys.draw_keys(root_key, draw_ids)
     orders = VisitOrders(order, draw_keys, n)
+    if method == "autospec" and not token_only(block_policy(knobs)):
+        engine = "reference"  # the block rule's residual races run on the generator recursion
     # the fast engine holds the orders of the draws in flight only; the reference engine
-    # (for small tests) all of them
+    # all of them
     concurrency = knobs.get("max_concurrent_draws")
     lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
     budget = knobs.get("max_elements") or default_max_elements(device)
@@ -316,30 +321,6 @@ def run_any_order(
         samples, log_prob, rounds, oracle_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress
         )
-    elif method == "autospec" and not token_only(block_policy(knobs)):
-        max_block = int(knobs["max_block"])
-        policy = block_policy(knobs)
-        if policy.adaptive:
-            width = min(max_block, n)
-        else:
-            leaves = leaf_starts(n, max_block)
-            width = max(b - a for a, b in zip(leaves[:-1], leaves[1:]))
-        adaptive = knobs["rho"] == "adaptive"
-        problem = DiscreteBlocks(rows, num_samples, width, adaptive=adaptive)
-        recursion = Recursion(
-            problem,
-            draw_keys,
-            max_block=max_block,
-            rho=1.0 if adaptive else float(knobs["rho"]),
-            policy=policy,
-            max_rows_per_round=knobs["max_rows_per_round"],
-            max_concurrent_draws=knobs["max_concurrent_draws"],
-            progress=progress,
-            desc=method,
-        )
-        counts = recursion.run()
-        samples, log_prob = problem.samples, recursion.log_prob
-        rounds, oracle_rows, sample_rounds = counts.rounds, counts.oracle_rows, counts.sample_rounds
     else:
         sampler = TokenSampler(rows, draw_keys, method, knobs, progress)
         sampler.run()

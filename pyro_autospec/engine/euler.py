@@ -1,26 +1,22 @@
-"""Euler-Maruyama chains as tensor programs: the diffusion problem of the fast engine.
+"""Euler-Maruyama chains as tensor programs: the parts every diffusion sampler shares.
 
 The target is the law of the chain of ``dX = b(t, X) dt + s dB`` on ``t_0 < ... < t_N``
 (``h_k = t_{k+1} - t_k``)::
 
     X_{k+1} = X_k + b(t_k, X_k) h_k + s sqrt(h_k) xi_k,    xi_k ~ N(0, I_d).
 
-The positions of autospeculation are the ``N`` steps, in time order (:doc:`/diffusion`):
+This module holds:
 
-* the *draft row* of a block ``[a, b)`` is the drift ``b_a = b(t_a, X_a)`` at its start;
-* the *draft* draws every increment with that frozen drift (keyed normal noise, no oracle
-  call); it is regenerated from its key when the verification is sent, so nothing is stored;
-* the *verification* is one round: the drifts ``b_k`` at the drafted states for ``a < k < b``,
-  plus the prefetch ``b(t_b, X_b)`` (the next block's draft row), and
-  ``log dmu_S/dnu_S = sum_{a<k<b} [<b_k - b_a, dX_k> - (|b_k|^2 - |b_a|^2) h_k / 2] / s^2``;
-* a residual try's ``log nu`` (the frozen-drift density of its increments) needs only
-  ``sum_k |dX_k|^2 / h_k``, ``X_b - X_a`` and ``b_a``, which a frame carries.
+* :class:`DriftEvaluator`, the checked drift (or mean oracle) that every engine calls, and
+  :func:`check_log_ratio`, the check of a verification's log ratio;
+* :class:`Chain`, the grid and its keyed noise: the increments of step ``k`` of a draw are a
+  pure function of the draw's key, so every sampler and both engines read the same noise;
+* the fast ``"sequential"`` and ``"picard"`` samplers, and :class:`EulerOutput`, what every
+  Euler sampler returns.
 
-A frame is the current state ``X`` of a sequence, its start state and the running
-``sum |dX_k|^2 / h_k``; with ``return_paths`` it also keeps the increments of its steps.
-
-This module also holds the drift evaluator shared by both engines and the fast
-``"sequential"`` and ``"picard"`` samplers. It does not import Pyro.
+Autospeculation's token rule lives in :mod:`pyro_autospec.engine.euler_tokens`; the block rule
+with residual races in :mod:`pyro_autospec.engine.reference.euler` (:doc:`/diffusion`). This
+module does not import Pyro.
 """
 
 from __future__ import annotations
@@ -34,14 +30,11 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.modes import calling, engine_mode
-from pyro_autospec.engine.schedule import adaptive_rho
 from pyro_autospec.engine.stepping import run_rounds
-from pyro_autospec.engine.tables import Table, ragged, segment_cumsum, segment_sum
 
 __all__ = [
     "Chain",
     "DriftEvaluator",
-    "EulerBlocks",
     "check_drift_output",
     "picard",
     "sequential",
@@ -190,292 +183,6 @@ class Chain:
         j = torch.arange(width, device=self.device)
         step = (a.unsqueeze(1) + j).clamp(max=self.num_steps - 1)  # [K, W]
         return self.noise(key.unsqueeze(1), drift.unsqueeze(1), step, j)
-
-
-class EulerBlocks:
-    """The diffusion problem for :class:`~pyro_autospec.engine.recursion.Recursion`.
-
-    Parameters
-    ----------
-    chain : Chain
-    evaluate : DriftEvaluator
-    x0 : Tensor[N, d]
-        Start state of every draw (float64).
-    rho : float, "adaptive" or callable
-        Batch growth of residual tries (a callable ``rho(size, log_ratio)`` is called once per
-        rejected block).
-    return_paths : bool
-        Keep the increments of every draw (``paths``).
-    """
-
-    def __init__(
-        self, chain: Chain, evaluate: DriftEvaluator, x0: torch.Tensor, rho, return_paths: bool
-    ):
-        self.chain = chain
-        self.evaluate = evaluate
-        self.device = chain.device
-        self.num_positions = chain.num_steps
-        self.d = chain.dim
-        self.x0 = x0.to(device=self.device, dtype=chain.wide)
-        self.rho = rho
-        self.return_paths = return_paths
-        num = x0.shape[0]
-        wide = chain.wide
-        self.final = torch.zeros(num, self.d, dtype=wide, device=self.device)
-        self.paths = (
-            torch.zeros(num, chain.num_steps, self.d, dtype=wide, device=self.device)
-            if return_paths
-            else None
-        )
-        self.slots = Table({"f": ((self.d,), wide, 0.0)}, self.device, capacity=256)
-        self._x = self._start = torch.zeros(0, self.d, dtype=wide, device=self.device)
-        self._q = torch.zeros(0, dtype=wide, device=self.device)
-        self._verified = None
-        self.pool = _PathPool(self.d, wide, self.device) if return_paths else None
-
-    def bind(self, recursion) -> None:
-        self.rec = recursion
-
-    # --------------------------------------------------------------------------- frames
-    def _frames(self):
-        capacity = self.rec.seqs.capacity
-        if self._x.shape[0] < capacity:
-
-            def grow(t, shape):
-                new = torch.zeros((capacity, *shape), dtype=t.dtype, device=self.device)
-                new[: t.shape[0]] = t
-                return new
-
-            self._x = grow(self._x, (self.d,))
-            self._start = grow(self._start, (self.d,))
-            self._q = grow(self._q, ())
-            if self.pool is not None:
-                self.pool.reserve(capacity)
-        return self._x, self._start, self._q
-
-    def init_frames(self, seqs: torch.Tensor, draws: torch.Tensor) -> None:
-        x, start, q = self._frames()
-        x[seqs] = self.x0[draws]
-        start[seqs] = self.x0[draws]
-        q[seqs] = 0.0
-        if self.pool is not None:
-            self.pool.alloc(seqs, torch.zeros_like(seqs), torch.full_like(seqs, self.num_positions))
-
-    def spawn(self, threads, parents, lo, hi) -> None:
-        x, start, q = self._frames()
-        x[threads] = x[parents]
-        start[threads] = x[parents]
-        q[threads] = 0.0
-        if self.pool is not None:
-            self.pool.alloc(threads, lo, hi)
-
-    def commit(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
-        x, start, q = self._frames()
-        x[seqs] = x[winners]
-        q[seqs] += q[winners]
-        if self.pool is not None:
-            self.pool.copy(winners, seqs)
-
-    def free_frames(self, seqs: torch.Tensor) -> None:
-        if self.pool is not None:
-            self.pool.free(seqs)
-
-    def free_rows(self, slots: torch.Tensor) -> None:
-        self.slots.free(slots)
-
-    def finish(self, roots: torch.Tensor, draws: torch.Tensor) -> None:
-        self.final[draws] = self._frames()[0][roots]
-        if self.pool is not None:
-            self.paths[draws] = self.pool.read(roots, self.num_positions)
-
-    def race_rho(self, view, pick: torch.Tensor, log_ratio: torch.Tensor, rho) -> torch.Tensor:
-        if self.rho == "adaptive":
-            return adaptive_rho(None, log_ratio).to(torch.float64)
-        if callable(self.rho):
-            size = (view.b - view.a)[pick].tolist()
-            values = []
-            for s, lr in zip(size, log_ratio.tolist()):
-                value = float(self.rho(s, lr))
-                if not (value > 0 and math.isfinite(value)):
-                    raise ValueError(f"rho({s}, {lr}) returned {value}; it must be positive")
-                values.append(value)
-            return torch.tensor(values, dtype=torch.float64, device=self.device)
-        return torch.full((pick.numel(),), float(self.rho), dtype=torch.float64, device=self.device)
-
-    # ---------------------------------------------------------------------------- blocks
-    def draft(self, nodes: torch.Tensor) -> None:
-        pass  # drafts are regenerated from their keys when verified
-
-    def _write(self, seq: torch.Tensor, step: torch.Tensor, inc: torch.Tensor) -> None:
-        """Store increments ``inc`` [T, d] of steps ``step`` [T] in the sequences' paths."""
-        if self.pool is not None:
-            self.pool.write(seq, step, inc)
-
-    def leaf(self, view) -> torch.Tensor:
-        chain = self.chain
-        a = view.a
-        f = self.slots["f"][view.row]
-        inc = chain.noise(view.key, f, a, torch.zeros_like(a))  # [K, d]
-        x, _, q = self._frames()
-        x[view.seq] += inc
-        h = chain.h[a]
-        q[view.seq] += (inc**2).sum(1) / h
-        self._write(view.seq, a, inc)
-        resid = inc - f * h.unsqueeze(1)
-        return (chain.log_norm[a + 1] - chain.log_norm[a]) - 0.5 * (resid**2).sum(1) / (
-            chain.var * h
-        )
-
-    def accepted(self, view, pick: torch.Tensor) -> None:
-        if pick.numel() == 0:
-            return
-        end, q_block, inc, block, step = self._verified
-        x, _, q = self._frames()
-        seq = view.seq[pick]
-        x[seq] = end[pick]
-        q[seq] += q_block[pick]
-        if self.pool is not None:
-            keep = torch.zeros(len(view), dtype=torch.bool, device=self.device)
-            keep[pick] = True
-            mine = torch.nonzero(keep[block]).flatten()
-            self._write(view.seq[block[mine]], step[mine], inc[mine])
-
-    def try_log_nu(self, threads: torch.Tensor, owners) -> torch.Tensor:
-        chain = self.chain
-        a, b = owners.a, owners.b
-        f = self.slots["f"][owners.row]
-        x, start, q = self._frames()
-        span = chain.times[b] - chain.times[a]
-        quad = q[threads] - 2 * (f * (x[threads] - start[threads])).sum(1) + (f * f).sum(1) * span
-        return (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * quad / chain.var
-
-    # ---------------------------------------------------------------------------- queries
-    def answer(self, row_view, verify_view):
-        """One round: drift rows of ``row_view``'s nodes, verification of ``verify_view``'s
-        (drafts regenerated from their keys); returns as
-        :meth:`~pyro_autospec.engine.discrete.DiscreteBlocks.answer`.
-
-        The steps of the blocks being verified are laid out flat (:func:`ragged`), not padded
-        to the largest block: a round costs its rows, however unequal its blocks.
-        """
-        chain = self.chain
-        x, _, _ = self._frames()
-        wide = chain.wide
-        vv = verify_view
-        nv = len(vv)
-        a, b = vv.a, vv.b
-        size = b - a
-        has_next = vv.nxt > b
-        block, j, first = ragged(size)  # step a + j of block `block`, for j < size
-        last = first + size - 1
-        longest = int(size.max()) if nv else 0
-        step = a[block] + j
-        f_a = self.slots["f"][vv.row]  # [nv, d] the frozen drift of each block
-        f_block = f_a[block]
-        inc = chain.noise(vv.key[block], f_block, step, j)  # [T, d]
-        states = x[vv.seq][block] + segment_cumsum(inc, j, longest)  # X_{a+1+j}
-        # rows: draft rows, then the states X_{a+1..b-1} and the prefetch X_b
-        asked = j < (size - 1 + has_next.long())[block]
-        t = torch.cat([chain.times[row_view.a], chain.times[step[asked] + 1]])
-        xs = torch.cat([x[row_view.seq], states[asked]])
-        out = self.evaluate(t, xs)
-        nr = len(row_view)
-        row_slots = self.slots.alloc(nr)
-        self.slots["f"][row_slots] = out[:nr]
-        empty = torch.zeros(0, dtype=wide, device=self.device)
-        next_rows = torch.full((nv,), -1, dtype=torch.long, device=self.device)
-        if nv == 0:
-            self._verified = None
-            return row_slots, empty, empty, next_rows, None
-        drifts = torch.zeros(inc.shape, dtype=wide, device=self.device)
-        drifts[asked] = out[nr:]  # drifts[k] is b at X_{a+1+j}: the drift of the next step
-        f_k = torch.where((j == 0).unsqueeze(1), f_block, drifts.roll(1, 0))  # of step a + j
-        h = chain.h[step]
-        cross = ((f_k - f_block) * inc).sum(-1)
-        sq = ((f_k * f_k).sum(-1) - (f_a * f_a).sum(-1)[block]) * h
-        resid = inc - f_k * h.unsqueeze(-1)
-        terms = torch.stack(
-            [
-                torch.where(j >= 1, cross - 0.5 * sq, 0.0),  # log dmu/dnu of the step
-                (resid**2).sum(-1) / h,  # its quadratic form under the target
-                (inc**2).sum(-1) / h,  # and the frame's running sum
-            ],
-            1,
-        )
-        sums = segment_sum(terms, size, j)  # [nv, 3]: per block
-        log_ratio = sums[:, 0] / chain.var
-        log_mu = (chain.log_norm[b] - chain.log_norm[a]) - 0.5 * sums[:, 1] / chain.var
-        check_log_ratio(log_ratio, log_mu, self.evaluate.name)
-        if bool(has_next.any()):
-            slots = self.slots.alloc(int(has_next.sum()))
-            self.slots["f"][slots] = drifts[last[has_next]]
-            next_rows[has_next] = slots
-        self._verified = (states[last], sums[:, 2], inc, block, step)
-        return row_slots, log_ratio.double(), log_mu.double(), next_rows, None
-
-
-class _PathPool:
-    """Increments of the steps ``[lo, hi)`` of every live sequence, in one flat buffer.
-
-    Sequences get contiguous segments from a bump allocator; when the buffer is full the live
-    segments are packed to its front (amortised O(1) per stored increment).
-    """
-
-    def __init__(self, dim: int, dtype: torch.dtype, device: torch.device):
-        self.d, self.dtype, self.device = dim, dtype, device
-        self.data = torch.zeros(1024, dim, dtype=dtype, device=device)
-        self.top = 0
-        self.offset = torch.zeros(0, dtype=torch.long, device=device)
-        self.lo = torch.zeros(0, dtype=torch.long, device=device)
-        self.size = torch.zeros(0, dtype=torch.long, device=device)
-
-    def reserve(self, capacity: int) -> None:
-        def grow(t):
-            new = torch.zeros(capacity, dtype=t.dtype, device=self.device)
-            new[: t.shape[0]] = t
-            return new
-
-        self.offset, self.lo, self.size = grow(self.offset), grow(self.lo), grow(self.size)
-
-    def alloc(self, seqs: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> None:
-        size = hi - lo
-        total = int(size.sum())
-        if self.top + total > self.data.shape[0]:
-            self._pack(total)
-        self.offset[seqs] = self.top + torch.cumsum(size, 0) - size
-        self.lo[seqs] = lo
-        self.size[seqs] = size
-        self.top += total
-
-    def free(self, seqs: torch.Tensor) -> None:
-        self.size[seqs] = 0
-
-    def _pack(self, extra: int) -> None:
-        live = torch.nonzero(self.size > 0).flatten()
-        size = self.size[live]
-        total = int(size.sum())
-        capacity = max(self.data.shape[0], 2 * (total + extra))
-        new = torch.zeros(capacity, self.d, dtype=self.dtype, device=self.device)
-        if total:
-            segment, j, start = ragged(size)
-            new[:total] = self.data[self.offset[live][segment] + j]
-            self.offset[live] = start
-        self.data, self.top = new, total
-
-    def write(self, seqs: torch.Tensor, step: torch.Tensor, inc: torch.Tensor) -> None:
-        """Store ``inc`` [T, d] as the increments of steps ``step`` [T] of ``seqs`` [T]."""
-        self.data[self.offset[seqs] + step - self.lo[seqs]] = inc
-
-    def copy(self, winners: torch.Tensor, seqs: torch.Tensor) -> None:
-        """Copy the winners' increments into ``seqs`` (same steps)."""
-        segment, j, _ = ragged(self.size[winners])
-        src = self.offset[winners][segment] + j
-        shift = (self.offset[seqs] + self.lo[winners] - self.lo[seqs])[segment]
-        self.data[shift + j] = self.data[src]
-
-    def read(self, seqs: torch.Tensor, count: int) -> torch.Tensor:
-        index = self.offset[seqs].unsqueeze(1) + torch.arange(count, device=self.device)
-        return self.data[index]
 
 
 @dataclass

@@ -54,7 +54,6 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.discrete import value_dtype
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.methods import block_policy
 from pyro_autospec.engine.modes import engine_mode
@@ -93,6 +92,18 @@ def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     return np.take_along_axis(table, index[..., None], -1)[..., 0]
 
 
+def value_dtype(q: int) -> np.dtype:
+    """Narrowest signed integer type that holds the values ``0 .. q - 1``.
+
+    >>> value_dtype(4), value_dtype(300)
+    (dtype('int8'), dtype('int16'))
+    """
+    for dtype in (np.int8, np.int16, np.int32):
+        if q - 1 <= np.iinfo(dtype).max:
+            return np.dtype(dtype)
+    return np.dtype(np.int64)
+
+
 class TokenSampler:
     """Run a token-level method for ``num_draws`` draws.
 
@@ -112,7 +123,7 @@ class TokenSampler:
         The method's resolved knobs (:func:`~pyro_autospec.engine.methods.resolve_knobs`):
         ``window`` (``"speculative"``: tokens drafted per window), ``window_scale``
         (``"agr24"``: scale of the window), ``max_rows_per_round`` and
-        ``max_concurrent_draws`` (as in :class:`~pyro_autospec.engine.recursion.Recursion`),
+        ``max_concurrent_draws`` (a cap on the rows of one round, and on the draws in flight),
         and for ``"autospec"`` the schedule that chooses each draw's windows
         (:func:`~pyro_autospec.engine.methods.block_policy`).
     progress : bool
@@ -171,7 +182,7 @@ class TokenSampler:
         else:
             self.width = min(int(agr24_window(np.array([n]), q, self.window_scale)[0]), n)
         # host state of the lanes (draws in flight), in the narrowest integer types
-        dtype = torch.empty(0, dtype=value_dtype(q)).numpy().dtype
+        dtype = value_dtype(q)
         self.frames = np.zeros((lanes, n), dtype=dtype)  # partial samples
         self.host = HostRows(rows, lanes)  # the oracle's rows, asked from the host
         self.order = self.host.orders  # [lanes, n]: the coordinate visited j-th by each lane

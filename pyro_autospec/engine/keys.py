@@ -47,6 +47,9 @@ __all__ = [
     "host_log_uniform",
     "host_normal",
     "host_uniform",
+    "int_bits",
+    "int_child",
+    "int_uniform",
     "log",
     "normal",
     "seed_key",
@@ -273,9 +276,45 @@ def host_bits(key: np.ndarray, counter: np.ndarray | int) -> np.ndarray:
     """:func:`bits` on NumPy int64 arrays (broadcast): the same bits."""
     key = np.asarray(key, dtype=np.int64)
     counter = np.asarray(counter, dtype=np.int64)
-    with np.errstate(over="ignore"):
-        u = key.astype(np.uint64) + (counter.astype(np.uint64) + _U1) * _UGAMMA
-    return _fmix_numpy(np.ascontiguousarray(u)).view(np.int64).reshape(u.shape)
+    # on arrays of at least one dimension, uint64 arithmetic wraps without a warning (NumPy
+    # warns on overflowing scalars only), so no error-state context is needed
+    u = (
+        np.atleast_1d(key).astype(np.uint64)
+        + (np.atleast_1d(counter).astype(np.uint64) + _U1) * _UGAMMA
+    )
+    shape = u.shape if key.ndim or counter.ndim else ()
+    return _fmix_numpy(np.ascontiguousarray(u)).view(np.int64).reshape(shape)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def int_bits(key: int, counter: int) -> int:
+    """:func:`bits` of one ``(key, counter)`` pair in Python integers: the same bits (as a
+    signed int64 value), without an array. The reference engine derives its keys with it.
+
+    Examples
+    --------
+    >>> key = seed_key(7)
+    >>> int_bits(key, 3) == int(host_bits(np.int64(key), 3))
+    True
+    """
+    u = (key + (counter + 1) * _GAMMA) & _MASK64
+    u = ((u ^ (u >> 30)) * _M1) & _MASK64
+    u = ((u ^ (u >> 27)) * _M2) & _MASK64
+    return _signed(u ^ (u >> 31))
+
+
+def int_child(key: int, tag: int, index: int) -> int:
+    """:func:`child` of one key in Python integers."""
+    return int_bits(key ^ _signed(tag), index)
+
+
+def int_uniform(key: int, tag: int, counter: int) -> float:
+    """:func:`uniform` of one ``(key, counter)`` pair: the same float64 (the conversion
+    ``((bits >> 11) + 0.5) / 2^53`` is exact in any float64 arithmetic)."""
+    b = int_bits(key ^ _signed(tag), counter) & _MASK64
+    return ((b >> 11) + 0.5) * (1.0 / (1 << 53))
 
 
 def host_child(key: np.ndarray, tag: int, index: np.ndarray | int) -> np.ndarray:

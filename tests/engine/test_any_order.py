@@ -167,7 +167,7 @@ def test_unspeculated_blocks_are_cut_into_leaves_near_max_block(n):
     ceil(n / max_block): as many leaves as needed, not up to twice that (halving would give
     leaves of 16 at n = 512 where max_block = 23)."""
     from pyro_autospec.engine import default_schedule
-    from pyro_autospec.engine.recursion import leaf_starts
+    from pyro_autospec.engine.schedule import leaf_starts
 
     max_block = 2 if n == 5 else default_schedule(n)["max_block"]
     bounds = leaf_starts(n, max_block)

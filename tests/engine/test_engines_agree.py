@@ -4,7 +4,9 @@ Both engines read the same keyed random numbers (:mod:`pyro_autospec.engine.keys
 same seed they must return the same samples and log probabilities on every oracle family,
 method and schedule; without a rows-per-round cap they also take the same rounds and rows.
 Schedule knobs that only move work between rounds (``rho``, the cap, continuous batching,
-memory chunks) must not change a single draw.
+memory chunks) must not change a single draw. The block rule (residual races) has one engine,
+the reference; its draws are pinned by ``tests/test_draws_unchanged.py``, recorded when a fast
+twin still agreed with it draw for draw.
 """
 
 from __future__ import annotations
@@ -64,13 +66,6 @@ SCHEDULES = {
     "cap": {"max_rows_per_round": 7},
     "batching": {"max_concurrent_draws": 3},
     "chunks": {"max_elements": 500},
-    # the block rule (autospeculation's residual races), adaptive and fixed tilings
-    "blocks": {"token_below": 0},
-    "blocks_deep": {"token_below": 0, "race_depth": None, "max_block": 16, "rho": 1e-9},
-    "blocks_chain_tries": {"token_below": 0, "race_depth": 0, "max_block": 12},
-    "blocks_fixed": {"blocks": "fixed", "token_below": 0, "race_depth": None},
-    "blocks_adaptive_races": {"token_below": 0, "race_depth": None, "rho": "adaptive"},
-    "hybrid_cap": {"token_below": 6, "max_block": 12, "first_block": 3, "max_rows_per_round": 9},
 }
 
 
@@ -142,6 +137,20 @@ def test_any_subset_of_draws_reproduces_those_draws():
     assert torch.equal(part.samples, whole.samples[[17, 3, 11]])
 
 
+@pytest.mark.parametrize("knobs", [{"token_below": 0}, {"token_below": 6, "max_block": 12}])
+def test_the_block_rule_runs_on_the_reference_engine_and_says_so(knobs):
+    oracle = ORACLES["markov"]
+    fast = sample_any_order(oracle, 6, seed=3, **knobs)
+    slow = sample_any_order(oracle, 6, seed=3, engine="reference", **knobs)
+    assert fast.engine == slow.engine == "reference"
+    _same(fast, slow, counts=True)
+    assert sample_any_order(oracle, 6, seed=3).engine == "fast"
+    times = torch.linspace(0.0, 1.0, 9)
+    block = sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=1, rule="block")
+    assert block.engine == "reference"
+    assert sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=1).engine == "fast"
+
+
 def test_max_block_one_is_the_sequential_sampler():
     """One-coordinate leaves read the keys of the sequential sampler: the same draws."""
     oracle = ORACLES["markov"]
@@ -158,9 +167,6 @@ def test_diffusion_engines_agree(method):
         cases += [
             {"max_block": 8, "max_rows_per_round": 30},
             {"min_block": 1, "max_block": 5, "return_paths": True},
-            {"rule": "block"},
-            {"rule": "block", "rho": "adaptive"},
-            {"rule": "block", "max_block": 8, "max_rows_per_round": 30},
         ]
     for knobs in cases:
         fast = sample_diffusion(oracle, 9, num_steps=48, seed=6, method=method, **knobs)

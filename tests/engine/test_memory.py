@@ -98,7 +98,7 @@ def test_draws_do_not_depend_on_the_draws_in_flight(method, concurrency, monkeyp
     part = sample_any_order(oracle, 17, method=method, seed=5, max_concurrent_draws=concurrency)
     _same(part, whole)
     (rows,) = recorder.instances
-    # the lanes that hold the draws in flight: the host control plane's, or the tensor engine's
+    # the lanes that hold the draws in flight: the host control plane's, or the lockstep loop's
     holder = recorder.hosts[0] if recorder.hosts else rows
     # only `concurrency` draws ever held an order, and every lane is free at the end
     assert tuple(holder.orders.shape) == (concurrency, oracle.num_coords)
@@ -130,7 +130,7 @@ def test_lanes_stay_bounded_over_many_draws(monkeypatch):
     result = sample_any_order(oracle, 200, seed=0, max_concurrent_draws=8)
     (holder,) = recorder.hosts  # the default schedule runs on the host control plane
     assert holder.orders.shape[0] == 8 and holder.ranks.shape[0] == 8
-    assert recorder.instances[0].orders is None  # the tensor engine's lanes: never allocated
+    assert recorder.instances[0].orders is None  # the lockstep loop's lanes: not allocated
     assert recorder.most_in_flight == 8
     assert result.samples.shape == (200, 32)
     assert torch.equal(result.samples, sample_any_order(oracle, 200, seed=0).samples)

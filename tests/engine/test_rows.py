@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pyro_autospec.engine.rows as rows_module
-from pyro_autospec.engine.rows import OracleRows
+from pyro_autospec.engine.rows import OracleRows, ragged
 from tests.catalogue.oracles import random_forest
 from tests.oracles._oracle_reference import Wrapper
 
@@ -85,3 +85,12 @@ def test_width_groups_partition_requests_and_minimise_padding():
     assert len(groups) == 2
     assert sorted(torch.cat(groups).tolist()) == list(range(width.numel()))
     assert {int(width[g].max()) for g in groups} == {1, 900}
+
+
+def test_ragged_layout():
+    segment, position, start = ragged(torch.tensor([3, 0, 1, 2]))
+    assert segment.tolist() == [0, 0, 0, 2, 3, 3]
+    assert position.tolist() == [0, 1, 2, 0, 0, 1]
+    assert start.tolist() == [0, 3, 3, 4]
+    segment, position, start = ragged(torch.zeros(0, dtype=torch.long))
+    assert segment.numel() == position.numel() == start.numel() == 0

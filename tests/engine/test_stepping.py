@@ -18,7 +18,7 @@ DISCRETE = {
     "host plane (default autospec)": ("autospec", "fast", {}),
     "host plane, continuous batching": ("speculative", "fast", {"max_concurrent_draws": 2}),
     "lockstep chain rule": ("sequential", "fast", {}),
-    "recursion (block rule)": ("autospec", "fast", {"token_below": 0}),
+    "block rule (always on the reference engine)": ("autospec", "fast", {"token_below": 0}),
     "reference engine": ("autospec", "reference", {}),
 }
 

@@ -2,7 +2,7 @@
 
 Frames are NumPy assignments ``int64[n]`` (copied whenever they change); rows are float64
 NumPy arrays. Every random number comes from the same keys as in the fast engine
-(:mod:`pyro_autospec.engine.discrete`, :mod:`pyro_autospec.engine.host_plane`), read one
+(:mod:`pyro_autospec.engine.host_plane`), read one
 block or token at a time, so both engines give the same draws.
 """
 
@@ -42,11 +42,17 @@ class QueryAnswer:
 
 
 def _gumbel(key: int, tag: int, counter) -> np.ndarray:
-    return keys.gumbel(torch.tensor(key), tag, torch.as_tensor(counter)).numpy()
+    """Keyed Gumbel noise (:func:`~pyro_autospec.engine.keys.host_gumbel`) at ``counter``."""
+    counter = np.asarray(counter)
+    if counter.size > 16:
+        return keys.host_gumbel(np.int64(key), tag, counter)
+    # a few entries: the same uniforms from Python integers, then the same NumPy logs
+    u = [keys.int_uniform(key, tag, c) for c in counter.ravel().tolist()]
+    return -np.log(-np.log(np.array(u, dtype=np.float64).reshape(counter.shape)))
 
 
 def _key(key: int, tag: int, index: int) -> int:
-    return int(keys.child(torch.tensor(key), tag, index))
+    return keys.int_child(key, tag, index)
 
 
 def _prefetched(answer: QueryAnswer, s: int, b: int) -> np.ndarray:
@@ -58,15 +64,16 @@ def _prefetched(answer: QueryAnswer, s: int, b: int) -> np.ndarray:
         "(target {target})"
     )
     OracleRows.raise_bad(pre, pre.bad, what)
-    return pre.log_probs[0].numpy()
+    return pre.log_probs[0]
 
 
 def _check(answer: Answer, index: int, what: str) -> np.ndarray:
     """Row ``index`` of ``answer`` (float64 [q]), raising if it is bad."""
-    error = torch.zeros_like(answer.bad[:1])  # only row ``index`` (the message reads its mass)
-    error[:, index] = answer.bad[:1, index]
-    OracleRows.raise_bad(answer.part(slice(0, 1)), error, what)
-    return answer.log_probs[0, index].numpy()
+    if answer.bad[0, index]:
+        error = np.zeros_like(answer.bad[:1])  # only row ``index`` (the message reads its mass)
+        error[:, index] = True
+        OracleRows.raise_bad(answer.part(slice(0, 1)), error, what)
+    return answer.log_probs[0, index]
 
 
 class ReferenceDiscrete:
@@ -103,16 +110,16 @@ class ReferenceDiscrete:
             rows = (frame, draw, cut, cut, width)
         if chain_spec:
             chains = tuple(columns(chain_spec, 4))
-        row_answer, chain_answer = self.rows.ask(values, rows, chains)
+        row_answer, chain_answer = map(_host, self.rows.ask(values, rows, chains))
         answers, r, c = [], 0, 0
         for p in payloads:
             mine = []
             for _ in p.rows:
-                mine.append(_cpu(row_answer.part(slice(r, r + 1))))
+                mine.append(row_answer.part(slice(r, r + 1)))
                 r += 1
             chain = None
             if p.chain:
-                chain = _cpu(chain_answer.part(slice(c, c + 1)))
+                chain = chain_answer.part(slice(c, c + 1))
                 c += 1
             answers.append(QueryAnswer(mine, chain))
         return answers
@@ -128,8 +135,7 @@ class ReferenceDiscrete:
         (row,) = answer.rows
         what = f"draft row of draw {s} conditioned on its first {a} coordinates (target {{target}})"
         OracleRows.raise_bad(row, row.bad, what)
-        width = int(row.log_probs.shape[1])
-        return row.log_probs[0, :width].numpy()
+        return row.log_probs[0]
 
     def leaf(self, s: int, key: int, frame, a: int, row: np.ndarray):
         x = int(np.argmax(row[0] + _gumbel(key, keys.Tag.DRAFT, np.arange(self.q))))
@@ -182,7 +188,7 @@ class ReferenceDiscrete:
         for j in range(first, b - a):
             what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
             target = _check(answer.chain, j - first, what)
-            u = keys.uniform(torch.tensor(key), keys.Tag.ACCEPT, j)
+            u = torch.tensor(keys.int_uniform(key, keys.Tag.ACCEPT, j), dtype=torch.float64)
             if bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u)):
                 log_mu += float(target[x[j]])
                 continue
@@ -222,14 +228,14 @@ class ReferenceDiscrete:
         ):
             good += 1
         if good:
-            parts.append(chain.log_probs[0, start : start + good].numpy())
+            parts.append(chain.log_probs[0, start : start + good])
         if good == count and drafted_lp[count] > STALE_LOG_FLOOR and prefetched > 0:
             pre = answer.rows[0]
             usable = 0
             while usable < prefetched and not bool(pre.bad[0, usable]):
                 usable += 1
             if usable:
-                parts.append(pre.log_probs[0, :usable].numpy())
+                parts.append(pre.log_probs[0, :usable])
         return np.concatenate(parts) if parts else None
 
     def try_log_nu(self, s: int, y, a: int, b: int, row: np.ndarray) -> float:
@@ -241,8 +247,11 @@ class ReferenceDiscrete:
         return self.rho
 
 
-def _cpu(answer: Answer) -> Answer:
-    return Answer(answer.log_probs.cpu(), answer.bad.cpu(), answer.log_mass.cpu())
+def _host(answer: Answer | None) -> Answer | None:
+    """The answer as NumPy arrays (read entry by entry on the host)."""
+    if answer is None:
+        return None
+    return Answer(*(t.cpu().numpy() for t in (answer.log_probs, answer.bad, answer.log_mass)))
 
 
 # ------------------------------------------------------------------------- token methods
@@ -271,7 +280,7 @@ def token_draw(
         if row is None:
             answer = yield Call(Query(s, values, rows=[(t, k)]), rows=1, sample=s)
             OracleRows.raise_bad(answer.rows[0], answer.rows[0].bad, what)
-            row = answer.rows[0].log_probs[0].numpy()
+            row = answer.rows[0].log_probs[0]
         window_key = _key(draw_key, keys.Tag.LEAF, t)
         if method in ("gumbel_sequential", "agr24"):
             x = np.array([int(np.argmax(row[j] + fixed_noise(t + j))) for j in range(k)])
@@ -298,7 +307,8 @@ def token_draw(
             what_j = f"verification row of draw {s} conditioned on its first {t + j} coordinates"
             target = _check(answer.chain, j - 1, what_j)
             if method == "speculative":
-                u = keys.uniform(torch.tensor(window_key), keys.Tag.ACCEPT, j)
+                u = keys.int_uniform(window_key, keys.Tag.ACCEPT, j)
+                u = torch.tensor(u, dtype=torch.float64)
                 ok = bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u))
             else:
                 recomputed = int(np.argmax(target + fixed_noise(t + j)))
@@ -314,7 +324,7 @@ def token_draw(
             if nxt > 0:
                 pre = answer.rows[0]
                 OracleRows.raise_bad(pre, pre.bad, what.replace(f" {t - k} ", f" {t} "))
-                row = pre.log_probs[0].numpy()
+                row = pre.log_probs[0]
             continue
         if method == "speculative":  # resample from the residual (mu - nu)_+, in float64
             residual = np.clip(np.exp(target) - np.exp(row[stop]), 0.0, None)

@@ -121,7 +121,7 @@ def sequential_draw(problem: ReferenceEuler, s: int, draw_key: int) -> Generator
     path, log_mu = problem.initial_frame(s), 0.0
     for k in range(chain.num_steps):
         (f,) = yield Call((chain.times[k : k + 1], path[k : k + 1]), 1, s)
-        key = int(keys.child(torch.tensor(draw_key), keys.Tag.LEAF, k))
+        key = keys.int_child(draw_key, keys.Tag.LEAF, k)
         inc = problem._noise(key, k, k + 1, f)
         log_mu += problem._log_density(inc, f, k, k + 1)
         path[k + 1] = path[k] + inc[0]

@@ -35,11 +35,11 @@ __all__ = ["DrawContext", "Span", "node", "draw"]
 
 
 def _uniform(key: int, tag: int, counter: int = 0) -> torch.Tensor:
-    return keys.uniform(torch.tensor(key, dtype=torch.long), tag, counter)
+    return torch.tensor(keys.int_uniform(key, tag, counter), dtype=torch.float64)
 
 
 def _child(key: int, tag: int, index: int) -> int:
-    return int(keys.child(torch.tensor(key, dtype=torch.long), tag, index))
+    return keys.int_child(key, tag, index)
 
 
 @dataclass(frozen=True)

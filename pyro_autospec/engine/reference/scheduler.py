@@ -14,9 +14,7 @@ Samplers are written as plain Python generators that ``yield`` commands:
   against rows and never changes the output law.
 
 The scheduler knows nothing about what the rows mean: the reference recursion runs on it for
-both settings. It is the slow, obviously correct twin of
-:class:`~pyro_autospec.engine.recursion.Recursion`; both launch their batches with
-:func:`~pyro_autospec.engine.recursion.next_batch`.
+both settings (discrete coordinates and diffusion steps).
 """
 
 from __future__ import annotations
@@ -27,10 +25,9 @@ from typing import Any
 
 import torch
 
-from pyro_autospec.engine.recursion import next_batch
 from pyro_autospec.engine.stepping import run_rounds
 
-__all__ = ["Call", "FirstAccepted", "Scheduler", "RunStats"]
+__all__ = ["Call", "FirstAccepted", "Scheduler", "RunStats", "next_batch"]
 
 
 @dataclass
@@ -312,3 +309,41 @@ class Scheduler:
                 self._cancel(child)
             race.live.clear()
         task.gen.close()
+
+
+def next_batch(
+    next_index: torch.Tensor, batch: torch.Tensor, rho: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Thread indices of the next batch of a race: ``[next_index, stop)`` and the new batch.
+
+    Batch ``r`` holds the indices ``ceil((1+rho)^r) <= i < ceil((1+rho)^(r+1))``; empty batches
+    are skipped.
+
+    Parameters
+    ----------
+    next_index, batch : LongTensor[R]
+        Smallest index not launched yet, and the number of batches considered so far.
+    rho : DoubleTensor[R]
+        Batch growth of each race.
+
+    Returns
+    -------
+    stop, batch : LongTensor[R]
+
+    Examples
+    --------
+    >>> rho = torch.tensor([3.0], dtype=torch.float64)
+    >>> stop, batch = next_batch(torch.tensor([1]), torch.tensor([0]), rho)
+    >>> int(stop), int(batch)  # tries 1, 2, 3 first: ceil(4^0) <= i < ceil(4^1)
+    (4, 1)
+    """
+    growth = torch.log1p(rho)
+    r = torch.maximum(batch, torch.floor(torch.log(next_index.double()) / growth).long())
+    stop = torch.ceil(torch.exp(growth * (r + 1).double())).long()
+    while True:  # rounding of the closed form (at most a step or two)
+        low = stop <= next_index
+        if not bool(low.any()):
+            break
+        r = torch.where(low, r + 1, r)
+        stop = torch.where(low, torch.ceil(torch.exp(growth * (r + 1).double())).long(), stop)
+    return stop, r + 1
