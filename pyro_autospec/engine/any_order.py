@@ -311,10 +311,9 @@ def run_any_order(
     orders = VisitOrders(order, draw_keys, n)
     if method == "autospec" and not token_only(block_policy(knobs)):
         engine = "reference"  # the block rule's residual races run on the generator recursion
-    # the fast engine holds the orders of the draws in flight only; the reference engine
-    # all of them
+    # both engines hold the orders of the draws in flight only
     concurrency = knobs.get("max_concurrent_draws")
-    lanes = None if engine == "reference" else min(int(concurrency or num_samples), num_samples)
+    lanes = min(int(concurrency or num_samples), num_samples)
     budget = knobs.get("max_elements") or default_max_elements(device)
     rows = OracleRows(oracle, orders, device, budget, draw_ids, lanes=lanes)
     if engine == "reference":

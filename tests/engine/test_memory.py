@@ -109,6 +109,24 @@ def test_draws_do_not_depend_on_the_draws_in_flight(method, concurrency, monkeyp
         assert bool((rows.lane_of < 0).all())
 
 
+@pytest.mark.parametrize(
+    "engine, knobs",
+    [("fast", {"token_below": 0}), ("reference", {"token_below": 0}), ("reference", {})],
+)
+def test_the_reference_engine_holds_the_orders_of_the_draws_in_flight(engine, knobs, monkeypatch):
+    """The reference engine (the block rule's one engine, whatever ``engine`` says) holds an
+    order only while its draw runs, like the host control plane."""
+    oracle = _chain()
+    whole = sample_any_order(oracle, 11, seed=2, engine=engine, **knobs)
+    recorder = Recorder(monkeypatch)
+    part = sample_any_order(oracle, 11, seed=2, engine=engine, max_concurrent_draws=3, **knobs)
+    _same(part, whole)
+    (rows,) = recorder.instances
+    assert tuple(rows.orders.shape) == (3, oracle.num_coords)
+    assert recorder.most_in_flight == 3
+    assert bool((rows.draw_in < 0).all()) and bool((rows.lane_of < 0).all())
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_autospec_schedules_agree_with_the_reference_engine_under_batching(schedule):
     oracle = _hmm()

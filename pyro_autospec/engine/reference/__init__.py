@@ -7,6 +7,8 @@ the fast engine is tested against it draw for draw.
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 import numpy as np
 import torch
 
@@ -47,10 +49,21 @@ def run_discrete(rows, draw_keys: torch.Tensor, method: str, knobs: dict, progre
         roots = [
             token_draw(problem, method, s, int(k), knobs) for s, k in enumerate(draw_keys.tolist())
         ]
+    roots = [_in_flight(problem, s, root) for s, root in enumerate(roots)]
     results, stats = _schedule(problem, roots, method, knobs, progress)
     samples = torch.from_numpy(np.stack([r[0] for r in results]))
     log_prob = torch.tensor([r[1] for r in results], dtype=torch.float64)
     return samples, log_prob, *stats
+
+
+def _in_flight(problem: ReferenceDiscrete, s: int, root: Generator) -> Generator:
+    """Draw ``s``'s generator between :meth:`~ReferenceDiscrete.start` and
+    :meth:`~ReferenceDiscrete.finish`: it holds its order only while it runs (the scheduler
+    starts a root when it first advances it)."""
+    problem.start(s)
+    result = yield from root
+    problem.finish(s)
+    return result
 
 
 def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: dict, progress):

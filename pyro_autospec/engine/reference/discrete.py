@@ -88,9 +88,20 @@ class ReferenceDiscrete:
 
     def __init__(self, rows: OracleRows, rho: float | str):
         self.rows = rows
-        self.orders = rows.orders.cpu().numpy()
+        self.orders: dict[int, np.ndarray] = {}  # the visiting order of each draw in flight
         self.n, self.q = rows.n, rows.q
         self.rho = rho
+
+    def start(self, s: int) -> None:
+        """Draw ``s`` starts: its order is computed (from its key) and held while it runs."""
+        draw = torch.tensor([s], device=self.rows.device)
+        self.rows.start(draw)
+        self.orders[s] = self.rows.orders_of(draw)[0].cpu().numpy()
+
+    def finish(self, s: int) -> None:
+        """Draw ``s`` finished: its order is let go."""
+        self.rows.finish(torch.tensor([s], device=self.rows.device))
+        del self.orders[s]
 
     # ------------------------------------------------------------------------- dispatch
     def dispatch(self, payloads: list[Query]) -> list[QueryAnswer]:
@@ -140,7 +151,7 @@ class ReferenceDiscrete:
     def leaf(self, s: int, key: int, frame, a: int, row: np.ndarray):
         x = int(np.argmax(row[0] + _gumbel(key, keys.Tag.DRAFT, np.arange(self.q))))
         frame = frame.copy()
-        frame[self.orders[s, a]] = x
+        frame[self.orders[s][a]] = x
         return frame, float(row[0, x])
 
     def draft(self, s: int, key: int, frame, a: int, b: int, row: np.ndarray):
@@ -148,7 +159,7 @@ class ReferenceDiscrete:
         counter = np.arange(k)[:, None] * q + np.arange(q)[None, :]
         x = np.argmax(row[:k] + _gumbel(key, keys.Tag.DRAFT, counter), axis=1)
         drafted = frame.copy()
-        drafted[self.orders[s, a:b]] = x
+        drafted[self.orders[s][a:b]] = x
         return drafted, float(row[np.arange(k), x].sum())
 
     def verify_request(self, s: int, drafted, a: int, b: int, nxt: int, first: int = 1) -> Query:
@@ -158,7 +169,7 @@ class ReferenceDiscrete:
         return Query(s, drafted, rows=rows, chain=(a + first, b - a - first))
 
     def verify(self, s, drafted, a, b, nxt, row, log_nu, answer: QueryAnswer):
-        x = drafted[self.orders[s, a:b]]
+        x = drafted[self.orders[s][a:b]]
         log_mu = float(row[0, x[0]])
         for j in range(1, b - a):
             if log_mu == -math.inf:  # later rows condition on an impossible prefix
@@ -180,7 +191,7 @@ class ReferenceDiscrete:
         what follows it (:meth:`stale_rows`, or ``None``).
         """
         a, b, nxt = span
-        x = drafted[self.orders[s, a:b]]
+        x = drafted[self.orders[s][a:b]]
         first = 0 if stale else 1
         log_mu = 0.0 if stale else float(row[0, x[0]])
         frame = drafted.copy()
@@ -196,7 +207,7 @@ class ReferenceDiscrete:
             with np.errstate(divide="ignore"):
                 log_residual = np.log(residual / residual.sum())
             y = int(np.argmax(log_residual + _gumbel(key, keys.Tag.RESAMPLE, v)))
-            frame[self.orders[s, a + j]] = y
+            frame[self.orders[s][a + j]] = y
             rows = None
             if restart:  # target log probabilities of the drafted tokens j, j + 1, ...
                 later = answer.chain.log_probs[0, j - first + 1 : b - a - first]
@@ -239,7 +250,7 @@ class ReferenceDiscrete:
         return np.concatenate(parts) if parts else None
 
     def try_log_nu(self, s: int, y, a: int, b: int, row: np.ndarray) -> float:
-        return float(row[np.arange(b - a), y[self.orders[s, a:b]]].sum())
+        return float(row[np.arange(b - a), y[self.orders[s][a:b]]].sum())
 
     def race_rho(self, size: int, log_ratio: float) -> float:
         if self.rho == "adaptive":
