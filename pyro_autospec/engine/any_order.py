@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ from pyro_autospec.engine.rows import (
 from pyro_autospec.engine.schedule import token_only
 from pyro_autospec.engine.spread import spread_draws
 
-__all__ = ["sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
+__all__ = ["AnyOrderRun", "sample_any_order", "default_schedule", "run_any_order", "ENGINES"]
 
 ENGINES = ("fast", "reference")
 
@@ -254,55 +255,54 @@ def sample_any_order(
     # per coordinate of each)
     check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
     if distributed:  # hook: spread the draws over the ranks of a process group
-        order_tensor = check_order(order, n)
+        run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
         return spread_draws(
             num_samples,
             seed,
-            lambda draw_ids, root_key, where: run_any_order(
-                oracle,
-                draw_ids,
-                root_key,
-                method=method,
-                knobs=knobs,
-                order=order_tensor,
-                device=where,
-                engine=engine,
-                progress=progress,
-            ),
+            lambda draw_ids, root_key, where: run_any_order(run, draw_ids, root_key, where),
             device=device,
-            signature=(n, q, method, engine, knobs, order_tensor),
+            signature=(n, q, method, engine, knobs, run.order),
             oracle=oracle,
         )
-    return run_any_order(
-        oracle,
-        torch.arange(num_samples),
-        keys.seed_key(seed),
-        method=method,
-        knobs=knobs,
-        order=check_order(order, n),
-        device=device,
-        engine=engine,
-        progress=progress,
-    )
+    run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
+    return run_any_order(run, torch.arange(num_samples), keys.seed_key(seed), device)
+
+
+@dataclass(frozen=True)
+class AnyOrderRun:
+    """A checked run of :func:`sample_any_order`, whatever share of its draws is run.
+
+    Attributes
+    ----------
+    oracle : MarginalOracle
+    method : str
+    knobs : dict
+        The method's resolved knobs (:func:`~pyro_autospec.engine.methods.resolve_knobs`).
+    order : LongTensor[n] or None
+        A fixed visiting order, or ``None`` for a random order per draw.
+    engine : {"fast", "reference"}
+    progress : bool
+    """
+
+    oracle: Any
+    method: str
+    knobs: dict
+    order: torch.Tensor | None = None
+    engine: str = "fast"
+    progress: bool = False
 
 
 def run_any_order(
-    oracle,
-    draw_ids: torch.Tensor,
-    root_key: int,
-    *,
-    method: str,
-    knobs: dict,
-    order: torch.Tensor | None,
-    device: torch.device,
-    engine: str,
-    progress: bool,
+    run: AnyOrderRun, draw_ids: torch.Tensor, root_key: int, device: torch.device
 ) -> SampleResult:
-    """Run the draws ``draw_ids`` (global numbers) of a run with root key ``root_key``.
+    """Run the draws ``draw_ids`` (global numbers) of ``run`` with root key ``root_key`` on
+    ``device``.
 
-    The arguments are validated by :func:`sample_any_order`. Any subset of a run's draws gives
-    the same draws as the whole run, which is what spreads a run over processes.
+    ``run`` is checked by :func:`sample_any_order`. Any subset of a run's draws gives the same
+    draws as the whole run, which is what spreads a run over processes.
     """
+    oracle, method, knobs, engine = run.oracle, run.method, run.knobs, run.engine
+    order, progress = run.order, run.progress
     start = time.perf_counter()
     n = int(oracle.num_coords)
     num_samples = int(draw_ids.numel())

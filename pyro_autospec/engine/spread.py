@@ -151,16 +151,15 @@ def spread_draws(
     Examples
     --------
     >>> import torch, torch.distributed as dist
-    >>> from pyro_autospec.engine.any_order import run_any_order
+    >>> from pyro_autospec.engine.any_order import AnyOrderRun, run_any_order
     >>> from pyro_autospec.oracles import MarkovChainOracle
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     >>> stay = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
     >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), stay, 16)
+    >>> knobs = {"max_elements": 2**20, "max_rows_per_round": None, "max_concurrent_draws": None}
+    >>> run = AnyOrderRun(chain, "sequential", knobs)
     >>> def run_share(draw_ids, root_key, device):
-    ...     return run_any_order(chain, draw_ids, root_key, method="sequential",
-    ...         knobs={"max_elements": 2**20, "max_rows_per_round": None,
-    ...                "max_concurrent_draws": None},
-    ...         order=None, device=device, engine="fast", progress=False)
+    ...     return run_any_order(run, draw_ids, root_key, device)
     >>> result = spread_draws(4, 0, run_share, device="cpu")
     >>> result.samples.shape, result.per_rank["num_draws"]
     (torch.Size([4, 16]), [4])

@@ -117,23 +117,14 @@ def test_schedule_knobs_do_not_change_draws(name, rule):
 
 def test_any_subset_of_draws_reproduces_those_draws():
     from pyro_autospec.engine import keys
-    from pyro_autospec.engine.any_order import run_any_order
+    from pyro_autospec.engine.any_order import AnyOrderRun, run_any_order
     from pyro_autospec.engine.methods import DISCRETE, default_schedule, resolve_knobs
 
     oracle = ORACLES["hmm"]
     whole = sample_any_order(oracle, 20, seed=4)
     knobs = resolve_knobs("autospec", DISCRETE, default_schedule(oracle.num_coords), {})
-    part = run_any_order(
-        oracle,
-        torch.tensor([17, 3, 11]),
-        keys.seed_key(4),
-        method="autospec",
-        knobs=knobs,
-        order=None,
-        device=torch.device("cpu"),
-        engine="fast",
-        progress=False,
-    )
+    run = AnyOrderRun(oracle, "autospec", knobs)
+    part = run_any_order(run, torch.tensor([17, 3, 11]), keys.seed_key(4), torch.device("cpu"))
     assert torch.equal(part.samples, whole.samples[[17, 3, 11]])
 
 
