@@ -85,7 +85,8 @@ def check_log_ratio(log_ratio, log_mu, name: str) -> None:
     """Raise :class:`OracleError` unless a verification stayed finite (tensors or arrays): a
     finite drift too large for float64's squares (``|b|^2 h`` beyond ``1e308``) makes it NaN,
     and a block rejected for a NaN would race residual tries for ever."""
-    ratio, mu = torch.as_tensor(log_ratio), torch.as_tensor(log_mu)
+    ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
+    mu = torch.as_tensor(log_mu, dtype=torch.float64)
     if not bool(torch.isfinite(ratio).all() & torch.isfinite(mu).all()):  # one host read
         raise OracleError(
             f"the values of the {name} are too large for the chain's float64 arithmetic (a "

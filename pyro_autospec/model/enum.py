@@ -254,7 +254,7 @@ def check_evidence(log_normalizer: torch.Tensor | float) -> None:
     AutoSpecModelError
         Where it is ``-inf`` (or NaN): there is no posterior to sample.
     """
-    log_normalizer = torch.as_tensor(log_normalizer)
+    log_normalizer = torch.as_tensor(log_normalizer, dtype=torch.float64)
     if bool((log_normalizer == -float("inf")).any()):  # NaN is left to the row checks
         raise AutoSpecModelError(
             "The data have probability zero under every assignment of the discrete latent "

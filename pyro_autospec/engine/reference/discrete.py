@@ -200,7 +200,8 @@ class ReferenceDiscrete:
             what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
             target = _check(answer.chain, j - first, what)
             u = torch.tensor(keys.int_uniform(key, keys.Tag.ACCEPT, j), dtype=torch.float64)
-            if bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u)):
+            ratio = torch.tensor(target[x[j]] - row[j, x[j]], dtype=torch.float64)
+            if bool(accept_draft(ratio, u)):
                 log_mu += float(target[x[j]])
                 continue
             residual = np.clip(np.exp(target) - np.exp(row[j]), 0.0, None)
@@ -320,7 +321,8 @@ def token_draw(
             if method == "speculative":
                 u = keys.int_uniform(window_key, keys.Tag.ACCEPT, j)
                 u = torch.tensor(u, dtype=torch.float64)
-                ok = bool(accept_draft(torch.tensor(target[x[j]] - row[j, x[j]]), u))
+                ratio = torch.tensor(target[x[j]] - row[j, x[j]], dtype=torch.float64)
+                ok = bool(accept_draft(ratio, u))
             else:
                 recomputed = int(np.argmax(target + fixed_noise(t + j)))
                 ok = recomputed == x[j]

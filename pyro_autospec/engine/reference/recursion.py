@@ -38,6 +38,12 @@ def _uniform(key: int, tag: int, counter: int = 0) -> torch.Tensor:
     return torch.tensor(keys.int_uniform(key, tag, counter), dtype=torch.float64)
 
 
+def _float64(value: float) -> torch.Tensor:
+    """A log ratio as a float64 tensor (``torch.tensor`` of a Python float would round it to
+    the default dtype, float32)."""
+    return torch.tensor(value, dtype=torch.float64)
+
+
 def _child(key: int, tag: int, index: int) -> int:
     return keys.int_child(key, tag, index)
 
@@ -102,7 +108,7 @@ def node(
         )
         return frame, log_mu, after, (kept, whole)
     log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
-    if bool(accept_draft(torch.tensor(log_ratio), _uniform(key, keys.Tag.ACCEPT))):
+    if bool(accept_draft(_float64(log_ratio), _uniform(key, keys.Tag.ACCEPT))):
         return drafted, log_mu, next_row, False
     parts = 2
     if policy is not None:
@@ -126,7 +132,7 @@ def node(
             raise AssertionError("an exact try returned a value of probability zero")
         log_nu_y = problem.try_log_nu(s, y, a, b, row)
         u = _uniform(try_key, keys.Tag.ACCEPT)
-        accepted = bool(accept_residual(torch.tensor(log_mu_y - log_nu_y), u))
+        accepted = bool(accept_residual(_float64(log_mu_y - log_nu_y), u))
         return accepted, (y, log_mu_y, part_row)
 
     won = yield FirstAccepted(attempt, problem.race_rho(b - a, log_ratio))
