@@ -2,7 +2,9 @@
 
 Slow and obviously correct. It shares with the fast engine only the keyed randomness, the
 acceptance rules and the checked oracle access, so both give the same draws for the same seed:
-the fast engine is tested against it draw for draw.
+the fast engine is tested against it draw for draw. It is also the one engine of the block
+rule (windows accepted whole, residual races), which the samplers send here whatever their
+``engine``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The reference recursion: autospeculation written as plain generators, one per draw and try.
 
-This is the slow, obviously correct twin of :class:`~pyro_autospec.engine.recursion.Recursion`.
-A node samples the block ``(a, b]`` of draw ``s`` given its prefix (the *frame*) and returns
-``(frame, log mu_S, next_row)``:
+It is the specification of the recursion, and the one engine of the block rule (residual
+races), whatever ``engine`` a sampler is given. A node samples the block ``(a, b]`` of draw
+``s`` given its prefix (the *frame*) and returns ``(frame, log mu_S, next_row)``:
 
 * without a draft row, it asks for one (one round);
 * a one-position block is drawn from its row;
@@ -12,8 +12,9 @@ A node samples the block ``(a, b]`` of draw ``s`` given its prefix (the *frame*)
   :class:`~pyro_autospec.engine.reference.scheduler.FirstAccepted`, each accepted with
   ``max(0, 1 - nu_S(y) / mu_S(y))``; the smallest accepted index wins.
 
-A draw samples its top-level leaves one after the other. Keys are derived exactly as in the
-fast engine (draw, leaf, try, half), so the two engines give the same draws. What a frame is and
+A draw samples its top-level leaves one after the other. Keys are derived from (draw, leaf,
+try, half), as the host control plane derives its own (draw, window), so a window of the token
+rule reads the same numbers in both engines. What a frame is and
 how a block is drafted and verified is the business of a *reference problem*
 (:mod:`~pyro_autospec.engine.reference.discrete`, :mod:`~pyro_autospec.engine.reference.euler`).
 """
