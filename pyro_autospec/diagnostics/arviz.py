@@ -69,6 +69,12 @@ def to_inference_data(
     -------
     arviz.InferenceData (ArviZ 0.x) or xarray.DataTree (ArviZ 1.x)
 
+    Raises
+    ------
+    ValueError
+        For a variable named ``chain`` or ``draw``: those are ArviZ's dimensions, and ArviZ
+        would drop the variable without a word.
+
     Examples
     --------
     >>> import numpy as np
@@ -84,6 +90,14 @@ def to_inference_data(
     """
     import arviz as az
 
+    for group in (posterior, sample_stats, log_likelihood, observed_data):
+        clash = sorted(set(group or ()) & {"chain", "draw"})
+        if clash:
+            raise ValueError(
+                f"A site named {clash[0]!r} cannot go into ArviZ data: 'chain' and 'draw' are "
+                "the names of ArviZ's own dimensions, and ArviZ would drop the site without a "
+                "word. Rename the site in the model (get_samples() still has it)."
+            )
     groups = {
         "posterior": _as_numpy(posterior),
         "sample_stats": _as_numpy(sample_stats),

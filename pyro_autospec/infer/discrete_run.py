@@ -35,7 +35,7 @@ from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
-from pyro_autospec.model.enum import EnumOracle, check_evidence
+from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
 
 __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
@@ -131,10 +131,14 @@ class DiscreteRun(RunBase):
         self._args, self._kwargs, self._oracle = args, kwargs, oracle
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
+
+        def explain_nan() -> list[str]:
+            return nan_sites(self.model, args, kwargs, layout.max_plate_nesting)
+
         if plan is not None:
-            check_evidence(plan.log_normalizer)
+            check_evidence(plan.log_normalizer, explain_nan)
         elif isinstance(oracle, EnumOracle):
-            check_evidence(oracle.log_normalizer())
+            check_evidence(oracle.log_normalizer(), explain_nan)
         device = self.device or getattr(oracle, "device", None)
         self.oracle_device = device
         self.observed = dict(layout.observed)

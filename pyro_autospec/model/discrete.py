@@ -386,9 +386,16 @@ def _check_discrete_site(name: str, site: dict) -> None:
 
 
 def _check_finite_data(name: str, site: dict) -> None:
-    """Refuse NaN or infinite observed values that the model does not mask out."""
+    """Refuse observed values that are not tensors, and NaN or infinite ones that the model
+    does not mask out."""
     value = site["value"]
-    if not torch.is_tensor(value) or not value.is_floating_point():
+    if not torch.is_tensor(value):
+        raise AutoSpecModelError(
+            f"Site '{name}' observes a {type(value).__name__} ({value!r:.40}), not a tensor. "
+            "Pyro's distributions score tensors only: pass a tensor as obs= (for example "
+            "torch.as_tensor(y) in the model, or a tensor as the model's argument)."
+        )
+    if not value.is_floating_point():
         return
     bad = ~torch.isfinite(value.detach())
     event_dim = len(site["fn"].event_shape)

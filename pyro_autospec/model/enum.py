@@ -241,20 +241,57 @@ def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerati
     )
 
 
-def check_evidence(log_normalizer: torch.Tensor | float) -> None:
-    """Refuse data of probability zero under every assignment of the discrete sites.
+def nan_sites(model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int) -> list[str]:
+    """The sample sites whose log density is NaN for some value of the discrete latent sites
+    (each enumerated at a dim of its own), in trace order; ``[]`` when the model cannot be
+    traced so (the later stages name that fault)."""
+    enumerated = poutine.infer_config(model, parallel_enumeration)
+    try:
+        with poutine.block(), quiet_warnings(), torch.no_grad():
+            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
+            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+            found = []
+            for name, node in trace.nodes.items():
+                if node["type"] == "sample" and not name.startswith("_autospec"):
+                    log_prob = node["fn"].log_prob(node["value"])
+                    if bool(torch.isnan(log_prob).any()):
+                        found.append(name)
+    except Exception:  # noqa: BLE001 - a model that does not trace so is named elsewhere
+        return []
+    return found
+
+
+def check_evidence(
+    log_normalizer: torch.Tensor | float, explain_nan: Callable[[], list[str]] | None = None
+) -> None:
+    """Refuse data of probability zero under every assignment of the discrete sites, and a
+    model whose log density is NaN.
 
     Parameters
     ----------
     log_normalizer : Tensor or float
         ``log sum_x p(x, data)`` (0-dim; or one per draw of a family).
+    explain_nan : callable, optional
+        Returns the sites whose log density is NaN (:func:`nan_sites`), asked only when the
+        normaliser is NaN.
 
     Raises
     ------
     AutoSpecModelError
-        Where it is ``-inf`` (or NaN): there is no posterior to sample.
+        Where it is ``-inf``: there is no posterior to sample; where it is NaN and
+        ``explain_nan`` names a site: the site's log density is not a number.
     """
     log_normalizer = torch.as_tensor(log_normalizer, dtype=torch.float64)
+    if explain_nan is not None and bool(torch.isnan(log_normalizer).any()):
+        names = explain_nan()
+        if names:
+            listed = ", ".join(f"'{name}'" for name in names)
+            raise AutoSpecModelError(
+                f"The log density of site(s) {listed} is NaN for some value of the discrete "
+                "latent sites, so the posterior is not defined. Common causes: logits of "
+                "+inf or -inf (torch's Bernoulli gives NaN there; use probs=, or clamp the "
+                "logits), probabilities outside [0, 1], or NaN parameters."
+            )
     if bool((log_normalizer == -float("inf")).any()):  # NaN is left to the row checks
         raise AutoSpecModelError(
             "The data have probability zero under every assignment of the discrete latent "

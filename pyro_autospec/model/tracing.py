@@ -265,14 +265,16 @@ def scaled_sites(trace) -> dict[str, float]:
 def parallel_enumeration(msg: dict) -> dict:
     """``poutine.infer_config`` rule: enumerate every unobserved enumerable site in parallel.
 
-    Overrides ``infer={"enumerate": "sequential"}`` (which a contraction cannot use) and marks
-    sites without an annotation (``config_enumerate``'s default).
+    Overrides ``infer={"enumerate": "sequential"}`` (which a contraction cannot use) and
+    Monte Carlo enumeration (``infer={"num_samples": k}``, a hint for ELBO estimates: the
+    sampler is exact and enumerates every value), and marks sites without an annotation
+    (``config_enumerate``'s default).
     """
     fn = msg["fn"]
     if msg["is_observed"] or isinstance(fn, _Subsample):
         return {}
     if getattr(fn, "has_enumerate_support", False):
-        return {"enumerate": "parallel"}
+        return {"enumerate": "parallel", "num_samples": None}
     return {}
 
 

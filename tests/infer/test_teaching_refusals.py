@@ -241,6 +241,48 @@ def test_non_finite_data_blames_the_data_and_the_site(bad):
     assert "oracle" not in text and "Binomial" not in text
 
 
+def test_an_observed_python_number_is_refused_as_such():
+    """Found by an outside user: ``obs=0.3`` crashed inside the library with an
+    AttributeError; Pyro's distributions score tensors only."""
+
+    def model(y):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="Site 'y' observes a float .* not a tensor"):
+        run(model, 0.3)
+
+
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_a_nan_log_density_names_the_site(sampler):
+    """Found by an outside user: Bernoulli logits of +-inf give NaN log densities, which the
+    run reported as a fault of an oracle the user never wrote."""
+
+    def model(y):
+        with pyro.plate("p", 3):
+            logits = torch.tensor([-float("inf"), 0.0, float("inf")])
+            z = pyro.sample("z", dist.Bernoulli(logits=logits))
+            pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="site\\(s\\) 'z' is NaN .* logits of \\+inf"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(model, torch.tensor([0.3, 1.2, -0.5]), sampler=sampler)
+
+
+def test_sites_named_like_arviz_dimensions_are_refused_by_to_inference_data():
+    """ArviZ drops a variable named ``chain`` or ``draw`` without a word (outside user)."""
+
+    def model(y):
+        c = pyro.sample("chain", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(c, 1.0), obs=y)
+
+    fit = run(model, torch.tensor(1.0), num_samples=5)
+    assert "chain" in fit.get_samples()
+    with pytest.raises(ValueError, match="named 'chain' cannot go into ArviZ data"):
+        fit.to_inference_data()
+
+
 def test_masked_non_finite_data_are_accepted():
     def masked(y):
         with pyro.plate("data", len(y)):

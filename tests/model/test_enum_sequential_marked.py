@@ -30,3 +30,28 @@ def test_sequential_marking_is_overridden():
     )
     expected = joint.sum(1) / joint.sum()
     torch.testing.assert_close(rows, expected, rtol=1e-6, atol=1e-9)
+
+
+def monte_carlo_model(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3), infer={"enumerate": "parallel", "num_samples": 2})
+    w = pyro.sample("w", dist.Categorical(W_PROBS), infer={"num_samples": 5, "expand": True})
+    pyro.sample("y", dist.Normal(z + w.float(), 1.0), obs=y)
+
+
+def test_monte_carlo_enumeration_hints_are_overridden():
+    """``infer={"num_samples": k}`` asks ELBO estimates for k samples of a site; the sampler
+    enumerates every value instead, so the posterior is the same as without the hint (found
+    by an outside user, whose run was refused with an unrelated message)."""
+    from pyro_autospec import AutoSpec
+
+    y = torch.tensor(1.5)
+    hinted = EnumOracle(monte_carlo_model, (y,), {})
+    plain = EnumOracle(model, (y,), {})
+    values = torch.zeros(1, plain.num_coords, dtype=torch.long)
+    mask = torch.zeros(1, plain.num_coords, dtype=torch.bool)
+    torch.testing.assert_close(
+        hinted.log_marginals(values, mask), plain.log_marginals(values, mask), rtol=0, atol=1e-12
+    )
+    a = AutoSpec(monte_carlo_model, 50, seed=3, disable_progbar=True).run(y).get_samples()
+    b = AutoSpec(model, 50, seed=3, disable_progbar=True).run(y).get_samples()
+    assert torch.equal(a["z"], b["z"]) and torch.equal(a["w"], b["w"])
