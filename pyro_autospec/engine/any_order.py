@@ -363,7 +363,7 @@ def _check_knobs(knobs: dict) -> None:
         not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1
     ):
         raise ValueError(f"max_block must be a positive int; got {block!r}")
-    for name in ("max_rows_per_round", "max_concurrent_draws"):
+    for name in ("max_rows_per_round", "max_concurrent_draws", "max_elements"):
         value = knobs.get(name)
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")

@@ -57,13 +57,16 @@ class _LeftToTheEngine(Exception):
 
 
 class _Probe:
-    """The questions and the oracle's answers, on one device, for target 0 of a family."""
+    """The questions and the oracle's answers, on one device, for the last target of a family
+    (not target 0, so that a method that forgets its ``draws`` answers another question)."""
 
     def __init__(self, oracle, device: torch.device, grad_enabled: bool):
         self.oracle = oracle
         self.device = device
         self.n, self.q = int(oracle.num_coords), int(oracle.num_values)
-        self.family = oracle_num_draws(oracle) is not None
+        num_draws = oracle_num_draws(oracle)
+        self.family = num_draws is not None
+        self.target = max(int(num_draws) - 1, 0) if self.family else 0
         self.call = calling(oracle, grad_enabled)  # as the engine calls it
         self.tolerance = TOLERANCE
         generator = torch.Generator().manual_seed(0)
@@ -72,7 +75,7 @@ class _Probe:
     def _extra(self, rows: int) -> dict:
         if not self.family:
             return {}
-        return {"draws": torch.zeros(rows, dtype=torch.long, device=self.device)}
+        return {"draws": torch.full((rows,), self.target, dtype=torch.long, device=self.device)}
 
     def _normalised(self, out, name: str, shape: tuple, coords=None) -> torch.Tensor:
         """``out`` checked for its ``shape`` (else the engine reports it) and normalised in
@@ -199,13 +202,14 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
     """Raise :class:`~pyro_autospec.engine.errors.OracleError` where the oracle answers one
     question two ways.
 
-    Pins the coordinates of a fixed order one by one at a probable value (the most probable
-    one other than 0 with at least :data:`TOLERANCE` of the mass, else the most probable; one row
-    each, so the prefix has positive probability) and asks the same conditionals again, only
-    through the methods the engine will call: all in one batch with other values (in their
-    supports) at the unpinned coordinates, as targeted rows (``log_marginals_at``, else full
-    rows; and two targets per row, the larger coordinate first), and as chain queries from
-    two cuts, one chain per call and two in one call, with the row after the chain where the
+    Pins the coordinates of a fixed order one by one at a probable value (0 and values other
+    than 0 in turn, each with at least :data:`TOLERANCE` of the mass where it can; one row
+    each, so the prefix has positive probability; for a family, the last target) and asks the
+    same conditionals again, only through the methods the engine will call: all in one batch
+    with other values at every unpinned coordinate, as targeted rows (``log_marginals_at``,
+    else full rows; and two targets per row, the larger coordinate first), and as chain
+    queries from two cuts (0, and 2 where a pinned 0 precedes it), one chain per call and two
+    in one call, with the row after the chain where the
     oracle answers it (``log_marginals_chain_then``). The answers must agree within
     :data:`TOLERANCE` in probability (more for outputs narrower than float32). Rows with NaN or
     that do not sum to one are left to the engine's row checks, which name them.
@@ -250,11 +254,14 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
         pass
 
 
-def _pinned_value(row: torch.Tensor) -> int:
-    """The value a question pins: the most probable one other than 0 that has at least
-    :data:`TOLERANCE` of the mass, else the most probable. Not 0 where it can be, so that a
-    method reading zeros instead of its ``values`` (a buffer never filled) answers another
-    question; with that mass, the pinned prefix keeps a positive probability."""
+def _pinned_value(row: torch.Tensor, k: int) -> int:
+    """The value the ``k``-th question pins, with at least :data:`TOLERANCE` of the mass
+    where it can (so the pinned prefix keeps a positive probability), else the most
+    probable: 0 at odd ``k``, so that a method taking a pinned 0 for unpinned (0 as padding)
+    answers another question; at even ``k`` the most probable value other than 0, so that a
+    method reading zeros instead of its ``values`` (a buffer never filled) does."""
+    if k % 2 and float(row[0].exp()) >= TOLERANCE:
+        return 0
     others = row[1:].exp()
     if others.numel() and float(others.max()) >= TOLERANCE:
         return 1 + int(others.argmax())
@@ -272,14 +279,18 @@ def _check(probe: _Probe) -> None:
         if not bool(torch.isfinite(row).any()):
             return  # no mass: the engine's row checks report it
         expected.append(row)
-        values[probe.order[k]] = _pinned_value(row)
+        values[probe.order[k]] = _pinned_value(row, k)
     expected = torch.stack(expected)
     way = "log_marginals_at" if targeted else "log_marginals"
     base = f"{way} asked one row at a time"
     pinned = list(range(length))
-    # the same rows in one batch, with other values wherever a probed coordinate is not
-    # pinned: its most probable value but 0, in its support as the engine's values are
+    # the same rows in one batch, with other values wherever a coordinate is not pinned: at a
+    # probed coordinate its most probable value but 0, in its support as the engine's values
+    # are; at the others (whose rows were not asked) 1, so that a row reading any unpinned
+    # coordinate shows it
     other = values.clone()
+    if probe.q > 1:
+        other[probe.pinned(length).logical_not()] = 1
     for j, row in enumerate(expected):
         rest = row.clone()
         rest[0] = -float("inf")  # the rows above saw 0 there (the values start at 0)
@@ -297,27 +308,30 @@ def _check(probe: _Probe) -> None:
         out = probe.paired_rows(scrambled, pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"
         probe.compare(out, expected[: len(out)], how, base)
+    # a second cut whose prefix pins a 0 and a value other than 0 (the pins alternate)
+    cut = min(2, length - 1)
     if has_chain_marginals(oracle):
-        for cut in sorted({0, min(1, length - 1)}):
-            out, _ = probe.chains(values, [cut], length - cut, then=False)
-            how = f"log_marginals_chain from cut {cut}"
-            probe.compare(out[0], expected[cut:], how, base, first=cut)
-        if length >= 2:  # two chains of one batch, from different cuts
-            out, _ = probe.chains(values, [0, 1], length - 1, then=False)
-            how = "log_marginals_chain asked two chains (cuts 0 and 1) in one call"
-            probe.compare(out[0], expected[:-1], how, base)
-            probe.compare(out[1], expected[1:], how, base, first=1)
+        for start in sorted({0, cut}):
+            out, _ = probe.chains(values, [start], length - start, then=False)
+            how = f"log_marginals_chain from cut {start}"
+            probe.compare(out[0], expected[start:], how, base, first=start)
+        if cut >= 1:  # two chains of one batch, from different cuts
+            out, _ = probe.chains(values, [0, cut], length - cut, then=False)
+            how = f"log_marginals_chain asked two chains (cuts 0 and {cut}) in one call"
+            probe.compare(out[0], expected[: length - cut], how, base)
+            probe.compare(out[1], expected[cut:], how, base, first=cut)
     if has_chain_then(oracle) and length >= 2:
         out, after = probe.chains(values, [0], length - 1, then=True)
         probe.compare(out[0], expected[:-1], "log_marginals_chain_then's chain", base)
         probe.compare(after, expected[-1:], "log_marginals_chain_then's row after", base)
-        if length >= 3:
-            out, after = probe.chains(values, [0, 1], length - 2, then=True)
-            how = "log_marginals_chain_then asked two chains (cuts 0 and 1) in one call"
-            probe.compare(out[0], expected[: length - 2], how, base)
-            probe.compare(out[1], expected[1 : length - 1], how, base, first=1)
-            probe.compare(after[:1], expected[length - 2 : length - 1], how, base, first=length - 2)
-            probe.compare(after[1:], expected[length - 1 :], how, base, first=length - 1)
+        if length > cut + 1:
+            size = length - cut - 1
+            out, after = probe.chains(values, [0, cut], size, then=True)
+            how = f"log_marginals_chain_then asked two chains (cuts 0 and {cut}) in one call"
+            probe.compare(out[0], expected[:size], how, base)
+            probe.compare(out[1], expected[cut : cut + size], how, base, first=cut)
+            probe.compare(after[:1], expected[size : size + 1], how, base, first=size)
+            probe.compare(after[1:], expected[cut + size :], how, base, first=cut + size)
 
 
 def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> None:

@@ -474,6 +474,8 @@ def sample_sde(
     if not np.isfinite(x0_array).all():
         raise ValueError("x0 contains NaN or inf")
     dim = int(x0_array.shape[-1])
+    if dim < 1:
+        raise ValueError(f"x0 has dimension d = 0 (shape {tuple(x0_array.shape)}); d must be >= 1")
     drift_dim = getattr(drift, "dim", None)
     if drift_dim is not None and drift_dim != dim:
         raise ValueError(

@@ -87,6 +87,42 @@ class ChainReadsZeros(Rows):
         return CHAIN.log_marginals_chain(torch.zeros_like(values), mask, chain)
 
 
+class ChainTakesZeroForUnpinned(Rows):
+    """Takes a pinned 0 for unpinned (0 as a padding token): ``mask & (values != 0)``. Right
+    wherever the pinned values are not 0 (an outside user's sweep)."""
+
+    def log_marginals_chain(self, values, mask, chain):
+        return CHAIN.log_marginals_chain(values, mask & (values != 0), chain)
+
+
+class ReadsTheLastCoordinate(Rows):
+    """Reads coordinate 11 even when it is unpinned (an off-by-one on the mask), a coordinate
+    the check's questions never ask about (an outside user's sweep)."""
+
+    def log_marginals_at(self, values, mask, targets):
+        mask = mask.clone()
+        mask[:, 11] = True
+        return CHAIN.log_marginals_at(values, mask, targets)
+
+
+class ChainForgetsItsTarget(Rows):
+    """A family of two chains (the second with the opposite start) whose chain query answers
+    every chain for target 0: right for target 0 only (an outside user's sweep)."""
+
+    num_draws = 2
+    FLIP = MarkovChainOracle(torch.tensor([0.9, 0.1], dtype=torch.float64), STAY, 12)
+    BASE = MarkovChainOracle(torch.tensor([0.1, 0.9], dtype=torch.float64), STAY, 12)
+
+    def _target(self, draws):
+        return [self.BASE, self.FLIP][int(draws[0])]  # the check asks one target per call
+
+    def log_marginals_at(self, values, mask, targets, draws):
+        return self._target(draws).log_marginals_at(values, mask, targets)
+
+    def log_marginals_chain(self, values, mask, chain, draws):
+        return self._target(torch.zeros_like(draws)).log_marginals_chain(values, mask, chain)
+
+
 class FullRowsAreAStub(Rows):
     """The engine asks targeted rows of an oracle that has them, never full rows."""
 
@@ -109,20 +145,23 @@ class Bfloat16Network(Rows):
     "oracle, named",
     [
         (ChainForgetsItsCut(), "log_marginals_chain from cut 0"),
-        (ChainForgetsItsPrefix(), "log_marginals_chain from cut 1"),
+        (ChainForgetsItsPrefix(), "log_marginals_chain from cut 2"),
         (ReadsUnpinnedValues(), "other values at the unpinned coordinates"),
         (DependsOnItsBatch(), "in one batch"),
         (WrongRowAfterChain(), "log_marginals_chain_then's row after"),
         (TargetsSorted(), "two targets per row"),
         (ChainPinsEveryChain(), "two chains"),
         (ChainReadsZeros(), "log_marginals_chain from cut 0"),
+        (ChainTakesZeroForUnpinned(), "log_marginals_chain from cut 2"),
+        (ReadsTheLastCoordinate(), "other values at the unpinned coordinates"),
+        (ChainForgetsItsTarget(), "log_marginals_chain from cut 0"),
     ],
     ids=lambda x: type(x).__name__ if not isinstance(x, str) else "",
 )
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_an_oracle_answering_one_question_two_ways_is_refused(oracle, named, engine):
     with pytest.raises(OracleError, match=rf"two ways: .*{named}.*conditional of coordinate"):
-        sample_any_order(oracle, 4, seed=0, engine=engine)
+        sample_any_order(oracle, getattr(oracle, "num_draws", 4), seed=0, engine=engine)
 
 
 class Counting(Rows):

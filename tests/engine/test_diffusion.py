@@ -390,6 +390,8 @@ def test_errors_for_dimension_mismatch_and_options():
         sample_diffusion(NoDimOracle(), 2, num_steps=4)
     with pytest.raises(ValueError, match="x0 must have shape"):
         sample_sde(lambda t, x: x, times, torch.zeros(3, 2), 2)
+    with pytest.raises(ValueError, match="dimension d = 0"):  # was an internal IndexError
+        sample_sde(lambda t, x: -x, times, torch.zeros(0), 2)
     with pytest.raises(ValueError, match="num_samples"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 0)
     with pytest.raises(ValueError, match="method must be one of"):
