@@ -268,7 +268,7 @@ def sample_any_order(
     return run_any_order(run, torch.arange(num_samples), keys.seed_key(seed), device)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AnyOrderRun:
     """A checked run of :func:`sample_any_order`, whatever share of its draws is run.
 
@@ -363,7 +363,14 @@ def _check_knobs(knobs: dict) -> None:
         not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1
     ):
         raise ValueError(f"max_block must be a positive int; got {block!r}")
-    for name in ("max_rows_per_round", "max_concurrent_draws", "max_elements"):
+    elements = knobs.get("max_elements")
+    if elements is not None and (
+        isinstance(elements, bool)
+        or not isinstance(elements, (int, float, np.integer, np.floating))
+        or not 1 <= elements < math.inf
+    ):
+        raise ValueError(f"max_elements must be a number >= 1 or None; got {elements!r}")
+    for name in ("max_rows_per_round", "max_concurrent_draws"):
         value = knobs.get(name)
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")

@@ -208,8 +208,8 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
     same conditionals again, only through the methods the engine will call: all in one batch
     with other values at every unpinned coordinate, as targeted rows (``log_marginals_at``,
     else full rows; and two targets per row, the larger coordinate first), and as chain
-    queries from two cuts (0, and 2 where a pinned 0 precedes it), one chain per call and two
-    in one call, with the row after the chain where the
+    queries from two cuts (0, and 2, after a pin at 0 where 0 has that mass), one chain per
+    call and two in one call, with the row after the chain where the
     oracle answers it (``log_marginals_chain_then``). The answers must agree within
     :data:`TOLERANCE` in probability (more for outputs narrower than float32). Rows with NaN or
     that do not sum to one are left to the engine's row checks, which name them.
@@ -304,7 +304,7 @@ def _check(probe: _Probe) -> None:
         f"{way} with other values at the unpinned coordinates, in one batch",
         base,
     )
-    if targeted:  # several targets in one row, out of coordinate order
+    if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
         out = probe.paired_rows(scrambled, pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"
         probe.compare(out, expected[: len(out)], how, base)
@@ -324,14 +324,15 @@ def _check(probe: _Probe) -> None:
         out, after = probe.chains(values, [0], length - 1, then=True)
         probe.compare(out[0], expected[:-1], "log_marginals_chain_then's chain", base)
         probe.compare(after, expected[-1:], "log_marginals_chain_then's row after", base)
-        if length > cut + 1:
-            size = length - cut - 1
-            out, after = probe.chains(values, [0, cut], size, then=True)
-            how = f"log_marginals_chain_then asked two chains (cuts 0 and {cut}) in one call"
+        then_cut = min(cut, length - 2)  # two chains of at least one row, and a row after
+        if then_cut >= 1:
+            size = length - then_cut - 1
+            out, after = probe.chains(values, [0, then_cut], size, then=True)
+            how = f"log_marginals_chain_then asked two chains (cuts 0 and {then_cut}) in one call"
             probe.compare(out[0], expected[:size], how, base)
-            probe.compare(out[1], expected[cut : cut + size], how, base, first=cut)
+            probe.compare(out[1], expected[then_cut : then_cut + size], how, base, first=then_cut)
             probe.compare(after[:1], expected[size : size + 1], how, base, first=size)
-            probe.compare(after[1:], expected[cut + size :], how, base, first=cut + size)
+            probe.compare(after[1:], expected[then_cut + size :], how, base, first=then_cut + size)
 
 
 def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
-from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
@@ -181,7 +181,9 @@ class DiscreteRun(RunBase):
             for name in determ:
                 determ[name].append(joint.deterministic[name][keep])
             for name in pointwise:
-                pointwise[name].append(joint.pointwise[name][keep])
+                table = joint.pointwise[name]
+                rows = evaluated.rows
+                pointwise[name].append(table[keep] if rows is None else (table, rows[keep]))
             extra["n_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
             extra["oracle_rows"].append(
                 torch.full(
@@ -202,7 +204,7 @@ class DiscreteRun(RunBase):
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
         self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
         self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
-        self.pointwise = {k: torch.stack(v) for k, v in pointwise.items()}
+        self.pointwise = Pointwise(pointwise)
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
@@ -242,7 +244,7 @@ class DiscreteRun(RunBase):
                 ) from error
         shape = (self.num_chains, self.num_samples)
         return {
-            name: value[0].to(self.pointwise[name].device).expand(shape + value.shape[1:])
+            name: value[0].to(self.extra["lp"].device).expand(shape + value.shape[1:])
             for name, value in oracle.pointwise_log_likelihood().items()
         }
 

@@ -32,7 +32,7 @@ from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.log_joint import LogJoint, evaluate
 
-__all__ = ["DrawEvaluator", "EvaluatedDraws", "ModelCall"]
+__all__ = ["DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
 
 
 @dataclass(frozen=True)
@@ -63,14 +63,20 @@ class EvaluatedDraws:
         native dtype), on the evaluation's device.
     joint : LogJoint
         The model's log joint of each draw, its pointwise log likelihood and deterministic
-        sites (see :func:`~pyro_autospec.model.log_joint.evaluate`).
+        sites (see :func:`~pyro_autospec.model.log_joint.evaluate`); with ``rows``, the
+        pointwise log likelihood of the distinct assignments only.
     oracle_log_prob : DoubleTensor[N]
         ``log q(x)`` of each draw under the oracle that produced it, on the joint's device.
+    rows : LongTensor[N] or None
+        Where the draws were evaluated once per distinct assignment: the row of
+        ``joint.pointwise`` of each draw (``pointwise[name][rows]`` is the draws' own, an
+        ``[N, *batch_shape]`` table that can be much larger than the model's data).
     """
 
     values: dict
     joint: LogJoint
     oracle_log_prob: torch.Tensor
+    rows: torch.Tensor | None = None
 
     @property
     def lp(self) -> torch.Tensor:
@@ -173,19 +179,29 @@ class DrawEvaluator:
             ``name -> Tensor[N, *shape]``: the draws' values of continuous sites.
         """
         with self.stage("evaluation"):
-            values = self.layout.from_coords(samples)
-            if self.device is not None:
-                values = {k: v.to(self.device) for k, v in values.items()}
-            for name, value in (continuous or {}).items():
-                values[name] = value if self.device is None else value.to(self.device)
+            values = self._values(samples, continuous)
             check_mixing = self.self_check is None or self.per_draw_fallback
-            joint = self._evaluate(values, check_mixing=check_mixing)
+            distinct = None if continuous else _distinct(samples)
+            rows = None
+            if distinct is None:
+                joint = self._evaluate(values, check_mixing=check_mixing)
+            else:  # each distinct assignment once: the model is deterministic given it
+                unique, rows = distinct
+                joint = _take(self._evaluate(self._values(unique, None), check_mixing), rows)
         oracle_lp = oracle_log_prob.double().to(joint.total.device)
         if self.self_check is not None:
             with self.stage("self-check"):
                 self.self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
             self._last = values
-        return EvaluatedDraws(values, joint, oracle_lp)
+        return EvaluatedDraws(values, joint, oracle_lp, rows)
+
+    def _values(self, samples: torch.Tensor, continuous: Mapping | None) -> dict:
+        values = self.layout.from_coords(samples)
+        if self.device is not None:
+            values = {k: v.to(self.device) for k, v in values.items()}
+        for name, value in (continuous or {}).items():
+            values[name] = value if self.device is None else value.to(self.device)
+        return values
 
     def check(self) -> float | None:
         """The self-check of every exact draw evaluated so far, pooled; the largest deviation
@@ -206,3 +222,58 @@ class DrawEvaluator:
                 if self._last is not None:
                     self._evaluate(self._last, check_mixing=True)  # raises if it mixed draws
                 raise
+
+
+def _distinct(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(unique [U, n], inverse [N])`` of the draws ``samples`` [N, n] when at most half of
+    them are distinct (a few discrete sites, many draws: evaluating each assignment once then
+    saves most of the model's work, whatever the size of its data), else ``None``."""
+    if samples.shape[0] < 4:
+        return None
+    unique, inverse = torch.unique(samples, dim=0, return_inverse=True)
+    if 2 * unique.shape[0] > samples.shape[0]:
+        return None
+    return unique, inverse
+
+
+def _take(joint: LogJoint, inverse: torch.Tensor) -> LogJoint:
+    """The log joint of distinct draws, spread back to every draw (``inverse`` [N]); the
+    pointwise log likelihood stays one row per distinct draw."""
+    index = inverse.to(joint.total.device)
+    return LogJoint(
+        total=joint.total[index],
+        pointwise=dict(joint.pointwise),
+        deterministic={k: v[index.to(v.device)] for k, v in joint.deterministic.items()},
+        magnitude=None if joint.magnitude is None else joint.magnitude[index],
+        dtype=joint.dtype,
+    )
+
+
+class Pointwise(Mapping):
+    """The pointwise log likelihood of a run, ``name -> Tensor[C, S, *batch_shape]``, made a
+    tensor when first read.
+
+    Each chain's piece is a tensor ``[S, *batch_shape]``, or ``(table, rows)``: the rows
+    ``table[rows]`` of draws evaluated once per distinct assignment
+    (:attr:`EvaluatedDraws.rows`). A run over a large data plate keeps only the distinct
+    rows until ArviZ's ``log_likelihood`` group asks for every draw's.
+    """
+
+    def __init__(self, pieces: Mapping[str, list]):
+        self._pieces = {name: list(parts) for name, parts in pieces.items()}
+        self._made: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._made:
+            parts = [
+                part if isinstance(part, torch.Tensor) else part[0][part[1].to(part[0].device)]
+                for part in self._pieces[name]
+            ]
+            self._made[name] = torch.stack(parts)
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self._pieces)
+
+    def __len__(self) -> int:
+        return len(self._pieces)

@@ -250,11 +250,11 @@ def nan_sites(model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int
         with poutine.block(), quiet_warnings(), torch.no_grad():
             enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
             trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+            trace.compute_log_prob()  # masked and scaled, as the contraction sees it
             found = []
             for name, node in trace.nodes.items():
                 if node["type"] == "sample" and not name.startswith("_autospec"):
-                    log_prob = node["fn"].log_prob(node["value"])
-                    if bool(torch.isnan(log_prob).any()):
+                    if bool(torch.isnan(node["log_prob"]).any()):
                         found.append(name)
     except Exception:  # noqa: BLE001 - a model that does not trace so is named elsewhere
         return []

@@ -236,3 +236,41 @@ def test_only_the_methods_the_engine_calls_are_asked_and_rounding_passes():
     check_consistency(FullRowsAreAStub())
     check_consistency(Bfloat16Network())
     assert sample_any_order(FullRowsAreAStub(), 3, seed=0).samples.shape == (3, 12)
+
+
+class ThenForgetsTheSecondChain(Rows):
+    """``log_marginals_chain_then`` pinning every chain of a batch with the first chain's
+    mask: caught at n = 3 too, where the check's second cut is 1 (its reviewer's case)."""
+
+    num_coords = 3
+    SHORT = MarkovChainOracle(torch.tensor([0.5, 0.5], dtype=torch.float64), STAY, 3)
+
+    def log_marginals_at(self, values, mask, targets):
+        return self.SHORT.log_marginals_at(values, mask, targets)
+
+    def log_marginals_chain(self, values, mask, chain):
+        return self.SHORT.log_marginals_chain(values, mask, chain)
+
+    def log_marginals_chain_then(self, values, mask, chain, then):
+        first = mask[:1].expand_as(mask)
+        return self.SHORT.log_marginals_chain_then(values, first, chain, then)
+
+
+def test_a_short_chain_then_that_mixes_its_chains_is_refused():
+    with pytest.raises(OracleError, match="log_marginals_chain_then asked two chains"):
+        check_consistency(ThenForgetsTheSecondChain())
+
+
+def test_one_coordinate_with_targeted_rows_is_checked_without_an_error():
+    """n = 1 has no second target to pair a row with (an internal IndexError before)."""
+
+    class One:
+        num_coords, num_values = 1, 3
+
+        def log_marginals_at(self, values, mask, targets):
+            return torch.log_softmax(
+                torch.tensor([[[0.1, 0.5, -0.2]]]).expand(len(values), 1, 3), -1
+            )
+
+    result = sample_any_order(One(), 5, seed=0)
+    assert result.samples.shape == (5, 1)

@@ -94,3 +94,44 @@ def test_evaluated_draws_carry_values_log_joint_and_weights():
     assert out.lp.dtype == torch.float64 and out.lp.shape == (2,)
     assert torch.equal(out.log_weight, out.lp - oracle_lp.double())
     assert set(out.joint.pointwise) == {"y"}
+
+
+def global_latent(y):
+    g = pyro.sample("g", dist.Categorical(torch.tensor([0.3, 0.3, 0.4])))
+    with pyro.plate("data", len(y)):
+        pyro.sample("y", dist.Normal(g.float(), 0.8), obs=y)
+    pyro.deterministic("shift", 2.0 * g.float())
+
+
+def test_each_distinct_assignment_is_evaluated_once(monkeypatch):
+    """Few discrete sites and many draws: the model runs on the distinct assignments only
+    (an outside user's global latent over 100,000 observations spent seconds and gigabytes
+    scoring the same three assignments), and every draw gets its own assignment's results."""
+    import pyro_autospec.infer.draws as draws_module
+
+    batches = []
+    evaluate = draws_module.evaluate
+
+    def recording(model, args, kwargs, values, *rest, **options):
+        batches.append(int(values["g"].shape[0]))
+        return evaluate(model, args, kwargs, values, *rest, **options)
+
+    monkeypatch.setattr(draws_module, "evaluate", recording)
+    y = torch.tensor([0.2, 1.1, 1.9])
+    fit = AutoSpec(global_latent, num_samples=300, seed=1, disable_progbar=True).run(y)
+    assert batches and max(batches) <= 3  # three values of g, whatever the draws
+    g = fit.get_samples()["g"]
+    assert len(set(g.tolist())) == 3
+    by_hand = torch.stack(
+        [
+            pyro.poutine.trace(pyro.poutine.condition(global_latent, data={"g": value}))
+            .get_trace(y)
+            .log_prob_sum()
+            .double()
+            for value in g
+        ]
+    )
+    torch.testing.assert_close(fit.get_extra_fields()["lp"], by_hand, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fit.get_samples()["shift"], 2.0 * g.float())
+    pointwise = fit.to_inference_data(log_likelihood="conditional").log_likelihood["y"]
+    assert pointwise.shape[-1] == 3 and pointwise.shape[0] * pointwise.shape[1] == 300

@@ -63,9 +63,10 @@ def _in_flight(problem: ReferenceDiscrete, s: int, root: Generator) -> Generator
     :meth:`~ReferenceDiscrete.finish`: it holds its order only while it runs (the scheduler
     starts a root when it first advances it)."""
     problem.start(s)
-    result = yield from root
-    problem.finish(s)
-    return result
+    try:
+        return (yield from root)
+    finally:
+        problem.finish(s)
 
 
 def run_euler(chain, evaluate, x0, draw_keys: torch.Tensor, method: str, knobs: dict, progress):
