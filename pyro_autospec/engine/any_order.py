@@ -254,8 +254,8 @@ def sample_any_order(
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each)
     check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
+    run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
     if distributed:  # hook: spread the draws over the ranks of a process group
-        run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
         return spread_draws(
             num_samples,
             seed,
@@ -264,7 +264,6 @@ def sample_any_order(
             signature=(n, q, method, engine, knobs, run.order),
             oracle=oracle,
         )
-    run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
     return run_any_order(run, torch.arange(num_samples), keys.seed_key(seed), device)
 
 

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
@@ -38,10 +37,9 @@ from pyro_autospec.model.errors import (
 )
 from pyro_autospec.model.tracing import (
     check_subsampling,
-    parallel_enumeration,
+    enumerated_trace,
     plate_dims,
     plate_nesting,
-    quiet_warnings,
     scaled_sites,
     site_role,
     trace_model,
@@ -541,12 +539,8 @@ def _check_continuous_parents(
     the plates): a continuous site whose distribution has a batch dim there reads a discrete
     site. A model that cannot be traced so is left to the later stages, which name its fault.
     """
-    enumerated = poutine.infer_config(model, parallel_enumeration)
-    try:
-        with poutine.block(), quiet_warnings(), torch.no_grad():
-            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
-            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
+    trace = enumerated_trace(model, args, kwargs, max_plate_nesting)
+    if trace is None:
         return
     holder: dict[int, str] = {}
     for name, node in trace.nodes.items():

@@ -60,6 +60,7 @@ from pyro_autospec.model.tracing import (
     assertion_error,
     batching_advice,
     compute_log_prob,
+    enumerated_trace,
     over_draws,
     parallel_enumeration,
     quiet_warnings,
@@ -245,20 +246,16 @@ def nan_sites(model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int
     """The sample sites whose log density is NaN for some value of the discrete latent sites
     (each enumerated at a dim of its own), in trace order; ``[]`` when the model cannot be
     traced so (the later stages name that fault)."""
-    enumerated = poutine.infer_config(model, parallel_enumeration)
-    try:
-        with poutine.block(), quiet_warnings(), torch.no_grad():
-            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
-            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
-            trace.compute_log_prob()  # masked and scaled, as the contraction sees it
-            found = []
-            for name, node in trace.nodes.items():
-                if node["type"] == "sample" and not name.startswith("_autospec"):
-                    if bool(torch.isnan(node["log_prob"]).any()):
-                        found.append(name)
-    except Exception:  # noqa: BLE001 - a model that does not trace so is named elsewhere
+    trace = enumerated_trace(model, args, kwargs, max_plate_nesting, log_prob=True)
+    if trace is None:
         return []
-    return found
+    return [
+        name
+        for name, node in trace.nodes.items()
+        if node["type"] == "sample"
+        and not name.startswith("_autospec")
+        and bool(torch.isnan(node["log_prob"]).any())
+    ]
 
 
 def check_evidence(

@@ -278,6 +278,25 @@ def parallel_enumeration(msg: dict) -> dict:
     return {}
 
 
+def enumerated_trace(
+    model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int, log_prob: bool = False
+):
+    """One trace of ``model`` with every discrete latent site enumerated in parallel, each at a
+    dim of its own left of the plates (with ``log_prob``, its log densities computed, masked
+    and scaled as a contraction sees them); ``None`` when the model cannot be traced so (the
+    later stages name that fault). Blocked from outer handlers, quiet, without gradients."""
+    enumerated = poutine.infer_config(model, parallel_enumeration)
+    try:
+        with poutine.block(), quiet_warnings(), torch.no_grad():
+            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
+            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+            if log_prob:
+                trace.compute_log_prob()
+    except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
+        return None
+    return trace
+
+
 class SiteRecorder(poutine.messenger.Messenger):
     """Remembers the sample sites seen so far, to name the site where a run failed.
 

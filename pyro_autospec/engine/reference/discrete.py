@@ -17,8 +17,8 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.host_plane import STALE_LOG_FLOOR, agr24_window
+from pyro_autospec.engine.reference.recursion import draft_accepted
 from pyro_autospec.engine.reference.scheduler import Call
-from pyro_autospec.engine.rejection import accept_draft
 from pyro_autospec.engine.rows import Answer, OracleRows
 from pyro_autospec.engine.schedule import adaptive_rho
 
@@ -49,10 +49,6 @@ def _gumbel(key: int, tag: int, counter) -> np.ndarray:
     # a few entries: the same uniforms from Python integers, then the same NumPy logs
     u = [keys.int_uniform(key, tag, c) for c in counter.ravel().tolist()]
     return -np.log(-np.log(np.array(u, dtype=np.float64).reshape(counter.shape)))
-
-
-def _key(key: int, tag: int, index: int) -> int:
-    return keys.int_child(key, tag, index)
 
 
 def _prefetched(answer: QueryAnswer, s: int, b: int) -> np.ndarray:
@@ -199,9 +195,7 @@ class ReferenceDiscrete:
         for j in range(first, b - a):
             what = f"verification row of draw {s} conditioned on its first {a + j} coordinates"
             target = _check(answer.chain, j - first, what)
-            u = torch.tensor(keys.int_uniform(key, keys.Tag.ACCEPT, j), dtype=torch.float64)
-            ratio = torch.tensor(target[x[j]] - row[j, x[j]], dtype=torch.float64)
-            if bool(accept_draft(ratio, u)):
+            if draft_accepted(float(target[x[j]] - row[j, x[j]]), key, j):
                 log_mu += float(target[x[j]])
                 continue
             residual = np.clip(np.exp(target) - np.exp(row[j]), 0.0, None)
@@ -293,7 +287,7 @@ def token_draw(
             answer = yield Call(Query(s, values, rows=[(t, k)]), rows=1, sample=s)
             OracleRows.raise_bad(answer.rows[0], answer.rows[0].bad, what)
             row = answer.rows[0].log_probs[0]
-        window_key = _key(draw_key, keys.Tag.LEAF, t)
+        window_key = keys.int_child(draw_key, keys.Tag.LEAF, t)
         if method in ("gumbel_sequential", "agr24"):
             x = np.array([int(np.argmax(row[j] + fixed_noise(t + j))) for j in range(k)])
         else:
@@ -319,10 +313,7 @@ def token_draw(
             what_j = f"verification row of draw {s} conditioned on its first {t + j} coordinates"
             target = _check(answer.chain, j - 1, what_j)
             if method == "speculative":
-                u = keys.int_uniform(window_key, keys.Tag.ACCEPT, j)
-                u = torch.tensor(u, dtype=torch.float64)
-                ratio = torch.tensor(target[x[j]] - row[j, x[j]], dtype=torch.float64)
-                ok = bool(accept_draft(ratio, u))
+                ok = draft_accepted(float(target[x[j]] - row[j, x[j]]), window_key, j)
             else:
                 recomputed = int(np.argmax(target + fixed_noise(t + j)))
                 ok = recomputed == x[j]

@@ -98,8 +98,7 @@ class ReferenceEuler:
         drifts = torch.cat([row.unsqueeze(0), f_k])
         next_row = answer[b - a - 1] if nxt > b else None
         log_mu = self._log_density(inc, drifts, a, b)
-        log_ratio_t, log_mu_t = (torch.tensor(v, dtype=torch.float64) for v in (log_ratio, log_mu))
-        check_log_ratio(log_ratio_t, log_mu_t, self.evaluate.name)
+        check_log_ratio(log_ratio, log_mu, self.evaluate.name)
         return log_ratio, log_mu, next_row
 
     def try_log_nu(self, s, y, a, b, row):

@@ -32,21 +32,27 @@ from pyro_autospec.engine.reference.scheduler import Call, FirstAccepted
 from pyro_autospec.engine.rejection import accept_draft, accept_residual
 from pyro_autospec.engine.schedule import BlockPolicy, token_only
 
-__all__ = ["DrawContext", "Span", "node", "draw"]
-
-
-def _uniform(key: int, tag: int, counter: int = 0) -> torch.Tensor:
-    return torch.tensor(keys.int_uniform(key, tag, counter), dtype=torch.float64)
+__all__ = ["DrawContext", "Span", "draft_accepted", "draw", "node", "try_accepted"]
 
 
 def _float64(value: float) -> torch.Tensor:
-    """A log ratio as a float64 tensor (``torch.tensor`` of a Python float would round it to
-    the default dtype, float32)."""
+    """A log ratio or uniform as a float64 tensor (``torch.tensor`` of a Python float would
+    round it to the default dtype, float32)."""
     return torch.tensor(value, dtype=torch.float64)
 
 
-def _child(key: int, tag: int, index: int) -> int:
-    return keys.int_child(key, tag, index)
+def draft_accepted(log_ratio: float, key: int, counter: int = 0) -> bool:
+    """:func:`~pyro_autospec.engine.rejection.accept_draft` of one float64 log ratio, with the
+    uniform ``counter`` of ``key``'s acceptance stream."""
+    u = _float64(keys.int_uniform(key, keys.Tag.ACCEPT, counter))
+    return bool(accept_draft(_float64(log_ratio), u))
+
+
+def try_accepted(log_ratio: float, key: int) -> bool:
+    """:func:`~pyro_autospec.engine.rejection.accept_residual` of one float64 log ratio, with
+    the first uniform of ``key``'s acceptance stream."""
+    u = _float64(keys.int_uniform(key, keys.Tag.ACCEPT, 0))
+    return bool(accept_residual(_float64(log_ratio), u))
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ def node(
         )
         return frame, log_mu, after, (kept, whole)
     log_ratio, log_mu, next_row = problem.verify(s, drafted, a, b, nxt, row, log_nu, answer)
-    if bool(accept_draft(_float64(log_ratio), _uniform(key, keys.Tag.ACCEPT))):
+    if draft_accepted(log_ratio, key):
         return drafted, log_mu, next_row, False
     parts = 2
     if policy is not None:
@@ -119,10 +125,10 @@ def node(
     def attempt(index: int) -> Generator:
         # try ``index``: the parts (bounds[j], bounds[j + 1]] one after the other, the first
         # from the node's own draft row (same prefix), the last followed by the node's nxt
-        try_key = _child(key, keys.Tag.THREAD, index)
+        try_key = keys.int_child(key, keys.Tag.THREAD, index)
         y, log_mu_y, part_row = frame, 0.0, row
         for j in range(parts):
-            part_key = _child(try_key, keys.Tag.CHILD, j)
+            part_key = keys.int_child(try_key, keys.Tag.CHILD, j)
             after = bounds[j + 2] if j + 2 <= parts else nxt
             part = Span(bounds[j], bounds[j + 1], after)
             y, log_mu_j, part_row, _ = yield from node(
@@ -132,8 +138,7 @@ def node(
         if not log_mu_y > -float("inf"):
             raise AssertionError("an exact try returned a value of probability zero")
         log_nu_y = problem.try_log_nu(s, y, a, b, row)
-        u = _uniform(try_key, keys.Tag.ACCEPT)
-        accepted = bool(accept_residual(_float64(log_mu_y - log_nu_y), u))
+        accepted = try_accepted(log_mu_y - log_nu_y, try_key)
         return accepted, (y, log_mu_y, part_row)
 
     won = yield FirstAccepted(attempt, problem.race_rho(b - a, log_ratio))
@@ -161,7 +166,7 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
             b = min(a + (window if stale is None else min(window, stale)), n)
             after = policy.prefetch(*map(torch.tensor, (window, token, tokens, misses)))
             nxt = min(b + int(after), n)
-            key = _child(draw_key, keys.Tag.LEAF, a)
+            key = keys.int_child(draw_key, keys.Tag.LEAF, a)
             frame, log_mu, row, outcome = yield from node(
                 context, key, frame, Span(a, b, nxt), row, token=token, stale=stale is not None
             )
@@ -180,7 +185,7 @@ def draw(problem, s: int, draw_key: int, leaves: list[int], policy=None) -> Gene
     context = DrawContext(problem, s, policy)
     for j in range(m):
         a, b, nxt = leaves[j], leaves[j + 1], leaves[min(j + 2, m)]
-        key = _child(draw_key, keys.Tag.LEAF, a)
+        key = keys.int_child(draw_key, keys.Tag.LEAF, a)
         frame, log_mu, row, _ = yield from node(context, key, frame, Span(a, b, nxt), row)
         log_prob += log_mu
     return frame, log_prob
