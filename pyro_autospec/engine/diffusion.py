@@ -54,13 +54,8 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_drift_consistency
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
 from pyro_autospec.engine.errors import OracleError, check_eval_mode
-from pyro_autospec.engine.euler import (
-    Chain,
-    DriftEvaluator,
-    check_drift_output,
-    picard,
-    sequential,
-)
+from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_drift_output
+from pyro_autospec.engine.euler_baselines import follow_noise, picard, sequential
 from pyro_autospec.engine.euler_tokens import EulerTokens
 from pyro_autospec.engine.methods import (
     DIFFUSION,
@@ -235,7 +230,6 @@ def _run(s: _Settings) -> SampleResult:
     chain = Chain(times, s.scale, dim, s.device)
     x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
     draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
-    cap, concurrent = s.knobs["max_rows_per_round"], s.knobs["max_concurrent_draws"]
     error = None
     engine = s.engine
     if s.method == "autospec" and s.knobs["rule"] == "block":
@@ -245,8 +239,7 @@ def _run(s: _Settings) -> SampleResult:
     elif s.method == "autospec":
         out = EulerTokens(chain, evaluate, x0, draw_keys, s.knobs, s.return_paths).run(s.progress)
     elif s.method == "sequential":
-        paths_too, progress = s.return_paths, s.progress
-        out = sequential(chain, evaluate, x0, draw_keys, paths_too, concurrent, cap, progress)
+        out = sequential(chain, evaluate, x0, draw_keys, s.knobs, s.return_paths, s.progress)
     else:
         out = picard(chain, evaluate, x0, draw_keys, s.knobs, s.progress)
     wall_time = time.perf_counter() - start_time
@@ -262,7 +255,7 @@ def _run(s: _Settings) -> SampleResult:
                 dtype=s.dtype,
                 max_rows_per_call=s.knobs["max_rows_per_call"] or 65536,
             )
-        reference = _sequential_with_noise(evaluate, chain, x0, out.noise)
+        reference = follow_noise(chain, evaluate, x0, out.noise)
         error = (final - reference).norm(dim=-1)
     if s.divide_by_time:
         final = final / float(s.grid[-1])
@@ -317,15 +310,6 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
         signature=(s.grid.tolist(), s.scale, s.method, s.knobs, str(s.dtype), s.engine, s.name),
         oracle=s.drift,
     )
-
-
-def _sequential_with_noise(evaluate, chain: Chain, x0: torch.Tensor, noise: torch.Tensor):
-    """Final states of the sequential chain driven by given noise [M, N, d]: [M, d]."""
-    x = x0.clone()
-    for k in range(chain.num_steps):
-        f = evaluate(chain.times[k].expand(x.shape[0]), x)
-        x = x + f * chain.h[k] + noise[:, k]
-    return x
 
 
 def sample_sde(

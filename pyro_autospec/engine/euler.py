@@ -11,12 +11,13 @@ This module holds:
   :func:`check_log_ratio`, the check of a verification's log ratio;
 * :class:`Chain`, the grid and its keyed noise: the increments of step ``k`` of a draw are a
   pure function of the draw's key, so every sampler and both engines read the same noise;
-* the fast ``"sequential"`` and ``"picard"`` samplers, and :class:`EulerOutput`, what every
-  Euler sampler returns.
+* :class:`EulerOutput`, what every Euler sampler returns.
 
-Autospeculation's token rule lives in :mod:`pyro_autospec.engine.euler_tokens`; the block rule
-with residual races in :mod:`pyro_autospec.engine.reference.euler` (:doc:`/diffusion`). This
-module does not import Pyro.
+Autospeculation's token rule lives in :mod:`pyro_autospec.engine.euler_tokens`, the
+``"sequential"`` and ``"picard"`` baselines on the same host control plane in
+:mod:`pyro_autospec.engine.euler_baselines`, and the block rule with residual races in
+:mod:`pyro_autospec.engine.reference.euler` (:doc:`/diffusion`). This module does not import
+Pyro.
 """
 
 from __future__ import annotations
@@ -25,19 +26,20 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.modes import calling, engine_mode
-from pyro_autospec.engine.stepping import run_rounds
+from pyro_autospec.engine.modes import calling
 
 __all__ = [
     "Chain",
     "DriftEvaluator",
+    "EulerOutput",
     "check_drift_output",
-    "picard",
-    "sequential",
+    "check_log_ratio",
+    "paths_from_increments",
 ]
 
 
@@ -85,9 +87,13 @@ def check_log_ratio(log_ratio, log_mu, name: str) -> None:
     """Raise :class:`OracleError` unless a verification stayed finite (tensors or arrays): a
     finite drift too large for float64's squares (``|b|^2 h`` beyond ``1e308``) makes it NaN,
     and a block rejected for a NaN would race residual tries for ever."""
-    ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
-    mu = torch.as_tensor(log_mu, dtype=torch.float64)
-    if not bool(torch.isfinite(ratio).all() & torch.isfinite(mu).all()):  # one host read
+    if isinstance(log_ratio, np.ndarray) and isinstance(log_mu, np.ndarray):  # host arrays
+        finite = bool(np.isfinite(log_ratio).all() and np.isfinite(log_mu).all())
+    else:
+        ratio = torch.as_tensor(log_ratio, dtype=torch.float64)
+        mu = torch.as_tensor(log_mu, dtype=torch.float64)
+        finite = bool(torch.isfinite(ratio).all() & torch.isfinite(mu).all())  # one host read
+    if not finite:
         raise OracleError(
             f"the values of the {name} are too large for the chain's float64 arithmetic (a "
             f"square |b|^2 h overflowed, so a log density ratio is not a number): check its "
@@ -221,295 +227,3 @@ def paths_from_increments(x0: torch.Tensor, increments: torch.Tensor, final: tor
     paths = torch.cat([x0.unsqueeze(1), x0.unsqueeze(1) + increments.cumsum(1)], 1)
     paths[:, -1] = final
     return paths
-
-
-# ---------------------------------------------------------------------------------- baselines
-def _step_key(draw_keys: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    return keys.child(draw_keys, keys.Tag.LEAF, step)
-
-
-@engine_mode()
-def sequential(
-    chain: Chain,
-    evaluate: DriftEvaluator,
-    x0: torch.Tensor,
-    draw_keys,
-    return_paths: bool,
-    max_concurrent: int | None,
-    max_rows_per_round: int | None,
-    progress: bool,
-):
-    """The reference chain, one step per round, every draw in flight advancing together.
-
-    Step ``k`` of draw ``s`` uses the noise of the one-step block starting at ``k``
-    (``normal(child(draw, LEAF, k), DRAFT, c)``).
-
-    Returns
-    -------
-    EulerOutput
-    """
-    num = x0.shape[0]
-    lanes = min(int(max_concurrent or num), num)
-    cap = max_rows_per_round
-    if 0 < lanes == num and (cap is None or cap >= num):
-        stepper = _Lockstep(chain, evaluate, x0, draw_keys, return_paths)
-        total, unit = chain.num_steps, "step"
-    else:
-        stepper = _Sequential(chain, evaluate, x0, draw_keys, return_paths, lanes, cap)
-        total, unit = num, "draw"
-    run_rounds(stepper, total=total, progress=progress, desc="sequential", unit=unit)
-    final, increments, log_prob = stepper.output()
-    x0 = x0.to(device=chain.device, dtype=chain.wide)
-    paths = None if increments is None else paths_from_increments(x0, increments, final)
-    return EulerOutput(
-        final, paths, log_prob, stepper.rounds, stepper.oracle_rows, stepper.sample_rounds
-    )
-
-
-class _Sequential:
-    """:func:`sequential` with continuous batching or a cap on rows per round: a
-    :class:`~pyro_autospec.engine.stepping.RoundStepper` over draws."""
-
-    def __init__(self, chain, evaluate, x0, draw_keys, return_paths, lanes, cap):
-        num, d = x0.shape
-        n, dev, wide = chain.num_steps, chain.device, chain.wide
-        self.chain, self.evaluate, self.x0, self.draw_keys = chain, evaluate, x0, draw_keys
-        self.num, self.cap = num, cap
-        self.draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
-        self.k = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.x = torch.zeros(lanes, d, dtype=wide, device=dev)
-        self.log_mu = torch.zeros(lanes, dtype=wide, device=dev)
-        self.final = torch.zeros(num, d, dtype=wide, device=dev)
-        self.log_prob = torch.zeros(num, dtype=wide, device=dev)
-        self.paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
-        self.sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
-        self.started = self.finished = self.rounds = self.oracle_rows = 0
-
-    @property
-    def done(self) -> bool:
-        return self.finished >= self.num
-
-    def start(self) -> None:
-        """Free lanes take the next draws."""
-        draw, dev = self.draw, self.chain.device
-        free = torch.nonzero(draw < 0).flatten()[: self.num - self.started]
-        if free.numel():
-            draw[free] = torch.arange(self.started, self.started + free.numel(), device=dev)
-            self.started += free.numel()
-            self.k[free], self.x[free] = 0, self.x0[draw[free]].to(self.chain.wide)
-            self.log_mu[free] = 0.0
-
-    def step(self) -> None:
-        chain, draw, k, x = self.chain, self.draw, self.k, self.x
-        active = torch.nonzero(draw >= 0).flatten()
-        if self.cap is not None:
-            active = active[torch.argsort(draw[active])][: max(1, self.cap)]
-        self.rounds += 1
-        self.oracle_rows += active.numel()
-        self.sample_rounds[draw[active]] += 1
-        ka = k[active]
-        f = self.evaluate(chain.times[ka], x[active])
-        inc = chain.noise(_step_key(self.draw_keys[draw[active]], ka), f, ka, torch.zeros_like(ka))
-        h = chain.h[ka]
-        resid = inc - f * h.unsqueeze(1)
-        self.log_mu[active] += (chain.log_norm[k[active] + 1] - chain.log_norm[k[active]]) - 0.5 * (
-            resid**2
-        ).sum(1) / (chain.var * h)
-        if self.paths is not None:
-            self.paths[draw[active], k[active]] = inc
-        x[active] += inc
-        k[active] += 1
-        done = active[k[active] >= chain.num_steps]
-        self.final[draw[done]] = x[done]
-        self.log_prob[draw[done]] = self.log_mu[done]
-        draw[done] = -1
-        self.finished += done.numel()
-        self.start()
-
-    def output(self):
-        """Final states, increments (or None) and log densities."""
-        return self.final, self.paths, self.log_prob
-
-
-class _Lockstep:
-    """:func:`sequential` when every draw is in flight from the start and no cap splits a
-    round: all draws take step ``k`` in round ``k``, and the keyed noise of many steps is
-    drawn at once. The same arithmetic as the general loop, so the same draws. A
-    :class:`~pyro_autospec.engine.stepping.RoundStepper` over steps."""
-
-    def __init__(self, chain, evaluate, x0, draw_keys, return_paths):
-        num, d = x0.shape
-        n, dev, wide = chain.num_steps, chain.device, chain.wide
-        self.chain, self.evaluate, self.draw_keys, self.num = chain, evaluate, draw_keys, num
-        self.x = x0.to(device=dev, dtype=wide).clone()
-        self.log_mu = torch.zeros(num, dtype=wide, device=dev)
-        self.paths = torch.zeros(num, n, d, dtype=wide, device=dev) if return_paths else None
-        self.step_log_norm = chain.log_norm.diff()  # log_norm[k + 1] - log_norm[k]
-        self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
-        self.finished = self.rounds = self.oracle_rows = 0
-        self.sample_rounds = torch.full((num,), n, dtype=torch.long, device=dev)
-
-    def start(self) -> None:
-        pass
-
-    @property
-    def done(self) -> bool:
-        return self.finished >= self.chain.num_steps
-
-    def step(self) -> None:
-        chain, k, num, dev = self.chain, self.finished, self.num, self.chain.device
-        if k % self.window == 0:  # the noise of steps k .. k + window - 1 of every draw
-            ks = torch.arange(k, min(chain.num_steps, k + self.window), device=dev)
-            step_keys = _step_key(self.draw_keys.unsqueeze(1), ks)  # [num, W]
-            self.z = chain.standard_noise(step_keys, torch.zeros_like(step_keys))  # [num, W, d]
-        # the drift may write to its input
-        f = self.evaluate(chain.times[k].repeat(num), self.x.clone())
-        h = chain.h[k]
-        inc = f * h + chain.noise_sd[k] * self.z[:, k % self.window]
-        resid = inc - f * h
-        self.log_mu += self.step_log_norm[k] - 0.5 * (resid**2).sum(1) / (chain.var * h)
-        if self.paths is not None:
-            self.paths[:, k] = inc
-        self.x += inc
-        self.finished += 1
-        self.rounds += 1
-        self.oracle_rows += num
-
-    def output(self):
-        """Final states, increments (or None) and log densities."""
-        return self.x, self.paths, self.log_mu
-
-
-@engine_mode()
-def picard(
-    chain: Chain,
-    evaluate: DriftEvaluator,
-    x0: torch.Tensor,
-    draw_keys,
-    knobs: dict,
-    progress: bool,
-):
-    """ParaDiGMS-style sliding-window Picard iteration, every draw in flight together.
-
-    Each draw has fixed noise ``s sqrt(h_k) normal(draw, NOISE, k d + c)``; a round evaluates
-    the drift on the current guess of the window ``[begin, end)``, rebuilds the window's path
-    by a cumulative sum, keeps the converged prefix (``|X_new - X_old|^2 / (d s^2 h_k) <=
-    tolerance^2``) and slides. APPROXIMATE: stops at the tolerance. ``knobs``: the method's
-    validated ``window``, ``tolerance``, ``max_concurrent_draws`` and ``max_rows_per_round``.
-
-    Returns
-    -------
-    EulerOutput
-        With the whole paths and the fixed noise; ``log_prob`` None.
-    """
-    window, tolerance = knobs["window"], knobs["tolerance"]
-    concurrent = knobs["max_concurrent_draws"]
-    stepper = _Picard(chain, evaluate, x0, draw_keys, window, tolerance, concurrent)
-    stepper.cap = knobs["max_rows_per_round"]
-    run_rounds(stepper, total=x0.shape[0], progress=progress, desc="picard")
-    out = stepper.out
-    return EulerOutput(
-        out[:, -1],
-        out,
-        None,
-        stepper.rounds,
-        stepper.oracle_rows,
-        stepper.sample_rounds,
-        noise=stepper.noise,
-    )
-
-
-class _Picard:
-    """:func:`picard` as a :class:`~pyro_autospec.engine.stepping.RoundStepper` over draws."""
-
-    def __init__(self, chain, evaluate, x0, draw_keys, window, tolerance, max_concurrent):
-        num, d = x0.shape
-        n, dev, wide = chain.num_steps, chain.device, chain.wide
-        lanes = min(int(max_concurrent or num), num)
-        self.chain, self.evaluate, self.x0, self.num = chain, evaluate, x0, num
-        self.w, self.tolerance, self.cap = int(window), tolerance, None
-        steps = torch.arange(n, device=dev)
-        counter = steps.view(1, n, 1) * d + torch.arange(d, device=dev)
-        self.noise = chain.noise_sd.view(1, n, 1) * keys.normal(
-            draw_keys.view(-1, 1, 1), keys.Tag.NOISE, counter
-        ).to(wide)
-        self.out = torch.zeros(num, n + 1, d, dtype=wide, device=dev)
-        self.draw = torch.full((lanes,), -1, dtype=torch.long, device=dev)
-        self.path = torch.zeros(lanes, n + 1, d, dtype=wide, device=dev)
-        self.begin = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.end = torch.zeros(lanes, dtype=torch.long, device=dev)
-        self.sample_rounds = torch.zeros(num, dtype=torch.long, device=dev)
-        self.started = self.finished = self.rounds = self.oracle_rows = 0
-        self.jj = torch.arange(self.w, device=dev)
-
-    @property
-    def done(self) -> bool:
-        return self.finished >= self.num
-
-    def start(self) -> None:
-        """Free lanes take the next draws, with the zero-drift guess of their path."""
-        n, dev, draw = self.chain.num_steps, self.chain.device, self.draw
-        free = torch.nonzero(draw < 0).flatten()[: self.num - self.started]
-        if free.numel():
-            new = torch.arange(self.started, self.started + free.numel(), device=dev)
-            draw[free] = new
-            self.started += free.numel()
-            start = self.x0[new].to(self.chain.wide)
-            self.path[free, 0] = start
-            self.path[free, 1:] = start.unsqueeze(1) + self.noise[new].cumsum(1)
-            self.begin[free] = 0
-            self.end[free] = min(n, self.w)
-
-    def step(self) -> None:
-        chain, draw, path, noise, jj, w = (
-            self.chain,
-            self.draw,
-            self.path,
-            self.noise,
-            self.jj,
-            self.w,
-        )
-        n, d, dev, wide = chain.num_steps, path.shape[-1], chain.device, chain.wide
-        active = torch.nonzero(draw >= 0).flatten()
-        if self.cap is not None:
-            active = active[torch.argsort(draw[active])][: max(1, self.cap // w)]
-        lo, hi = self.begin[active], self.end[active]
-        size = hi - lo
-        valid = jj.unsqueeze(0) < size.unsqueeze(1)
-        step = (lo.unsqueeze(1) + jj).clamp(max=n - 1)  # [A, w]
-        self.rounds += 1
-        self.oracle_rows += int(size.sum())
-        self.sample_rounds[draw[active]] += 1
-        lane_grid = active.unsqueeze(1).expand_as(step)
-        f = torch.zeros(active.numel(), w, d, dtype=wide, device=dev)
-        f[valid] = self.evaluate(chain.times[step[valid]], path[lane_grid[valid], step[valid]])
-        z = noise[draw[active].unsqueeze(1), step]
-        incr = torch.where(valid.unsqueeze(-1), f * chain.h[step].unsqueeze(-1) + z, 0.0)
-        new = path[active, lo].unsqueeze(1) + incr.cumsum(1)  # X_{lo+1..lo+w}
-        old = path[lane_grid, (step + 1).clamp(max=n)]
-        err = ((new - old) ** 2).sum(-1) / (d * chain.var * chain.h[step])
-        path[lane_grid[valid], (step + 1)[valid]] = new[valid]
-        bad = valid & (err > self.tolerance * self.tolerance)
-        converged = torch.where(bad.any(1), torch.argmax(bad.long(), 1), size)
-        new_begin = torch.minimum(lo + converged + 1, hi)
-        new_end = torch.clamp(new_begin + w, max=n)
-        # extend the window with the last drift frozen
-        grow = new_end > hi
-        if bool(grow.any()):
-            g = active[grow]
-            last = f[grow, (size[grow] - 1)]
-            ext = jj.unsqueeze(0) < (new_end[grow] - hi[grow]).unsqueeze(1)
-            est = (hi[grow].unsqueeze(1) + jj).clamp(max=n - 1)
-            zz = noise[draw[g].unsqueeze(1), est]
-            extra = torch.where(
-                ext.unsqueeze(-1), last.unsqueeze(1) * chain.h[est].unsqueeze(-1) + zz, 0.0
-            )
-            filled = path[g, hi[grow]].unsqueeze(1) + extra.cumsum(1)
-            g_grid = g.unsqueeze(1).expand_as(est)
-            path[g_grid[ext], (est + 1)[ext]] = filled[ext]
-        self.begin[active], self.end[active] = new_begin, new_end
-        done = active[new_begin >= n]
-        self.out[draw[done]] = path[done]
-        draw[done] = -1
-        self.finished += done.numel()
-        self.start()

@@ -434,8 +434,8 @@ class EulerTokens:
         self.start()
 
     @engine_mode()
-    def run(self, progress: bool = False) -> EulerOutput:
-        """Run every draw to completion, with a progress bar if ``progress``.
+    def run(self, progress: bool = False, desc: str = "autospec") -> EulerOutput:
+        """Run every draw to completion, with a progress bar named ``desc`` if ``progress``.
 
         Returns
         -------
@@ -456,7 +456,7 @@ class EulerTokens:
         >>> out.final.shape, out.rounds < 64
         (torch.Size([4, 1]), True)
         """
-        run_rounds(self, total=self.num, progress=progress, desc="autospec")
+        run_rounds(self, total=self.num, progress=progress, desc=desc)
         final = torch.from_numpy(self.final)
         paths = None
         if self.increments is not None:

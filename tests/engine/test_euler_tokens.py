@@ -126,7 +126,7 @@ def test_max_block_one_is_the_sequential_chain():
     one = sample_diffusion(oracle, 7, num_steps=32, seed=3, max_block=1, min_block=1)
     seq = sample_diffusion(oracle, 7, num_steps=32, seed=3, method="sequential")
     assert torch.equal(one.samples, seq.samples)
-    torch.testing.assert_close(one.log_prob, seq.log_prob, rtol=0, atol=1e-9)
+    assert torch.equal(one.log_prob, seq.log_prob)  # the same arithmetic, on the same plane
     assert one.rounds == seq.rounds == 32 and one.oracle_rows == seq.oracle_rows
 
 
