@@ -38,7 +38,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_consistency
-from pyro_autospec.engine.errors import OracleError, check_eval_mode
+from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mode
 from pyro_autospec.engine.host_plane import TokenSampler
 from pyro_autospec.engine.methods import (
     DISCRETE,
@@ -146,12 +146,15 @@ def sample_any_order(
     seed : int, torch.Generator, numpy.random.Generator or None
         Same seed and schedule, same draws, whatever the engine, device, batch composition
         (``max_concurrent_draws``), caps (``max_rows_per_round``) and call sizes
-        (``max_elements``). The window knobs (``max_block``, ``min_block``, ``first_block``,
-        ``blocks``, ``token_below``, ``rho``, ``race_depth``) change which random numbers the
-        draws read, not their law; the default ``max_block`` depends on the device, the draws
-        in flight and whether the oracle answers chain queries
-        (:func:`~pyro_autospec.engine.methods.default_max_block`), so pass
-        ``schedule=result.schedule`` to repeat a run elsewhere. An int must lie in
+        (``max_elements``). The schedule is the window knobs as resolved
+        (``result.schedule``): left to their defaults they depend on the device, the draws in
+        flight and whether the oracle answers chain queries
+        (:func:`~pyro_autospec.engine.methods.default_max_block`), so changing
+        ``max_concurrent_draws`` alone may change the draws; pass
+        ``schedule=result.schedule`` to repeat a run elsewhere. The window knobs
+        (``max_block``, ``min_block``, ``first_block``, ``blocks``, ``token_below``, ``rho``,
+        ``race_depth``) change which random numbers the draws read, not their law. An int must
+        lie in
         ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
         ``"random"`` draws a fresh uniform order per draw (needed for the ``sqrt(n)`` bound);
@@ -239,7 +242,7 @@ def sample_any_order(
     knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given)
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"
-    device = torch.device(device)
+    device = check_device(device)
     if knobs["max_elements"] is None:  # a preset by hardware; the draws do not depend on it
         knobs["max_elements"] = default_max_elements(device)
     in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
@@ -373,7 +376,15 @@ def _check_knobs(knobs: dict) -> None:
         value = knobs.get(name)
         if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
-    if "window" in knobs and int(knobs["window"]) < 1:
-        raise ValueError(f"window must be >= 1; got {knobs['window']}")
-    if "window_scale" in knobs and not knobs["window_scale"] > 0:
-        raise ValueError(f"window_scale must be positive; got {knobs['window_scale']}")
+    window = knobs.get("window")
+    if "window" in knobs and (
+        not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1
+    ):
+        raise ValueError(f"window must be a positive int; got {window!r}")
+    scale = knobs.get("window_scale")
+    if "window_scale" in knobs and (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float, np.integer, np.floating))
+        or not 0 < scale < math.inf
+    ):
+        raise ValueError(f"window_scale must be a finite positive number; got {scale!r}")

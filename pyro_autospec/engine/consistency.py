@@ -32,6 +32,7 @@ from pyro_autospec.engine.protocols import (
     oracle_num_draws,
 )
 from pyro_autospec.engine.rows import _tolerance as row_tolerance
+from pyro_autospec.engine.rows import then_pair
 
 __all__ = ["check_consistency", "check_drift_consistency", "PROBE_LENGTH"]
 
@@ -85,6 +86,7 @@ class _Probe:
             not isinstance(out, torch.Tensor)
             or tuple(out.shape) != shape
             or not out.dtype.is_floating_point
+            or out.layout != torch.strided
             or out.device.type != self.device.type
         ):
             raise _LeftToTheEngine  # its output checks name what is wrong, and the fix
@@ -166,8 +168,10 @@ class _Probe:
                 out = self.oracle.log_marginals_chain(values, mask, chain, **extra)
                 return self._normalised(out, "log_marginals_chain", shape), None
             after_coord = torch.stack([self.order[cut + length : cut + length + 1] for cut in cuts])
-            out, after = self.oracle.log_marginals_chain_then(
-                values, mask, chain, after_coord.to(self.device, copy=True), **extra
+            out, after = then_pair(
+                self.oracle.log_marginals_chain_then(
+                    values, mask, chain, after_coord.to(self.device, copy=True), **extra
+                )
             )
         out = self._normalised(out, "log_marginals_chain_then", shape)
         after = self._normalised(after, "log_marginals_chain_then", (len(cuts), 1, self.q))
@@ -192,9 +196,11 @@ class _Probe:
             "a chain query must pin the prefix (mask) and the chain coordinates before each "
             "row (each chain of a batch its own), log_marginals_at must answer its targets in "
             "the order given, a row must ignore the values at unpinned coordinates and not "
-            "depend on the other rows of its batch. Fix the method named, or remove it (the "
-            "engine then asks plain rows). If the methods are right and differ by rounding "
-            "only, set consistent_queries = True on the oracle to skip this check."
+            "depend on the other rows of its batch, and the same question must get the same "
+            "answer each time (a network in training mode with dropout does not: call "
+            ".eval() on it). Fix the method named, or remove it (the engine then asks plain "
+            "rows). If the methods are right and differ by rounding only, set "
+            "consistent_queries = True on the oracle to skip this check."
         )
 
 
@@ -389,6 +395,8 @@ def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> 
                 f"(relative, more than {tolerance:.3g}). Every sampler but the sequential one "
                 f"asks rows of different times and states in one call, so each row of the answer "
                 f"must depend on its own t[i] and x[i] only (a common slip: reading t[0] for "
-                f"every row). Fix it, or, if the difference is rounding, set "
-                f"consistent_queries = True on it to skip this check."
+                f"every row), and the same row must get the same answer each time (a network "
+                f"in training mode with dropout does not: call .eval() on it). Fix it, or, if "
+                f"the difference is rounding, set consistent_queries = True on it to skip this "
+                f"check."
             )

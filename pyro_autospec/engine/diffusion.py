@@ -53,7 +53,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_drift_consistency
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
-from pyro_autospec.engine.errors import OracleError, check_eval_mode
+from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mode
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_drift_output
 from pyro_autospec.engine.euler_baselines import follow_noise, picard, sequential
 from pyro_autospec.engine.euler_tokens import EulerTokens
@@ -130,7 +130,7 @@ def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
             f"dtype must be a floating point torch.dtype (the states of a diffusion are real "
             f"vectors); got {dtype!r}"
         )
-    return torch.device(device if device is not None else "cpu"), dtype
+    return check_device(device if device is not None else "cpu"), dtype
 
 
 def _float64_on(device: torch.device) -> torch.device:

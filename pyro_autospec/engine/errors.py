@@ -6,7 +6,7 @@ import types
 
 import torch
 
-__all__ = ["OracleError", "check_eval_mode"]
+__all__ = ["OracleError", "check_device", "check_eval_mode"]
 
 
 class OracleError(ValueError):
@@ -30,13 +30,47 @@ _LEAVES = (torch.Tensor, str, bytes, int, float, complex, bool, type, types.Modu
 
 def _children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     """What ``value`` may answer with, by name: the object of a bound method, the variables
-    (closed over or global) a function reads, the items of a list, tuple or dict, and an
-    object's attributes (read past any ``__getattr__``; none with ``__slots__``). Nothing
-    for an object that cannot be read so (a property that raises, a proxy)."""
+    (closed over or global) a function reads, the items of a list, tuple or dict, an
+    object's attributes and ``__slots__`` (read past any ``__getattr__``), and for the oracle
+    itself (``root``) what its class holds and what its methods and properties read. Nothing
+    for an object that cannot be read so (a proxy)."""
     try:
         return _readable_children(name, value, root)
     except Exception:  # noqa: BLE001 - what cannot be read is not searched
         return []
+
+
+def _class_members(name: str, value: object) -> list[tuple[str, object]]:
+    """What the oracle's class holds and what its methods read: class attributes (a network
+    kept on the class) and the functions behind its methods, static and class methods and
+    properties (whose closures and globals are searched next), along its own classes (not
+    ``object``'s nor ``torch.nn.Module``'s)."""
+    found = []
+    for klass in type(value).__mro__:
+        if klass is object or klass.__module__.startswith(("torch.", "builtins")):
+            continue
+        for key, member in vars(klass).items():
+            if key.startswith("__"):
+                continue
+            if isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            elif isinstance(member, property):
+                member = member.fget
+            found.append((f"{name}.{key}", member))
+    return found
+
+
+def _slots(name: str, value: object) -> list[tuple[str, object]]:
+    """The values of an object's ``__slots__`` (set ones only)."""
+    found = []
+    for klass in type(value).__mro__:
+        slots = getattr(klass, "__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            try:
+                found.append((f"{name}.{slot}", object.__getattribute__(value, slot)))
+            except AttributeError:
+                continue
+    return found
 
 
 def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
@@ -55,12 +89,15 @@ def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, 
         return [(f"{name}[{k!r}]", v) for k, v in items if isinstance(k, (str, int))]
     if isinstance(value, torch.nn.Module) and not root or isinstance(value, _LEAVES):
         return []  # a module's own layers are its named_modules()
-    # not through a __getattr__ the oracle may define; an object without a __dict__
-    # (__slots__, a builtin) raises here, and _children then searches nothing in it
-    attributes = dict(object.__getattribute__(value, "__dict__"))
+    # not through a __getattr__ the oracle may define
+    try:
+        attributes = dict(object.__getattribute__(value, "__dict__"))
+    except AttributeError:  # __slots__ only, or a builtin
+        attributes = {}
     if isinstance(value, torch.nn.Module):  # its layers live in _modules: named_modules()
         attributes = {k: v for k, v in attributes.items() if not k.startswith("_")}
-    return [(f"{name}.{k}", v) for k, v in attributes.items()]
+    found = [(f"{name}.{k}", v) for k, v in attributes.items()] + _slots(name, value)
+    return found + _class_members(name, value) if root else found
 
 
 def _networks(oracle: object, reach: int = _SEARCH_DEPTH) -> dict[str, torch.nn.Module]:
@@ -113,9 +150,10 @@ def check_eval_mode(oracle: object, reach: int = _SEARCH_DEPTH) -> None:
     Such an oracle gives a different conditional each time it is asked the same question, so
     no sampler can be exact for it: the engine asks a row several times (draft, verification)
     and in batches of varying composition. The fix is ``net.eval()`` before sampling. Modules
-    are found on the oracle itself and up to ``reach`` (four) steps from it: attributes (of
-    attributes), items of lists, tuples and dicts, the object of a bound method and the
-    variables (closed over or global) a function reads. The engine passes ``reach=1`` (the
+    are found on the oracle itself and up to ``reach`` (four) steps from it: attributes and
+    ``__slots__`` (of attributes), items of lists, tuples and dicts, the object of a bound
+    method, the variables (closed over or global) a function reads, and what the oracle's
+    class holds and its methods and properties read. The engine passes ``reach=1`` (the
     oracle and what it holds directly) for an oracle that declares ``consistent_queries``:
     it vouches for one answer per question, and may hold networks it never calls (a model
     whose factors it compiled once). A network called with ``training=True`` by hand
@@ -147,3 +185,46 @@ def check_eval_mode(oracle: object, reach: int = _SEARCH_DEPTH) -> None:
                     f"oracle; call {name}.eval() before sampling (also if the oracle never "
                     "calls it: it is within the oracle's reach)"
                 )
+
+
+def check_device(device) -> torch.device:
+    """``device`` as a :class:`torch.device`, refused where this PyTorch cannot run on it.
+
+    Raises
+    ------
+    ValueError
+        For a device that is not one, a ``meta`` device (its tensors hold no numbers to draw
+        from), or a CUDA or MPS device this PyTorch build or machine does not have.
+
+    Examples
+    --------
+    >>> check_device("cpu")
+    device(type='cpu')
+    >>> check_device("meta")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: device='meta': meta tensors hold no numbers, ...
+    """
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device={device!r} is not a torch device: {error}") from None
+    if resolved.type == "meta":
+        raise ValueError(
+            f"device={device!r}: meta tensors hold no numbers, so nothing can be sampled on "
+            f"them; pass device='cpu' or a GPU"
+        )
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device={device!r}, but this PyTorch sees no CUDA GPU (torch.cuda.is_available() "
+                f"is False: a CPU build, or no driver): pass device='cpu', or install a CUDA build"
+            )
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device={device!r}, but this machine has {torch.cuda.device_count()} CUDA "
+                f"device(s)"
+            )
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device={device!r}, but MPS is not available here: pass device='cpu'")
+    return resolved

@@ -84,7 +84,7 @@ def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
     """
     t = np.asarray(t, dtype=np.float64)
     window = np.ceil(scale * (t / max(math.log(q), 1e-12)) ** (1.0 / 3.0))
-    return np.maximum(window, 1).astype(np.int64)
+    return np.clip(window, 1, 2**53).astype(np.int64)  # the caller clips to what is left
 
 
 def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from pyro_autospec.engine.rows import (
     host_width_groups,
     normalise_rows,
     place_answers,
+    then_pair,
 )
 
 __all__ = ["HostRows"]
@@ -92,7 +93,6 @@ class HostRows:
         self.draw_in = np.full(lanes, -1, dtype=np.int64)
         self._positions = np.arange(n, dtype=self.ranks.dtype)
         self.draw_ids = rows.draw_ids.cpu().numpy()
-        self._buffers: dict[str, np.ndarray] = {}
 
     def start(self, lanes: np.ndarray, draws: np.ndarray) -> None:
         """The draws ``draws`` (local numbers) start in ``lanes``: compute their orders."""
@@ -107,12 +107,10 @@ class HostRows:
         self.draw_in[lanes] = -1
 
     # ------------------------------------------------------------------------ the calls
-    def _buffer(self, name: str, rows: int, dtype) -> np.ndarray:
-        buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < rows:
-            size = max(rows, 2 * (0 if buf is None else buf.shape[0]))
-            buf = self._buffers[name] = np.empty((size, self.n), dtype=dtype)
-        return buf[:rows]
+    def _buffer(self, rows: int, dtype) -> np.ndarray:
+        """A fresh ``[rows, n]`` array for one call's inputs: an oracle may keep its inputs
+        (a cache of its last call), so they are never written again."""
+        return np.empty((rows, self.n), dtype=dtype)
 
     def _up(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)
@@ -121,7 +119,7 @@ class HostRows:
     def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
         start = time.perf_counter()
-        mask = self._buffer("mask", lane.size, bool)
+        mask = self._buffer(lane.size, bool)
         # runs of rows of one lane (a chain asked row by row): broadcast that lane's arrays
         # into the run instead of gathering a copy per row
         ends = np.flatnonzero(np.diff(lane)) + 1
@@ -133,7 +131,7 @@ class HostRows:
         else:
             np.less(self.ranks[lane], cut[:, None], out=mask)
         if self.on_cpu:
-            values = self._buffer("values", lane.size, np.int64)
+            values = self._buffer(lane.size, np.int64)
             if runs:
                 for a, b in bounds:
                     values[a:b] = frames[lane[a]]
@@ -198,8 +196,8 @@ class HostRows:
         reach = np.maximum(np.minimum(steps[None, :max_then], then_width[:, None] - 1), 0)
         first = np.where(then_width > 0, cut + length, cut + length - 1)
         then = self._up(self.orders[lane[:, None], first[:, None] + reach])
-        out, after = self._call(
-            "log_marginals_chain_then", values, mask, chain, then, **self._extra(draw)
+        out, after = then_pair(
+            self._call("log_marginals_chain_then", values, mask, chain, then, **self._extra(draw))
         )
         check(after, (rows, max_then, self.q), "log_marginals_chain_then")
         check(out, (rows, max_length, self.q), "log_marginals_chain")

@@ -112,7 +112,9 @@ class MarginalOracle(Protocol):
     off PyTorch's cost per operation on a CPU. Every other oracle is called with inference
     mode off and in the grad mode of the caller of the sampler, so that a tensor it creates
     (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. Its
-    inputs are then inference tensors: read them, never write into them. The built-in
+    inputs are then inference tensors: read them, never write into them. Every call gets
+    fresh inputs, never written again, so an oracle may keep them (a cache of its last
+    question). The built-in
     exact oracles are inference-safe.
 
     *One answer to one question.* Before sampling, the engine asks the oracle a handful of

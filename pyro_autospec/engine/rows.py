@@ -16,8 +16,9 @@ float64; a row that is NaN, ``+inf``, massless or far from summing to one is fla
 (an error only if its conditioning is possible, which the sampler decides, see
 :meth:`OracleRows.raise_bad`).
 
-The dense ``[rows, n]`` inputs of the protocol are built in buffers reused from call to call:
-on a CPU a fresh allocation of that size costs more than filling it.
+The dense ``[rows, n]`` inputs of the protocol are fresh tensors in every call: an oracle may
+keep what it was given (a cache keyed on its last inputs), and a buffer written again in the
+next call would silently change what it kept.
 
 Memory is bounded by the draws in flight: a draw's order (and the ranks of its coordinates) is
 computed into a *lane* when the draw starts (:meth:`OracleRows.start`) and the lane is freed
@@ -286,6 +287,27 @@ class Answer:
         return Answer(self.log_probs[index], self.bad[index], self.log_mass[index])
 
 
+def then_pair(result) -> tuple:
+    """``log_marginals_chain_then``'s answer as the pair ``(out, after)`` it must be.
+
+    Raises
+    ------
+    OracleError
+        For anything else (a single tensor unpacked would split along its first dimension).
+    """
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return tuple(result)
+    got = type(result).__name__
+    if isinstance(result, (tuple, list)):
+        got += f" of {len(result)} items"
+    elif isinstance(result, torch.Tensor):
+        got += f" of shape {tuple(result.shape)}"
+    raise OracleError(
+        f"oracle.log_marginals_chain_then must return a pair (out, after): out Tensor[C, L, q] "
+        f"for the chain and after Tensor[C, T, q] for the rows after it; got {got}"
+    )
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     """How far ``logsumexp`` of a row may stray from 0.
 
@@ -371,7 +393,6 @@ class OracleRows:
         # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
         self._call_mode = calling(oracle, self.grad_enabled)
-        self._buffers: dict[tuple, torch.Tensor] = {}
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
         self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
 
@@ -422,18 +443,10 @@ class OracleRows:
         shape of ``pos`` [K] or [K, W] (``draw`` [K]), by one flat gather (:func:`take`)."""
         return take(self.orders, self._lane(draw), pos)
 
-    def _buffer(self, name: str, rows: int, dtype: torch.dtype) -> torch.Tensor:
-        key = (name, dtype)
-        buf = self._buffers.get(key)
-        if buf is None or buf.shape[0] < rows:
-            buf = torch.empty(
-                max(rows, 2 * (0 if buf is None else buf.shape[0])),
-                self.n,
-                dtype=dtype,
-                device=self.device,
-            )
-            self._buffers[key] = buf
-        return buf[:rows]
+    def _buffer(self, rows: int, dtype: torch.dtype) -> torch.Tensor:
+        """A fresh ``[rows, n]`` tensor for one call's inputs: an oracle may keep its inputs
+        (a cache of its last call), so they are never written again."""
+        return torch.empty(rows, self.n, dtype=dtype, device=self.device)
 
     def _inputs(
         self, values: torch.Tensor, frame: torch.Tensor, draw: torch.Tensor, cut: torch.Tensor
@@ -441,12 +454,12 @@ class OracleRows:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] of ``R`` rows."""
         start = time.perf_counter()
         rows = frame.numel()
-        out = self._buffer("values", rows, torch.long)
+        out = self._buffer(rows, torch.long)
         if values.dtype == torch.long:
             torch.index_select(values, 0, frame, out=out)
         else:
             out.copy_(torch.index_select(values, 0, frame))
-        mask = self._buffer("mask", rows, torch.bool)
+        mask = self._buffer(rows, torch.bool)
         ranks = torch.index_select(self.ranks, 0, self._lane(draw))
         torch.lt(ranks, cut.to(ranks.dtype).unsqueeze(1), out=mask)
         self.seconds["inputs"] += time.perf_counter() - start
@@ -578,7 +591,7 @@ class OracleRows:
         coordinate ``coord[s]`` given ``values[s]`` where ``mask[s]``, for draw ``s``.
 
         The sequential samplers with every draw in step keep their partial samples dense and
-        ask this each step. The inputs are copied into reused buffers first, so an oracle that
+        ask this each step. The inputs are copied into fresh tensors first, so an oracle that
         writes into its inputs cannot change the caller's.
 
         Parameters
@@ -601,9 +614,9 @@ class OracleRows:
         for lo in range(0, total, step):
             hi = min(total, lo + step)
             begin = time.perf_counter()
-            vals = self._buffer("values", hi - lo, torch.long)
+            vals = self._buffer(hi - lo, torch.long)
             vals.copy_(values[lo:hi])
-            pinned = self._buffer("mask", hi - lo, torch.bool)
+            pinned = self._buffer(hi - lo, torch.bool)
             pinned.copy_(mask[lo:hi])
             self.seconds["inputs"] += time.perf_counter() - begin
             pieces.append(
@@ -688,8 +701,8 @@ class OracleRows:
                 pos = torch.where(tw > 0, c + ln, c + ln - 1).unsqueeze(1)
                 then = self.coords(d, pos + reach.clamp(min=0))
                 with self._call_mode():
-                    out, after = self.oracle.log_marginals_chain_then(
-                        vals, mask, chain, then, **extra
+                    out, after = then_pair(
+                        self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)
                     )
                 self._check_output(after, (f.numel(), max_then, self.q), "log_marginals_chain_then")
                 then_pieces.append(_checked(after, offsets[:max_then] < tw.unsqueeze(1)))
@@ -719,6 +732,11 @@ class OracleRows:
         if not out.dtype.is_floating_point:
             raise OracleError(
                 f"oracle.{name} must return floating point log probabilities, got {out.dtype}"
+            )
+        if out.layout != torch.strided:
+            raise OracleError(
+                f"oracle.{name} returned a tensor of layout {out.layout}; it must return a dense "
+                f"tensor (call .to_dense() on it)"
             )
         if out.device != self.device and out.device.type != self.device.type:
             raise OracleError(
@@ -750,11 +768,18 @@ class OracleRows:
         else:
             total = f"{math.exp(mass):.12g}" if mass < 700 else f"e^{mass:.6g}"
             problem = f"sums to {total} instead of 1 (the log of its sum is {mass:.3g})"
+        hint = ""
+        if problem.startswith("sums") and abs(mass) < 0.05:
+            hint = (
+                " A row off by this little was normalised in a lower precision than the dtype "
+                "returned (a bfloat16 or float16 network cast up after log_softmax): return "
+                "the network's own dtype, or cast its logits up before log_softmax."
+            )
         raise OracleError(
             f"The oracle's {what.format(row=r, target=k)} {problem}, although it is conditioned "
             "on an assignment of positive probability. The oracle must return log probabilities "
             "normalised over the values of each coordinate (use torch.log_softmax on logits; "
-            "-inf only for impossible values)."
+            f"-inf only for impossible values).{hint}"
         )
 
 

@@ -463,3 +463,171 @@ def test_the_network_search_skips_what_it_cannot_read_and_trusts_declared_oracle
         sample_any_order(oracle, 2, seed=0)
     oracle.consistent_queries = True
     assert sample_any_order(oracle, 2, seed=0).samples.shape == (2, 2)
+
+
+def test_networks_on_the_class_in_slots_and_read_by_methods_are_found():
+    """A network kept on the oracle's class, in its ``__slots__``, read by a method as a global
+    or behind a property is within its reach too, with ``consistent_queries`` or without."""
+    global _GLOBAL_NET
+    _GLOBAL_NET = torch.nn.Dropout(0.3)
+
+    class Plain:
+        num_coords, num_values = 2, 2
+
+        def log_marginals(self, values, mask):
+            return TabularOracle(logits=good_table()).log_marginals(values, mask)
+
+    class OnTheClass(Plain):
+        net = torch.nn.Dropout(0.3)
+
+    class InSlots(Plain):
+        __slots__ = ("held",)
+
+        def __init__(self):
+            self.held = torch.nn.Dropout(0.3)
+
+    class ReadsAGlobal(Plain):
+        def log_marginals(self, values, mask):
+            _GLOBAL_NET(torch.zeros(1))
+            return super().log_marginals(values, mask)
+
+    class BehindAProperty(Plain):
+        @property
+        def network(self):
+            return _GLOBAL_NET
+
+    for oracle, name in [
+        (OnTheClass(), r"oracle\.net"),
+        (InSlots(), r"oracle\.held"),
+        (ReadsAGlobal(), r"_GLOBAL_NET"),
+        (BehindAProperty(), r"_GLOBAL_NET"),
+    ]:
+        with pytest.raises(OracleError, match=rf"^{name} \(Dropout\) is in training mode"):
+            sample_any_order(oracle, 2, seed=0)
+    OnTheClass.net.eval()
+    _GLOBAL_NET.eval()
+    slotted = InSlots()
+    slotted.held.eval()
+    for oracle in (OnTheClass(), slotted, ReadsAGlobal(), BehindAProperty()):
+        assert sample_any_order(oracle, 2, seed=0).samples.shape == (2, 2)
+
+
+def test_a_random_oracle_is_told_about_eval_mode():
+    """An oracle whose answers are random (a network in training mode the search cannot see)
+    is refused by the consistency check, whose message names ``.eval()``."""
+
+    class Noisy:
+        num_coords, num_values = 4, 2
+
+        def log_marginals(self, values, mask):
+            logits = torch.randn(values.shape[0], 4, 2, dtype=torch.float64)
+            return torch.log_softmax(logits, -1)
+
+    with pytest.raises(OracleError, match=r"same answer each time.*\.eval\(\)"):
+        sample_any_order(Noisy(), 2, seed=0)
+
+
+class Memoised:
+    """Keeps its last inputs and answer, and answers again when asked the same: X0 ~ Bern(1/2)
+    and X1 = X0. Right only if the inputs it keeps are never written again."""
+
+    num_coords, num_values = 2, 2
+
+    def __init__(self):
+        self.last = None
+
+    def log_marginals(self, values, mask):
+        if self.last is not None:
+            kept_values, kept_mask, out = self.last
+            if torch.equal(kept_values, values) and torch.equal(kept_mask, mask):
+                return out
+        out = torch.full((values.shape[0], 2, 2), 0.5, dtype=torch.float64).log()
+        for i, j in ((0, 1), (1, 0)):
+            pinned = mask[:, j]
+            copy = torch.nn.functional.one_hot(values[:, j], 2).double().log()
+            out[pinned, i] = copy[pinned]
+        self.last = (values, mask, out)
+        return out
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_an_oracle_may_keep_its_inputs(engine, method):
+    """Every call gets fresh inputs: a cache keyed on the last inputs stays right."""
+    result = sample_any_order(Memoised(), 200, seed=0, method=method, engine=engine)
+    assert torch.equal(result.samples[:, 0], result.samples[:, 1])
+
+
+class ThenForgetsAfter:
+    """``log_marginals_chain_then`` returns the chain's rows alone, not ``(out, after)``."""
+
+    num_coords, num_values = 16, 2
+
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 16, 2), 0.5, dtype=torch.float64).log()
+
+    def log_marginals_chain(self, values, mask, chain):
+        return torch.full((chain.shape[0], chain.shape[1], 2), 0.5, dtype=torch.float64).log()
+
+    def log_marginals_chain_then(self, values, mask, chain, then):
+        return self.log_marginals_chain(values, mask, chain)
+
+
+@pytest.mark.parametrize("draws", [1, 2, 5])
+@pytest.mark.parametrize("trusted", [False, True])
+def test_chain_then_must_return_a_pair(draws, trusted):
+    oracle = ThenForgetsAfter()
+    oracle.consistent_queries = trusted  # with and without the check before sampling
+    with pytest.raises(OracleError, match=r"must return a pair \(out, after\).*got Tensor"):
+        sample_any_order(oracle, draws, seed=0)
+
+
+def test_a_sparse_output_is_refused():
+    class Sparse:
+        num_coords, num_values = 2, 2
+
+        def log_marginals(self, values, mask):
+            return TabularOracle(logits=good_table()).log_marginals(values, mask).to_sparse()
+
+    for trusted in (False, True):
+        oracle = Sparse()
+        oracle.consistent_queries = trusted
+        with pytest.raises(OracleError, match=r"layout torch\.sparse_coo.*to_dense"):
+            sample_any_order(oracle, 2, seed=0)
+
+
+def test_a_row_off_by_rounding_of_a_narrower_dtype_is_explained():
+    with pytest.raises(OracleError, match=r"lower precision than the dtype returned"):
+        sample_any_order(Wrapped(lambda out: out + 1e-3), 3, seed=0, method="sequential")
+
+
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        ({"method": "agr24", "window_scale": float("inf")}, "window_scale must be a finite"),
+        ({"method": "agr24", "window_scale": True}, "window_scale must be a finite"),
+        ({"method": "speculative", "window": None}, "window must be a positive int"),
+        ({"method": "speculative", "window": 2.5}, "window must be a positive int"),
+        ({"method": "speculative", "window": "8"}, "window must be a positive int"),
+        ({"device": "meta"}, "meta tensors hold no numbers"),
+        ({"device": "nonsense"}, "is not a torch device"),
+    ],
+)
+def test_bad_knobs_and_devices_are_refused_before_sampling(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        sample_any_order(Wrapped(lambda out: out), 2, seed=0, **knobs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has the device")
+def test_a_cuda_device_without_cuda_is_refused_clearly():
+    with pytest.raises(ValueError, match=r"sees no CUDA GPU.*device='cpu'"):
+        sample_any_order(Wrapped(lambda out: out), 2, seed=0, device="cuda")
+    with pytest.raises(ValueError, match=r"sees no CUDA GPU"):
+        sample_sde(lambda t, x: -x, torch.linspace(0, 1, 5), torch.zeros(1), 2, device="cuda")
+
+
+def test_a_huge_agr24_window_scale_samples():
+    result = sample_any_order(
+        Wrapped(lambda out: out), 3, seed=0, method="agr24", window_scale=1e30
+    )
+    assert result.samples.shape == (3, 2)
