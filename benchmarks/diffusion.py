@@ -18,8 +18,9 @@ sequential pass that measures its error.
 rows and wall time, the fastest of ``--repeats`` runs) at N in {1024, 4096}. Every table is
 timed after one short untimed draw per setting.
 
-Run ``python benchmarks/diffusion.py`` (a few minutes on 2 CPU cores) or ``--smoke``
-(seconds). Rounds and rows do not depend on the machine; wall times do (single-threaded torch
+Run ``python benchmarks/diffusion.py`` or ``--smoke`` (seconds). The ``rule=block`` rows run
+on the reference engine and take most of a full run (over ten minutes for d = 16 at
+N = 4096 on 2 CPU cores); ``--no-block`` skips them. Rounds and rows do not depend on the machine; wall times do (single-threaded torch
 unless ``--threads``). The run ends with the same comparison for a trained diffusion guide on
 the model of ``tutorials/05_diffusion_guides.ipynb`` (``benchmarks/diffusion_guides.py``;
 ``--no-guide`` skips it).
@@ -63,6 +64,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--no-guide", action="store_true", help="skip the trained diffusion guide row"
+    )
+    parser.add_argument(
+        "--no-block",
+        action="store_true",
+        help="skip the rule=block rows (the reference engine: minutes at N = 4096)",
     )
     parser.add_argument(
         "--sweep",
@@ -162,6 +168,8 @@ def run(args: argparse.Namespace) -> bool:
             ("sequential", "sequential", {"engine": args.engine}),
             ("picard", "picard", {"window": args.window, "tolerance": args.tolerance}),
         )
+        if args.no_block:
+            settings = tuple(s for s in settings if s[2].get("rule") != "block")
         _warm_up(oracle, [(method, knobs) for _, method, knobs in settings])
         for n in steps:
             for label, method, knobs in settings:
