@@ -26,14 +26,8 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
-from pyro_autospec.engine.euler import (
-    Chain,
-    DriftEvaluator,
-    EulerOutput,
-    check_log_ratio,
-    paths_from_increments,
-)
-from pyro_autospec.engine.euler_tokens import EulerTokens, HostChain
+from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput, check_log_ratio
+from pyro_autospec.engine.euler_tokens import EulerTokens, HostChain, host_output
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.stepping import run_rounds
 
@@ -108,7 +102,7 @@ def sequential(
         stepper = Lockstep(HostChain.of(chain), evaluate, _host(x0), draw_keys, return_paths)
         steps = chain.num_steps
         run_rounds(stepper, total=steps, progress=progress, desc="sequential", unit="step")
-        return stepper.output()
+        return host_output(stepper)
     one_step = {"max_block": 1, "min_block": 1, "max_rows_per_round": cap}
     one_step["max_concurrent_draws"] = lanes
     tokens = EulerTokens(chain, evaluate, x0, draw_keys, one_step, return_paths)
@@ -138,9 +132,10 @@ class Lockstep:
         n = chain.num_steps
         self.chain, self.evaluate, self.num = chain, evaluate, num
         self.keys = draw_keys.detach().cpu().numpy()
-        self.x0, self.x = x0, x0.copy()
-        self.log_mu = np.zeros(num)
+        self.x0, self.final = x0, x0.copy()  # the states, final once done
+        self.log_prob = np.zeros(num)
         self.increments = np.zeros((num, n, d)) if return_paths else None
+        self.sample_rounds = np.full(num, n, dtype=np.int64)
         self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * d)))
         self.z = np.zeros((num, 0, d))
         self.finished = self.rounds = self.oracle_rows = 0
@@ -159,32 +154,20 @@ class Lockstep:
             step_keys = keys.host_child(self.keys[:, None], keys.Tag.LEAF, ks)  # [num, W]
             z = keys.host_normal(step_keys[..., None], keys.Tag.DRAFT, np.arange(chain.dim))
             self.z = z.reshape(num, ks.size, chain.dim)
-        f = _drift(self.evaluate, np.full(num, chain.times[k]), self.x)
+        f = _drift(self.evaluate, np.full(num, chain.times[k]), self.final)
         h = chain.h[k]
         increment = f * h + chain.sd[k] * self.z[:, k % self.window]
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is raised, named
             resid = increment - f * h
             term = chain.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
         check_log_ratio(_NO_RATIO, term, "drift or mean oracle")  # a sequential step has none
-        self.log_mu += term
+        self.log_prob += term
         if self.increments is not None:
             self.increments[:, k] = increment
-        self.x += increment
+        self.final += increment
         self.finished += 1
         self.rounds += 1
         self.oracle_rows += num
-
-    def output(self) -> EulerOutput:
-        """The final states, paths (when asked for) and log densities, as tensors."""
-        final = torch.from_numpy(self.x)
-        paths = None
-        if self.increments is not None:
-            start = torch.from_numpy(self.x0)
-            paths = paths_from_increments(start, torch.from_numpy(self.increments), final)
-        rounds = torch.full((self.num,), self.chain.num_steps, dtype=torch.long)
-        return EulerOutput(
-            final, paths, torch.from_numpy(self.log_mu), self.rounds, self.oracle_rows, rounds
-        )
 
 
 @engine_mode()

@@ -66,6 +66,7 @@ __all__ = [
     "Draft",
     "Verdict",
     "draft_windows",
+    "host_output",
     "row_mask",
     "token_policy",
     "verify_windows",
@@ -457,16 +458,23 @@ class EulerTokens:
         (torch.Size([4, 1]), True)
         """
         run_rounds(self, total=self.num, progress=progress, desc=desc)
-        final = torch.from_numpy(self.final)
-        paths = None
-        if self.increments is not None:
-            start = torch.from_numpy(self.x0)
-            paths = paths_from_increments(start, torch.from_numpy(self.increments), final)
-        return EulerOutput(
-            final,
-            paths,
-            torch.from_numpy(self.log_prob),
-            self.rounds,
-            self.oracle_rows,
-            torch.from_numpy(self.sample_rounds),
-        )
+        return host_output(self)
+
+
+def host_output(stepper) -> EulerOutput:
+    """What a stepper of the host plane drew, as tensors: its ``final`` [D, d], ``log_prob``
+    [D], ``increments`` [D, N, d] (or None) from ``x0`` [D, d], ``sample_rounds`` [D] and its
+    counts."""
+    final = torch.from_numpy(stepper.final)
+    paths = None
+    if stepper.increments is not None:
+        start = torch.from_numpy(stepper.x0)
+        paths = paths_from_increments(start, torch.from_numpy(stepper.increments), final)
+    return EulerOutput(
+        final,
+        paths,
+        torch.from_numpy(stepper.log_prob),
+        stepper.rounds,
+        stepper.oracle_rows,
+        torch.from_numpy(stepper.sample_rounds),
+    )
