@@ -96,9 +96,13 @@ def check_exact_draws(
             "The enumeration oracle and the model's log density disagree. A common cause is a "
             "model whose density is not a fixed function of its sites: it draws random numbers "
             "that no visible pyro.sample site records (poutine.block hiding a latent site, "
-            "torch.rand or .sample() inside the model); make them sites of the model. "
-            "Otherwise the model uses a handler or construct AutoSpec does not reproduce: "
-            "please report it with the model; meanwhile use pyro.infer.infer_discrete or MCMC."
+            "torch.rand or .sample() inside the model); make them sites of the model. Another "
+            "is pyro.markov contexts that share enumeration dims between sites that depend on "
+            "each other (a new pyro.markov per row of a grid inside an outer one: re-enter one "
+            "markov object per axis instead, as Pyro's grid examples do); Pyro's own "
+            "enumeration is wrong there too. Otherwise the model uses a handler or construct "
+            "AutoSpec does not reproduce: please report it with the model; meanwhile use "
+            "pyro.infer.infer_discrete or MCMC."
         )
     raise SelfCheckError(
         f"Self-check failed: log p(x, data) - log q(x) {what} by up to {spread:.3g} "

@@ -461,7 +461,8 @@ class EnumOracle:
         self.device = None if device is None else torch.device(device)
         self.lower_chains = bool(lower_chains)
         self._lazy = bool(lazy)
-        self._compile()
+        with torch.inference_mode(False):  # ordinary factors, which autograd may save
+            self._compile()
 
     def __repr__(self) -> str:
         family = "" if self.num_draws is None else f", num_draws={self.num_draws}"
@@ -1342,11 +1343,13 @@ class EnumOracle:
         q = self.num_values
         values_t, mask_t = values.t(), mask.t()  # [n, rows]: coordinates first
         other = torch.arange(q, device=values.device)[:, None] != values_t[:, None, :]
-        # linear evidence e_i(v) in {0, 1}: d log Z / d e_i(v) * e_i(v) = P(X_i = v | pins)
-        ev = (~(mask_t[:, None, :] & other)).to(torch.float64).requires_grad_(True)  # [n, q, B]
-        leaves = self._leaves(ev)
         ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: padded})
-        with torch.enable_grad():
+        # the marginals are gradients: taken whatever the caller's grad or inference mode
+        with torch.inference_mode(False), torch.enable_grad():
+            # linear evidence e_i(v) in {0, 1}: d log Z / d e_i(v) e_i(v) = P(X_i = v | pins)
+            ev = (~(mask_t[:, None, :] & other)).to(torch.float64)  # [n, q, B]
+            ev = ev.clone().requires_grad_(True)  # an ordinary tensor, also from inference ones
+            leaves = self._leaves(ev)
             logz = contract_to_tensor(
                 self._tree(leaves, draws),
                 set(self._sum_dims),

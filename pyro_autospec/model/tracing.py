@@ -420,7 +420,9 @@ def structure_error(
         f"on their values with Python control flow (if/int()/.item()), nor reduce a sampled "
         f"value over a plate or batch dimension; use tensor operations (torch.where, Vindex, "
         f"poutine.mask, sums with keepdim=True over dimensions that are not plates) so its "
-        f"structure is fixed."
+        f"structure is fixed. Nor may a site after a pyro.markov loop read a value sampled "
+        f"inside it (markov recycles the loop's enumeration dims): sample such a site inside "
+        f"the loop's last step."
     )
 
 

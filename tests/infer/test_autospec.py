@@ -191,3 +191,21 @@ def test_params_created_while_sampling_stay_trainable():
     optimizer.step()
     assert pyro.param("shift").item() != 0.5
     pyro.clear_param_store()
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_a_run_under_no_grad_or_inference_mode_gives_the_same_draws(context, sampler):
+    """The enumeration oracle takes its marginals as gradients; a caller's ``no_grad`` or
+    ``inference_mode`` must not break it nor change the draws."""
+
+    def model(y):
+        x = pyro.sample("x", dist.Categorical(torch.ones(3) / 3))
+        pyro.sample("y", dist.Normal(x.float(), 1.0), obs=y)
+
+    y = torch.tensor(1.0)
+    base = AutoSpec(model, 50, seed=0, disable_progbar=True, sampler=sampler).run(y)
+    mode = torch.no_grad() if context == "no_grad" else torch.inference_mode()
+    with mode:
+        run = AutoSpec(model, 50, seed=0, disable_progbar=True, sampler=sampler).run(y)
+    assert torch.equal(run.get_samples()["x"], base.get_samples()["x"])

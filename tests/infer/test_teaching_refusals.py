@@ -14,7 +14,7 @@ from pyro_autospec.infer import (
     IntractableEnumerationError,
     UnsupportedSiteError,
 )
-from pyro_autospec.model import enumerate_posterior
+from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 
 
@@ -456,3 +456,21 @@ def test_a_plated_site_reduced_into_another_plate_names_the_sites(model, y, name
     assert named in text and "a.sum(-1)" in text and "guide=guide" in text
     assert "_autospec" not in text and "einsum" not in text and "PyTorch said" not in text
     assert "control flow" not in text  # not the generic advice about branching
+
+
+def test_a_site_after_a_markov_loop_reading_its_state_is_told_where_to_go():
+    """A site after a ``pyro.markov`` loop that reads the loop's last state is refused (markov
+    recycles the loop's dims, which Pyro's own enumeration gets wrong silently), and the
+    message says to sample it inside the loop's last step."""
+    stay = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]])
+
+    def after_loop(y):
+        x = 0
+        for t in pyro.markov(range(len(y))):
+            x = pyro.sample(f"x_{t}", dist.Categorical(Vindex(stay)[..., x, :]))
+            pyro.sample(f"y_{t}", dist.Normal(x.float(), 1.0), obs=y[t])
+        g = pyro.sample("g", dist.Bernoulli(Vindex(torch.tensor([0.1, 0.5, 0.9]))[..., x]))
+        pyro.sample("o", dist.Normal(g, 0.5), obs=torch.tensor(1.0))
+
+    with pytest.raises(DynamicStructureError, match=r"after a pyro\.markov loop.*last step"):
+        AutoSpec(after_loop, 10, seed=0, disable_progbar=True).run(torch.tensor([0.0, 1.0, 2.0]))
