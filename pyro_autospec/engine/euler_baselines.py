@@ -27,25 +27,19 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput, check_log_ratio
-from pyro_autospec.engine.euler_tokens import EulerTokens, HostChain, host_output
+from pyro_autospec.engine.euler_tokens import (
+    EulerTokens,
+    HostChain,
+    host_drift,
+    host_float64,
+    host_output,
+)
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["Lockstep", "follow_noise", "picard", "sequential"]
 
 _NO_RATIO = np.zeros(0)
-
-
-def _host(array) -> np.ndarray:
-    """A float64 host copy of a tensor (or array)."""
-    if isinstance(array, torch.Tensor):
-        return array.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(array, dtype=np.float64)
-
-
-def _drift(evaluate: DriftEvaluator, t: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """One round's drift call on host arrays (``x`` copied: a drift may write to its input)."""
-    return _host(evaluate(torch.from_numpy(t), torch.from_numpy(x.copy())))
 
 
 @engine_mode()
@@ -99,12 +93,16 @@ def sequential(
     lanes = min(int(knobs.get("max_concurrent_draws") or num), num)
     cap = knobs.get("max_rows_per_round")
     if lanes == num and (cap is None or cap >= num):
-        stepper = Lockstep(HostChain.of(chain), evaluate, _host(x0), draw_keys, return_paths)
+        stepper = Lockstep(HostChain.of(chain), evaluate, host_float64(x0), draw_keys, return_paths)
         steps = chain.num_steps
         run_rounds(stepper, total=steps, progress=progress, desc="sequential", unit="step")
         return host_output(stepper)
-    one_step = {"max_block": 1, "min_block": 1, "max_rows_per_round": cap}
-    one_step["max_concurrent_draws"] = lanes
+    one_step = {
+        "max_block": 1,
+        "min_block": 1,
+        "max_rows_per_round": cap,
+        "max_concurrent_draws": lanes,
+    }
     tokens = EulerTokens(chain, evaluate, x0, draw_keys, one_step, return_paths)
     return tokens.run(progress, desc="sequential")
 
@@ -154,7 +152,7 @@ class Lockstep:
             step_keys = keys.host_child(self.keys[:, None], keys.Tag.LEAF, ks)  # [num, W]
             z = keys.host_normal(step_keys[..., None], keys.Tag.DRAFT, np.arange(chain.dim))
             self.z = z.reshape(num, ks.size, chain.dim)
-        f = _drift(self.evaluate, np.full(num, chain.times[k]), self.final)
+        f = host_drift(self.evaluate, np.full(num, chain.times[k]), self.final.copy())
         h = chain.h[k]
         increment = f * h + chain.sd[k] * self.z[:, k % self.window]
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is raised, named
@@ -200,7 +198,7 @@ def picard(
     EulerOutput
         With the whole paths and the fixed noise; ``log_prob`` None.
     """
-    stepper = _Picard(HostChain.of(chain), evaluate, _host(x0), draw_keys, knobs)
+    stepper = _Picard(HostChain.of(chain), evaluate, host_float64(x0), draw_keys, knobs)
     run_rounds(stepper, total=stepper.num, progress=progress, desc="picard")
     out = torch.from_numpy(stepper.out)
     return EulerOutput(
@@ -277,9 +275,8 @@ class _Picard:
         self.sample_rounds[draw[active]] += 1
         lane_grid = np.broadcast_to(active[:, None], step.shape)
         f = np.zeros((active.size, w, d))
-        f[valid] = _drift(
-            self.evaluate, chain.times[step[valid]], path[lane_grid[valid], step[valid]]
-        )
+        states = path[lane_grid[valid], step[valid]]  # a fresh array
+        f[valid] = host_drift(self.evaluate, chain.times[step[valid]], states)
         z = noise[draw[active][:, None], step]
         incr = np.where(valid[..., None], f * chain.h[step][..., None] + z, 0.0)
         new = path[active, lo][:, None] + np.cumsum(incr, 1)  # X_{lo+1..lo+w}
@@ -318,8 +315,8 @@ def follow_noise(
     :func:`picard` returns it). One drift call per step, on the host plane.
     """
     host = HostChain.of(chain)
-    x, noise = _host(x0), _host(noise)
+    x, noise = host_float64(x0), host_float64(noise)
     for k in range(host.num_steps):
-        f = _drift(evaluate, np.full(x.shape[0], host.times[k]), x)
+        f = host_drift(evaluate, np.full(x.shape[0], host.times[k]), x.copy())
         x = x + f * host.h[k] + noise[:, k]
     return torch.from_numpy(x)

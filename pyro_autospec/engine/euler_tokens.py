@@ -66,11 +66,25 @@ __all__ = [
     "Draft",
     "Verdict",
     "draft_windows",
+    "host_drift",
+    "host_float64",
     "host_output",
     "row_mask",
     "token_policy",
     "verify_windows",
 ]
+
+
+def host_float64(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a float64 NumPy array on the host (no copy where it already is one)."""
+    return tensor.detach().to("cpu", torch.float64).numpy()
+
+
+def host_drift(evaluate: DriftEvaluator, t: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """One drift call on host arrays: times ``t`` [B] and states ``x`` [B, d] in, the drift
+    float64 [B, d] out. ``x`` is handed over as it is: pass an array nothing else reads after
+    the call (a drift may write into its input)."""
+    return host_float64(evaluate(torch.from_numpy(t), torch.from_numpy(x)))
 
 
 @dataclass(frozen=True)
@@ -101,7 +115,7 @@ class HostChain:
     @classmethod
     def of(cls, chain: Chain) -> HostChain:
         """The host copy of ``chain`` (float64 whatever the device)."""
-        times = chain.times.detach().to("cpu", torch.float64).numpy()
+        times = host_float64(chain.times)
         h = np.diff(times)
         var = float(chain.var)
         return cls(
@@ -337,7 +351,7 @@ class EulerTokens:
         self.cap = knobs.get("max_rows_per_round")
         num, d = x0.shape
         self.num, self.d, self.n = num, d, self.host.num_steps
-        self.x0 = x0.detach().to("cpu", torch.float64).numpy()
+        self.x0 = host_float64(x0)
         self.keys = draw_keys.detach().cpu().numpy()
         lanes = min(int(knobs.get("max_concurrent_draws") or num), num)
         self.draw = np.full(lanes, -1, dtype=np.int64)
@@ -403,8 +417,7 @@ class EulerTokens:
         count = int(mask.sum())
         if count:
             t = host.times[np.minimum(k[:, None] + np.arange(mask.shape[1]), self.n)]
-            answer = self.evaluate(torch.from_numpy(t[mask]), torch.from_numpy(states[mask]))
-            drifts[mask] = answer.detach().to("cpu", torch.float64).numpy()
+            drifts[mask] = host_drift(self.evaluate, t[mask], states[mask])
             self.rounds += 1
             self.oracle_rows += count
             self.sample_rounds[self.draw[lanes[mask.any(1)]]] += 1

@@ -15,7 +15,13 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_log_ratio
-from pyro_autospec.engine.euler_tokens import HostChain, draft_windows, row_mask, verify_windows
+from pyro_autospec.engine.euler_tokens import (
+    HostChain,
+    draft_windows,
+    host_float64,
+    row_mask,
+    verify_windows,
+)
 from pyro_autospec.engine.reference.scheduler import Call
 from pyro_autospec.engine.schedule import BlockPolicy, adaptive_rho
 
@@ -133,10 +139,10 @@ def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPoli
     ask the start's drift, then a window per round until the chain's end."""
     chain = HostChain.of(problem.chain)
     n, d = chain.num_steps, chain.dim
-    x0 = problem.x0[s].detach().to("cpu", torch.float64).numpy()
+    x0 = host_float64(problem.x0[s])
     draw_keys = np.array([draw_key], dtype=np.int64)
     (f,) = yield Call((problem.chain.times[0:1], problem.x0[s : s + 1]), 1, s)
-    x, frozen, known = x0[None], f.detach().to("cpu", torch.float64).numpy()[None], True
+    x, frozen, known = x0[None], host_float64(f)[None], True
     k, window, tokens, misses, log_mu = 0, policy.start_window(), 0, 0, 0.0
     increments = np.zeros((n, d))
     while k < n:
@@ -153,7 +159,7 @@ def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPoli
                 torch.from_numpy(draft.states[0, at]).to(problem.chain.device),
             )
             answer = yield Call(payload, int(at.size), s)
-            drifts[0, at] = answer.detach().to("cpu", torch.float64).numpy()
+            drifts[0, at] = host_float64(answer)
         verdict = verify_windows(chain, draft, drifts)
         count = int(verdict.count[0])
         increments[k : k + count] = verdict.increments[0, :count]
