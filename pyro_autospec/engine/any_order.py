@@ -44,6 +44,7 @@ from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
     block_policy,
+    check_windows,
     default_max_block,
     default_max_elements,
     default_schedule,
@@ -251,6 +252,8 @@ def sample_any_order(
             n, in_flight, device, has_chain_marginals(oracle), has_targeted_marginals(oracle)
         )
     _check_knobs(knobs)
+    if "max_block" in knobs:
+        check_windows(knobs, given)
     if not declares_consistent_queries(oracle):  # one answer to one question, asked any way
         check_consistency(oracle, device)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the

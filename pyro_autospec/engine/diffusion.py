@@ -61,6 +61,7 @@ from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
     Schedule,
+    check_windows,
     default_max_block,
     given_knobs,
     resolve_knobs,
@@ -185,12 +186,13 @@ def _autospec_knobs(knobs: dict, num_steps: int) -> None:
                 "rho sets the residual races of rule='block'; the token rule (the default) "
                 "races nothing. Pass rule='block' with rho, or drop rho"
             )
-        min_block = 2 if knobs["min_block"] is None else knobs["min_block"]
-        if not isinstance(min_block, (int, np.integer)) or min_block < 1:
-            raise ValueError(f"min_block must be a positive int, got {min_block!r}")
+        given = {k: knobs[k] for k in ("max_block", "min_block") if knobs[k] is not None}
         knobs.update(
-            max_block=int(max_block or default_max_block(num_steps)), min_block=int(min_block)
+            max_block=int(max_block or default_max_block(num_steps)),
+            min_block=2 if knobs["min_block"] is None else knobs["min_block"],
         )
+        check_windows(knobs, given)
+        knobs["min_block"] = int(knobs["min_block"])
         return
     if knobs["min_block"] is not None:
         raise ValueError(

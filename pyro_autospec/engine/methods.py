@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from pyro_autospec.engine.schedule import BlockPolicy
 
 __all__ = [
@@ -456,6 +458,46 @@ def knob_names(setting: str = DISCRETE) -> tuple[str, ...]:
         if setting in method.settings:
             names += [k for k in method.knobs if k not in names]
     return tuple(names)
+
+
+def check_windows(knobs: dict, given: Mapping) -> None:
+    """Check the window knobs of resolved ``"autospec"`` knobs (``max_block`` resolved).
+
+    ``min_block`` and ``first_block`` must be positive ints (``first_block`` may be ``None``).
+    A ``min_block`` the caller gave above ``max_block`` raises rather than being clamped;
+    the default ``min_block`` of 2 becomes a ``max_block`` of 1 in ``knobs``, so that the
+    recorded schedule, passed back, gives the same draws.
+
+    Raises
+    ------
+    ValueError
+        For a window knob that is no positive int, or ``min_block > max_block``.
+
+    Examples
+    --------
+    >>> check_windows({"max_block": 8, "min_block": 16}, given={"min_block": 16})
+    Traceback (most recent call last):
+    ...
+    ValueError: min_block=16 is larger than max_block=8 (this run's default); pass ...
+    """
+    for name in ("min_block", "first_block"):
+        value = knobs.get(name)
+        if value is None and name == "first_block":
+            continue
+        if name in knobs and (
+            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
+        ):
+            none = " or None" if name == "first_block" else ""
+            raise ValueError(f"{name} must be a positive int{none}; got {value!r}")
+    if knobs["min_block"] <= knobs["max_block"]:
+        return
+    if "min_block" in given:
+        where = "" if "max_block" in given else " (this run's default)"
+        raise ValueError(
+            f"min_block={knobs['min_block']} is larger than max_block={knobs['max_block']}"
+            f"{where}; pass max_block >= {knobs['min_block']} too, or a smaller min_block"
+        )
+    knobs["min_block"] = knobs["max_block"]  # the recorded schedule holds the window used
 
 
 def block_policy(knobs: dict) -> BlockPolicy:

@@ -406,6 +406,8 @@ def test_errors_for_dimension_mismatch_and_options():
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="tokens")
     with pytest.raises(ValueError, match="min_block must be a positive int"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=0)
+    with pytest.raises(ValueError, match=r"min_block=9 is larger than max_block=4; pass"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=9, max_block=4)
     for rule in ("token", "block"):
         with pytest.raises(ValueError, match="max_block"):
             sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule=rule, max_block=0)

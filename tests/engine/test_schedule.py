@@ -209,6 +209,9 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
         base = sample_any_order(oracle, 6, seed=4, method=method)
         back = sample_any_order(oracle, 6, seed=4, method=method, schedule=base.schedule)
         assert torch.equal(base.samples, back.samples)
+    one = sample_any_order(oracle, 6, seed=4, max_block=1)  # below the default min_block
+    assert (one.schedule["min_block"], one.schedule["max_block"]) == (1, 1)
+    assert torch.equal(one.samples, sample_any_order(oracle, 6, seed=4, **one.schedule).samples)
     with pytest.raises(TypeError, match="given both in schedule= and as keywords"):
         sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
     with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
