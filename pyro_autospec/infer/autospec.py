@@ -144,7 +144,8 @@ class AutoSpec:
         tensors are.
     nuts_kwargs : dict, optional
         Keywords of :class:`pyro.infer.NUTS` for models with continuous sites
-        (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...).
+        (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...);
+        ``max_plate_nesting`` there is taken as AutoSpec's own.
     distributed : bool
         Spread the draws over the processes (ranks) of a ``torch.distributed`` process group
         (launched by ``torchrun``; see :doc:`/engine`). Every rank runs the same script with
@@ -294,6 +295,15 @@ class AutoSpec:
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})
+        if "max_plate_nesting" in self.nuts_kwargs:  # as Pyro users pass it to NUTS
+            nesting = self.nuts_kwargs.pop("max_plate_nesting")
+            if max_plate_nesting is not None and nesting != max_plate_nesting:
+                raise ValueError(
+                    f"max_plate_nesting is {max_plate_nesting} but nuts_kwargs gives "
+                    f"{nesting}; AutoSpec uses one value for NUTS and enumeration: pass it "
+                    f"once, as AutoSpec(..., max_plate_nesting=...)"
+                )
+            self.max_plate_nesting = nesting
         self.schedule = check_schedule(schedule, knobs)
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be True or False; got {distributed!r}")
@@ -498,6 +508,13 @@ class AutoSpec:
                 f"by enumeration (leave oracle='enum', guide=None, correction=None), or "
                 f"condition the continuous sites with poutine.condition."
             )
+        if self.sampler == "ffbs":
+            raise ValueError(
+                f"sampler='ffbs' draws models whose latent sites are all discrete; this model "
+                f"has continuous latent sites {names}, which NUTS draws, and its discrete "
+                f"sites are drawn exactly given each continuous draw by the engine. Leave "
+                f"sampler='auto' (or 'engine')."
+            )
         self.run_kind = "mixed"
         self._run = MixedRun(
             self.model, layout, self._settings(progress), nuts_kwargs=self.nuts_kwargs
@@ -523,7 +540,8 @@ class AutoSpec:
             raise ValueError(
                 "warmup_steps applies to models with continuous latent sites (NUTS warm-up) and "
                 "to correction='imh' (independent Metropolis-Hastings chains); exact draws of "
-                f"{'a discrete' if kind == 'discrete' else 'this'} model need no warm-up"
+                f"{'a discrete' if kind == 'discrete' else 'this'} model need no warm-up "
+                f"(leave warmup_steps out, or pass 0)"
             )
 
     def _check_save_params(self, layout) -> None:

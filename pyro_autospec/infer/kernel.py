@@ -209,12 +209,16 @@ class AutoSpecKernel(MCMCKernel):
         self._self_check: SelfCheck | None = None
         self._draws: DrawEvaluator | None = None
         self._checked_call: Any = None
+        self._call: Any = None
         #: Largest deviation of ``log p(x, data) - log q(x)`` from its common value so far.
         self.max_self_check_error: float | None = None
 
     # -- MCMCKernel interface -------------------------------------------------------------
     def setup(self, warmup_steps: int, *args: Any, **kwargs: Any) -> None:
-        """Find the discrete sites and build the oracle; called by ``MCMC`` once per chain."""
+        """Find the discrete sites of ``model(*args, **kwargs)``; called by ``MCMC`` once per
+        chain, and in the main process when the chains ran in worker processes (for the
+        ``transforms`` and the dtypes of ``kernel.model``). The oracle is built on the first
+        draw."""
         self._args, self._kwargs = args, kwargs
         if isinstance(self._seed, int) and multiprocessing.parent_process() is not None:
             # a worker of MCMC (reseeded with initial_seed + chain_id): its own stream
@@ -223,10 +227,18 @@ class AutoSpecKernel(MCMCKernel):
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
         self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
+        self._call = _snapshot((args, kwargs))
+        self._oracle = None
+        self._buffer = []
+        self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
+        self._initial_params = None
+
+    def _prepare(self) -> None:
+        """Build the oracle and the draws' evaluation for the arguments of the last setup."""
+        args, kwargs = self._args, self._kwargs
         self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
-        call = _snapshot((args, kwargs))
-        if self._self_check is None or not _same(call, self._checked_call):
+        if self._self_check is None or not _same(self._call, self._checked_call):
             self._self_check = SelfCheck(
                 self._oracle,
                 custom_oracle=not isinstance(self.oracle, str),
@@ -234,7 +246,7 @@ class AutoSpecKernel(MCMCKernel):
             )
             self.max_self_check_error = None
         self._self_check.oracle = self._oracle
-        self._checked_call = call
+        self._checked_call = self._call
         self._draws = DrawEvaluator(
             ModelCall(self.user_model, args, kwargs),
             self.layout,
@@ -242,15 +254,16 @@ class AutoSpecKernel(MCMCKernel):
             device=getattr(self._oracle, "device", None),
             outputs=False,
         )
-        self._buffer = []
-        self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
-        self._initial_params = None
 
     @property
-    def transforms(self) -> dict:
-        """Casts back to each site's native floating dtype (Categorical sites stay float)."""
+    def transforms(self) -> dict | None:
+        """Casts back to each site's native floating dtype (Categorical sites stay float).
+
+        ``None`` before :meth:`setup`: ``MCMC`` then sets the kernel up in the main process
+        (its chains may have run in worker processes) to read them.
+        """
         if self.layout is None:
-            return {}
+            return None
         return {s.name: _Cast(s.dtype) for s in self.layout.sites if s.dtype.is_floating_point}
 
     @property
@@ -286,6 +299,8 @@ class AutoSpecKernel(MCMCKernel):
     def _refill(self) -> None:
         if self.layout is None:
             raise RuntimeError("AutoSpecKernel.setup(warmup_steps, *args) must run first")
+        if self._oracle is None:
+            self._prepare()
         (seed,) = self._seeds(1)
         result = sample_any_order(
             self._oracle,

@@ -84,6 +84,11 @@ class ScaleIntoDensity(Messenger):
             msg["scale"] = 1.0
 
 
+def _zeros(layout: SiteLayout) -> torch.Tensor:
+    """LongTensor[1, n]: one assignment of the coordinates, to read the sites' shapes."""
+    return torch.zeros(1, layout.num_coords, dtype=torch.long)
+
+
 def most_probable(
     model: Callable, args: tuple, kwargs: dict, layout: SiteLayout
 ) -> dict[str, torch.Tensor]:
@@ -106,7 +111,11 @@ def most_probable(
     )
     try:
         trace = poutine.trace(decoder).get_trace(*args, **kwargs)
-        best = {name: trace.nodes[name]["value"].detach() for name in layout.names}
+        # a site with one value keeps a size-1 enumeration dim in Pyro's decoded trace
+        shapes = {k: v.shape[1:] for k, v in layout.from_coords(_zeros(layout)).items()}
+        best = {
+            name: trace.nodes[name]["value"].detach().reshape(shapes[name]) for name in layout.names
+        }
         # the data have probability zero exactly where the most probable state has
         check_evidence(trace.log_prob_sum().detach())
         return best

@@ -3,6 +3,7 @@
 import pyro
 import pyro.distributions as dist
 import pytest
+import torch
 
 from pyro_autospec import AutoSpec
 
@@ -17,6 +18,30 @@ def test_warmup_only_with_imh_or_continuous_sites():
     with pytest.raises(ValueError, match="warmup_steps applies to models with continuous"):
         AutoSpec(model, num_samples=10, warmup_steps=5, disable_progbar=True).run()
     AutoSpec(model, num_samples=10, warmup_steps=5, correction="imh")
+    AutoSpec(model, num_samples=10, warmup_steps=0, disable_progbar=True).run()  # as MCMC's
+
+
+def mixed(y):
+    mu = pyro.sample("mu", dist.Normal(0.0, 2.0))
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z * mu, 1.0), obs=y)
+
+
+def test_max_plate_nesting_given_to_nuts_is_autospecs():
+    """Pyro users pass ``max_plate_nesting`` to NUTS; NUTS then got it twice (a TypeError)."""
+    fit = AutoSpec(mixed, 2, nuts_kwargs={"max_plate_nesting": 1, "max_tree_depth": 3})
+    assert fit.max_plate_nesting == 1 and fit.nuts_kwargs == {"max_tree_depth": 3}
+    assert AutoSpec(mixed, 2, max_plate_nesting=1, nuts_kwargs={"max_plate_nesting": 1})
+    with pytest.raises(ValueError, match="pass it once"):
+        AutoSpec(mixed, 2, max_plate_nesting=2, nuts_kwargs={"max_plate_nesting": 1})
+
+
+def test_the_elimination_sampler_is_refused_for_continuous_sites():
+    """``sampler="ffbs"`` promises the elimination or an error; it was ignored here."""
+    fit = AutoSpec(mixed, 2, sampler="ffbs", disable_progbar=True)
+    with pytest.raises(ValueError, match=r"continuous latent sites \['mu'\].*sampler='auto'"):
+        fit.run(torch.tensor([2.1, -0.1]))
 
 
 def test_bad_device_and_schedule_knob():

@@ -73,6 +73,23 @@ def test_kernel_model_hands_native_dtypes_to_the_model():
     assert seen["dtype"] == torch.long
 
 
+def test_chains_run_in_worker_processes_still_give_dtypes_and_transforms_in_the_main_one():
+    """With chains in worker processes ``MCMC`` never sets the kernel up in the main process;
+    it calls ``setup`` there only when ``kernel.transforms`` is ``None``. Without it
+    ``kernel.model`` had no dtypes (``Predictive`` and ``az.from_pyro`` then handed the model
+    float Categorical values) and the transforms were empty."""
+    kernel = AutoSpecKernel(model, seed=0, draws_per_run=4)
+    assert kernel.transforms is None
+    mcmc = MCMC(kernel, num_samples=4, warmup_steps=0, num_chains=1, disable_progbar=True)
+    mcmc._set_transforms(DATA)  # what MCMC.run does in the main process after the workers
+    assert kernel.model.dtypes == {"g": torch.long, "z": torch.float32}
+    assert set(mcmc.transforms) == {"z"}
+    assert kernel._oracle is None  # setting up is cheap: the oracle is built on a first draw
+    posterior = {"g": torch.tensor([2.0, 0.0]), "z": torch.zeros(2, 3)}
+    predicted = pyro.infer.Predictive(kernel.model, posterior_samples=posterior)(DATA)
+    assert predicted["y"].shape == (2, 3)
+
+
 @pytest.mark.filterwarnings("ignore:num_chains=2 is more than available_cpu")
 def test_two_chains_differ():
     kernel = AutoSpecKernel(model, seed=1, draws_per_run=8)

@@ -33,6 +33,25 @@ def test_map_is_the_most_probable_state(name):
     assert list(found) == layout.names
     got = layout.to_coords({k: v[None] for k, v in found.items()})[0]
     assert got.tolist() == best.tolist()
+    plain = poutine.trace(model).get_trace(*args)
+    assert {k: v.shape for k, v in found.items()} == {
+        k: plain.nodes[k]["value"].shape for k in found
+    }
+
+
+def test_map_gives_sites_with_one_value_the_models_shape():
+    """Pyro's decoded trace keeps a size-1 enumeration dim on a site with one value."""
+
+    def model(y):
+        a = pyro.sample("a", dist.Categorical(torch.tensor([1.0])))
+        b = pyro.sample("b", dist.Binomial(0, 0.5))
+        c = pyro.sample("c", dist.Bernoulli(0.4))
+        with pyro.plate("data", 3):
+            pyro.sample("y", dist.Normal(a.float() + b + c, 1.0), obs=y)
+
+    found = AutoSpec(model, num_samples=1).map(torch.tensor([0.3, 2.2, -0.4]))
+    assert {k: v.shape for k, v in found.items()} == {k: () for k in "abc"}
+    assert found["a"].dtype == torch.long and found["b"].item() == 0
 
 
 def long_hmm(y):
