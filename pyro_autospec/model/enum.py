@@ -44,6 +44,7 @@ from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.enum_contract import (
     PlannedLogRing,
+    StepTooLarge,
     _align,
     constant_factor,
     linear_factor,
@@ -114,6 +115,8 @@ _CHAIN_TARGETS_PER_COORD = 4
 
 # Largest product of a single elimination step, per query row, before the model is refused.
 _MAX_STEP_ENTRIES_PER_ROW = 2**26
+#: Contractions whose steps all have at most this many entries are measured by running them.
+_MEASURED_BY_RUNNING = 2**16
 
 
 @dataclass
@@ -991,30 +994,47 @@ class EnumOracle:
         ]
 
     def _measure(self) -> int:
-        """Entries per query row of one contraction; refuse an intractable elimination."""
+        """Entries per query row of one contraction; refuse an intractable elimination.
+
+        A small contraction is measured by running it on two rows of zeros; one with a step of
+        over :data:`_MEASURED_BY_RUNNING` entries is measured on ``meta`` tensors, shapes only
+        (whose operators load ``torch._dynamo`` in a fresh process: over a second).
+        """
         rows = 2
-        ev = torch.zeros(self.num_coords, self.num_values, rows, device="meta")
+        try:
+            entries = self._measured(rows, on_meta=False)
+        except StepTooLarge:
+            entries = self._measured(rows, on_meta=True)
+        largest = max(entries, default=1) / rows
+        if largest > _MAX_STEP_ENTRIES_PER_ROW:
+            raise _intractable_error(largest)
+        return max(1, int(2 * sum(entries) / rows))
+
+    def _measured(self, rows: int, on_meta: bool) -> list[int]:
+        """The entries of every step of one contraction of ``rows`` query rows."""
+        device = "meta" if on_meta else self.device
+        ev = torch.zeros(self.num_coords, self.num_values, rows, device=device)
         ev = ev.to(torch.float64)
-        draws = torch.zeros(rows, dtype=torch.long, device="meta") if self._family else None
+        draws = torch.zeros(rows, dtype=torch.long, device=device) if self._family else None
         saved = self._terms
-        self._terms = [[t.to("meta"), d, o] for t, d, o in saved]
+        if on_meta:
+            self._terms = [[t.to("meta"), d, o] for t, d, o in saved]
         ring = PlannedLogRing(dim_to_size={**self._dim_to_size, self._draws_symbol: rows})
         ring.step_entries = []
+        ring.entry_cap = None if on_meta else _MEASURED_BY_RUNNING
         try:
-            contract_to_tensor(
-                self._tree(self._leaves(ev), draws),
-                set(self._sum_dims),
-                target_ordinal=frozenset({self._draws_symbol}),
-                ring=ring,
-            )
+            with torch.no_grad():
+                contract_to_tensor(
+                    self._tree(self._leaves(ev), draws),
+                    set(self._sum_dims),
+                    target_ordinal=frozenset({self._draws_symbol}),
+                    ring=ring,
+                )
         except NotImplementedError as e:  # Pyro: "Expected tree-structured plate nesting"
             raise _non_tree_error(e, self._symbol_to_plate, self._evidence) from e
         finally:
             self._terms = saved
-        largest = max(ring.step_entries, default=1) / rows
-        if largest > _MAX_STEP_ENTRIES_PER_ROW:
-            raise _intractable_error(largest)
-        return max(1, int(2 * sum(ring.step_entries) / rows))
+        return ring.step_entries
 
     # ------------------------------------------------------------------------------ queries
     def log_marginals(

@@ -389,6 +389,10 @@ def _log_step(x: _Scaled, y: _Scaled | None, elim: str, out: str, kept: str) -> 
     return _scale(result, out, kept)
 
 
+class StepTooLarge(Exception):
+    """A step of a measured contraction has more entries than :attr:`PlannedLogRing.entry_cap`."""
+
+
 class PlannedLogRing(LogRing):
     """:class:`~pyro.ops.rings.LogRing` whose ``sumproduct`` follows a cached greedy plan.
 
@@ -404,7 +408,8 @@ class PlannedLogRing(LogRing):
     See the module docstring: plans are cached per ``(dims, shapes)``, each pairwise step is a
     shifted batched matrix product checked for underflow, and the backward pass is NaN-free.
     Set :attr:`step_entries` to a list to record, for every step, the number of entries of its
-    product space (on ``meta`` tensors this measures a contraction without running it).
+    product space (on ``meta`` tensors this measures a contraction without running it), and
+    :attr:`entry_cap` to raise :class:`StepTooLarge` before a step with more entries runs.
 
     Examples
     --------
@@ -420,6 +425,7 @@ class PlannedLogRing(LogRing):
     """
 
     step_entries: list | None = None
+    entry_cap: int | None = None
 
     def sumproduct(self, terms, dims):
         inputs = [term._pyro_dims for term in terms]
@@ -443,6 +449,8 @@ class PlannedLogRing(LogRing):
                 if y is not None:
                     sizes.update(zip(y.dims, y.lin.shape))
                 self.step_entries.append(math.prod(sizes.values()))
+                if self.entry_cap is not None and self.step_entries[-1] > self.entry_cap:
+                    raise StepTooLarge(self.step_entries[-1])
             result = _scaled_step(x, y, elim, out, output)
             if result is None:
                 result = _log_step(x, y, elim, out, output)

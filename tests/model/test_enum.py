@@ -10,6 +10,7 @@ import torch
 from pyro_autospec.engine.protocols import MarginalOracle
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.enum_contract import StepTooLarge
 from tests.catalogue.models import hmm_model, onehot_model
 
 
@@ -230,3 +231,34 @@ def test_masked_and_scaled_factors_are_the_model_density():
     out = oracle.log_marginals(values, mask)
     expected = brute_conditionals(states, log_prob, oracle.layout.support_sizes, values, mask)
     torch.testing.assert_close(out.exp(), expected.exp(), atol=1e-6, rtol=0)
+
+
+def _wide(num_values=300):
+    """Two coupled sites with 300 values each: a step of 300 * 300 entries per row."""
+
+    def model():
+        a = pyro.sample("a", dist.Categorical(logits=torch.zeros(num_values)))
+        b = pyro.sample("b", dist.Categorical(logits=torch.zeros(num_values)))
+        pyro.factor("coupling", -(((a - b).double() / 50.0) ** 2))
+
+    return model
+
+
+@pytest.mark.parametrize("name", ["hmm", "onehot", "wide"])
+def test_a_contraction_measured_by_running_it_is_measured_as_on_meta_tensors(name):
+    """Small contractions are measured by running two rows of zeros (meta tensors load
+    torch._dynamo, over a second in a fresh process); larger ones fall back to meta. Both
+    give the same entries, so the oracle's call sizes do not depend on the path."""
+    model, args = {
+        "hmm": (hmm_model, (torch.tensor([0.0, 1.0, 0.5]),)),
+        "onehot": (onehot_model, (torch.tensor([0.5, -0.2]),)),
+        "wide": (_wide(), ()),
+    }[name]
+    oracle = EnumOracle(model, args, lazy=True)
+    on_meta = oracle._measured(2, on_meta=True)
+    if name == "wide":
+        with pytest.raises(StepTooLarge):
+            oracle._measured(2, on_meta=False)
+    else:
+        assert oracle._measured(2, on_meta=False) == on_meta
+    assert oracle._measure() == max(1, int(sum(on_meta)))
