@@ -14,6 +14,8 @@ bar and its counts are written once.
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any, Protocol
 
 __all__ = ["RoundStepper", "progress_bar", "run_rounds"]
@@ -76,15 +78,22 @@ def run_rounds(
     (3, 6)
     """
     bar = progress_bar(progress, total, desc, unit)
+    shown = -math.inf
     try:
         stepper.start()
         while not stepper.done:
             stepper.step()
-            if bar is not None:
-                bar.n = stepper.finished
-                bar.set_postfix(rounds=stepper.rounds, rows=stepper.oracle_rows, refresh=False)
+            # at most one refresh per tqdm mininterval (0.1 s): a round can take microseconds
+            if bar is not None and time.monotonic() - shown >= bar.mininterval:
+                _show(bar, stepper)
                 bar.refresh()
+                shown = time.monotonic()
     finally:
         if bar is not None:
-            bar.n = stepper.finished
+            _show(bar, stepper)
             bar.close()
+
+
+def _show(bar: Any, stepper: RoundStepper) -> None:
+    bar.n = stepper.finished
+    bar.set_postfix(rounds=stepper.rounds, rows=stepper.oracle_rows, refresh=False)
