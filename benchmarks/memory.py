@@ -2,7 +2,10 @@
 
 Each configuration runs in a fresh subprocess (``ru_maxrss`` is a process's high-water mark),
 which imports torch and the library, builds the binary Markov chain of ``rounds.py`` and draws
-``--draws`` samples at ``n`` coordinates with ``max_concurrent_draws``. It prints the peak
+``--draws`` samples at ``n`` coordinates with ``max_concurrent_draws`` (``--concurrency
+default``: the library's default). With ``--q`` above 2 the oracle is instead ``n``
+independent uniform coordinates over ``q`` values (every draft passes), to see what a large
+alphabet costs. It prints the peak
 resident set size after the imports (``baseline``) and after the run (``peak``), their
 difference (what sampling added), the wall time, and the size of the output samples
 (``N * n * 8`` bytes, which any run must hold). On a GPU it also prints the peak of torch's
@@ -14,6 +17,8 @@ Usage::
     python benchmarks/memory.py --draws 20000 --methods autospec sequential
     python benchmarks/memory.py --root /tmp/base         # the library of another checkout
     python benchmarks/memory.py --device cuda
+    python benchmarks/memory.py --q 4096 --n 16 --draws 1000 --concurrency default \
+        --methods sequential autospec speculative agr24   # a large alphabet (uniform oracle)
     python benchmarks/memory.py --smoke                  # seconds, for CI
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -35,7 +41,32 @@ def _peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # kB on Linux
 
 
-def child(draws: int, n: int, concurrency: int | None, method: str, device: str, root) -> dict:
+class Uniform:
+    """``n`` independent uniform coordinates over ``q`` values: whole and targeted rows."""
+
+    consistent_queries = True
+
+    def __init__(self, n: int, q: int, device: str):
+        self.num_coords, self.num_values, self.device = n, q, device
+
+    def log_marginals_at(self, values, mask, targets):
+        import torch
+
+        return torch.full(
+            (*targets.shape, self.num_values), -math.log(self.num_values), device=self.device
+        )
+
+    def log_marginals(self, values, mask):
+        import torch
+
+        return torch.full(
+            (*values.shape, self.num_values), -math.log(self.num_values), device=self.device
+        )
+
+
+def child(
+    draws: int, n: int, concurrency: int | None, method: str, device: str, root, q: int = 2
+) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path.insert(0, str(root))
     import torch
@@ -44,9 +75,12 @@ def child(draws: int, n: int, concurrency: int | None, method: str, device: str,
     from pyro_autospec.engine import sample_any_order
     from pyro_autospec.oracles.markov import MarkovChainOracle
 
-    chain = MarkovChainOracle(
-        torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n, device=device
-    )
+    if q > 2:
+        chain = Uniform(n, q, device)
+    else:
+        chain = MarkovChainOracle(
+            torch.tensor([0.5, 0.5]), torch.tensor([[0.73, 0.27], [0.27, 0.73]]), n, device=device
+        )
     sample_any_order(chain, 2, method=method, seed=1)  # warm up the code paths
     baseline = _peak_mib()
     gpu = device.startswith("cuda")
@@ -63,6 +97,7 @@ def child(draws: int, n: int, concurrency: int | None, method: str, device: str,
         "method": method,
         "draws": draws,
         "n": n,
+        "q": q,
         "max_concurrent_draws": concurrency,
         "seconds": round(seconds, 1),
         "baseline_mib": round(baseline),
@@ -70,6 +105,7 @@ def child(draws: int, n: int, concurrency: int | None, method: str, device: str,
         "added_mib": round(peak - baseline),
         "samples_mib": round(result.samples.numel() * result.samples.element_size() / 2**20),
         "rounds": result.rounds,
+        "rows_per_draw": round(result.oracle_rows / draws, 1),
     }
 
 
@@ -77,7 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=100_000)
     parser.add_argument("--n", type=int, default=1024)
-    parser.add_argument("--concurrency", type=int, default=256, help="max_concurrent_draws")
+    parser.add_argument(
+        "--concurrency", default="256", help="max_concurrent_draws ('default': not given)"
+    )
+    parser.add_argument("--q", type=int, default=2, help="values per coordinate")
     parser.add_argument("--methods", nargs="+", default=["autospec"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--root", default=str(ROOT), help="checkout whose library is measured")
@@ -85,19 +124,20 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
-        args.draws, args.n, args.concurrency = 2000, 64, 64
+        args.draws, args.n, args.concurrency = 2000, 64, "64"
+    concurrency = None if args.concurrency == "default" else int(args.concurrency)
     if args.child:
         result = child(
-            args.draws, args.n, args.concurrency, args.methods[0], args.device, args.root
+            args.draws, args.n, concurrency, args.methods[0], args.device, args.root, args.q
         )
         print(json.dumps(result))
         return
     print(f"library: {args.root}, device: {args.device}")
     print(
-        "| method | draws | n | max_concurrent_draws | wall (s) | baseline RSS (MiB) "
-        "| peak RSS (MiB) | added (MiB) | samples (MiB) | GPU peak (MiB) |"
+        "| method | draws | n | q | max_concurrent_draws | rounds | rows/draw | wall (s) "
+        "| baseline RSS (MiB) | peak RSS (MiB) | added (MiB) | samples (MiB) | GPU peak (MiB) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for method in args.methods:
         command = [
             sys.executable,
@@ -109,6 +149,8 @@ def main() -> None:
             str(args.n),
             "--concurrency",
             str(args.concurrency),
+            "--q",
+            str(args.q),
             "--methods",
             method,
             "--device",
@@ -124,7 +166,8 @@ def main() -> None:
         if Path(r["library"]).resolve() != Path(args.root).resolve():
             raise SystemExit(f"measured the library in {r['library']}, not in {args.root}")
         print(
-            f"| {r['method']} | {r['draws']} | {r['n']} | {r['max_concurrent_draws']} "
+            f"| {r['method']} | {r['draws']} | {r['n']} | {r['q']} "
+            f"| {r['max_concurrent_draws'] or 'default'} | {r['rounds']} | {r['rows_per_draw']} "
             f"| {r['seconds']} | {r['baseline_mib']} | {r['peak_mib']} | {r['added_mib']} "
             f"| {r['samples_mib']} | {r['gpu_peak_mib'] or '-'} |",
             flush=True,

@@ -39,7 +39,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mode
-from pyro_autospec.engine.host_plane import TokenSampler
+from pyro_autospec.engine.host_plane import TokenSampler, token_lanes, token_width
 from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
@@ -184,7 +184,10 @@ def sample_any_order(
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
         start as earlier ones finish; only the draws in flight hold an order and partial
-        samples, so it bounds the engine's memory beside the ``N x n`` output) and
+        samples, so it bounds the engine's memory beside the ``N x n`` output; by default
+        every draw, but at most ``2**22 // (window x q)`` on a CPU (16 times more elsewhere)
+        for the windowed methods, whose rounds hold ``[draws, window, q]`` rows:
+        :func:`~pyro_autospec.engine.host_plane.token_lanes`) and
         ``max_elements`` (memory per oracle call; by default ``2**20`` entries on a CPU and
         ``2**24`` elsewhere: a preset by hardware). None of them changes the law of the
         output; only ``max_block`` and the windows change which numbers the draws read.
@@ -258,8 +261,11 @@ def sample_any_order(
         check_consistency(oracle, device)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
-    # per coordinate of each)
-    check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=32)
+    # per coordinate of each, and the rows of their windows)
+    if engine == "fast":
+        in_flight = token_lanes(method, knobs, n, q, num_samples, device)
+    flight_bytes = _bytes_per_flight(method, knobs, n, q)
+    check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=flight_bytes)
     run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
     if distributed:  # hook: spread the draws over the ranks of a process group
         return spread_draws(
@@ -317,8 +323,10 @@ def run_any_order(
     if method == "autospec" and not token_only(block_policy(knobs)):
         engine = "reference"  # the block rule's residual races run on the generator recursion
     # both engines hold the orders of the draws in flight only
-    concurrency = knobs.get("max_concurrent_draws")
-    lanes = min(int(concurrency or num_samples), num_samples)
+    if engine == "reference":
+        lanes = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
+    else:
+        lanes = token_lanes(method, knobs, n, int(oracle.num_values), num_samples, device)
     budget = knobs.get("max_elements") or default_max_elements(device)
     rows = OracleRows(oracle, orders, device, budget, draw_ids, lanes=lanes)
     if engine == "reference":
@@ -349,6 +357,15 @@ def run_any_order(
         timing=dict(rows.seconds),
         schedule=Schedule.of(knobs),
     )
+
+
+def _bytes_per_flight(method: str, knobs: dict, n: int, q: int) -> int:
+    """Bytes per coordinate of a draw in flight: 32 for its order, ranks and partial sample,
+    and for the windowed methods about six float64 ``[window, q]`` rows (draft and target
+    rows, noise, temporaries) spread over its ``n`` coordinates."""
+    if method not in ("autospec", "speculative", "agr24"):
+        return 32
+    return 32 + math.ceil(48 * token_width(method, knobs, n, q) * q / n)
 
 
 def _check_knobs(knobs: dict) -> None:

@@ -87,6 +87,47 @@ def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
     return np.clip(window, 1, 2**53).astype(np.int64)  # the caller clips to what is left
 
 
+#: Entries ``draws x window x q`` of the token rows a round holds on the host, above which
+#: the draws in flight are capped by default (:func:`token_lanes`), on a CPU; 16 times more
+#: elsewhere.
+ROW_ENTRIES = 2**22
+
+
+def token_width(method: str, knobs: dict, n: int, q: int) -> int:
+    """The widest window a lane of :class:`TokenSampler` verifies in one round."""
+    if method in ("sequential", "gumbel_sequential"):
+        return 1
+    if method == "speculative":
+        return min(int(knobs.get("window", 8)), n)
+    if method == "autospec":
+        return min(int(knobs["max_block"]), n)
+    scale = float(knobs.get("window_scale", 1.0))
+    return min(int(agr24_window(np.array([n]), q, scale)[0]), n)
+
+
+def token_lanes(method: str, knobs: dict, n: int, q: int, num_draws: int, device) -> int:
+    """Draws in flight of a :class:`TokenSampler` run: ``max_concurrent_draws`` if given, else
+    every draw, up to :data:`ROW_ENTRIES` ``// (window x q)`` for the windowed methods.
+
+    A round holds several ``[draws, window, q]`` float64 arrays (draft and target rows, the
+    drafts' noise): with a large ``q`` and every draw in flight they took gigabytes and ran
+    slower than sequential sampling (n = 16, q = 4096, 1,000 draws: 4.3 GB). The draws do not
+    depend on the lanes (continuous batching), only the rounds do.
+
+    Examples
+    --------
+    >>> token_lanes("autospec", {"max_block": 8}, 16, 4096, 1000, "cpu")
+    128
+    >>> token_lanes("autospec", {"max_block": 64}, 1024, 2, 1000, "cpu")
+    1000
+    """
+    given = knobs.get("max_concurrent_draws")
+    if given is not None or method in ("sequential", "gumbel_sequential"):
+        return min(int(given or num_draws), num_draws)
+    budget = ROW_ENTRIES * (1 if str(device).split(":")[0] == "cpu" else 16)
+    return max(1, min(num_draws, budget // (token_width(method, knobs, n, q) * q)))
+
+
 def _pick(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``table[..., index[...]]`` along the last axis (``index`` has one axis fewer)."""
     return np.take_along_axis(table, index[..., None], -1)[..., 0]
@@ -154,7 +195,6 @@ class TokenSampler:
         policy = block_policy(knobs) if method == "autospec" else None
         window, window_scale = knobs.get("window", 8), knobs.get("window_scale", 1.0)
         max_rows_per_round = knobs.get("max_rows_per_round")
-        max_concurrent_draws = knobs.get("max_concurrent_draws")
         if method == "autospec":
             if policy is None or not token_only(policy):
                 raise ValueError("method 'autospec' here needs an adaptive all-token policy")
@@ -170,17 +210,10 @@ class TokenSampler:
         self.window_scale = float(window_scale)
         self.cap = max_rows_per_round
         self.progress = progress
-        self.num_lanes = lanes = min(int(max_concurrent_draws or self.num_draws), self.num_draws)
+        self.num_lanes = lanes = token_lanes(method, knobs, n, q, self.num_draws, self.device)
         self.draw_keys = draw_keys.to(self.device)
         self.host_keys = draw_keys.cpu().numpy()
-        if method in ("sequential", "gumbel_sequential"):
-            self.width = 1
-        elif method == "speculative":
-            self.width = min(self.window, n)
-        elif method == "autospec":
-            self.width = min(int(policy.max_block), n)
-        else:
-            self.width = min(int(agr24_window(np.array([n]), q, self.window_scale)[0]), n)
+        self.width = token_width(method, knobs, n, q)
         # host state of the lanes (draws in flight), in the narrowest integer types
         dtype = value_dtype(q)
         self.frames = np.zeros((lanes, n), dtype=dtype)  # partial samples
@@ -302,6 +335,21 @@ class TokenSampler:
         key = self._window_keys(lanes, t)[:, None, None]
         return keys.host_gumbel(key, keys.Tag.DRAFT, counter)
 
+    def _noisy_argmax(
+        self, data: np.ndarray, lanes: np.ndarray, t: np.ndarray, width: int
+    ) -> np.ndarray:
+        """Draft values ``argmax(data + noise)`` ([L, width]) in slices of lanes whose noise
+        holds at most ``keys.NOISE_ENTRIES`` entries: with a large ``q`` and many draws in
+        flight, the noise of all of them at once took gigabytes (the same numbers)."""
+        step = max(1, keys.NOISE_ENTRIES // max(1, width * self.q))
+        if lanes.size <= step:
+            return np.argmax(data + self._noise(lanes, t, width), axis=-1)
+        x = np.empty(data.shape[:2], dtype=np.int64)
+        for a in range(0, lanes.size, step):
+            part = slice(a, a + step)
+            x[part] = np.argmax(data[part] + self._noise(lanes[part], t[part], width), axis=-1)
+        return x
+
     def _fixed_noise(self, lanes: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
         """AGR24's fixed Gumbels of positions ``t + j`` ([L] and [L or 1, J]): [L, J, q]."""
         key = self.host_keys[self.draw[lanes]][:, None, None]
@@ -317,7 +365,7 @@ class TokenSampler:
         self.k[lanes] = k
         width = int(k.max())
         data = self.draft_rows[lanes, :width]
-        x = np.argmax(data + self._noise(lanes, t, width), axis=-1)
+        x = self._noisy_argmax(data, lanes, t, width)
         valid = np.arange(width)[None, :] < k[:, None]
         coords = self._coords(lanes, t, width)
         grid = np.broadcast_to(lanes[:, None], coords.shape)

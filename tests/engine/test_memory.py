@@ -8,6 +8,7 @@ of its size is allocated. None of this may change a single draw.
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -215,6 +216,43 @@ def test_the_draws_in_flight_alone_can_be_too_many(monkeypatch):
     with pytest.raises(MemoryError, match="fewer draws per call"):
         sample_any_order(oracle, 10_000, seed=0, max_concurrent_draws=16)
     check_output_size(1000, 1024, in_flight=16, bytes_per_flight=32)  # fits: no error
+
+
+class _Uniform:
+    """Independent uniform coordinates over a large alphabet (every draft passes)."""
+
+    consistent_queries = True
+
+    def __init__(self, n: int, q: int):
+        self.num_coords, self.num_values = n, q
+
+    def log_marginals_at(self, values, mask, targets):
+        return torch.full((*targets.shape, self.num_values), -math.log(self.num_values))
+
+    def log_marginals(self, values, mask):
+        return torch.full((*values.shape, self.num_values), -math.log(self.num_values))
+
+
+@pytest.mark.parametrize("method, lanes", [("autospec", 256), ("speculative", 256), ("agr24", 300)])
+def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, lanes, monkeypatch):
+    """A round holds ``[draws, window, q]`` float64 rows: with q = 4096 and 1,000 draws all
+    in flight they took 4.3 GB and twice sequential sampling's time. By default the draws in
+    flight are capped (here 2**22 // (4 * 4096) = 256 for windows of 4; AGR24's window is 1
+    here, under the cap); the draws are those of all in flight."""
+    recorder = Recorder(monkeypatch)
+    oracle = _Uniform(4, 4096)
+    capped = sample_any_order(oracle, 300, seed=1, method=method)
+    assert recorder.most_in_flight == lanes and capped.schedule["max_concurrent_draws"] is None
+    every = sample_any_order(oracle, 300, seed=1, method=method, max_concurrent_draws=300)
+    assert torch.equal(capped.samples, every.samples)
+    assert torch.equal(capped.log_prob, every.log_prob)
+
+
+def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
+    """About six float64 ``[window, q]`` rows per draw in flight (q = 2**16: 25 MB a draw)."""
+    monkeypatch.setattr(rows_module, "machine_memory", lambda: 2**30)
+    with pytest.raises(MemoryError, match="max_concurrent_draws"):
+        sample_any_order(_Uniform(8, 2**16), 64, seed=0, max_concurrent_draws=64)
 
 
 def test_reading_orders_too_large_for_the_machine_is_refused(monkeypatch):
