@@ -718,7 +718,8 @@ def euler_maruyama_log_prob(
     for i in range(0, rows, chunk):
         out = drift(t[i : i + chunk], x[i : i + chunk])
         check_drift_output(out, t[i : i + chunk], x[i : i + chunk], dim, "drift", i)
-        pieces.append(out.to(device=out_device, dtype=wide))
+        # a copy: a drift may answer in a buffer of its own that its next call overwrites
+        pieces.append(out.to(device=out_device, dtype=wide, copy=True))
     drifts = torch.cat(pieces) if pieces else torch.zeros(0, dim, device=out_device, dtype=wide)
     drifts = drifts.reshape(flat.shape[0], num_steps, dim)
     h = torch.as_tensor(np.diff(grid), device=out_device, dtype=wide)

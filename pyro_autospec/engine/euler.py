@@ -140,7 +140,8 @@ class DriftEvaluator:
                 out = self.drift(tt, xx)
             self.seconds += time.perf_counter() - start
             check_drift_output(out, tt, xx, self.dim, self.name, i)
-            pieces.append(out.detach().to(self.wide))
+            # a copy: a drift may answer in a buffer of its own that its next call overwrites
+            pieces.append(out.detach().to(self.wide, copy=True))
         if not pieces:
             return torch.zeros(0, self.dim, dtype=self.wide, device=self.device)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
