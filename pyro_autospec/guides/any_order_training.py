@@ -185,7 +185,22 @@ class GuideTraining:
             samples = samples.round().long()
         if bool((samples < 0).any()) or bool((samples >= self.num_values).any()):
             raise ValueError(f"sample values must lie in 0..{self.num_values - 1}")
-        return samples.long()
+        samples = samples.long()
+        # a value outside its coordinate's support has log probability -inf under the guide:
+        # an infinite loss, and NaN weights after the first step
+        outside = self.outside_support.to(samples.device)
+        hit = outside[torch.arange(self.num_coords, device=samples.device), samples]
+        if bool(hit.any()):
+            row, coord = (int(i) for i in hit.nonzero()[0])
+            where = f"coordinate {coord}"
+            if self.layout is not None:
+                site, index = self.layout.coordinates[coord]
+                where += f" (site '{site}', element {index})"
+            raise ValueError(
+                f"sample {row} gives {where} the value {int(samples[row, coord])}, outside its "
+                f"support; engine coordinates are support indices of each site"
+            )
+        return samples
 
     def fit_to_samples(
         self,

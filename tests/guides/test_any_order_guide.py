@@ -286,6 +286,17 @@ def test_fit_to_samples_moves_towards_the_data():
     assert guide.loss_history == losses
 
 
+@pytest.mark.parametrize("architecture", ["graph", "mlp"])
+def test_fit_to_samples_refuses_a_value_outside_its_coordinates_support(architecture):
+    """Engine coordinates [a, b0, b1] with q = 3: a = 2 is outside the Bernoulli's support.
+    It was accepted: an infinite loss, then NaN weights, silently."""
+    guide = AnyOrderGuide(mixed_sites, (), architecture=architecture)
+    bad = torch.tensor([[0, 1, 2], [2, 0, 1]])
+    with pytest.raises(ValueError, match=r"sample 1 gives coordinate 0 \(site 'a'.*value 2"):
+        guide.fit_to_samples(bad, num_steps=2, disable_progbar=True)
+    assert all(bool(torch.isfinite(p).all()) for p in guide.parameters())
+
+
 def test_untrained_graph_guide_keeps_both_modes_of_a_symmetric_posterior():
     # Zero data: the posterior is symmetric under flipping every spin. The centred potentials
     # start belief propagation from each site's own (zero) evidence, so with nothing pinned
