@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "FLAT_LOG_WEIGHTS",
     "IMH_ACCEPTANCE_LOW",
     "KHAT_BAD",
     "KHAT_GOOD",
@@ -42,6 +43,9 @@ __all__ = [
 KHAT_GOOD = 0.5
 #: At or above this k-hat the correction cannot be trusted.
 KHAT_BAD = 0.7
+#: Log weights whose spread (max - min) is at most this (weights within 10% of each other)
+#: have no tail for a Pareto fit: their k-hat is reported as -inf (:func:`psis`).
+FLAT_LOG_WEIGHTS = math.log(1.1)
 #: Below this acceptance rate independent Metropolis-Hastings chains stick.
 IMH_ACCEPTANCE_LOW = 0.1
 
@@ -65,7 +69,8 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
     smoothed : ndarray float64[N]
         Smoothed log weights, normalised so that ``exp(smoothed).sum() == 1``.
     khat : float
-        The Pareto shape estimate (``nan`` if it cannot be estimated).
+        The Pareto shape estimate (``nan`` if it cannot be estimated; ``-inf`` for weights
+        within 10% of each other, :data:`FLAT_LOG_WEIGHTS`, which have no tail to fit).
 
     Examples
     --------
@@ -84,10 +89,13 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
     if finite.sum() < 5:
         out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
         return out, math.nan
-    if np.ptp(lw[finite]) <= 1e-9 * max(1.0, float(np.abs(lw[finite]).max())):
-        # Equal weights (an exact oracle or a perfect guide): no tail at all. ArviZ would
-        # report k-hat = inf for the degenerate fit; the honest value is -inf.
-        out[finite] = -math.log(finite.sum())
+    if np.ptp(lw[finite]) <= FLAT_LOG_WEIGHTS:
+        # Weights within 10% of each other (an exact oracle, or a guide close to the target):
+        # no tail at all. The generalised Pareto fit to the largest of them is noise (a few
+        # distinct values of a discrete target, tied: ArviZ gave k-hat 1.18 on weights that
+        # differed by 0.9%, or inf on equal ones); bounded weights have k <= 0, reported -inf.
+        # They are normalised as they are, without smoothing.
+        out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
         return out, -math.inf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
