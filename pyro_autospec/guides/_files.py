@@ -41,15 +41,32 @@ def plain(value: Any) -> Any:
     raise TypeError(f"cannot save {type(value).__name__} in a guide file (plain data only)")
 
 
-def load_plain(path: Any, map_location: Any, what: str) -> dict:
+def load_plain(
+    path: Any, map_location: Any, what: str, config_keys: tuple[str, ...], required=()
+) -> dict:
     """``torch.load(path, weights_only=True)``, with a clear error when the file is refused.
+
+    Parameters
+    ----------
+    path : str or file
+    map_location : optional
+        Passed to ``torch.load``.
+    what : str
+        The guide class, for messages.
+    config_keys : tuple of str
+        The keys a saved ``config`` may hold (what ``save`` writes).
+    required : tuple of str
+        The keys it must hold (files of earlier versions may lack the others).
 
     Raises
     ------
     pickle.UnpicklingError
         The file holds objects other than tensors and plain data: it was not written by
         ``what``'s ``save`` (or was changed since), and loading it could run code.
+    ValueError
+        The file is damaged (truncated, bytes changed) or holds other data than a guide.
     """
+    not_a_guide = f"{what}.load: {path!r} is not a file written by {what}.save"
     try:
         saved = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -61,9 +78,28 @@ def load_plain(path: Any, map_location: Any, what: str) -> dict:
             f"else. If you trust the file, re-save its weights as a plain dict. (torch: "
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__})"
         ) from None
-    if not isinstance(saved, dict) or "state_dict" not in saved or "config" not in saved:
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (EOFError, OSError, RuntimeError, ValueError, UnicodeDecodeError) as error:
+        # a truncated or changed file: torch's zip and pickle readers fail in many ways
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(
-            f"{what}.load: {path!r} is not a file written by {what}.save (expected a dict with "
-            f"'config' and 'state_dict')"
+            f"{not_a_guide}, or it is damaged (truncated or changed since): torch.load failed "
+            f"with {type(error).__name__}: {first}"
+        ) from None
+    if not isinstance(saved, dict) or not {"state_dict", "config"} <= set(saved):
+        raise ValueError(f"{not_a_guide} (expected a dict with 'config' and 'state_dict')")
+    config, state = saved["config"], saved["state_dict"]
+    if (
+        not isinstance(config, dict)
+        or not set(required) <= set(config)
+        or not set(config) <= set(config_keys)
+    ):
+        keys = sorted(map(str, config)) if isinstance(config, dict) else type(config).__name__
+        raise ValueError(
+            f"{not_a_guide}: its config holds {keys}; a guide's holds {sorted(required)} and "
+            f"some of {sorted(set(config_keys) - set(required))}"
         )
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{not_a_guide}: its state_dict is not a dict of tensors")
     return saved

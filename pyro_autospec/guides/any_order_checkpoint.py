@@ -15,6 +15,20 @@ import torch
 
 from pyro_autospec.guides._files import load_plain, plain
 
+#: The keys of a saved ``AnyOrderGuide.config``, and those a file must hold.
+CONFIG_KEYS = (
+    "architecture",
+    "hidden_dim",
+    "num_layers",
+    "num_heads",
+    "bp_iterations",
+    "max_plate_nesting",
+    "num_coords",
+    "num_values",
+    "chunk_size",
+)
+CONFIG_REQUIRED = ("architecture", "num_coords", "num_values")
+
 if TYPE_CHECKING:
     from pyro_autospec.guides.any_order import AnyOrderGuide
 
@@ -80,7 +94,7 @@ class GuideCheckpoint:
             When the file holds anything but tensors and plain data: it is loaded with
             ``torch.load(weights_only=True)``, so a file someone sent cannot run code.
         """
-        saved = load_plain(path, map_location, "AnyOrderGuide")
+        saved = load_plain(path, map_location, "AnyOrderGuide", CONFIG_KEYS, CONFIG_REQUIRED)
         config = dict(saved["config"])
         n, q = config.pop("num_coords"), config.pop("num_values")
         if model is None:

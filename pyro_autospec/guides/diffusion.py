@@ -49,6 +49,15 @@ __all__ = ["DiffusionGuide", "ConditionedDenoiser", "WEIGHTINGS"]
 
 WEIGHTINGS = ("girsanov", "uniform")
 _NUM_FREQUENCIES = 4
+#: The keys of a saved ``DiffusionGuide.config``.
+_CONFIG_KEYS = (
+    "hidden_dim",
+    "num_layers",
+    "context_dim",
+    "num_steps",
+    "delta",
+    "max_plate_nesting",
+)
 
 
 class _MLP(nn.Module):
@@ -518,7 +527,7 @@ class DiffusionGuide(PyroModule):
         The file is read with ``torch.load(weights_only=True)``: a file that holds anything but
         tensors and plain data is refused (``pickle.UnpicklingError``) and runs no code.
         """
-        saved = load_plain(path, map_location, "DiffusionGuide")
+        saved = load_plain(path, map_location, "DiffusionGuide", _CONFIG_KEYS)
         guide = cls(model, model_args, model_kwargs, **saved["config"])
         guide.load_state_dict(saved["state_dict"])
         guide.loss_history = list(saved.get("loss", []))

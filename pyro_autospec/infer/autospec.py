@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from pyro import poutine
 
+from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.diffusion_run import DiffusionRun
@@ -117,7 +118,9 @@ class AutoSpec:
         :class:`~pyro_autospec.guides.AnyOrderGuide` (discrete-only models); replaces
         ``oracle``. Its draws are exact for the guide's own random-order law; every draw
         records ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics`
-        reports the weights' Pareto k-hat (PSIS) and ESS. A
+        reports the weights' Pareto k-hat (PSIS) and ESS. A guide answers for the data
+        :meth:`run` is given (an ``AnyOrderGuide`` built on other data is asked through
+        ``guide.oracle(*args, **kwargs)``). A
         :class:`~pyro_autospec.guides.DiffusionGuide` samples continuous-only models.
     correction : {None, "importance", "imh"}
         For a guide. ``None``: return the guide's draws as they are (a warning says so).
@@ -267,6 +270,13 @@ class AutoSpec:
             raise ValueError(f"sampler must be one of {SAMPLERS}; got {sampler!r}")
         if correction not in CORRECTIONS:
             raise ValueError(f"correction must be None, 'importance' or 'imh'; got {correction!r}")
+        own_oracle = isinstance(oracle, str) and oracle == "enum"
+        if sampler == "ffbs" and (guide is not None or correction is not None or not own_oracle):
+            raise ValueError(
+                "sampler='ffbs' eliminates the model's own factors (oracle='enum'); a guide, "
+                "a correction or an oracle of your own is sampled by the engine: leave "
+                "sampler='auto' (or 'engine')"
+            )
         if guide is not None and not (isinstance(oracle, str) and oracle == "enum"):
             raise ValueError(
                 "pass either oracle= or guide=, not both: a guide is the (approximate) oracle"
@@ -281,6 +291,8 @@ class AutoSpec:
             raise ValueError(
                 f"device must name a torch device ('cpu', 'cuda', 'cuda:1', ...); got {device!r}"
             ) from e
+        if self.device is not None:  # a GPU this machine lacks, or meta: before any run
+            check_device(self.device)
         self.model = model
         self.num_samples = int(num_samples)
         self.num_chains = int(num_chains)

@@ -30,7 +30,7 @@ from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
-from pyro_autospec.infer.oracle_choice import build_oracle
+from pyro_autospec.infer.oracle_choice import build_oracle, guide_for_call
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
 from pyro_autospec.infer.self_check import SelfCheck
@@ -112,7 +112,7 @@ class DiscreteRun(RunBase):
 
     def run(self, args: tuple, kwargs: dict) -> DiscreteRun:
         layout = self.layout
-        source = self.oracle if self.guide is None else self.guide
+        source = self.oracle if self.guide is None else guide_for_call(self.guide, args, kwargs)
         plan = None
         if self._wants_ffbs():
             with self.stage("compiling"):

@@ -16,7 +16,7 @@ from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.knobs import check_schedule
-from pyro_autospec.infer.oracle_choice import build_oracle
+from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
@@ -73,40 +73,6 @@ class _Cast:
 
     def __call__(self, value: torch.Tensor) -> torch.Tensor:
         return value.to(torch.get_default_dtype())
-
-
-def _snapshot(value: Any) -> Any:
-    """What a call's arguments were: tensors copied (in-place changes show), the rest kept."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_snapshot(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _snapshot(v) for k, v in value.items()}
-    return value
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two snapshots are the same arguments (equal tensors, identical other objects)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (
-            isinstance(a, torch.Tensor)
-            and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.device == b.device
-            and bool(torch.equal(a, b))
-        )
-    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, dict) or isinstance(b, dict):
-        return (
-            isinstance(a, dict)
-            and isinstance(b, dict)
-            and a.keys() == b.keys()
-            and all(_same(a[k], b[k]) for k in a)
-        )
-    return a is b
 
 
 class AutoSpecKernel(MCMCKernel):
@@ -227,7 +193,7 @@ class AutoSpecKernel(MCMCKernel):
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )
         self.model.dtypes = {site.name: site.dtype for site in self.layout.sites}
-        self._call = _snapshot((args, kwargs))
+        self._call = snapshot((args, kwargs))
         self._oracle = None
         self._buffer = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
@@ -238,7 +204,7 @@ class AutoSpecKernel(MCMCKernel):
         args, kwargs = self._args, self._kwargs
         self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
-        if self._self_check is None or not _same(self._call, self._checked_call):
+        if self._self_check is None or not same_call(self._call, self._checked_call):
             self._self_check = SelfCheck(
                 self._oracle,
                 custom_oracle=not isinstance(self.oracle, str),

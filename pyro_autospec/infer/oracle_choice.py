@@ -14,7 +14,7 @@ import torch
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 
-__all__ = ["build_oracle"]
+__all__ = ["build_oracle", "guide_for_call", "same_call", "snapshot"]
 
 
 def build_oracle(
@@ -48,3 +48,53 @@ def build_oracle(
         return EnumOracle(model, args, kwargs, layout=layout, device=device)
     layout.check_oracle(oracle)
     return oracle
+
+
+def snapshot(value: Any) -> Any:
+    """What a call's arguments were: tensors copied (in-place changes show), the rest kept."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    return value
+
+
+def same_call(a: Any, b: Any) -> bool:
+    """Whether two snapshots are the same arguments (equal tensors, identical other objects)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.device == b.device
+            and bool(torch.equal(a, b))
+        )
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_call, a, b))
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict)
+            and isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(same_call(a[k], b[k]) for k in a)
+        )
+    return a is b
+
+
+def guide_for_call(guide: Any, args: tuple, kwargs: dict) -> Any:
+    """The guide as it answers for the run's data ``model(*args, **kwargs)``.
+
+    A guide built from a model (``AnyOrderGuide``) answers for its own data set
+    (``model_args``) until conditioned on another (``guide.oracle(*args)``); a run on other
+    data asks it for the run's data, as a ``DiffusionGuide`` is asked. Any other oracle is
+    returned as it is.
+    """
+    own = getattr(guide, "model_args", None)
+    if getattr(guide, "model", None) is None or own is None or not hasattr(guide, "oracle"):
+        return guide
+    if same_call(snapshot((tuple(own), dict(guide.model_kwargs))), snapshot((args, kwargs))):
+        return guide
+    return guide.oracle(*args, **kwargs)

@@ -77,6 +77,24 @@ def test_a_file_that_is_not_a_guide_is_named(tmp_path):
         AnyOrderGuide.load(tmp_path / "list.pt")
 
 
+def test_a_damaged_file_or_a_foreign_config_is_named(tmp_path):
+    """Truncated, emptied or with another config, a file gave EOFError, 'negative seek value',
+    UnicodeDecodeError or KeyError from deep inside the loader."""
+    guide = AnyOrderGuide(num_coords=3, num_values=2, hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+    whole = (tmp_path / "guide.pt").read_bytes()
+    for name, content in {"half": whole[: len(whole) // 2], "empty": b""}.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match="damaged"):
+            AnyOrderGuide.load(tmp_path / name)
+    for config in ({}, "x", {"num_coords": 3}, {**guide.config, "colour": "red"}):
+        torch.save({"config": config, "state_dict": {}}, tmp_path / "foreign.pt")
+        with pytest.raises(ValueError, match="its config holds"):
+            AnyOrderGuide.load(tmp_path / "foreign.pt")
+    with pytest.raises(FileNotFoundError):
+        AnyOrderGuide.load(tmp_path / "missing.pt")
+
+
 def test_no_unrestricted_torch_load_in_the_package():
     """Every torch.load in pyro_autospec passes weights_only=True."""
     root = Path(__file__).resolve().parents[2] / "pyro_autospec"

@@ -51,6 +51,25 @@ def test_bad_device_and_schedule_knob():
         AutoSpec(model, num_samples=2, devcie="cpu")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has the device")
+def test_a_device_this_machine_lacks_is_refused_up_front():
+    """It was ignored with a DiffusionGuide, and an AssertionError from torch elsewhere."""
+    with pytest.raises(ValueError, match="sees no CUDA GPU"):
+        AutoSpec(model, num_samples=2, device="cuda")
+    with pytest.raises(ValueError, match="meta tensors hold no numbers"):
+        AutoSpec(model, num_samples=2, device="meta")
+
+
+def test_the_elimination_sampler_is_refused_with_a_guide_or_an_oracle_of_ones_own():
+    """It was silently replaced by the engine."""
+    from pyro_autospec.oracles import TabularOracle
+
+    oracle = TabularOracle(logits=torch.zeros(2))
+    for knobs in ({"guide": oracle}, {"oracle": oracle}, {"correction": "imh"}):
+        with pytest.raises(ValueError, match="sampler='ffbs' eliminates the model's own"):
+            AutoSpec(model, num_samples=2, sampler="ffbs", **knobs)
+
+
 def test_method_list_is_consistent():
     with pytest.raises(ValueError, match="speculative"):
         AutoSpec(model, num_samples=10, method="gibbs")

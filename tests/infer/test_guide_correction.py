@@ -162,3 +162,22 @@ def test_arguments_are_checked(mediocre_guide):
         AutoSpec(ising_chain, num_samples=2, guide=mediocre_guide, correction="smc")
     with pytest.raises(ValueError, match="not both"):
         AutoSpec(ising_chain, num_samples=2, guide=mediocre_guide, oracle=mediocre_guide)
+
+
+def test_a_guide_built_on_other_data_answers_for_the_runs_data():
+    """A guide built on data A and run on data B answered for A, silently (P(z = 1) 0.998
+    where B's posterior puts it near 0). It is now asked for B, as ``guide.oracle(B)``."""
+    torch.manual_seed(0)
+    guide = AnyOrderGuide(ising_chain, (DATA,))  # the "graph" guide: exact on this chain
+    other = -3.0 * DATA.sign()
+    runs = [
+        AutoSpec(ising_chain, 400, guide=g, seed=1, disable_progbar=True).run(other)
+        for g in (guide, guide.oracle(other))
+    ]
+    assert torch.equal(runs[0].get_samples()["z"], runs[1].get_samples()["z"])
+    states, log_post = enumerate_posterior(ising_chain, (other,))
+    exact = (log_post.exp()[:, None] * states.double()).sum(0)
+    drawn = runs[0].get_samples()["z"].double().mean(0)
+    assert float((drawn - exact).abs().max()) < 0.1
+    own = AutoSpec(ising_chain, 400, guide=guide, seed=1, disable_progbar=True).run(DATA)
+    assert not torch.equal(own.get_samples()["z"], runs[0].get_samples()["z"])
