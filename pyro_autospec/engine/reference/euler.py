@@ -124,14 +124,17 @@ class ReferenceEuler:
 def sequential_draw(problem: ReferenceEuler, s: int, draw_key: int) -> Generator:
     """The chain one step per round; step ``k`` uses the key of the one-step block at ``k``."""
     chain = problem.chain
+    host = HostChain.of(chain)
     path, log_mu = problem.initial_frame(s), 0.0
     for k in range(chain.num_steps):
         (f,) = yield Call((chain.times[k : k + 1], path[k : k + 1]), 1, s)
         key = keys.int_child(draw_key, keys.Tag.LEAF, k)
         inc = problem._noise(key, k, k + 1, f)
-        log_mu += problem._log_density(inc, f, k, k + 1)
+        # the step's log density in the host plane's arithmetic (euler_baselines.sequential)
+        resid = host_float64(inc)[0] - host_float64(f) * host.h[k]  # inc [1, d], f [d]
+        log_mu += host.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (host.var * host.h[k])
         path[k + 1] = path[k] + inc[0]
-    return path, log_mu
+    return path, float(log_mu)
 
 
 def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPolicy) -> Generator:
