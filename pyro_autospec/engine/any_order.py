@@ -394,7 +394,9 @@ def _check_knobs(knobs: dict) -> None:
         raise ValueError(f"max_elements must be a number >= 1 or None; got {elements!r}")
     for name in ("max_rows_per_round", "max_concurrent_draws"):
         value = knobs.get(name)
-        if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+        if value is not None and (
+            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
+        ):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
     window = knobs.get("window")
     if "window" in knobs and (

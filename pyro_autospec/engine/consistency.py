@@ -377,9 +377,13 @@ def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> 
     shift = 0.1 * torch.arange(len(picks), dtype=x0.dtype, device=x0.device)[:, None]
     x = x0[torch.arange(len(picks)) % x0.shape[0]] + shift
     try:
-        together = evaluate(t, x)
+        # fresh inputs for every call: a drift may write into its input (the engine hands
+        # every call inputs nothing reads afterwards)
+        together = evaluate(t.clone(), x.clone())
         reverse = evaluate(t.flip(0), x.flip(0)).flip(0)
-        alone = torch.cat([evaluate(t[i : i + 1], x[i : i + 1]) for i in range(len(picks))])
+        alone = torch.cat(
+            [evaluate(t[i : i + 1].clone(), x[i : i + 1].clone()) for i in range(len(picks))]
+        )
     except OracleError:
         return  # the engine's output checks report it, at the row where sampling meets it
     # a network computed in bfloat16 may take another kernel for one row than for four, and

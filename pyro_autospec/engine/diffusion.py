@@ -144,7 +144,7 @@ RULES = ("token", "block")
 def _knobs(method, scale, given: dict, num_steps: int) -> dict:
     """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise), with
     the rule's defaults filled in, so that the result records the schedule that ran."""
-    if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+    if not (_is_real(scale) and scale > 0 and math.isfinite(scale)):
         raise ValueError(
             f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
         )
@@ -153,18 +153,25 @@ def _knobs(method, scale, given: dict, num_steps: int) -> dict:
         _autospec_knobs(knobs, num_steps)
     if method == "picard":
         window, tolerance = knobs["window"], knobs["tolerance"]
-        if not isinstance(window, (int, np.integer)) or window < 1:
+        if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
             raise ValueError(
                 f"window must be a positive int (picard window of steps), got {window!r}"
             )
-        if not (tolerance >= 0 and math.isfinite(tolerance)):
+        if not (_is_real(tolerance) and tolerance >= 0 and math.isfinite(tolerance)):
             raise ValueError(f"tolerance must be a non-negative float, got {tolerance!r}")
         knobs.update(window=int(window), tolerance=float(tolerance))
     for name in ("max_rows_per_round", "max_rows_per_call", "max_concurrent_draws"):
         value = knobs.get(name)
-        if value is not None and (not isinstance(value, (int, np.integer)) or value < 1):
+        if value is not None and (
+            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
+        ):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
     return knobs
+
+
+def _is_real(value) -> bool:
+    """A real number (Python's or NumPy's, not a bool)."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def _autospec_knobs(knobs: dict, num_steps: int) -> None:
@@ -696,7 +703,7 @@ def euler_maruyama_log_prob(
             f"paths must have shape [..., N + 1, d] with N + 1 = {grid.shape[0]} (len(times)), "
             f"got {tuple(paths.shape)}"
         )
-    if not (isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)):
+    if not (_is_real(scale) and scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a positive float, got {scale!r}")
     dim = int(paths.shape[-1])
     drift_dim = getattr(drift, "dim", None)

@@ -100,7 +100,12 @@ def diffusion_times(
     """
     if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta and math.isfinite(delta)):
+    if not (
+        isinstance(delta, (int, float, np.integer, np.floating))
+        and not isinstance(delta, bool)
+        and 0 < delta
+        and math.isfinite(delta)
+    ):
         raise ValueError(
             f"delta must be a positive float (final time T = 1 / delta), got {delta!r}"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -76,6 +77,10 @@ def _slots(name: str, value: object) -> list[tuple[str, object]]:
 def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     if isinstance(value, types.MethodType):  # e.g. net.forward
         return [(f"{name}.__self__", value.__self__)]
+    if isinstance(value, functools.partial):  # partial(run, net): the function and its arguments
+        bound = [(f"{name}.args[{i}]", a) for i, a in enumerate(value.args[:100])]
+        named = [(f"{name}.keywords[{k!r}]", v) for k, v in list(value.keywords.items())[:100]]
+        return [(f"{name}.func", value.func), *bound, *named]
     if isinstance(value, types.FunctionType):
         code = value.__code__
         cells = zip(code.co_freevars, value.__closure__ or ())

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput, check_log_ratio
 from pyro_autospec.engine.euler_tokens import (
     EulerTokens,
@@ -276,7 +277,21 @@ class _Picard:
         lane_grid = np.broadcast_to(active[:, None], step.shape)
         f = np.zeros((active.size, w, d))
         states = path[lane_grid[valid], step[valid]]  # a fresh array
-        f[valid] = host_drift(self.evaluate, chain.times[step[valid]], states)
+        with np.errstate(invalid="ignore"):
+            diverged = not np.isfinite(states).all() or np.abs(states).max(initial=0.0) > 1e100
+        try:
+            f[valid] = host_drift(self.evaluate, chain.times[step[valid]], states)
+        except OracleError as error:
+            if not diverged:
+                raise
+            raise OracleError(
+                f"Picard iteration diverged: its iterates reached |x| = "
+                f"{np.abs(states[np.isfinite(states)]).max(initial=0.0):.3g}, where the drift "
+                f"overflows. Picard is an approximate baseline whose iterates need not stay "
+                f"near the chain (a stiff drift, or a long window with a large step); the "
+                f"exact methods 'autospec' and 'sequential' do not iterate. Try a smaller "
+                f"window or more steps. (The drift's own error: {str(error)[:120]})"
+            ) from error
         z = noise[draw[active][:, None], step]
         incr = np.where(valid[..., None], f * chain.h[step][..., None] + z, 0.0)
         new = path[active, lo][:, None] + np.cumsum(incr, 1)  # X_{lo+1..lo+w}

@@ -408,6 +408,15 @@ def test_errors_for_dimension_mismatch_and_options():
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=0)
     with pytest.raises(ValueError, match=r"min_block=9 is larger than max_block=4; pass"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=9, max_block=4)
+    with pytest.raises(ValueError, match="tolerance must be a non-negative float"):
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, method="picard", tolerance="0.1")
+    for name in ("max_rows_per_round", "max_concurrent_draws", "max_rows_per_call"):
+        with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+            sample_sde(lambda t, x: x, times, torch.zeros(2), 2, **{name: True})
+    # NumPy's float32 numbers are numbers
+    assert sample_sde(lambda t, x: -x, times, torch.zeros(2), 2, scale=np.float32(2.0)).rounds
+    gaussian = GaussianDenoiser(MEAN, COV)
+    assert sample_diffusion(gaussian, 2, num_steps=8, delta=np.float32(0.05)).rounds
     for rule in ("token", "block"):
         with pytest.raises(ValueError, match="max_block"):
             sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule=rule, max_block=0)

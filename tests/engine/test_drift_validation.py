@@ -173,3 +173,27 @@ def test_a_drift_answering_in_its_own_buffer_gives_the_plain_drifts_draws(method
         for d in (_plain, BufferedDrift())
     ]
     assert torch.equal(logs[0], logs[1])
+
+
+def test_an_inference_safe_drift_that_works_in_place_passes_the_consistency_check():
+    """The check handed one input to several calls: a drift that negates its input in place
+    (which the engine allows) was refused as answering rows differently."""
+
+    class InPlace:
+        inference_safe = True
+
+        def __call__(self, t, x):
+            return x.mul_(-1.0)
+
+    x0 = torch.tensor([0.5, -0.3], dtype=torch.float64)
+    in_place = sample_sde(InPlace(), TIMES, x0, 20, seed=0)
+    assert torch.equal(in_place.samples, sample_sde(lambda t, x: -x, TIMES, x0, 20, seed=0).samples)
+
+
+def test_a_diverging_picard_iteration_is_named_not_blamed_on_the_drift():
+    """-x**3 from x0 = 4 with h = 0.05: the chain is tame, Picard's iterates overflow."""
+    times = torch.linspace(0, 1, 21)
+    x0 = torch.tensor([4.0], dtype=torch.float64)
+    sample_sde(lambda t, x: -(x**3), times, x0, 4, seed=0)  # the exact chain runs
+    with pytest.raises(OracleError, match="Picard iteration diverged"):
+        sample_sde(lambda t, x: -(x**3), times, x0, 4, seed=0, method="picard")

@@ -178,16 +178,23 @@ def test_diffusion_engines_agree(method):
 
 @pytest.mark.parametrize("method", ["autospec", "sequential"])
 def test_sde_engines_give_the_same_log_densities(method):
-    """The reference's sequential chain summed its log density in torch (1e-12 apart)."""
-    times = torch.linspace(0.0, 1.0, 101)
+    """The reference's sequential chain summed its log density in torch (1e-12 apart), and
+    on an uneven grid its steps' noise scales too (samples 4e-16 apart)."""
+    steps = torch.rand(80, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    uneven = torch.cat([torch.zeros(1, dtype=torch.float64), (0.001 + 0.05 * steps).cumsum(0)])
     x0 = torch.linspace(-1.0, 1.0, 3, dtype=torch.float64)
 
     def drift(t, x):
         return -(x**3) + torch.sin(3 * x) + torch.cos(7 * t)[:, None]
 
-    fast = sample_sde(drift, times, x0, 12, seed=5, method=method)
-    slow = sample_sde(drift, times, x0, 12, seed=5, method=method, engine="reference")
-    assert torch.equal(fast.samples, slow.samples) and torch.equal(fast.log_prob, slow.log_prob)
+    for times in (torch.linspace(0.0, 1.0, 101), uneven):
+        fast = sample_sde(drift, times, x0, 12, seed=5, method=method, return_paths=True)
+        slow = sample_sde(
+            drift, times, x0, 12, seed=5, method=method, engine="reference", return_paths=True
+        )
+        for a, b in ((fast.samples, slow.samples), (fast.log_prob, slow.log_prob)):
+            assert torch.equal(a, b)
+        assert torch.equal(fast.paths, slow.paths)
 
 
 def test_sde_engines_agree_and_knobs_do_not_change_draws():

@@ -1,5 +1,6 @@
 """Bad input gets a clear error, never a silent wrong sample."""
 
+import functools
 import types
 
 import pytest
@@ -291,9 +292,12 @@ def test_harmless_training_mode_and_zero_dropout_are_accepted():
 
 
 def test_a_drift_calling_a_network_in_training_mode_is_refused():
-    """Found through a closure, a bound method and an attribute."""
+    """Found through a closure, a bound method, an attribute and a functools.partial."""
     times = torch.linspace(0.0, 1.0, 9)
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5))
+
+    def run(network, t, x):
+        return network(x.float()).to(x.dtype)
 
     class Drift:
         dim = 2
@@ -308,6 +312,7 @@ def test_a_drift_calling_a_network_in_training_mode_is_refused():
         (lambda t, x: net(x.float()).to(x.dtype), "net"),
         (net.forward, "oracle.__self__"),
         (Drift(), "oracle.network"),
+        (functools.partial(run, net), r"oracle\.args\[0\]"),
     ]:
         with pytest.raises(OracleError, match=rf"^{name}\[1\] \(Dropout\)"):
             sample_sde(drift, times, torch.zeros(2), 3, seed=0)

@@ -122,19 +122,32 @@ class ReferenceEuler:
 
 
 def sequential_draw(problem: ReferenceEuler, s: int, draw_key: int) -> Generator:
-    """The chain one step per round; step ``k`` uses the key of the one-step block at ``k``."""
+    """The chain one step per round; step ``k`` uses the key of the one-step block at ``k``.
+
+    In the host plane's arithmetic (:func:`~pyro_autospec.engine.euler_baselines.sequential`):
+    the same increments ``f h + sd z`` and step densities, so both engines give the same bits
+    on any time grid.
+    """
     chain = problem.chain
     host = HostChain.of(chain)
-    path, log_mu = problem.initial_frame(s), 0.0
-    for k in range(chain.num_steps):
-        (f,) = yield Call((chain.times[k : k + 1], path[k : k + 1]), 1, s)
-        key = keys.int_child(draw_key, keys.Tag.LEAF, k)
-        inc = problem._noise(key, k, k + 1, f)
-        # the step's log density in the host plane's arithmetic (euler_baselines.sequential)
-        resid = host_float64(inc)[0] - host_float64(f) * host.h[k]  # inc [1, d], f [d]
-        log_mu += host.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (host.var * host.h[k])
-        path[k + 1] = path[k] + inc[0]
-    return path, float(log_mu)
+    x = host_float64(problem.x0[s])
+    increments, log_mu = np.zeros((host.num_steps, host.dim)), 0.0
+    for k in range(host.num_steps):
+        state = torch.from_numpy(x[None].copy()).to(chain.device)
+        (f,) = yield Call((chain.times[k : k + 1], state), 1, s)
+        f = host_float64(f).reshape(host.dim)
+        key = np.int64(keys.int_child(draw_key, keys.Tag.LEAF, k))
+        z = keys.host_normal(key, keys.Tag.DRAFT, np.arange(host.dim))
+        h = host.h[k]
+        increment = f * h + host.sd[k] * z
+        resid = increment - f * h
+        log_mu += host.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (host.var * h)
+        increments[k] = increment
+        x = x + increment
+    x0 = host_float64(problem.x0[s])
+    path = np.concatenate([x0[None], x0[None] + np.cumsum(increments, 0)])
+    path[-1] = x
+    return torch.from_numpy(path).to(device=chain.device, dtype=chain.wide), float(log_mu)
 
 
 def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPolicy) -> Generator:
