@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from pyro import poutine
 
@@ -35,7 +34,7 @@ from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
-from pyro_autospec.infer.knobs import CORRECTIONS, METHODS, check_schedule
+from pyro_autospec.infer.knobs import CORRECTIONS, METHODS, check_count, check_schedule
 from pyro_autospec.infer.map_decode import most_probable
 from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.oracle_choice import build_oracle
@@ -260,10 +259,10 @@ class AutoSpec:
     ):
         if not callable(model):
             raise TypeError(f"model must be callable; got {type(model).__name__}")
-        if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
-        if not isinstance(num_chains, (int, np.integer)) or num_chains < 1:
-            raise ValueError(f"num_chains must be a positive int; got {num_chains!r}")
+        check_count("num_samples", num_samples, 1)
+        check_count("num_chains", num_chains, 1)
+        check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
+        check_count("warmup_steps", warmup_steps, 0, optional=True)
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}; got {method!r}")
         if sampler not in SAMPLERS:
@@ -281,10 +280,6 @@ class AutoSpec:
             raise ValueError(
                 "pass either oracle= or guide=, not both: a guide is the (approximate) oracle"
             )
-        if warmup_steps is not None and (
-            not isinstance(warmup_steps, (int, np.integer)) or warmup_steps < 0
-        ):
-            raise ValueError(f"warmup_steps must be a non-negative int; got {warmup_steps!r}")
         try:
             self.device = None if device is None else torch.device(device)
         except (RuntimeError, TypeError) as e:

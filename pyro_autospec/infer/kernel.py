@@ -15,7 +15,7 @@ from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
-from pyro_autospec.infer.knobs import check_schedule
+from pyro_autospec.infer.knobs import check_count, check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
 from pyro_autospec.infer.self_check import SelfCheck
@@ -153,8 +153,8 @@ class AutoSpecKernel(MCMCKernel):
         schedule: Schedule | Mapping | None = None,
         **knobs: Any,
     ):
-        if draws_per_run < 1:
-            raise ValueError(f"draws_per_run must be >= 1; got {draws_per_run}")
+        check_count("draws_per_run", draws_per_run, 1)
+        check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
         self.user_model = model
         self.model = _ModelWithNativeDtypes(model)
         self.oracle = oracle

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from pyro_autospec.engine.methods import DIFFUSION, DISCRETE, given_knobs, knob_names, method_names
 
-__all__ = ["CORRECTIONS", "METHODS", "SCHEDULE_KNOBS", "check_schedule"]
+__all__ = ["CORRECTIONS", "METHODS", "SCHEDULE_KNOBS", "check_count", "check_schedule"]
 
 #: The engine's schedule knobs on ``[q]^n`` and on diffusions (each method accepts its own;
 #: the engine checks).
@@ -37,3 +39,22 @@ def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
             f"{list(SCHEDULE_KNOBS)} (the device is the keyword device=)"
         )
     return given_knobs(schedule, knobs)
+
+
+def check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    """Refuse ``value`` unless it is an int (Python's or NumPy's, not a bool) of at least
+    ``minimum``, or ``None`` where ``optional``.
+
+    Examples
+    --------
+    >>> check_count("num_chains", 2, 1)
+    >>> check_count("num_chains", True, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: num_chains must be an int >= 1; got True
+    """
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        none = " or None" if optional else ""
+        raise ValueError(f"{name} must be an int >= {minimum}{none}; got {value!r}")

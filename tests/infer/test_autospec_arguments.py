@@ -70,6 +70,31 @@ def test_the_elimination_sampler_is_refused_with_a_guide_or_an_oracle_of_ones_ow
             AutoSpec(model, num_samples=2, sampler="ffbs", **knobs)
 
 
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"num_samples": True},
+        {"num_chains": True},
+        {"max_plate_nesting": 1.5},
+        {"max_plate_nesting": "1"},
+        {"warmup_steps": True},
+    ],
+)
+def test_counts_must_be_ints(knobs):
+    """True was taken as 1; 1.5 and '1' failed later with messages about the model."""
+    from pyro_autospec import AutoSpecKernel
+
+    arguments = {"num_samples": 2, **knobs}
+    name = next(iter(knobs))
+    with pytest.raises(ValueError, match=f"{name} must be an int"):
+        AutoSpec(model, **arguments)
+    if name == "max_plate_nesting":
+        with pytest.raises(ValueError, match=f"{name} must be an int"):
+            AutoSpecKernel(model, **knobs)
+    with pytest.raises(ValueError, match="draws_per_run must be an int"):
+        AutoSpecKernel(model, draws_per_run=True)
+
+
 def test_method_list_is_consistent():
     with pytest.raises(ValueError, match="speculative"):
         AutoSpec(model, num_samples=10, method="gibbs")
