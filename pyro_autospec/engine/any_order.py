@@ -49,6 +49,8 @@ from pyro_autospec.engine.methods import (
     default_max_elements,
     default_schedule,
     given_knobs,
+    is_count,
+    is_real,
     resolve_knobs,
 )
 from pyro_autospec.engine.protocols import (
@@ -227,11 +229,7 @@ def sample_any_order(
     """
     seed = keys.check_seed(seed)
     n, q = _check_oracle(oracle)
-    if (
-        not isinstance(num_samples, (int, np.integer))
-        or isinstance(num_samples, bool)
-        or num_samples < 1
-    ):
+    if not is_count(num_samples):
         raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
     num_samples = int(num_samples)
     if engine not in ENGINES:
@@ -370,43 +368,21 @@ def _bytes_per_flight(method: str, knobs: dict, n: int, q: int) -> int:
 
 def _check_knobs(knobs: dict) -> None:
     rho = knobs.get("rho", 1.0)
-    if not (
-        rho == "adaptive"
-        or (
-            isinstance(rho, (int, float, np.integer, np.floating))
-            and not isinstance(rho, bool)
-            and 0 < rho <= 1e6
-            and math.isfinite(rho)
-        )
-    ):
+    if not (rho == "adaptive" or (is_real(rho) and 0 < rho <= 1e6 and math.isfinite(rho))):
         raise ValueError(f"rho must be a finite number in (0, 1e6] or 'adaptive'; got {rho!r}")
     block = knobs.get("max_block")
-    if "max_block" in knobs and (
-        not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1
-    ):
+    if "max_block" in knobs and not is_count(block):
         raise ValueError(f"max_block must be a positive int; got {block!r}")
     elements = knobs.get("max_elements")
-    if elements is not None and (
-        isinstance(elements, bool)
-        or not isinstance(elements, (int, float, np.integer, np.floating))
-        or not 1 <= elements < math.inf
-    ):
+    if elements is not None and not (is_real(elements) and 1 <= elements < math.inf):
         raise ValueError(f"max_elements must be a number >= 1 or None; got {elements!r}")
     for name in ("max_rows_per_round", "max_concurrent_draws"):
         value = knobs.get(name)
-        if value is not None and (
-            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
-        ):
+        if value is not None and not is_count(value):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
     window = knobs.get("window")
-    if "window" in knobs and (
-        not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1
-    ):
+    if "window" in knobs and not is_count(window):
         raise ValueError(f"window must be a positive int; got {window!r}")
     scale = knobs.get("window_scale")
-    if "window_scale" in knobs and (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float, np.integer, np.floating))
-        or not 0 < scale < math.inf
-    ):
+    if "window_scale" in knobs and not (is_real(scale) and 0 < scale < math.inf):
         raise ValueError(f"window_scale must be a finite positive number; got {scale!r}")

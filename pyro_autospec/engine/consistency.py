@@ -36,6 +36,9 @@ from pyro_autospec.engine.rows import then_pair
 
 __all__ = ["check_consistency", "check_drift_consistency", "PROBE_LENGTH"]
 
+#: Why an oracle may answer one question two ways, and the fix (in both checks' messages).
+_EVAL_HINT = "(a network in training mode with dropout does not: call .eval() on it)"
+
 #: How many coordinates the questions pin at most.
 PROBE_LENGTH = 8
 
@@ -197,9 +200,8 @@ class _Probe:
             "row (each chain of a batch its own), log_marginals_at must answer its targets in "
             "the order given, a row must ignore the values at unpinned coordinates and not "
             "depend on the other rows of its batch, and the same question must get the same "
-            "answer each time (a network in training mode with dropout does not: call "
-            ".eval() on it). Fix the method named, or remove it (the engine then asks plain "
-            "rows). If the methods are right and differ by rounding only, set "
+            f"answer each time {_EVAL_HINT}. Fix the method named, or remove it (the engine then "
+            "asks plain rows). If the methods are right and differ by rounding only, set "
             "consistent_queries = True on the oracle to skip this check."
         )
 
@@ -399,8 +401,7 @@ def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> 
                 f"(relative, more than {tolerance:.3g}). Every sampler but the sequential one "
                 f"asks rows of different times and states in one call, so each row of the answer "
                 f"must depend on its own t[i] and x[i] only (a common slip: reading t[0] for "
-                f"every row), and the same row must get the same answer each time (a network "
-                f"in training mode with dropout does not: call .eval() on it). Fix it, or, if "
-                f"the difference is rounding, set consistent_queries = True on it to skip this "
-                f"check."
+                f"every row), and the same row must get the same answer each time "
+                f"{_EVAL_HINT}. Fix it, or, if the difference is rounding, set "
+                f"consistent_queries = True on it to skip this check."
             )

@@ -64,6 +64,8 @@ from pyro_autospec.engine.methods import (
     check_windows,
     default_max_block,
     given_knobs,
+    is_count,
+    is_real,
     resolve_knobs,
 )
 from pyro_autospec.engine.protocols import declares_consistent_queries
@@ -144,7 +146,7 @@ RULES = ("token", "block")
 def _knobs(method, scale, given: dict, num_steps: int) -> dict:
     """Validated knobs of ``method``: its defaults, then ``given`` (unknown ones raise), with
     the rule's defaults filled in, so that the result records the schedule that ran."""
-    if not (_is_real(scale) and scale > 0 and math.isfinite(scale)):
+    if not (is_real(scale) and scale > 0 and math.isfinite(scale)):
         raise ValueError(
             f"scale must be a positive float (noise level s of dX = b dt + s dB), got {scale!r}"
         )
@@ -153,25 +155,18 @@ def _knobs(method, scale, given: dict, num_steps: int) -> dict:
         _autospec_knobs(knobs, num_steps)
     if method == "picard":
         window, tolerance = knobs["window"], knobs["tolerance"]
-        if not isinstance(window, (int, np.integer)) or isinstance(window, bool) or window < 1:
+        if not is_count(window):
             raise ValueError(
                 f"window must be a positive int (picard window of steps), got {window!r}"
             )
-        if not (_is_real(tolerance) and tolerance >= 0 and math.isfinite(tolerance)):
+        if not (is_real(tolerance) and tolerance >= 0 and math.isfinite(tolerance)):
             raise ValueError(f"tolerance must be a non-negative float, got {tolerance!r}")
         knobs.update(window=int(window), tolerance=float(tolerance))
     for name in ("max_rows_per_round", "max_rows_per_call", "max_concurrent_draws"):
         value = knobs.get(name)
-        if value is not None and (
-            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
-        ):
+        if value is not None and not is_count(value):
             raise ValueError(f"{name} must be a positive int or None; got {value!r}")
     return knobs
-
-
-def _is_real(value) -> bool:
-    """A real number (Python's or NumPy's, not a bool)."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
 
 
 def _autospec_knobs(knobs: dict, num_steps: int) -> None:
@@ -183,9 +178,7 @@ def _autospec_knobs(knobs: dict, num_steps: int) -> None:
             f"with residual races); got {rule!r}"
         )
     max_block = knobs["max_block"]
-    if max_block is not None and (
-        not isinstance(max_block, (int, np.integer)) or isinstance(max_block, bool) or max_block < 1
-    ):
+    if max_block is not None and (not is_count(max_block)):
         raise ValueError(f"max_block must be a positive int or None, got {max_block!r}")
     if rule == "token":
         if knobs["rho"] is not None:
@@ -220,11 +213,7 @@ def _autospec_knobs(knobs: dict, num_steps: int) -> None:
 
 
 def _check_num_samples(num_samples) -> int:
-    if (
-        not isinstance(num_samples, (int, np.integer))
-        or isinstance(num_samples, bool)
-        or num_samples < 1
-    ):
+    if not is_count(num_samples):
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     return int(num_samples)
 
@@ -590,7 +579,7 @@ def sample_diffusion(
     """
     seed = keys.check_seed(seed)
     dim = getattr(oracle, "dim", None)
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool) or dim < 1:
+    if not is_count(dim):
         raise ValueError(
             f"oracle must have an integer attribute `dim` (d >= 1, the MeanOracle protocol), "
             f"got {dim!r}"
@@ -703,7 +692,7 @@ def euler_maruyama_log_prob(
             f"paths must have shape [..., N + 1, d] with N + 1 = {grid.shape[0]} (len(times)), "
             f"got {tuple(paths.shape)}"
         )
-    if not (_is_real(scale) and scale > 0 and math.isfinite(scale)):
+    if not (is_real(scale) and scale > 0 and math.isfinite(scale)):
         raise ValueError(f"scale must be a positive float, got {scale!r}")
     dim = int(paths.shape[-1])
     drift_dim = getattr(drift, "dim", None)

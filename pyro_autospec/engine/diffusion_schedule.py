@@ -13,6 +13,8 @@ import math
 import numpy as np
 import torch
 
+from pyro_autospec.engine.methods import is_count, is_real
+
 __all__ = ["diffusion_times", "check_times"]
 
 
@@ -98,14 +100,9 @@ def diffusion_times(
     >>> bool((times.diff() > 0).all())
     True
     """
-    if not isinstance(num_steps, (int, np.integer)) or num_steps < 1:
+    if not is_count(num_steps):
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
-    if not (
-        isinstance(delta, (int, float, np.integer, np.floating))
-        and not isinstance(delta, bool)
-        and 0 < delta
-        and math.isfinite(delta)
-    ):
+    if not (is_real(delta) and 0 < delta and math.isfinite(delta)):
         raise ValueError(
             f"delta must be a positive float (final time T = 1 / delta), got {delta!r}"
         )

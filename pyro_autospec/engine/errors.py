@@ -213,7 +213,9 @@ def check_device(device) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device={device!r} is not a torch device: {error}") from None
+        raise ValueError(
+            f"device={device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...): {error}"
+        ) from None
     if resolved.type == "meta":
         raise ValueError(
             f"device={device!r}: meta tensors hold no numbers, so nothing can be sampled on "

@@ -27,10 +27,11 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput, check_log_ratio
+from pyro_autospec.engine.euler import Chain, DriftEvaluator, EulerOutput
 from pyro_autospec.engine.euler_tokens import (
     EulerTokens,
     HostChain,
+    euler_step,
     host_drift,
     host_float64,
     host_output,
@@ -39,8 +40,6 @@ from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["Lockstep", "follow_noise", "picard", "sequential"]
-
-_NO_RATIO = np.zeros(0)
 
 
 @engine_mode()
@@ -154,12 +153,7 @@ class Lockstep:
             z = keys.host_normal(step_keys[..., None], keys.Tag.DRAFT, np.arange(chain.dim))
             self.z = z.reshape(num, ks.size, chain.dim)
         f = host_drift(self.evaluate, np.full(num, chain.times[k]), self.final.copy())
-        h = chain.h[k]
-        increment = f * h + chain.sd[k] * self.z[:, k % self.window]
-        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is raised, named
-            resid = increment - f * h
-            term = chain.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
-        check_log_ratio(_NO_RATIO, term, "drift or mean oracle")  # a sequential step has none
+        increment, term = euler_step(chain, k, f, self.z[:, k % self.window], self.evaluate.name)
         self.log_prob += term
         if self.increments is not None:
             self.increments[:, k] = increment
@@ -277,16 +271,15 @@ class _Picard:
         lane_grid = np.broadcast_to(active[:, None], step.shape)
         f = np.zeros((active.size, w, d))
         states = path[lane_grid[valid], step[valid]]  # a fresh array
-        with np.errstate(invalid="ignore"):
-            diverged = not np.isfinite(states).all() or np.abs(states).max(initial=0.0) > 1e100
         try:
             f[valid] = host_drift(self.evaluate, chain.times[step[valid]], states)
-        except OracleError as error:
-            if not diverged:
-                raise
+        except OracleError as error:  # the iterates' size, read only when the drift failed
+            largest = np.abs(states[np.isfinite(states)]).max(initial=0.0)
+            if np.isfinite(states).all() and largest <= 1e100:
+                raise  # the drift's own error, at states the chain could reach
             raise OracleError(
-                f"Picard iteration diverged: its iterates reached |x| = "
-                f"{np.abs(states[np.isfinite(states)]).max(initial=0.0):.3g}, where the drift "
+                f"Picard iteration diverged: its iterates reached |x| = {largest:.3g}, where the "
+                f"drift "
                 f"overflows. Picard is an approximate baseline whose iterates need not stay "
                 f"near the chain (a stiff drift, or a long window with a large step); the "
                 f"exact methods 'autospec' and 'sequential' do not iterate. Try a smaller "

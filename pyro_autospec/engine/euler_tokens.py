@@ -66,6 +66,7 @@ __all__ = [
     "Draft",
     "Verdict",
     "draft_windows",
+    "euler_step",
     "host_drift",
     "host_float64",
     "host_output",
@@ -85,6 +86,31 @@ def host_drift(evaluate: DriftEvaluator, t: np.ndarray, x: np.ndarray) -> np.nda
     float64 [B, d] out. ``x`` is handed over as it is: pass an array nothing else reads after
     the call (a drift may write into its input)."""
     return host_float64(evaluate(torch.from_numpy(t), torch.from_numpy(x)))
+
+
+def euler_step(
+    chain: HostChain, k: int, drift: np.ndarray, z: np.ndarray, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Step ``k`` of the chain from the drift ``b`` ([..., d]) and standard noise ``z``
+    ([..., d]): the increment ``b h_k + s sqrt(h_k) z`` and its log density under the step's
+    Gaussian ([...]), in the arithmetic every sequential chain of the host plane uses (so
+    that both engines give the same bits).
+
+    Raises
+    ------
+    OracleError
+        Where ``|b|^2 h`` overflows float64 (``name`` names the drift or oracle).
+    """
+    h = chain.h[k]
+    increment = drift * h + chain.sd[k] * z
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is raised, named
+        resid = increment - drift * h
+        log_density = chain.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
+    check_log_ratio(_NO_RATIO, np.atleast_1d(log_density), name)  # a step has no ratio
+    return increment, log_density
+
+
+_NO_RATIO = np.zeros(0)
 
 
 @dataclass(frozen=True)

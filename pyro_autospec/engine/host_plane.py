@@ -342,8 +342,6 @@ class TokenSampler:
         holds at most ``keys.NOISE_ENTRIES`` entries: with a large ``q`` and many draws in
         flight, the noise of all of them at once took gigabytes (the same numbers)."""
         step = max(1, keys.NOISE_ENTRIES // max(1, width * self.q))
-        if lanes.size <= step:
-            return np.argmax(data + self._noise(lanes, t, width), axis=-1)
         x = np.empty(data.shape[:2], dtype=np.int64)
         for a in range(0, lanes.size, step):
             part = slice(a, a + step)

@@ -460,6 +460,30 @@ def knob_names(setting: str = DISCRETE) -> tuple[str, ...]:
     return tuple(names)
 
 
+def is_count(value: Any, minimum: int = 1) -> bool:
+    """Whether ``value`` is an int (Python's or NumPy's, not a bool) of at least ``minimum``.
+
+    Examples
+    --------
+    >>> is_count(3), is_count(np.int64(1)), is_count(True), is_count(2.0), is_count(0)
+    (True, True, False, False, False)
+    """
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        return False
+    return bool(value >= minimum)
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (Python's or NumPy's, not a bool).
+
+    Examples
+    --------
+    >>> is_real(0.5), is_real(np.float32(2)), is_real(True), is_real("0.1")
+    (True, True, False, False)
+    """
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
 def check_windows(knobs: dict, given: Mapping) -> None:
     """Check the window knobs of resolved ``"autospec"`` knobs (``max_block`` resolved).
 
@@ -484,9 +508,7 @@ def check_windows(knobs: dict, given: Mapping) -> None:
         value = knobs.get(name)
         if value is None and name == "first_block":
             continue
-        if name in knobs and (
-            not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1
-        ):
+        if name in knobs and not is_count(value):
             none = " or None" if name == "first_block" else ""
             raise ValueError(f"{name} must be a positive int{none}; got {value!r}")
     if knobs["min_block"] <= knobs["max_block"]:

@@ -280,14 +280,8 @@ class AutoSpec:
             raise ValueError(
                 "pass either oracle= or guide=, not both: a guide is the (approximate) oracle"
             )
-        try:
-            self.device = None if device is None else torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError(
-                f"device must name a torch device ('cpu', 'cuda', 'cuda:1', ...); got {device!r}"
-            ) from e
-        if self.device is not None:  # a GPU this machine lacks, or meta: before any run
-            check_device(self.device)
+        # a bad name, a GPU this machine lacks, or meta: refused before any run
+        self.device = None if device is None else check_device(device)
         self.model = model
         self.num_samples = int(num_samples)
         self.num_chains = int(num_chains)

@@ -9,9 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from pyro_autospec.engine.methods import DIFFUSION, DISCRETE, given_knobs, knob_names, method_names
+from pyro_autospec.engine.methods import (
+    DIFFUSION,
+    DISCRETE,
+    given_knobs,
+    is_count,
+    knob_names,
+    method_names,
+)
 
 __all__ = ["CORRECTIONS", "METHODS", "SCHEDULE_KNOBS", "check_count", "check_schedule"]
 
@@ -55,6 +60,6 @@ def check_count(name: str, value: Any, minimum: int, optional: bool = False) -> 
     """
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    if not is_count(value, minimum):
         none = " or None" if optional else ""
         raise ValueError(f"{name} must be an int >= {minimum}{none}; got {value!r}")

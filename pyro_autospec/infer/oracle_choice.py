@@ -62,7 +62,8 @@ def snapshot(value: Any) -> Any:
 
 
 def same_call(a: Any, b: Any) -> bool:
-    """Whether two snapshots are the same arguments (equal tensors, identical other objects)."""
+    """Whether two calls' arguments (or their snapshots) are the same: equal tensors,
+    identical other objects."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -95,6 +96,6 @@ def guide_for_call(guide: Any, args: tuple, kwargs: dict) -> Any:
     own = getattr(guide, "model_args", None)
     if getattr(guide, "model", None) is None or own is None or not hasattr(guide, "oracle"):
         return guide
-    if same_call(snapshot((tuple(own), dict(guide.model_kwargs))), snapshot((args, kwargs))):
+    if same_call((tuple(own), dict(guide.model_kwargs)), (tuple(args), dict(kwargs))):
         return guide
     return guide.oracle(*args, **kwargs)

@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from pyro.infer.mcmc.util import select_samples
 
 from pyro_autospec.diagnostics.arviz import to_inference_data
 from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.methods import is_count
 from pyro_autospec.infer.display import print_summary
 from pyro_autospec.infer.seeds import chain_seeds
 from pyro_autospec.infer.summaries import site_diagnostics
@@ -362,11 +362,7 @@ class RunBase:
         group_by_chain: bool = False,
         include_discrete: bool = True,
     ) -> dict[str, torch.Tensor]:
-        if num_samples is not None and (
-            not isinstance(num_samples, (int, np.integer))
-            or isinstance(num_samples, bool)
-            or num_samples < 1
-        ):
+        if num_samples is not None and not is_count(num_samples):
             raise ValueError(
                 f"get_samples(num_samples=...) takes a positive int (that many draws picked at "
                 f"random with replacement, as pyro.infer.MCMC does) or None (every draw); got "

@@ -18,6 +18,7 @@ from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_log_ratio
 from pyro_autospec.engine.euler_tokens import (
     HostChain,
     draft_windows,
+    euler_step,
     host_float64,
     row_mask,
     verify_windows,
@@ -130,21 +131,17 @@ def sequential_draw(problem: ReferenceEuler, s: int, draw_key: int) -> Generator
     """
     chain = problem.chain
     host = HostChain.of(chain)
-    x = host_float64(problem.x0[s])
-    increments, log_mu = np.zeros((host.num_steps, host.dim)), 0.0
+    x0 = host_float64(problem.x0[s])
+    x, increments, log_mu = x0, np.zeros((host.num_steps, host.dim)), 0.0
     for k in range(host.num_steps):
         state = torch.from_numpy(x[None].copy()).to(chain.device)
         (f,) = yield Call((chain.times[k : k + 1], state), 1, s)
-        f = host_float64(f).reshape(host.dim)
         key = np.int64(keys.int_child(draw_key, keys.Tag.LEAF, k))
         z = keys.host_normal(key, keys.Tag.DRAFT, np.arange(host.dim))
-        h = host.h[k]
-        increment = f * h + host.sd[k] * z
-        resid = increment - f * h
-        log_mu += host.step_log_norm[k] - 0.5 * (resid * resid).sum(-1) / (host.var * h)
-        increments[k] = increment
-        x = x + increment
-    x0 = host_float64(problem.x0[s])
+        name = problem.evaluate.name
+        increments[k], log_density = euler_step(host, k, host_float64(f).reshape(-1), z, name)
+        log_mu += log_density
+        x = x + increments[k]
     path = np.concatenate([x0[None], x0[None] + np.cumsum(increments, 0)])
     path[-1] = x
     return torch.from_numpy(path).to(device=chain.device, dtype=chain.wide), float(log_mu)
