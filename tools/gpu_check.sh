@@ -4,6 +4,7 @@
 #   tools/gpu_check.sh            # on the GPU machine, from anywhere in the repository
 #   OUT=/some/dir tools/gpu_check.sh
 #   DEVICE=cpu SMOKE=1 tools/gpu_check.sh   # a dry run of the script itself on a CPU (seconds)
+#   ONLY="tests diffusion" tools/gpu_check.sh   # only the steps named (a rerun after a fix)
 #
 # Every step has its own time limit (seconds; the LIMIT_* variables below override them),
 # streams its output to a file under $OUT (default: a new folder under /tmp) and the next step
@@ -42,6 +43,9 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 step() {  # step NAME LIMIT COMMAND...: run with a time limit, output to $OUT/NAME.txt
     local name="$1" limit="$2"
     shift 2
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then
+        return 0
+    fi
     local start=$SECONDS
     echo "== $name (limit ${limit}s): $*" | tee -a "$OUT/summary.txt"
     timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.txt" 2>&1

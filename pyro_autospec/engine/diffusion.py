@@ -254,7 +254,7 @@ def _run(s: _Settings) -> SampleResult:
                 max_rows_per_call=s.knobs["max_rows_per_call"] or 65536,
             )
         reference = follow_noise(chain, evaluate, x0, out.noise)
-        error = (final - reference).norm(dim=-1)
+        error = (final - reference.to(final)).norm(dim=-1)
     if s.divide_by_time:
         final = final / float(s.grid[-1])
         if error is not None:

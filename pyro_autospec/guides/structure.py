@@ -41,6 +41,7 @@ from pyro.poutine.util import prune_subsample_sites
 
 from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model import AutoSpecModelError, SiteLayout, log_joint
+from pyro_autospec.model.log_joint import data_device
 from pyro_autospec.model.tracing import over_draws
 
 __all__ = [
@@ -198,8 +199,10 @@ def joint_log_prob(
     """
     kwargs = {} if kwargs is None else kwargs
     coords = torch.as_tensor(coords).long()
+    home = coords.device  # the answer's device; the model runs on its data's
+    coords = coords.to(data_device(args, kwargs))
     if observed is None:
-        return log_joint(model, args, kwargs, layout, layout.from_coords(coords))
+        return log_joint(model, args, kwargs, layout, layout.from_coords(coords)).to(home)
     unknown = sorted(set(observed) - set(layout.observed))
     if unknown:
         raise ValueError(f"observed names {unknown}, which are not observed sites of the model")
@@ -216,7 +219,7 @@ def joint_log_prob(
             shape = (size,) + (1,) * pad + tuple(site.batch_shape) + tuple(site.event_shape)
             data[site.name] = values[site.name].to(site.dtype).reshape(shape)
         for name, value in observed.items():
-            data[name] = torch.as_tensor(value)[start:stop].reshape(
+            data[name] = torch.as_tensor(value, device=coords.device)[start:stop].reshape(
                 _observed_draw_shape(layout, name, size)
             )
 
@@ -225,7 +228,7 @@ def joint_log_prob(
             trace = poutine.trace(poutine.condition(batched, data=data)).get_trace(*args, **kwargs)
         trace = prune_subsample_sites(trace)
         trace.compute_log_prob()
-        total = torch.zeros(size, dtype=torch.float64)
+        total = torch.zeros(size, dtype=torch.float64, device=coords.device)
         for site in trace.nodes.values():
             if site["type"] != "sample":
                 continue
@@ -233,7 +236,7 @@ def joint_log_prob(
             lp = lp.expand(broadcast_shape(lp.shape, (size,) + (1,) * mpn))
             total = total + lp.reshape(size, -1).sum(-1)
         parts.append(total)
-    return torch.cat(parts)
+    return torch.cat(parts).to(home)
 
 
 def _alternatives(base: torch.Tensor, sizes: torch.Tensor) -> list[torch.Tensor]:

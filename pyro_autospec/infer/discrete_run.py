@@ -183,7 +183,10 @@ class DiscreteRun(RunBase):
             for name in pointwise:
                 table = joint.pointwise[name]
                 rows = evaluated.rows
-                pointwise[name].append(table[keep] if rows is None else (table, rows[keep]))
+                if rows is None:
+                    pointwise[name].append(table[keep])
+                else:  # the distinct draws' rows index the host draws
+                    pointwise[name].append((table, rows[keep.to(rows.device)]))
             extra["n_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
             extra["oracle_rows"].append(
                 torch.full(

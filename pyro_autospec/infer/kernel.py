@@ -12,6 +12,7 @@ from pyro import poutine
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
@@ -118,6 +119,10 @@ class AutoSpecKernel(MCMCKernel):
         Exact draws per engine run (one batch of parallel samplers).
     disable_progbar : bool
         Hide the engine's own bar (``MCMC`` shows its bar over steps). Default True.
+    device : torch.device or str, optional
+        Where the oracle and the engine run (as in
+        :class:`~pyro_autospec.infer.autospec.AutoSpec`); by default the device of the model's
+        tensors. ``MCMC`` receives each draw on the CPU, as it stores them.
     schedule : Schedule or dict, optional
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`).
     **knobs
@@ -150,10 +155,12 @@ class AutoSpecKernel(MCMCKernel):
         seed: int | torch.Generator | None = None,
         draws_per_run: int = 1000,
         disable_progbar: bool = True,
+        device: torch.device | str | None = None,
         schedule: Schedule | Mapping | None = None,
         **knobs: Any,
     ):
         check_count("draws_per_run", draws_per_run, 1)
+        self.device = None if device is None else check_device(device)
         check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
         self.user_model = model
         self.model = _ModelWithNativeDtypes(model)
@@ -202,7 +209,9 @@ class AutoSpecKernel(MCMCKernel):
     def _prepare(self) -> None:
         """Build the oracle and the draws' evaluation for the arguments of the last setup."""
         args, kwargs = self._args, self._kwargs
-        self._oracle = build_oracle(self.oracle, self.user_model, args, kwargs, self.layout)
+        self._oracle = build_oracle(
+            self.oracle, self.user_model, args, kwargs, self.layout, self.device
+        )
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
         if self._self_check is None or not same_call(self._call, self._checked_call):
             self._self_check = SelfCheck(
@@ -217,7 +226,7 @@ class AutoSpecKernel(MCMCKernel):
             ModelCall(self.user_model, args, kwargs),
             self.layout,
             self_check=self._self_check,
-            device=getattr(self._oracle, "device", None),
+            device=self.device or getattr(self._oracle, "device", None),
             outputs=False,
         )
 
@@ -273,7 +282,7 @@ class AutoSpecKernel(MCMCKernel):
             self.draws_per_run,
             method=self.method,
             seed=seed,
-            device=getattr(self._oracle, "device", None),
+            device=self.device or getattr(self._oracle, "device", None),
             progress=not self.disable_progbar,
             **self.schedule,
         )

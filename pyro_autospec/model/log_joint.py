@@ -396,6 +396,28 @@ def _evaluate_batched(
     return out
 
 
+def data_device(args: tuple, kwargs: Mapping | None = None) -> torch.device:
+    """The device of the model's data: that of the first tensor in ``args`` then ``kwargs``
+    (looking into tuples, lists and dicts), else the CPU.
+
+    Values built elsewhere (a grid of every assignment, a guide's probes) go there, so that a
+    model whose data lives on a GPU sees its latent values on the same device.
+
+    >>> data_device((1.0, [torch.zeros(2)]), {})
+    device(type='cpu')
+    """
+    stack = [args, kwargs or {}]
+    while stack:
+        value = stack.pop(0)
+        if isinstance(value, torch.Tensor):
+            return value.device
+        if isinstance(value, (tuple, list)):
+            stack[:0] = list(value)
+        elif isinstance(value, Mapping):
+            stack[:0] = list(value.values())
+    return torch.device("cpu")
+
+
 def log_joint(
     model: Callable,
     args: tuple,
@@ -566,5 +588,6 @@ def enumerate_posterior(
         raise ValueError(f"{math.prod(sizes)} states exceed max_states={max_states}")
     grids = torch.meshgrid(*[torch.arange(k) for k in sizes], indexing="ij")
     states = torch.stack([g.reshape(-1) for g in grids], dim=-1)
-    lp = log_joint(model, args, kwargs, layout, layout.from_coords(states))
+    values = layout.from_coords(states.to(data_device(args, kwargs)))
+    lp = log_joint(model, args, kwargs, layout, values).cpu()
     return states, lp - lp.logsumexp(0)

@@ -155,3 +155,34 @@ def test_cuda_diffusion_reproduces_cpu(method):
     assert b.samples.device.type == "cuda"
     assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
     torch.testing.assert_close(a.samples, b.samples.cpu(), rtol=0, atol=1e-9)
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    ("method", "knobs"),
+    [("autospec", {"rule": "block"}), ("autospec", {}), ("picard", {}), ("sequential", {})],
+)
+def test_cuda_reference_diffusion_reproduces_cpu(method, knobs):
+    # The reference engine (and the block rule, which always runs on it) built its block
+    # noise on the host: a GPU run raised a device mismatch that no CPU test could see.
+    angles = torch.arange(6, dtype=torch.float64) * (2 * math.pi / 6)
+    points = torch.stack([torch.cos(angles), torch.sin(angles)], -1)
+    weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])
+    kwargs = {"num_steps": 32, "delta": 0.02, "seed": 4, "method": method, "engine": "reference"}
+    kwargs.update(knobs)
+    a = sample_diffusion(FiniteSupportDenoiser(points, weights), 4, **kwargs)
+    b = sample_diffusion(FiniteSupportDenoiser(points, weights, device="cuda"), 4, **kwargs)
+    assert b.samples.device.type == "cuda"
+    assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
+    torch.testing.assert_close(a.samples, b.samples.cpu(), rtol=0, atol=1e-9)
+
+
+@needs_cuda
+@pytest.mark.parametrize("method", ["autospec", "agr24", "sequential"])
+def test_cuda_reference_engine_reproduces_cpu(method):
+    cpu = _oracles("cpu")["markov"]
+    gpu = _oracles("cuda")["markov"]
+    a = sample_any_order(cpu, 4, seed=5, method=method, engine="reference")
+    b = sample_any_order(gpu, 4, seed=5, method=method, engine="reference")
+    assert torch.equal(a.samples, b.samples.cpu())
+    assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows

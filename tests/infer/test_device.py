@@ -38,3 +38,69 @@ def test_cuda_end_to_end():
     # same law; the self-check passed on the GPU
     assert abs(samples["z"].float().mean().item() - cpu.get_samples()["z"].float().mean()) < 0.5
     fit.to_inference_data()
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def mixed_model(y):
+    # a continuous scale and a discrete assignment per point: NUTS, then exact discrete draws
+    scale = pyro.sample("scale", dist.LogNormal(torch.zeros((), device=y.device), 1.0))
+    model_locs = torch.tensor([-1.0, 1.0], device=y.device)
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(torch.full((len(y),), 0.5, device=y.device)))
+        pyro.sample("y", dist.Normal(model_locs[z.long()], scale), obs=y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_model_on_the_device(device):
+    y = torch.tensor([0.8, -1.2, 1.1], device=device)
+    fit = AutoSpec(
+        mixed_model, num_samples=30, warmup_steps=20, seed=0, device=device, disable_progbar=True
+    ).run(y)
+    samples = fit.get_samples()
+    assert samples["z"].device.type == device and samples["scale"].device.type == device
+    assert samples["z"].shape == (30, 3) and bool((samples["scale"] > 0).all())
+    fit.diagnostics()
+    fit.to_inference_data()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("correction", ["importance", "imh"])
+def test_a_learned_guide_on_the_device(device, correction):
+    from pyro_autospec.guides import AnyOrderGuide
+    from tests.guides._models import ising_chain
+
+    data = torch.tensor([1.0, 0.5, -0.3, -1.0], device=device)
+    torch.manual_seed(0)
+    guide = AnyOrderGuide(ising_chain, (data,), architecture="mlp", hidden_dim=8).to(device)
+    fit = AutoSpec(
+        ising_chain,
+        num_samples=40,
+        num_chains=2,
+        guide=guide,
+        correction=correction,
+        seed=0,
+        device=device,
+        disable_progbar=True,
+    ).run(data)
+    assert fit.get_samples()["z"].device.type == device
+    assert fit.get_samples()["z"].shape == (80, 4)
+    fit.diagnostics()
+    fit.to_inference_data()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_kernel_in_mcmc_on_the_device(device):
+    from pyro.infer import MCMC
+
+    from pyro_autospec.infer import AutoSpecKernel
+
+    y = torch.tensor([0.3, -0.9, 1.4], device=device)
+    kernel = AutoSpecKernel(model, seed=0, draws_per_run=8, device=device)
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True)
+    mcmc.run(y)
+    z = mcmc.get_samples()["z"]
+    assert z.shape == (20, 3) and z.device.type == "cpu"  # MCMC stores draws on the CPU
+    assert kernel._oracle.device.type == device
+    assert kernel.max_self_check_error is not None

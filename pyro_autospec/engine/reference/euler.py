@@ -50,8 +50,10 @@ class ReferenceEuler:
 
     def _noise(self, key: int, a: int, b: int, drift: torch.Tensor) -> torch.Tensor:
         """Frozen-drift increments of steps ``a..b-1``: [b - a, d]."""
-        key_t = torch.tensor([key], dtype=torch.long, device=self.chain.device)
-        return self.chain.increments(key_t, drift.unsqueeze(0), torch.tensor([a]), b - a)[0]
+        device = self.chain.device
+        key_t = torch.tensor([key], dtype=torch.long, device=device)
+        a_t = torch.tensor([a], dtype=torch.long, device=device)
+        return self.chain.increments(key_t, drift.unsqueeze(0), a_t, b - a)[0]
 
     def _log_density(self, inc: torch.Tensor, drift: torch.Tensor, a: int, b: int) -> float:
         """``sum_k log N(dX_k; drift_k h_k, s^2 h_k I)``; ``drift`` [d] or [b - a, d]."""
@@ -193,9 +195,10 @@ def picard_draw(
     """ParaDiGMS-style sliding-window Picard iteration with the draw's fixed noise."""
     chain = problem.chain
     n, d = chain.num_steps, chain.dim
-    counter = torch.arange(n).unsqueeze(1) * d + torch.arange(d)
+    counter = torch.arange(n, device=chain.device).unsqueeze(1) * d
+    counter = counter + torch.arange(d, device=chain.device)
     noise = chain.noise_sd.unsqueeze(1) * keys.normal(
-        torch.tensor(draw_key), keys.Tag.NOISE, counter
+        torch.tensor(draw_key, device=chain.device), keys.Tag.NOISE, counter
     ).to(chain.wide)
     path = problem.initial_frame(s)
     path[1:] = path[0] + noise.cumsum(0)  # initial guess: zero drift
