@@ -4,17 +4,28 @@
 someone sent could run any code it carries. Guides are saved as dicts, lists, tensors, str,
 int, float, bool and None only, and loaded with ``weights_only=True``, which refuses
 anything else before it is built.
+
+A file also carries a SHA-256 checksum of everything else in it (:func:`checksum`), written
+by :func:`save_plain` and checked by :func:`load_plain`: torch's zip reader does not check
+its own CRCs, so without it a byte changed inside the weights would load as another network.
+Files written before the checksum (no ``"checksum"`` entry) load as they did.
 """
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import pickle
+import struct
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["load_plain", "plain"]
+__all__ = ["checksum", "load_plain", "match_dtypes", "not_a_guide", "plain", "save_plain"]
+
+#: The entry of a guide file that holds its :func:`checksum`.
+CHECKSUM_KEY = "checksum"
 
 
 def plain(value: Any) -> Any:
@@ -41,6 +52,71 @@ def plain(value: Any) -> Any:
     raise TypeError(f"cannot save {type(value).__name__} in a guide file (plain data only)")
 
 
+def _digest(value: Any, sha: Any) -> None:
+    """Feed ``value`` to ``sha`` in a canonical encoding: every item tagged and sized, dict
+    keys sorted, tensors as dtype, shape and their elements' bytes in C order."""
+    if isinstance(value, dict):
+        sha.update(b"d%d;" % len(value))
+        for key in sorted(value, key=str):
+            _digest(str(key), sha)
+            _digest(value[key], sha)
+    elif isinstance(value, (list, tuple)):
+        sha.update(b"l%d;" % len(value))
+        for item in value:
+            _digest(item, sha)
+    elif isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous().reshape(-1)
+        data = tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        head = f"t{value.dtype};{tuple(value.shape)};{len(data)};".encode()
+        sha.update(head + data)
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+        sha.update(b"s%d;" % len(data) + data)
+    elif value is None:
+        sha.update(b"n;")
+    elif isinstance(value, bool):
+        sha.update(b"b1;" if value else b"b0;")
+    elif isinstance(value, int):
+        sha.update(b"i%d;" % value)
+    elif isinstance(value, float):
+        sha.update(b"f" + struct.pack("<d", value))
+    else:
+        raise TypeError(f"a guide file holds no {type(value).__name__}")
+
+
+def checksum(content: dict) -> str:
+    """``"sha256:<hex>"`` over every entry of a guide file but the checksum itself.
+
+    The digest covers the config, the weights (each tensor's name, dtype, shape and bytes),
+    the edges and the loss history, in a fixed order, so that it is the same on every
+    machine and after ``torch.load(map_location=...)``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> a = checksum({"config": {"n": 2}, "state_dict": {"w": torch.ones(2)}})
+    >>> a.startswith("sha256:") and len(a) == 7 + 64
+    True
+    >>> a == checksum({"state_dict": {"w": torch.ones(2)}, "config": {"n": 2}})
+    True
+    >>> a == checksum({"config": {"n": 2}, "state_dict": {"w": torch.tensor([1.0, 1.5])}})
+    False
+    """
+    sha = hashlib.sha256()
+    _digest({k: v for k, v in content.items() if k != CHECKSUM_KEY}, sha)
+    return "sha256:" + sha.hexdigest()
+
+
+def save_plain(content: dict, path: Any) -> None:
+    """``torch.save`` ``content`` (plain data and tensors) with its :func:`checksum`."""
+    torch.save({**content, CHECKSUM_KEY: checksum(content)}, path)
+
+
+def not_a_guide(what: str, path: Any) -> str:
+    """The start of the messages that refuse a file (``what``: the guide class)."""
+    return f"{what}.load: {path!r} is not a file written by {what}.save"
+
+
 def load_plain(
     path: Any, map_location: Any, what: str, config_keys: tuple[str, ...], required=()
 ) -> dict:
@@ -64,9 +140,15 @@ def load_plain(
         The file holds objects other than tensors and plain data: it was not written by
         ``what``'s ``save`` (or was changed since), and loading it could run code.
     ValueError
-        The file is damaged (truncated, bytes changed) or holds other data than a guide.
+        The file is damaged (truncated, bytes changed: its checksum does not match) or holds
+        other data than a guide.
+
+    Notes
+    -----
+    A file with a ``"checksum"`` entry must match it (:func:`checksum`); a file without one,
+    written before guide files carried it, is not checked.
     """
-    not_a_guide = f"{what}.load: {path!r} is not a file written by {what}.save"
+    refused = not_a_guide(what, path)
     try:
         saved = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -84,11 +166,23 @@ def load_plain(
         # a truncated or changed file: torch's zip and pickle readers fail in many ways
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(
-            f"{not_a_guide}, or it is damaged (truncated or changed since): torch.load failed "
+            f"{refused}, or it is damaged (truncated or changed since): torch.load failed "
             f"with {type(error).__name__}: {first}"
         ) from None
     if not isinstance(saved, dict) or not {"state_dict", "config"} <= set(saved):
-        raise ValueError(f"{not_a_guide} (expected a dict with 'config' and 'state_dict')")
+        raise ValueError(f"{refused} (expected a dict with 'config' and 'state_dict')")
+    if CHECKSUM_KEY in saved:
+        try:
+            found = checksum(saved)
+        except TypeError as error:
+            raise ValueError(f"{refused}: {error}") from None
+        if saved[CHECKSUM_KEY] != found:
+            raise ValueError(
+                f"{refused}, or it is damaged (changed since it was saved): its contents do "
+                f"not match the SHA-256 checksum {what}.save wrote into it, so the guide it "
+                f"would load is not the one saved. Save the guide again, or use an intact copy "
+                f"of the file"
+            )
     config, state = saved["config"], saved["state_dict"]
     if (
         not isinstance(config, dict)
@@ -96,10 +190,55 @@ def load_plain(
         or not set(config) <= set(config_keys)
     ):
         keys = sorted(map(str, config)) if isinstance(config, dict) else type(config).__name__
+        optional = sorted(set(config_keys) - set(required))
         raise ValueError(
-            f"{not_a_guide}: its config holds {keys}; a guide's holds {sorted(required)} and "
-            f"some of {sorted(set(config_keys) - set(required))}"
+            f"{refused}: its config holds {keys}; a guide's holds {sorted(required)}"
+            + (f" and some of {optional}" if optional else "")
         )
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{not_a_guide}: its state_dict is not a dict of tensors")
+        raise ValueError(f"{refused}: its state_dict is not a dict of tensors")
+    loss = saved.get("loss", [])
+    if not isinstance(loss, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in loss
+    ):
+        raise ValueError(f"{refused}: its loss history is not a list of numbers")
     return saved
+
+
+def match_dtypes(module: nn.Module, state: dict, what: str, path: Any) -> None:
+    """Give each tensor of ``module`` named in ``state`` the floating dtype saved there.
+
+    ``load_state_dict`` copies a saved tensor into the module's own, casting it: a guide saved
+    in float64 would load as a float32 guide, silently rounded. Called before it, this makes
+    the loaded guide compute in the dtypes the saved one did. Names ``module`` lacks are left
+    to ``load_state_dict`` to report.
+
+    Raises
+    ------
+    ValueError
+        A saved tensor is floating where the module's is not, or an integer or bool tensor
+        has another dtype: the file is not one ``what.save`` wrote.
+
+    Examples
+    --------
+    >>> import torch
+    >>> saved = torch.nn.Linear(2, 1).double().state_dict()
+    >>> fresh = torch.nn.Linear(2, 1)
+    >>> match_dtypes(fresh, saved, "Guide", "guide.pt")
+    >>> _ = fresh.load_state_dict(saved)
+    >>> fresh.weight.dtype, torch.equal(fresh.weight, saved["weight"])
+    (torch.float64, True)
+    """
+    tensors = dict(module.named_parameters())
+    tensors.update(module.named_buffers())
+    for name, value in state.items():
+        current = tensors.get(name)
+        if current is None or current.dtype == value.dtype:
+            continue
+        if not (current.is_floating_point() and value.is_floating_point()):
+            raise ValueError(
+                f"{not_a_guide(what, path)}: its {name} is {value.dtype}, where a guide's is "
+                f"{current.dtype}"
+            )
+        with torch.no_grad():
+            current.data = current.data.to(value.dtype)

@@ -130,10 +130,12 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
     ``correction=``; :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` says whether
     to trust them).
 
-    **Saving and loading.** :meth:`save` writes the configuration, the weights, the edges and
-    the loss history; :meth:`load` rebuilds the guide for a model with sites of the same
-    shapes, without probing every pair again. A ``state_dict`` alone also loads into a guide
-    built with the same model, data shapes and arguments.
+    **Saving and loading.** :meth:`save` writes the configuration, the weights, the edges,
+    the loss history and a SHA-256 checksum of them all; :meth:`load` rebuilds the guide for
+    a model with sites of the same shapes, without probing every pair again, in the saved
+    dtypes, and refuses a file that does not match its checksum. A guide built from a model
+    must be loaded with one (without it the network would read no data). A ``state_dict``
+    alone also loads into a guide built with the same model, data shapes and arguments.
 
     Examples
     --------

@@ -3,7 +3,7 @@
 :meth:`~GuideCheckpoint.save` writes the configuration, the weights, the edges of the factor
 graph and the loss history; :meth:`~GuideCheckpoint.load` rebuilds the guide for a model with
 sites of the same shapes, without probing every pair again, from a file loaded with
-``torch.load(weights_only=True)`` (:mod:`pyro_autospec.guides._files`).
+``torch.load(weights_only=True)`` whose checksum must match (:mod:`pyro_autospec.guides._files`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pyro_autospec.guides._files import load_plain, plain
+from pyro_autospec.guides._files import load_plain, match_dtypes, not_a_guide, plain, save_plain
 
 #: The keys of a saved ``AnyOrderGuide.config``, and those a file must hold.
 CONFIG_KEYS = (
@@ -42,6 +42,8 @@ class GuideCheckpoint:
     def save(self, path: Any) -> None:
         """Save the configuration, the weights, the edges and the loss history to ``path``.
 
+        The file also holds a SHA-256 checksum of all of them, which :meth:`load` checks.
+
         Examples
         --------
         >>> import io, torch
@@ -53,7 +55,7 @@ class GuideCheckpoint:
         >>> torch.equal(copy.log_marginals(values, mask), guide.log_marginals(values, mask))
         True
         """
-        torch.save(
+        save_plain(
             {
                 "config": plain(self.config),
                 "edges": self.edges.cpu(),
@@ -74,11 +76,19 @@ class GuideCheckpoint:
     ) -> AnyOrderGuide:
         """Rebuild a guide saved by :meth:`save` for ``model`` (sites of the same shapes).
 
+        The loaded guide has the saved weights, in the saved dtypes (a guide saved in float64
+        loads in float64), on torch's default device (the CPU unless set): ``map_location``
+        only says where ``torch.load`` reads the tensors; move the guide with
+        ``.to(device)``. Its data set is ``model_args``: the potentials are computed again
+        from the model, not read from the file.
+
         Parameters
         ----------
         path : str or file
-        model : callable, optional
-            The model (``None`` for a guide saved without one).
+        model : callable or SiteLayout, optional
+            The model, or the ``SiteLayout``, the guide was built from. ``None`` only for a
+            guide saved without one: a guide whose network reads a data set's potentials
+            cannot answer for its data without the model.
         model_args, model_kwargs
             Its arguments: the data set the loaded guide answers for by default.
         map_location : optional
@@ -93,21 +103,37 @@ class GuideCheckpoint:
         pickle.UnpicklingError
             When the file holds anything but tensors and plain data: it is loaded with
             ``torch.load(weights_only=True)``, so a file someone sent cannot run code.
+        ValueError
+            When the file is damaged (its checksum does not match, it is truncated) or not a
+            guide file, or when ``model`` is ``None`` for a guide built from a model: a
+            ``"graph"`` guide, or an ``"mlp"`` or ``"transformer"`` guide whose saved
+            potentials are not all zero (loaded without the model it would answer with none,
+            that is for no data, silently).
         """
         saved = load_plain(path, map_location, "AnyOrderGuide", CONFIG_KEYS, CONFIG_REQUIRED)
         config = dict(saved["config"])
         n, q = config.pop("num_coords"), config.pop("num_values")
         if model is None:
+            _check_bare(path, config["architecture"], saved["state_dict"])
             guide = cls(num_coords=n, num_values=q, **config)
         else:
-            edges = saved["edges"] if config["architecture"] == "graph" else None
+            edges = None
+            if config["architecture"] == "graph":
+                edges = saved.get("edges")
+                if not isinstance(edges, torch.Tensor):
+                    raise ValueError(
+                        f"{not_a_guide('AnyOrderGuide', path)}: it holds a 'graph' guide "
+                        f"without its edges"
+                    )
             guide = cls(model, model_args, model_kwargs, edges=edges, **config)
             if guide.num_coords != n or guide.num_values != q:
                 raise ValueError(
                     f"the guide was saved for n={n}, q={q}; this model has "
                     f"n={guide.num_coords}, q={guide.num_values}"
                 )
-        # The context buffers belong to the data set: keep the ones just computed.
+        # The saved dtypes (the context buffers' too), then the weights; the context buffers
+        # belong to the data set: keep the ones just computed.
+        match_dtypes(guide, saved["state_dict"], "AnyOrderGuide", path)
         state = {k: v for k, v in saved["state_dict"].items() if not k.startswith("context_")}
         missing, unexpected = guide.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith("context_")]
@@ -119,3 +145,21 @@ class GuideCheckpoint:
         guide.loss_history = list(saved.get("loss", []))
         guide.eval()
         return guide
+
+
+def _check_bare(path: Any, architecture: str, state: dict) -> None:
+    """Refuse to load without a model a guide whose network reads the model's data."""
+    unary = state.get("context_unary")
+    if architecture == "graph":
+        reads, source = "the model's factor graph and the potentials of a data set", "the model"
+    elif isinstance(unary, torch.Tensor) and bool((unary != 0).any()):
+        reads = "the potentials of a data set (the saved ones are not all zero)"
+        source = "the model (or the SiteLayout the guide was built from)"
+    else:
+        return
+    raise ValueError(
+        f"AnyOrderGuide.load: {path!r} holds a guide (architecture {architecture!r}) built from "
+        f"a Pyro model: its network reads {reads}, which only the model can give, and loaded "
+        f"without it the guide would answer for no data. Pass {source} and its arguments: "
+        f"AnyOrderGuide.load(path, model, model_args)"
+    )

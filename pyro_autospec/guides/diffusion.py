@@ -35,7 +35,7 @@ from pyro.nn import PyroModule
 from torch import nn
 
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
-from pyro_autospec.guides._files import load_plain, plain
+from pyro_autospec.guides._files import load_plain, match_dtypes, plain, save_plain
 from pyro_autospec.guides.training import train
 from pyro_autospec.model import (
     ContinuousLayout,
@@ -49,7 +49,7 @@ __all__ = ["DiffusionGuide", "ConditionedDenoiser", "WEIGHTINGS"]
 
 WEIGHTINGS = ("girsanov", "uniform")
 _NUM_FREQUENCIES = 4
-#: The keys of a saved ``DiffusionGuide.config``.
+#: The keys of a saved ``DiffusionGuide.config`` (every file holds them all).
 _CONFIG_KEYS = (
     "hidden_dim",
     "num_layers",
@@ -503,8 +503,11 @@ class DiffusionGuide(PyroModule):
 
     # ------------------------------------------------------------------------------ save/load
     def save(self, path: str) -> None:
-        """Save the configuration, the ``state_dict`` and the loss history to ``path``."""
-        torch.save(
+        """Save the configuration, the ``state_dict`` and the loss history to ``path``.
+
+        The file also holds a SHA-256 checksum of all of them, which :meth:`load` checks.
+        """
+        save_plain(
             {
                 "config": plain(self.config),
                 "state_dict": self.state_dict(),
@@ -525,10 +528,36 @@ class DiffusionGuide(PyroModule):
         """Rebuild a guide saved by :meth:`save` for ``model`` (same site and data shapes).
 
         The file is read with ``torch.load(weights_only=True)``: a file that holds anything but
-        tensors and plain data is refused (``pickle.UnpicklingError``) and runs no code.
+        tensors and plain data is refused (``pickle.UnpicklingError``) and runs no code. The
+        loaded guide has the saved weights, in the saved dtypes (a guide saved in float64 loads
+        in float64), on torch's default device (the CPU unless set): ``map_location`` only
+        says where ``torch.load`` reads the tensors; move the guide with ``.to(device)``.
+
+        Parameters
+        ----------
+        path : str or file
+        model : callable
+            The model the guide was built for.
+        model_args, model_kwargs
+            Its arguments: the data set the loaded guide answers for by default.
+        map_location : optional
+            Passed to ``torch.load``.
+
+        Returns
+        -------
+        DiffusionGuide
+
+        Raises
+        ------
+        pickle.UnpicklingError
+            When the file holds anything but tensors and plain data.
+        ValueError
+            When the file is damaged (its checksum does not match, it is truncated) or not a
+            guide file (its config lacks one of the keys :meth:`save` writes, for one).
         """
-        saved = load_plain(path, map_location, "DiffusionGuide", _CONFIG_KEYS)
+        saved = load_plain(path, map_location, "DiffusionGuide", _CONFIG_KEYS, _CONFIG_KEYS)
         guide = cls(model, model_args, model_kwargs, **saved["config"])
+        match_dtypes(guide, saved["state_dict"], "DiffusionGuide", path)
         guide.load_state_dict(saved["state_dict"])
         guide.loss_history = list(saved.get("loss", []))
         guide.eval()

@@ -65,7 +65,8 @@ def test_the_library_files_load_with_weights_only(tmp_path):
     guide.fit_to_samples(torch.randint(0, 2, (16, 4)), num_steps=2, disable_progbar=True)
     guide.save(tmp_path / "guide.pt")
     saved = torch.load(tmp_path / "guide.pt", weights_only=True)
-    assert set(saved) == {"config", "edges", "state_dict", "loss"}
+    assert set(saved) == {"config", "edges", "state_dict", "loss", "checksum"}
+    assert isinstance(saved["checksum"], str) and saved["checksum"].startswith("sha256:")
     assert all(isinstance(x, float) for x in saved["loss"])
     copy = AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (data,))
     assert copy.config == guide.config and copy.loss_history == guide.loss_history
