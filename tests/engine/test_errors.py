@@ -8,6 +8,7 @@ import torch
 
 from pyro_autospec.engine import OracleError, sample_any_order
 from pyro_autospec.engine.diffusion import sample_sde
+from pyro_autospec.oracles import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
 
 
@@ -561,6 +562,36 @@ def test_an_oracle_may_keep_its_inputs(engine, method):
     """Every call gets fresh inputs: a cache keyed on the last inputs stays right."""
     result = sample_any_order(Memoised(), 200, seed=0, method=method, engine=engine)
     assert torch.equal(result.samples[:, 0], result.samples[:, 1])
+
+
+class KeepsViews:
+    """A ``log_marginals_at``-only Markov chain that keeps a view of every call's inputs and
+    checks, at each call, that none of them was written since."""
+
+    def __init__(self, n: int):
+        self.chain = MarkovChainOracle(
+            torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), n
+        )
+        self.num_coords, self.num_values = n, 2
+        self.kept: list = []
+
+    def log_marginals(self, values, mask):
+        return self.chain.log_marginals(values, mask)
+
+    def log_marginals_at(self, values, mask, targets):
+        for view, copy in self.kept:
+            assert torch.equal(view, copy), "an input the oracle kept was written again"
+        if len(self.kept) < 40:
+            half = values[:, : values.shape[1] // 2]  # a view, not the tensor handed over
+            self.kept.append((half, half.clone()))
+        return self.chain.log_marginals_at(values, mask, targets)
+
+
+def test_inputs_an_oracle_keeps_views_of_are_never_written_again():
+    oracle = KeepsViews(64)
+    plain = sample_any_order(oracle.chain, 32, seed=3)
+    kept = sample_any_order(oracle, 32, seed=3, schedule=plain.schedule)
+    assert len(oracle.kept) > 10 and torch.equal(kept.samples, plain.samples)
 
 
 class ThenForgetsAfter:
