@@ -166,7 +166,8 @@ class AutoSpec:
         ``"ffbs"``: always the elimination (an error if it does not fit). Both are exact and
         self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the engine's method),
         ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler`` attribute say which
-        ran.
+        ran (for a model with continuous sites they name the engine's method that drew the
+        discrete sites).
     schedule : Schedule or dict, optional
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`);
         they move rounds against rows and never change the law of the draws.
@@ -691,10 +692,14 @@ class AutoSpec:
             ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
             ``"wall_time"`` per chain; ``"seconds"`` (measured, per stage and ``"total"``, as
-            :attr:`timing`) and ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
-            ``seconds`` of the whole run). With a guide or a correction also ``"khat"`` and
-            ``"weights_ess"`` (per chain and ``"all"``) and ``"imh_acceptance"`` (the IMH
-            chains' mean acceptance probability, or its estimate from the weights), all from
+            :attr:`timing`), ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
+            ``seconds`` of the whole run) and ``"sampler"``: what drew the discrete sites,
+            ``"ffbs"`` or the engine's method (``results[0].method``; for a mixed model, the
+            method that drew them given each continuous draw, while ``"continuous_sampler"``
+            names NUTS; for a diffusion guide, the diffusion's method). With a guide or a
+            correction also ``"khat"`` and ``"weights_ess"`` (per chain and ``"all"``) and
+            ``"imh_acceptance"`` (the IMH chains' mean acceptance probability, or its estimate
+            from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
             the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
             ``"acceptance rate"``.

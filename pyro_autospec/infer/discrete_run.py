@@ -366,12 +366,9 @@ class DiscreteRun(RunBase):
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:
-        report = self.guide_report()
-        if self.results:
-            # which sampler made the draws: "ffbs", or the engine's method
-            report.attrs["sampler"] = self.results[0].method
-            report.diagnostics["sampler"] = self.results[0].method
-        return report
+        # which sampler made the draws ("ffbs", or the engine's method) is RunBase's, for
+        # every kind of run: diagnostics()["sampler"] and ArviZ's "sampler" attribute
+        return self.guide_report()
 
     def self_check_summary(self) -> str:
         if self.max_self_check_error is None:
