@@ -118,8 +118,11 @@ class AutoSpec:
         ``oracle``. Its draws are exact for the guide's own random-order law; every draw
         records ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics`
         reports the weights' Pareto k-hat (PSIS) and ESS. A guide answers for the data
-        :meth:`run` is given (an ``AnyOrderGuide`` built on other data is asked through
-        ``guide.oracle(*args, **kwargs)``). A
+        :meth:`run` is given: an ``AnyOrderGuide`` built on other data, or on data changed in
+        place since, is asked through ``guide.oracle(*args, **kwargs)``. An oracle a guide
+        built for other data (``guide.oracle(*other)``) answers for those, with a
+        ``UserWarning`` (whether the data are the same is decided by the potentials the guide
+        reads from them: see :mod:`~pyro_autospec.infer.oracle_choice`). A
         :class:`~pyro_autospec.guides.DiffusionGuide` samples continuous-only models.
     correction : {None, "importance", "imh"}
         For a guide. ``None``: return the guide's draws as they are (a warning says so).
