@@ -199,3 +199,14 @@ def test_nested_markov_chains_keep_pyros_dims():
                 z = pyro.sample(f"z_{i}_{j}", dist.Categorical(trans[z]))
 
     assert EnumOracle(nested)._markov is True
+
+
+@pytest.mark.parametrize("model", [ising_rows, grid], ids=["fresh_rows", "keep_true_reentered"])
+def test_map_of_a_grid_is_the_brute_force_mode(model):
+    """map() decoded the fresh-row grid with Pyro's recycled dims, silently wrong; it now
+    decodes with a dim per site wherever the compiled oracle needed one."""
+    states, probs = (ising_brute_force if model is ising_rows else brute_force)()[:2]
+    size = 3 if model is ising_rows else SIZE
+    best = AutoSpec(model, num_samples=1).map()
+    decoded = tuple(int(best[f"x_{i}_{j}"]) for i in range(size) for j in range(size))
+    assert decoded == states[int(np.argmax(probs))]
