@@ -109,8 +109,12 @@ class _Settings:
     root_key: int | None = None  # the run's key (default: from ``seed``)
 
 
-def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
-    """Device and dtype of oracle inputs: explicit, else the oracle's, else ``like``'s."""
+def _oracle_placement(drift, device, dtype, like: torch.Tensor | None, name: str = "oracle"):
+    """Device and dtype of oracle inputs: explicit, else the oracle's, else ``like``'s.
+
+    ``name`` (``"drift"`` or ``"oracle"``) names ``drift`` in the error for a dtype that is not
+    floating point, which also says where the dtype came from.
+    """
     params = None
     if isinstance(drift, torch.nn.Module):
         params = next(iter(drift.parameters()), None)
@@ -120,10 +124,19 @@ def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
             device = params.device
         if device is None and like is not None:
             device = like.device
+    source = "the dtype= argument"
+    fix = "pass dtype=torch.float32 (or torch.float64)"
     if dtype is None:
         dtype = getattr(drift, "dtype", None)
+        source = f"the {name}'s `dtype` attribute ({name}.dtype)"
+        fix = (
+            f"give the {name} a floating point `dtype` attribute, or pass dtype=torch.float32 "
+            f"(or torch.float64), which overrides it"
+        )
         if not isinstance(dtype, torch.dtype) and params is not None:
             dtype = params.dtype
+            source = f"the dtype of the {name}'s first parameter"
+            fix = f"make the {name}'s parameters floating point, or pass dtype=torch.float32"
         if not isinstance(dtype, torch.dtype) and like is not None and like.is_floating_point():
             dtype = like.dtype
         if not isinstance(dtype, torch.dtype):
@@ -131,7 +144,7 @@ def _oracle_placement(drift, device, dtype, like: torch.Tensor | None):
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise ValueError(
             f"dtype must be a floating point torch.dtype (the states of a diffusion are real "
-            f"vectors); got {dtype!r}"
+            f"vectors); got {dtype!r}, from {source}: {fix}"
         )
     return check_device(device if device is not None else "cpu"), dtype
 
@@ -357,7 +370,9 @@ def sample_sde(
     device, dtype : optional
         Where and in which dtype the drift is called. Default: the drift's own ``device`` /
         ``dtype`` attributes (or its parameters for an ``nn.Module``), else those of ``x0``,
-        else CPU and the default dtype. The chain itself is kept in float64.
+        else CPU and the default dtype. The chain itself is kept in float64. The dtype must be
+        floating point: an integer one is refused with where it came from (``dtype=`` or the
+        drift's ``dtype`` attribute).
     return_paths : bool
         Also return the whole paths ``[num_samples, N + 1, d]``.
     progress : bool
@@ -467,7 +482,7 @@ def sample_sde(
     knobs = _knobs(method, scale, given_knobs(schedule, knobs), len(grid) - 1)
     _check_engine(engine)
     check_eval_mode(drift)
-    device, dtype = _oracle_placement(drift, device, dtype, like)
+    device, dtype = _oracle_placement(drift, device, dtype, like, "drift")
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
     return _dispatch(
         distributed,
@@ -700,7 +715,7 @@ def euler_maruyama_log_prob(
         raise ValueError(
             f"dimension mismatch: the drift has dim = {drift_dim} but paths have d = {dim}"
         )
-    call_device, call_dtype = _oracle_placement(drift, device, dtype, paths)
+    call_device, call_dtype = _oracle_placement(drift, device, dtype, paths, "drift")
     out_device = paths.device
     wide = torch.float32 if out_device.type == "mps" else torch.float64
     batch_shape = paths.shape[:-2]

@@ -118,8 +118,11 @@ class AutoSpec:
         ``oracle``. Its draws are exact for the guide's own random-order law; every draw
         records ``log_weight = log p(x, data) - log q_sigma(x)``, and :meth:`diagnostics`
         reports the weights' Pareto k-hat (PSIS) and ESS. A guide answers for the data
-        :meth:`run` is given (an ``AnyOrderGuide`` built on other data is asked through
-        ``guide.oracle(*args, **kwargs)``). A
+        :meth:`run` is given: an ``AnyOrderGuide`` built on other data, or on data changed in
+        place since, is asked through ``guide.oracle(*args, **kwargs)``. An oracle a guide
+        built for other data (``guide.oracle(*other)``) answers for those, with a
+        ``UserWarning`` (whether the data are the same is decided by the potentials the guide
+        reads from them: see :mod:`~pyro_autospec.infer.oracle_choice`). A
         :class:`~pyro_autospec.guides.DiffusionGuide` samples continuous-only models.
     correction : {None, "importance", "imh"}
         For a guide. ``None``: return the guide's draws as they are (a warning says so).
@@ -166,7 +169,8 @@ class AutoSpec:
         ``"ffbs"``: always the elimination (an error if it does not fit). Both are exact and
         self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the engine's method),
         ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler`` attribute say which
-        ran.
+        ran (for a model with continuous sites they name the engine's method that drew the
+        discrete sites).
     schedule : Schedule or dict, optional
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`);
         they move rounds against rows and never change the law of the draws.
@@ -691,10 +695,14 @@ class AutoSpec:
             ``"divergences"`` (``{"chain i": [...]}``: exact draws never diverge; for a mixed
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
             ``"wall_time"`` per chain; ``"seconds"`` (measured, per stage and ``"total"``, as
-            :attr:`timing`) and ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
-            ``seconds`` of the whole run). With a guide or a correction also ``"khat"`` and
-            ``"weights_ess"`` (per chain and ``"all"``) and ``"imh_acceptance"`` (the IMH
-            chains' mean acceptance probability, or its estimate from the weights), all from
+            :attr:`timing`), ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
+            ``seconds`` of the whole run) and ``"sampler"``: what drew the discrete sites,
+            ``"ffbs"`` or the engine's method (``results[0].method``; for a mixed model, the
+            method that drew them given each continuous draw, while ``"continuous_sampler"``
+            names NUTS; for a diffusion guide, the diffusion's method). With a guide or a
+            correction also ``"khat"`` and ``"weights_ess"`` (per chain and ``"all"``) and
+            ``"imh_acceptance"`` (the IMH chains' mean acceptance probability, or its estimate
+            from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
             the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
             ``"acceptance rate"``.

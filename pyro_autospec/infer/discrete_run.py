@@ -30,7 +30,7 @@ from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
-from pyro_autospec.infer.oracle_choice import build_oracle, guide_for_call
+from pyro_autospec.infer.oracle_choice import build_oracle, guide_for_call, warn_other_data
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
 from pyro_autospec.infer.self_check import SelfCheck
@@ -128,6 +128,10 @@ class DiscreteRun(RunBase):
         else:
             with self.stage("compiling"):
                 oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
+                if self.guide is not None and source is self.guide:
+                    # a guide's oracle for other data (guide.oracle(*A)) answers for them;
+                    # stacklevel 5: the warning points at the user's run() line
+                    warn_other_data(source, args, kwargs, self.correction, stacklevel=5)
         self._args, self._kwargs, self._oracle = args, kwargs, oracle
         exact = self.guide is None
         custom = exact and not isinstance(self.oracle, str)
@@ -369,12 +373,9 @@ class DiscreteRun(RunBase):
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:
-        report = self.guide_report()
-        if self.results:
-            # which sampler made the draws: "ffbs", or the engine's method
-            report.attrs["sampler"] = self.results[0].method
-            report.diagnostics["sampler"] = self.results[0].method
-        return report
+        # which sampler made the draws ("ffbs", or the engine's method) is RunBase's, for
+        # every kind of run: diagnostics()["sampler"] and ArviZ's "sampler" attribute
+        return self.guide_report()
 
     def self_check_summary(self) -> str:
         if self.max_self_check_error is None:

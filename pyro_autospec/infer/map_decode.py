@@ -11,8 +11,12 @@ has few enough joint states, every state is scored instead.
 Before either, the model is compiled as a run compiles it
 (:class:`~pyro_autospec.model.enum.EnumOracle`, without measuring its queries), so that
 ``map`` refuses what a run refuses: a site reaching past its ``pyro.markov`` history, for
-one, which Pyro's pass decodes silently wrong. After, data of probability zero are refused:
-the most probable state has density zero exactly when every state has.
+one, which Pyro's pass decodes silently wrong. Where the compiled oracle had to give every
+site its own enumeration dim (``pyro.markov`` recycles a dim between sites that a later one
+reads both of: a re-entered ``keep=True`` loop, or a grid with a fresh inner ``pyro.markov``
+per row), the pass runs with ``pyro.markov`` hidden from enumeration too, as Pyro's recycled
+dims decode such a model wrong. After, data of probability zero are refused: the most
+probable state has density zero exactly when every state has.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
 
 from pyro_autospec.model.discrete import SiteLayout
-from pyro_autospec.model.enum import EnumOracle, check_evidence
+from pyro_autospec.model.enum import EnumOracle, _WithoutMarkov, check_evidence
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.model.log_joint import enumerate_posterior, log_joint
 from pyro_autospec.model.tracing import parallel_enumeration
@@ -104,8 +108,10 @@ def most_probable(
     AutoSpecModelError, UnsupportedSiteError
         Where a run of the model would refuse it, or the data have probability zero.
     """
-    EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses what a run refuses
+    oracle = EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses as a run does
     enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
+    if not oracle._markov:  # every site its own dim, as the oracle compiled it
+        enumerated = _WithoutMarkov()(enumerated)
     decoder = infer_discrete(
         enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0
     )

@@ -194,7 +194,9 @@ class MixedRun(RunBase):
         report.diagnostics["divergences"] = divergences
         report.diagnostics["acceptance rate"] = rates
         report.sample_stats["diverging"] = self._diverging
+        # diagnostics()["sampler"] (RunBase) names what drew the discrete sites given them
         report.attrs["continuous_sampler"] = "pyro NUTS (discrete sites enumerated)"
+        report.diagnostics["continuous_sampler"] = report.attrs["continuous_sampler"]
         names = compact_names([s.name for s in self.layout.continuous])
         discrete = sum(self.timing.get(k, 0.0) for k in ("compiling", "oracle", "engine"))
         report.summary_lines.append(
@@ -204,8 +206,8 @@ class MixedRun(RunBase):
             f"{sum(len(v) for v in divergences.values())} divergences; "
             f"{self.timing.get('nuts', 0.0):.1f} s). Discrete sites "
             f"{compact_names(self.layout.names)}: "
-            f"one exact draw given each continuous draw ({discrete:.1f} s: compiling, oracle and "
-            f"engine)."
+            f"one exact draw given each continuous draw, by the engine's method "
+            f"{self.sampler_used()!r} ({discrete:.1f} s: compiling, oracle and engine)."
         )
         return report
 

@@ -2,10 +2,22 @@
 
 ``oracle="enum"`` compiles an :class:`~pyro_autospec.model.enum.EnumOracle` once; any other
 oracle (or guide) is checked against the model's coordinates by one probe query.
+
+*A guide and the run's data.* A learned guide conditions on a data set through its potentials
+(``guide.context``: the unary and pairwise log potentials the model gives its sites at that
+data). Whether a guide answers for the data of a run is decided by those potentials,
+recomputed from the run's arguments as they are when it starts, not by the arguments'
+identity: a tensor changed in place (``y.fill_(...)``) is the same object, and compares equal
+to itself, yet gives other potentials. Torch's version counter (``tensor._version``) would
+need a count taken when the guide was built, is a private attribute, and misses data the
+model reads from elsewhere (a closure, a list); a copy of the arguments would need taking at
+that time too. The potentials are what the guide keeps of its data, so comparing them needs
+nothing more: one probe of the model per run, as asking a guide for other data does anyway.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +26,11 @@ import torch
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 
-__all__ = ["build_oracle", "guide_for_call", "same_call", "snapshot"]
+__all__ = ["build_oracle", "guide_for_call", "same_call", "snapshot", "warn_other_data"]
+
+#: Potentials recomputed for the same data agree with the stored ones to float rounding; data
+#: that move any potential further than this (relative and absolute) are other data.
+_CONTEXT_TOLERANCE = 1e-5
 
 
 def build_oracle(
@@ -85,17 +101,96 @@ def same_call(a: Any, b: Any) -> bool:
     return a is b
 
 
+def _same_context(a: Any, b: Any) -> bool:
+    """Whether two guide contexts hold the same potentials (to float rounding)."""
+    for x, y in ((a.unary, b.unary), (a.slots, b.slots)):
+        if x is None or y is None:
+            if x is not y:
+                return False
+            continue
+        y = y.to(x.device)
+        if x.shape != y.shape or not torch.allclose(
+            x, y, rtol=_CONTEXT_TOLERANCE, atol=_CONTEXT_TOLERANCE
+        ):
+            return False
+    return True
+
+
+def _contexts(guide: Any) -> bool:
+    """Whether ``guide`` keeps its data set's potentials and computes them for other data."""
+    return (
+        getattr(guide, "context", None) is not None
+        and callable(getattr(guide, "context_for", None))
+        and callable(getattr(guide, "conditioned", None))
+    )
+
+
 def guide_for_call(guide: Any, args: tuple, kwargs: dict) -> Any:
     """The guide as it answers for the run's data ``model(*args, **kwargs)``.
 
     A guide built from a model (``AnyOrderGuide``) answers for its own data set
     (``model_args``) until conditioned on another (``guide.oracle(*args)``); a run on other
-    data asks it for the run's data, as a ``DiffusionGuide`` is asked. Any other oracle is
-    returned as it is.
+    data asks it for the run's data, as a ``DiffusionGuide`` is asked. The run's data are the
+    guide's own only if they give the guide's potentials now: data changed in place since the
+    guide was built (the same tensor, ``y.fill_(...)``) are other data, and the guide is
+    asked for them (see the module's notes). Any other oracle is returned as it is (see
+    :func:`warn_other_data`).
     """
     own = getattr(guide, "model_args", None)
     if getattr(guide, "model", None) is None or own is None or not hasattr(guide, "oracle"):
         return guide
-    if same_call((tuple(own), dict(guide.model_kwargs)), (tuple(args), dict(kwargs))):
+    if not same_call((tuple(own), dict(guide.model_kwargs)), (tuple(args), dict(kwargs))):
+        return guide.oracle(*args, **kwargs)
+    if not _contexts(guide):
         return guide
-    return guide.oracle(*args, **kwargs)
+    # the same arguments: the same values too, unless they were changed in place since
+    current = guide.context_for(None, *args, **kwargs)
+    if _same_context(current, guide.context):
+        return guide
+    return guide.conditioned(current)
+
+
+def warn_other_data(
+    oracle: Any, args: tuple, kwargs: dict, correction: str | None, stacklevel: int = 2
+) -> None:
+    """Warn (once per call) when ``oracle`` is a guide's oracle for other data than the run's.
+
+    ``guide.oracle(*A)`` answers for data ``A`` whatever data a run is given (the conditioned
+    oracle keeps ``A``'s potentials, not ``A``); run on data ``B``, or on ``A`` changed in
+    place afterwards, its draws are proposals for the posterior given ``A``. The check
+    recomputes the potentials of the run's arguments through the oracle's guide and compares
+    them with the oracle's (see the module's notes). Anything but a guide's oracle for one
+    data set is not checked; neither is a run without arguments of a guide built with some
+    (the guide has no way to compute that call's potentials).
+    """
+    guide, context = getattr(oracle, "guide", None), getattr(oracle, "context", None)
+    if context is None or getattr(guide, "model", None) is None or not _contexts(guide):
+        return
+    if getattr(context, "num_sets", 1) != 1:
+        return
+    if not args and not kwargs and (guide.model_args or guide.model_kwargs):
+        return
+    if _same_context(guide.context_for(None, *args, **kwargs), context):
+        return
+    if correction is None:
+        effect = (
+            "With correction=None the draws are that other posterior's (as the guide learned "
+            "it), not draws for this run's data."
+        )
+    else:
+        effect = (
+            f"correction={correction!r} still targets this run's posterior (the weights use "
+            f"the model at run()'s data), but proposals for other data give poor weights (see "
+            f"the k-hat)."
+        )
+    warnings.warn(
+        f"guide= is a guide's oracle conditioned on other data than this run's: its potentials "
+        f"differ from those of the arguments run() was given (it was built by guide.oracle(...) "
+        f"for other arguments, or the data were changed in place after it was built), so its "
+        f"draws are proposals for the posterior given that other data. {effect} Pass the guide "
+        f"itself, AutoSpec(model, guide=guide), which is asked for the data run() is given, or "
+        f"build the oracle for the data you run on: guide.oracle(*args, **kwargs) with run()'s "
+        f"arguments, after any change to them.",
+        UserWarning,
+        stacklevel=stacklevel + 1,
+    )

@@ -229,6 +229,17 @@ class RunBase:
             device = oracle if oracle is not None else torch.device("cpu")
         return torch.device(device).type == "cpu"
 
+    def sampler_used(self) -> str | None:
+        """What drew the discrete sites (the diffusion guide's states, for a diffusion run):
+        ``"ffbs"`` (forward filtering, backward sampling) or the engine's method
+        (``results[0].method``, e.g. ``"autospec"``); ``None`` before a run.
+
+        ``diagnostics()["sampler"]`` and ArviZ's ``sampler`` attribute hold it for every kind
+        of run; for a model with continuous sites NUTS drew those
+        (``"continuous_sampler"``), and this names what drew the discrete sites given them.
+        """
+        return self.results[0].method if self.results else None
+
     # ------------------------------------------------------------------------------- hooks
     def extras(self) -> Extras:
         """This kind's summary lines, diagnostics, sample stats and attributes."""
@@ -408,6 +419,7 @@ class RunBase:
             diag["seconds"]["total"] = self.wall_time
         if self.results:
             diag["whole run"] = self.whole_run()
+            diag["sampler"] = self.sampler_used()
         if unavailable:
             diag["unavailable"] = unavailable
         diag.update(self.extras().diagnostics)
@@ -501,6 +513,7 @@ class RunBase:
         if self.results:
             whole = self.whole_run()
             attrs["rounds"], attrs["oracle_rows"] = whole["rounds"], whole["oracle_rows"]
+            attrs["sampler"] = self.sampler_used()
         attrs.update(extras.attrs)
         pointwise, form = self._log_likelihood_group(log_likelihood)
         if form is not None:

@@ -214,6 +214,106 @@ def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
     return conflicts
 
 
+class _KeepOuterScope(poutine.messenger.Messenger):
+    """Keep a site in scope for a later site that sees it through one of its ``pyro.markov``
+    contexts, though not through all of them.
+
+    Pyro's enumeration hides a site from a later one unless every markov context of the first
+    still sees it: in nested loops with a fresh inner ``pyro.markov`` per row, the previous row
+    is hidden from the next one, and its tensor dims are reused. Placed like
+    :class:`_WithoutMarkov`, this keeps those sites (and their dims) visible, so the trace shows
+    which of them each site reads (see :func:`_hidden_reads`).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._depth: dict = {}  # site name -> its markov depth
+
+    def _pyro_sample(self, msg):
+        infer = msg.get("infer") or {}
+        scope = infer.get("_markov_scope")
+        if scope is None:
+            return
+        for name, count in list(scope.items()):
+            depth = self._depth.get(name)
+            if depth is not None and 0 < count < depth:
+                scope[name] = depth
+        self._depth[msg["name"]] = infer.get("_markov_depth")
+
+
+def _partly_hidden(trace) -> bool:
+    """Whether some site sees an earlier one through some of its ``pyro.markov`` contexts but
+    not all (nested loops whose inner context is fresh per outer step): enumeration hides it."""
+    depth_of = {}
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        infer = node.get("infer") or {}
+        scope = infer.get("_markov_scope")
+        if scope is None:
+            continue
+        for other, count in scope.items():
+            depth = depth_of.get(other)
+            if depth is not None and 0 < count < depth:
+                return True
+        depth_of[name] = infer.get("_markov_depth")
+    return False
+
+
+def _hidden_reads(trace, wide) -> list[tuple[str, str, str]]:
+    """Sites that read a site whose enumeration dim ``pyro.markov`` gave to another.
+
+    ``wide`` is the model traced under :class:`_KeepOuterScope` (every site keeps the dims of the
+    sites its markov contexts partly see), where a site's log density shows what it reads.
+    In ``trace`` (Pyro's own dims) each site interprets each dim of its log density as one
+    site's (``_dim_to_id``); a read whose dim it takes for another site's cannot be expressed.
+    Returns ``(site, read, holder)``: ``site`` reads ``read``, whose dim ``holder`` took.
+    """
+    latent = {}  # enum symbol in ``wide`` -> site
+    own = {}  # site -> (dim, id) in ``trace``
+    holder = {}  # (dim, id) -> site, in ``trace``
+    for name, node in trace.nodes.items():
+        infer = node.get("infer") or {}
+        dim = infer.get("_enumerate_dim")
+        if node["type"] != "sample" or node["is_observed"] or dim is None:
+            continue
+        ids = infer.get("_dim_to_id") or {}
+        if dim in ids:
+            own[name] = (dim, ids[dim])
+            holder[own[name]] = name
+        symbol = ((wide.nodes.get(name) or {}).get("infer") or {}).get("_enumerate_symbol")
+        if symbol is not None:
+            latent[symbol] = name
+    found = []
+    for name, node in wide.nodes.items():
+        if node["type"] != "sample" or name not in trace.nodes:
+            continue
+        packed = (node.get("packed") or {}).get("log_prob")
+        if not torch.is_tensor(packed):
+            continue
+        ids = (trace.nodes[name].get("infer") or {}).get("_dim_to_id") or {}
+        for symbol, size in zip(packed._pyro_dims, packed.shape, strict=True):
+            read = latent.get(symbol)
+            if size == 1 or read is None or read == name or read not in own:
+                continue
+            dim, id_ = own[read]
+            if ids.get(dim, id_) != id_:
+                found.append((name, read, holder.get((dim, ids[dim]), "a later site")))
+    return found
+
+
+def _hidden_read_error(reads, reason: str) -> IntractableEnumerationError:
+    name, read, other = reads[0]
+    return IntractableEnumerationError(
+        f"Site '{name}' reads site '{read}', which pyro.markov hides from it: '{read}' lies "
+        f"in another pyro.markov context (nested loops with a fresh inner pyro.markov per "
+        f"outer step, as a grid with one `for j in pyro.markov(...)` per row), so enumeration "
+        f"gave its tensor dim to '{other}' and the dependence cannot be expressed; Pyro's own "
+        f"enumeration is wrong there. AutoSpec then gives every site its own dim, which this "
+        f"model does not fit: {reason}"
+    )
+
+
 def _markov_conflict_error(conflicts, reason: str) -> IntractableEnumerationError:
     name, shared = conflicts[0]
     listed = ", ".join(f"'{s}'" for s in shared)
@@ -418,7 +518,9 @@ class EnumOracle:
     True
     """
 
-    _markov = True  # False: pyro.markov hidden from enumeration (see _compile)
+    #: False: pyro.markov hidden from enumeration; "wide": kept for partly hidden sites (only
+    #: to find what each site reads, see _compile)
+    _markov: bool | str = True
     #: Its queries are checked to agree by tests/oracles/test_conformance.py: the engine skips
     #: its consistency check.
     consistent_queries = True
@@ -538,7 +640,10 @@ class EnumOracle:
 
         with_draws = over_draws(enumerated, num, mpn)
         recorder = SiteRecorder()
-        traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
+        if self._markov == "wide":
+            traced = _KeepOuterScope()(with_draws)
+        else:
+            traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
         try:
             with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
                 enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
@@ -610,15 +715,20 @@ class EnumOracle:
         self._markov = True
         traces = self._traces()
         conflicts = _markov_conflicts(traces[0])
-        if conflicts:
+        hidden = [] if conflicts else self._hidden_reads(traces[0], len(traces) > 1)
+        if conflicts or hidden:
             # pyro.markov gave two sites one dim while a later site still reads both (a
-            # re-entered keep=True loop, as in a grid): Pyro's own enumeration is wrong there.
-            # Every site gets its own dim instead: exact, if the sites fit torch's 64 dims.
+            # re-entered keep=True loop, as in a grid), or a site reads one that a fresh inner
+            # pyro.markov hides (a grid with one inner loop per row): Pyro's own enumeration is
+            # wrong there. Every site gets its own dim instead: exact, if the sites fit torch's
+            # 64 dims; refused here, before any draw, if they do not.
             self._markov = False
             try:
                 traces = self._traces()
             except IntractableEnumerationError as error:
-                raise _markov_conflict_error(conflicts, str(error)) from error
+                if conflicts:
+                    raise _markov_conflict_error(conflicts, str(error)) from error
+                raise _hidden_read_error(hidden, str(error)) from error
         trace = traces[0]
         self._check_markov_history(trace)
         layout = self.layout
@@ -738,6 +848,24 @@ class EnumOracle:
         self._row_entries = self._measure()
         if self.lower_chains and not self._family:
             self._chain = self._lower_to_chain()
+
+    def _hidden_reads(self, trace, per_draw: bool) -> list[tuple[str, str, str]]:
+        """Reads of sites that nested ``pyro.markov`` contexts hide (:func:`_hidden_reads`).
+
+        Only where some site is partly hidden (:func:`_partly_hidden`; never in a plain
+        chain) is the model traced once more, under :class:`_KeepOuterScope`. If that trace
+        fails, nothing is found and the self-check after sampling stays the guard.
+        """
+        if not _partly_hidden(trace):
+            return []
+        self._markov = "wide"
+        try:
+            wide = self._trace(0 if per_draw else None)
+        except AutoSpecModelError:
+            return []
+        finally:
+            self._markov = True
+        return _hidden_reads(trace, wide)
 
     @staticmethod
     def _check_markov_history(trace) -> None:

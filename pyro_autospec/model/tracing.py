@@ -567,7 +567,10 @@ def assertion_error(
             f"dim. Common causes: one `with pyro.markov():` per step (sibling contexts reuse "
             f"the same dims: put the whole loop in one `for t in pyro.markov(range(T))`), or a "
             f"site that depends on a site further back than its pyro.markov history (raise "
-            f"history=h to the longest lag)."
+            f"history=h to the longest lag), or a grid whose rows each open a fresh inner "
+            f"pyro.markov loop that the next row reads (make one `columns = "
+            f"pyro.markov(range(n), keep=True)` before the row loop and iterate it in every "
+            f"row)."
         )
     return AutoSpecModelError(
         f"The model raised AssertionError{said}{last} when AutoSpec ran it {what}. AutoSpec "

@@ -85,6 +85,31 @@ def test_an_integer_dtype_is_refused():
         sample_diffusion(Mean(lambda t, x: x), 4, num_steps=8, seed=0, dtype=torch.long)
 
 
+def test_an_integer_dtype_names_where_it_came_from():
+    """An oracle whose ``dtype`` attribute is an integer type was refused with the message for
+    a dtype= argument, which the user never passed (found by an outside user)."""
+    oracle = Mean(lambda t, x: x)
+    oracle.dtype = torch.int64
+    with pytest.raises(
+        ValueError,
+        match=r"floating point torch.dtype.*got torch.int64, from the oracle's `dtype` "
+        r"attribute \(oracle.dtype\): give the oracle a floating point `dtype` attribute, or "
+        r"pass dtype=torch.float32",
+    ):
+        sample_diffusion(oracle, 4, num_steps=8, seed=0)
+
+    def drift(t, x):
+        return -x
+
+    drift.dtype = torch.int32
+    with pytest.raises(ValueError, match=r"got torch.int32, from the drift's `dtype` attribute"):
+        sample_sde(drift, TIMES, torch.zeros(2), 4, seed=0)
+    # dtype= overrides the attribute, and a wrong dtype= is named as the argument
+    assert sample_diffusion(oracle, 4, num_steps=8, seed=0, dtype=torch.float64).samples.shape[0]
+    with pytest.raises(ValueError, match=r"got torch.int64, from the dtype= argument"):
+        sample_diffusion(Mean(lambda t, x: x), 4, num_steps=8, seed=0, dtype=torch.long)
+
+
 @pytest.mark.parametrize("rule", ["token", "block"])
 def test_samples_beyond_the_dtype_are_refused(rule):
     """A finite float64 drift whose chain leaves float32's range: an error, not inf samples."""

@@ -181,3 +181,71 @@ def test_a_guide_built_on_other_data_answers_for_the_runs_data():
     assert float((drawn - exact).abs().max()) < 0.1
     own = AutoSpec(ising_chain, 400, guide=guide, seed=1, disable_progbar=True).run(DATA)
     assert not torch.equal(own.get_samples()["z"], runs[0].get_samples()["z"])
+
+
+def _run_recording(guide, data, correction="imh"):
+    """Run 100 draws; return the fit and the messages of the warnings about other data."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = AutoSpec(
+            ising_chain, 100, guide=guide, correction=correction, seed=1, disable_progbar=True
+        ).run(data)
+    return fit, [str(w.message) for w in caught if "other data" in str(w.message)]
+
+
+def test_a_guides_oracle_for_other_data_warns_once(mediocre_guide):
+    """``guide.oracle(A)`` run on data B proposed draws for A with no word (found by an
+    outside user); the correction kept IMH exact, but the user meant B."""
+    other = -3.0 * DATA.sign()
+    with pytest.warns(UserWarning, match="conditioned on other data") as record:
+        AutoSpec(
+            ising_chain,
+            100,
+            guide=mediocre_guide.oracle(other),
+            correction="imh",
+            seed=1,
+            disable_progbar=True,
+        ).run(DATA)
+    ours = [w for w in record if "other data" in str(w.message)]
+    assert len(ours) == 1  # once per run, not per chain
+    assert ours[0].filename == __file__  # it points at the user's run() line
+    text = str(ours[0].message)
+    assert "correction='imh' still targets this run's posterior" in text
+    assert "Pass the guide itself, AutoSpec(model, guide=guide)" in text
+    assert "guide.oracle(*args, **kwargs) with run()'s arguments" in text
+    _, without = _run_recording(mediocre_guide.oracle(other), DATA, correction=None)
+    assert "correction=None the draws are that other posterior's" in without[0]
+    # an oracle for the run's own data, or the guide itself on other data: no warning
+    assert _run_recording(mediocre_guide.oracle(DATA.clone()), DATA)[1] == []
+    assert _run_recording(mediocre_guide.oracle(), DATA)[1] == []
+    assert _run_recording(mediocre_guide, other)[1] == []
+
+
+def test_data_changed_in_place_after_the_oracle_was_built_warns():
+    """The oracle was built for ``y``, then ``y.copy_(...)`` changed it: the same object on
+    both sides, so comparing arguments saw no change. The potentials do."""
+    torch.manual_seed(0)
+    y = DATA.clone()
+    guide = AnyOrderGuide(ising_chain, (y,))  # "graph": answers through the potentials
+    oracle = guide.oracle(y)
+    assert _run_recording(oracle, y)[1] == []
+    y.copy_(-3.0 * DATA.sign())  # in place: guide.model_args[0] is y too
+    assert len(_run_recording(oracle, y)[1]) == 1
+    assert len(_run_recording(guide.oracle(), y)[1]) == 1  # built from the guide's own data
+
+
+def test_a_guide_asked_for_its_own_data_changed_in_place_answers_for_them():
+    """A guide built on ``y`` answered for the old values after ``y.copy_(...)`` (the run's
+    arguments were the guide's own objects); it is now asked for the values ``y`` holds, as
+    for any other data, with the same draws as ``guide.oracle`` for them."""
+    torch.manual_seed(0)
+    y = DATA.clone()
+    guide = AnyOrderGuide(ising_chain, (y,))  # "graph": answers through the potentials
+    before, _ = _run_recording(guide, y)
+    other = -3.0 * DATA.sign()
+    y.copy_(other)
+    changed, warned = _run_recording(guide, y)
+    asked, _ = _run_recording(guide.oracle(other), other)
+    assert warned == []
+    assert torch.equal(changed.get_samples()["z"], asked.get_samples()["z"])
+    assert not torch.equal(changed.get_samples()["z"], before.get_samples()["z"])

@@ -8,7 +8,9 @@ and, when installed, NumPyro's DiscreteHMCGibbs: every method agrees with the ex
 
 from __future__ import annotations
 
+import io
 import warnings
+from contextlib import redirect_stdout
 
 import numpy as np
 import pyro
@@ -96,6 +98,28 @@ def test_mixture_arviz_log_likelihood_is_given_every_latent_site(mixture_fit):
     assert idata.sample_stats["diverging"].shape == (1, 400)
     diag = mixture_fit.diagnostics()
     assert {"divergences", "acceptance rate", "seconds"} <= set(diag)
+
+
+def test_diagnostics_name_what_drew_the_discrete_sites(mixture_fit):
+    """``diagnostics()["sampler"]`` named the sampler of discrete-only models but was missing
+    (``None`` from ``.get``) for models with continuous sites (found by an outside user): it
+    names what drew the discrete sites given each NUTS draw, ``"continuous_sampler"`` NUTS."""
+    diag = mixture_fit.diagnostics()
+    assert diag["sampler"] == mixture_fit.results[0].method == "autospec"
+    assert diag["continuous_sampler"] == "pyro NUTS (discrete sites enumerated)"
+    attrs = mixture_fit.to_inference_data(log_likelihood=False).posterior.attrs
+    assert attrs["sampler"] == "autospec"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*broadcast over a batch.*")
+        warnings.filterwarnings("ignore", message=".*evaluate on a batch.*")
+        fit = AutoSpec(
+            mixture, 4, warmup_steps=4, method="sequential", seed=0, disable_progbar=True
+        ).run(MIXTURE_DATA)
+    assert fit.diagnostics()["sampler"] == "sequential"
+    out = io.StringIO()
+    with redirect_stdout(out):
+        fit.summary()
+    assert "by the engine's method 'sequential'" in out.getvalue()
 
 
 @pytest.fixture(scope="module")
