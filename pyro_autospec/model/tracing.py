@@ -371,6 +371,16 @@ def structure_error(
     last = f" (after site '{seen[-1]}')" if seen else ""
     reason = error_reason(error)
     plated = plated or {}
+    if "Expected all tensors to be on the same device" in reason:
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. The model mixes devices: the "
+            f"values AutoSpec gives its discrete sites live on the device of its data (or the "
+            f"device= asked for), and a tensor the model makes itself (a distribution's "
+            f"parameter such as Bernoulli(0.5), a torch.tensor(...) constant) lives on the "
+            f"default device. Make the model's tensors on its data's device "
+            f"(torch.tensor(..., device=data.device)), or set torch.set_default_device(...) "
+            f"before building and running the model."
+        )
     if "within the support" in reason:
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason}. An observed value lies outside "

@@ -7,8 +7,10 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer import MCMC
 
-from pyro_autospec.infer import AutoSpec
+from pyro_autospec.guides import AnyOrderGuide
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 from pyro_autospec.model.enum import EnumOracle
 
 
@@ -65,12 +67,20 @@ def test_mixed_model_on_the_device(device):
     fit.to_inference_data()
 
 
+def ising_chain(data, coupling=0.8):
+    # tests/guides/_models.py's chain, with its constants on the data's device
+    n = data.shape[-1]
+    with pyro.plate("sites", n):
+        z = pyro.sample("z", dist.Bernoulli(torch.full((n,), 0.5, device=data.device)))
+    s = 2.0 * z - 1.0
+    pyro.factor("coupling", coupling * (s[..., 1:] * s[..., :-1]).sum(-1, keepdim=True))
+    with pyro.plate("obs", n):
+        pyro.sample("y", dist.Normal(s, 1.0), obs=data)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("correction", ["importance", "imh"])
 def test_a_learned_guide_on_the_device(device, correction):
-    from pyro_autospec.guides import AnyOrderGuide
-    from tests.guides._models import ising_chain
-
     data = torch.tensor([1.0, 0.5, -0.3, -1.0], device=device)
     torch.manual_seed(0)
     guide = AnyOrderGuide(ising_chain, (data,), architecture="mlp", hidden_dim=8).to(device)
@@ -92,10 +102,6 @@ def test_a_learned_guide_on_the_device(device, correction):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_kernel_in_mcmc_on_the_device(device):
-    from pyro.infer import MCMC
-
-    from pyro_autospec.infer import AutoSpecKernel
-
     y = torch.tensor([0.3, -0.9, 1.4], device=device)
     kernel = AutoSpecKernel(model, seed=0, draws_per_run=8, device=device)
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True)

@@ -172,3 +172,17 @@ def test_discovery_leaves_global_rng_alone():
     torch.manual_seed(3)
     discover_sites(model, (Y,))
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_a_model_that_mixes_devices_is_told_so():
+    # (on a CPU-only machine the mismatch is raised by hand, as torch words it on a GPU)
+    def on_two_devices():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        if z.dim() > 0:  # AutoSpec's batched or enumerated values
+            raise RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                "devices, cuda:0 and cpu!"
+            )
+
+    with pytest.raises(DynamicStructureError, match=r"mixes devices.*device=data\.device"):
+        AutoSpec(on_two_devices, num_samples=2, disable_progbar=True).run()
