@@ -64,7 +64,7 @@ def effective_sample_size(value: torch.Tensor) -> torch.Tensor:
     (True, True, True)
     """
     flat, shape = _flat(value)
-    out = torch.full(flat.shape[2:], math.nan, dtype=torch.float64)
+    out = torch.full(flat.shape[2:], math.nan, dtype=torch.float64, device=flat.device)
     good = _varies_in_every_chain(flat)
     if bool(good.any()):
         out[good] = _geyer_ess(flat[:, :, good])
@@ -116,7 +116,7 @@ def split_gelman_rubin(value: torch.Tensor) -> torch.Tensor:
     (True, True)
     """
     flat, shape = _flat(value)
-    out = torch.full(flat.shape[2:], math.nan, dtype=torch.float64)
+    out = torch.full(flat.shape[2:], math.nan, dtype=torch.float64, device=flat.device)
     constant = (flat == flat[:1, :1]).all(1).all(0)
     varies = ~constant
     if bool(varies.any()):
