@@ -2,15 +2,16 @@
 
 :func:`pyro.ops.stats.effective_sample_size` computes every element of a site in one batch,
 and one element whose draws are all equal (a site fixed by the data, say) makes the whole
-batch NaN. Here the statistics are computed element by element (in one batch for the elements
-whose draws vary within every chain, one at a time for the others), so that only the
-degenerate elements are NaN:
+batch NaN. Here the degenerate elements are set aside and the others computed in one batch,
+so that only the degenerate elements are NaN:
 
 * an element whose draws are all equal (constant) has ``n_eff`` and ``r_hat`` NaN: there is
   no variance to estimate them from (ArviZ returns the number of draws as its ESS there,
   which would also hide a chain that never moved);
 * an element constant within each chain but not across chains has ``n_eff`` NaN and
-  ``r_hat`` infinite, as Pyro's ``split_gelman_rubin`` gives.
+  ``r_hat`` infinite, as Pyro's ``split_gelman_rubin`` gives;
+* an element that varies within some chain has Pyro's ``n_eff``, also when it is constant
+  within another (a rare value that one chain never drew, common with exact draws).
 
 The ESS is Pyro's estimator with its running minimum taken by :func:`torch.cummin`: Pyro's
 own builds an ``[N, N]`` table for it, which takes gigabytes at 100,000 draws, where exact
@@ -33,16 +34,16 @@ def _flat(value: torch.Tensor) -> tuple[torch.Tensor, torch.Size]:
     return value.reshape(value.shape[:2] + (-1,)), shape
 
 
-def _varies_in_every_chain(flat: torch.Tensor) -> torch.Tensor:
-    """Bool[K]: element ``k`` takes two values or more in every chain."""
-    return (flat != flat[:, :1]).any(1).all(0)
+def _varies_within_a_chain(flat: torch.Tensor) -> torch.Tensor:
+    """Bool[K]: element ``k`` takes two values or more in some chain."""
+    return (flat != flat[:, :1]).any(1).any(0)
 
 
 def effective_sample_size(value: torch.Tensor) -> torch.Tensor:
     """ESS of every element of ``value``, a ``Tensor[num_chains, num_draws, *shape]``.
 
     Pyro's estimator (Geyer's initial monotone sequence, as ``MCMC.summary``), computed per
-    element: an element whose draws do not vary within some chain is NaN, and only it.
+    element: an element whose draws vary within no chain is NaN, and only it.
 
     Parameters
     ----------
@@ -65,7 +66,7 @@ def effective_sample_size(value: torch.Tensor) -> torch.Tensor:
     """
     flat, shape = _flat(value)
     out = torch.full(flat.shape[2:], math.nan, dtype=torch.float64, device=flat.device)
-    good = _varies_in_every_chain(flat)
+    good = _varies_within_a_chain(flat)
     if bool(good.any()):
         out[good] = _geyer_ess(flat[:, :, good])
     return out.reshape(shape)

@@ -685,7 +685,7 @@ class AutoSpec:
 
         Works for any number of draws: with fewer than 4 draws per chain ``n_eff`` and
         ``r_hat`` are NaN and ``"unavailable"`` says why. Both are computed per element: an
-        element whose draws do not vary within a chain is NaN alone, the others keep their
+        element whose draws vary within no chain is NaN alone, the others keep their
         values (:func:`~pyro_autospec.diagnostics.ess.effective_sample_size`).
 
         Returns

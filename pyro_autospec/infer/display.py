@@ -232,7 +232,7 @@ def _note_constant(count: int, samples: Mapping[str, torch.Tensor], more: str = 
     draws = next(iter(samples.values())).shape[1]
     if count and draws >= MIN_DRAWS_FOR_DIAGNOSTICS:
         print(
-            f"{count} element(s) have n_eff nan: their draws do not vary within a chain (all "
+            f"{count} element(s) have n_eff nan: their draws vary within no chain (all "
             f"equal, as for a site the data fix){more}."
         )
 

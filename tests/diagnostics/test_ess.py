@@ -20,3 +20,14 @@ def test_the_ess_of_many_draws_fits_in_memory():
     x = torch.randint(0, 2, (1, 100_000, 2), generator=torch.Generator().manual_seed(0))
     ess = effective_sample_size(x)
     assert ess.shape == (2,) and bool(((ess > 90_000) & (ess < 110_000)).all())
+
+
+def test_an_element_one_chain_never_varied_keeps_pyros_ess():
+    # a rare value that one chain never drew: that chain is constant, the others are not
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(4, 50, 2, generator=g) < 0.3).double()
+    x[0, :, 0] = 0.0
+    ours = effective_sample_size(x)
+    pyros = stats.effective_sample_size(x, chain_dim=0, sample_dim=1)
+    assert bool(ours.isfinite().all())
+    torch.testing.assert_close(ours, pyros, rtol=1e-12, atol=0)
