@@ -642,7 +642,9 @@ class AutoSpec:
             Keep the chain dimension: ``Tensor[num_chains, num_samples, *shape]``; otherwise
             ``Tensor[num_chains * num_samples, *shape]``.
         include_discrete : bool
-            ``False`` drops the discrete latent sites (the keyword matches ``MCMC``'s).
+            ``False`` drops the discrete latent sites and the ``pyro.deterministic`` sites
+            (which may read them), so that ``Predictive`` or ``infer_discrete`` fed with the
+            continuous draws recomputes both consistently.
 
         Returns
         -------
@@ -810,9 +812,11 @@ class AutoSpec:
         computes ``r_hat`` instead of warning "Shape validation failed" (ArviZ needs 2 chains
         of 4 draws). The draws are independent, so the split changes no statistic's meaning;
         the groups' attribute ``chains_split_from = 1`` records it, and ``split_chains=False``
-        keeps one chain. Dependent draws (NUTS for continuous sites, ``correction="imh"`` or
-        ``"importance"``) keep their chains: for those, run ``num_chains=2`` or more, as with
-        ``MCMC``.
+        keeps one chain. Fewer than 8 draws, or a prime number of them, have no such split and
+        stay one chain (ArviZ then warns and gives ``r_hat`` NaN): take ``num_samples`` with a
+        divisor, 200 rather than 199. Dependent draws (NUTS for continuous sites,
+        ``correction="imh"`` or ``"importance"``) keep their chains: for those, run
+        ``num_chains=2`` or more, as with ``MCMC``.
 
         Parameters
         ----------
@@ -820,8 +824,12 @@ class AutoSpec:
             As in ``az.from_pyro``.
         log_likelihood : {"auto", "marginal", "conditional", False}
             ``"auto"`` (default, also ``True``): ``"marginal"`` where the model allows it,
-            else ``"conditional"`` with a warning that names the reason. ``"marginal"``
-            raises where it does not exist. ``False`` leaves the group out.
+            else ``"conditional"`` (most chain models, an HMM, have no per-observation
+            marginal), without a warning: the attribute ``log_likelihood_form`` says which
+            form was stored, ``log_likelihood_reason`` why it is not the marginal one (also
+            logged by the ``pyro_autospec`` logger at level INFO). Check the form before
+            comparing models with ``az.loo`` or ``az.waic``: they need the marginal one.
+            ``"marginal"`` raises where it does not exist. ``False`` leaves the group out.
         split_chains : bool
             Split one chain of independent draws as above (default ``True``).
 

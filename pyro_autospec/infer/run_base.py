@@ -380,8 +380,9 @@ class RunBase:
                 f"{num_samples!r}"
             )
         samples = self.saved()
-        if not include_discrete:
-            samples = {k: v for k, v in samples.items() if k not in self.discrete_names}
+        if not include_discrete:  # deterministic sites may read the discrete ones: dropped
+            dropped = set(self.discrete_names) | set(self.deterministic)
+            samples = {k: v for k, v in samples.items() if k not in dropped}
         if not samples:
             return {}
         return select_samples(samples, num_samples, group_by_chain)
@@ -518,6 +519,8 @@ class RunBase:
         pointwise, form = self._log_likelihood_group(log_likelihood)
         if form is not None:
             attrs["log_likelihood_form"] = form
+            if form == "conditional" and log_likelihood in (True, "auto"):
+                attrs["log_likelihood_reason"] = self.log_likelihood_reason
         split = self.export_chains() if split_chains and self.num_chains == 1 else 1
         if split > 1:
             posterior, sample_stats = _split(posterior, split), _split(sample_stats, split)

@@ -81,6 +81,9 @@ def test_marginal_refused_with_the_reason_and_auto_says_which_form(caplog):
         idata = fit.to_inference_data()
     assert "conditional on each draw's sampled discrete" in caplog.text
     assert idata.log_likelihood.attrs["log_likelihood_form"] == "conditional"
+    assert "'switch' is shared" in idata.log_likelihood.attrs["log_likelihood_reason"]
+    asked = fit.to_inference_data(log_likelihood="conditional")
+    assert "log_likelihood_reason" not in asked.log_likelihood.attrs  # asked for, no reason
     with pytest.raises(ValueError, match="log_likelihood must be"):
         fit.to_inference_data(log_likelihood="pointwise")
 
