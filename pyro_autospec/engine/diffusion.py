@@ -549,9 +549,11 @@ def sample_diffusion(
     delta : float, optional
         Final noise variance of the default grid, ``T = 1 / delta`` (1e-3 if not given).
     schedule : Schedule or dict, optional
-        As in :func:`sample_sde`.
+        As in :func:`sample_sde`. It does not hold the grid: ``result.schedule`` with the same
+        ``num_steps``, ``delta`` and ``t_switch`` (or ``times=result.times``) reproduces a run.
     **knobs
-        ``t_switch`` (an option of :func:`diffusion_times`) and the schedule knobs of
+        ``t_switch`` (an option of :func:`diffusion_times`, part of the grid, not of the
+        recorded schedule) and the schedule knobs of
         :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
         ``max_concurrent_draws``; ``rule``, ``max_block``, ``min_block`` and ``rho`` for
         ``"autospec"``, ``window`` and ``tolerance`` for ``"picard"``).

@@ -380,7 +380,8 @@ def default_schedule(num_coords: int) -> dict:
 
         * ``blocks="adaptive"``: every draw chooses its next window from its own past (grown
           after a window that passed whole, shrunk after one that did not);
-          ``"fixed"``: the balanced tiling into blocks of about ``max_block``;
+          ``"fixed"``: the balanced tiling into blocks of about ``max_block`` (runs on the
+          reference engine, as the block rule does);
         * ``max_block``: the largest window, ``max(8, 2 sqrt(n))`` (:func:`sample_any_order
           <pyro_autospec.sample_any_order>` takes ``max(8, sqrt(n))`` on an accelerator with
           256 draws in flight or more, and ``max(8, sqrt(n) / 4)`` on a CPU with 4 draws in
@@ -487,7 +488,8 @@ def is_real(value: Any) -> bool:
 def check_windows(knobs: dict, given: Mapping) -> None:
     """Check the window knobs of resolved ``"autospec"`` knobs (``max_block`` resolved).
 
-    ``min_block`` and ``first_block`` must be positive ints (``first_block`` may be ``None``).
+    ``min_block`` and ``first_block`` must be positive ints (``first_block`` may be ``None``,
+    and is at most ``max_block``); ``token_below`` and ``race_depth`` ints >= 0 or ``None``.
     A ``min_block`` the caller gave above ``max_block`` raises rather than being clamped;
     the default ``min_block`` of 2 becomes a ``max_block`` of 1 in ``knobs``, so that the
     recorded schedule, passed back, gives the same draws.
@@ -511,6 +513,17 @@ def check_windows(knobs: dict, given: Mapping) -> None:
         if name in knobs and not is_count(value):
             none = " or None" if name == "first_block" else ""
             raise ValueError(f"{name} must be a positive int{none}; got {value!r}")
+    for name in ("token_below", "race_depth"):  # None, or an int >= 0 (not a bool)
+        value = knobs.get(name)
+        if value is not None and not is_count(value, 0):
+            raise ValueError(f"{name} must be an int >= 0 or None; got {value!r}")
+    first = knobs.get("first_block")
+    if first is not None and first > knobs["max_block"]:
+        raise ValueError(
+            f"first_block={first} is larger than max_block={knobs['max_block']}; a draw's "
+            f"first window is at most max_block: pass a smaller first_block, or a larger "
+            f"max_block"
+        )
     if knobs["min_block"] <= knobs["max_block"]:
         return
     if "min_block" in given:
