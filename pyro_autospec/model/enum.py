@@ -177,6 +177,18 @@ class _WithoutMarkov(poutine.messenger.Messenger):
             msg["infer"].pop("_markov_scope", None)
 
 
+def _scoped_sites(trace):
+    """``(name, node, infer, scope)`` of the sample sites of ``trace`` that ``pyro.markov``
+    scoped, in trace order (``scope``: ``infer["_markov_scope"]``)."""
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        infer = node.get("infer") or {}
+        scope = infer.get("_markov_scope")
+        if scope is not None:
+            yield name, node, infer, scope
+
+
 def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
     """Sites that see a site whose enumeration dim ``pyro.markov`` already gave to another.
 
@@ -188,13 +200,7 @@ def _markov_conflicts(trace) -> list[tuple[str, list[str]]]:
     """
     depth_of, own, holder = {}, {}, {}
     conflicts = []
-    for name, node in trace.nodes.items():
-        if node["type"] != "sample":
-            continue
-        infer = node.get("infer") or {}
-        scope = infer.get("_markov_scope")
-        if scope is None:
-            continue
+    for name, node, infer, scope in _scoped_sites(trace):
         now = infer.get("_dim_to_id") or {}
         shared = set()
         for other, depth in scope.items():
@@ -245,13 +251,7 @@ def _partly_hidden(trace) -> bool:
     """Whether some site sees an earlier one through some of its ``pyro.markov`` contexts but
     not all (nested loops whose inner context is fresh per outer step): enumeration hides it."""
     depth_of = {}
-    for name, node in trace.nodes.items():
-        if node["type"] != "sample":
-            continue
-        infer = node.get("infer") or {}
-        scope = infer.get("_markov_scope")
-        if scope is None:
-            continue
+    for name, _, infer, scope in _scoped_sites(trace):
         for other, count in scope.items():
             depth = depth_of.get(other)
             if depth is not None and 0 < count < depth:
