@@ -123,6 +123,9 @@ def select_sites(
     if isinstance(var_names, str):
         var_names = [var_names]
     groups = group_sites(list(samples))
+    many = {key: members for key, members in groups.items() if len(members) > 1}
+    # the label a summary prints for a group (x_0..x_11) names it too
+    labels = {group_label(key, members): key for key, members in many.items()}
     chosen: list[str] = []
     unknown = []
     for name in var_names:
@@ -130,15 +133,20 @@ def select_sites(
             members = [name]
         elif name in groups:
             members = groups[name]
+        elif name in labels:
+            members = groups[labels[name]]
         else:
             unknown.append(name)
             continue
         chosen += [m for m in members if m not in chosen]
     if unknown:
+        selects = ", ".join(
+            f"{key!r} selects {group_label(key, members)}" for key, members in many.items()
+        )
         raise ValueError(
             f"var_names {unknown} are not sites of the run; sites and per-step groups are "
-            f"{compact_names(list(samples), limit=20)} (a group such as 'x' selects x_0, x_1, "
-            f"...: {sorted(k for k, v in groups.items() if len(v) > 1)})"
+            f"{compact_names(list(samples), limit=20)}"
+            + (f" (of the groups, {selects})" if selects else "")
         )
     return OrderedDict((k, samples[k]) for k in samples if k in chosen)
 

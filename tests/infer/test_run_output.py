@@ -161,8 +161,11 @@ def test_summary_var_names_and_group_false(hmm_fit, capsys):
     hmm_fit.summary(var_names="x_3")
     out = capsys.readouterr().out.split("Number of divergences")[0]
     assert "x_3 " in out and "x_4 " not in out
-    with pytest.raises(ValueError, match=r"not sites of the run.*'x_0\.\.x_44'"):
+    with pytest.raises(ValueError, match=r"not sites of the run.*'x_0\.\.x_44'.*'x' selects"):
         hmm_fit.summary(var_names=["nope"])
+    hmm_fit.summary(var_names="x_0..x_44")  # the label the summary prints names the group
+    out = capsys.readouterr().out
+    assert "x_0..x_44" in out and "elements" in out
 
 
 def constant_element(y):
