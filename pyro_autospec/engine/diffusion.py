@@ -191,7 +191,7 @@ def _autospec_knobs(knobs: dict, num_steps: int) -> None:
             f"with residual races); got {rule!r}"
         )
     max_block = knobs["max_block"]
-    if max_block is not None and (not is_count(max_block)):
+    if max_block is not None and not is_count(max_block):
         raise ValueError(f"max_block must be a positive int or None, got {max_block!r}")
     if rule == "token":
         if knobs["rho"] is not None:

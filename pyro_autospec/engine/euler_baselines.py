@@ -279,8 +279,7 @@ class _Picard:
                 raise  # the drift's own error, at states the chain could reach
             raise OracleError(
                 f"Picard iteration diverged: its iterates reached |x| = {largest:.3g}, where the "
-                f"drift "
-                f"overflows. Picard is an approximate baseline whose iterates need not stay "
+                f"drift overflows. Picard is an approximate baseline whose iterates need not stay "
                 f"near the chain (a stiff drift, or a long window with a large step); the "
                 f"exact methods 'autospec' and 'sequential' do not iterate. Try a smaller "
                 f"window or more steps. (The drift's own error: {str(error)[:120]})"

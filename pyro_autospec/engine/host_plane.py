@@ -55,7 +55,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.host_rows import HostRows
-from pyro_autospec.engine.methods import block_policy
+from pyro_autospec.engine.methods import block_policy, on_cpu
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
@@ -124,7 +124,7 @@ def token_lanes(method: str, knobs: dict, n: int, q: int, num_draws: int, device
     given = knobs.get("max_concurrent_draws")
     if given is not None or method in ("sequential", "gumbel_sequential"):
         return min(int(given or num_draws), num_draws)
-    budget = ROW_ENTRIES * (1 if str(device).split(":")[0] == "cpu" else 16)
+    budget = ROW_ENTRIES * (1 if on_cpu(device) else 16)
     return max(1, min(num_draws, budget // (token_width(method, knobs, n, q) * q)))
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "Method",
     "Schedule",
     "block_policy",
+    "on_cpu",
     "default_max_block",
     "default_max_elements",
     "default_schedule",
@@ -296,10 +297,10 @@ def default_max_elements(device) -> int:
     >>> default_max_elements("cpu"), default_max_elements("cuda")
     (1048576, 16777216)
     """
-    return 2**20 if _on_cpu(device) else 2**24
+    return 2**20 if on_cpu(device) else 2**24
 
 
-def _on_cpu(device) -> bool:
+def on_cpu(device) -> bool:
     """Whether ``device`` (a ``torch.device`` or its name, e.g. ``"cuda:1"``) is the CPU."""
     return str(device).split(":")[0] == "cpu"
 
@@ -361,7 +362,7 @@ def default_max_block(
     >>> default_max_block(1024, 1, "cpu", chain_queries=False, targeted_queries=False)
     8
     """
-    if _on_cpu(device):
+    if on_cpu(device):
         lean_rows = draws_in_flight >= LEAN_ROWS_DRAWS or not targeted_queries
         if not chain_queries and lean_rows:
             return max(8, int(round(math.sqrt(num_coords) / 4)))

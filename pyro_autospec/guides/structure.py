@@ -206,6 +206,7 @@ def joint_log_prob(
     unknown = sorted(set(observed) - set(layout.observed))
     if unknown:
         raise ValueError(f"observed names {unknown}, which are not observed sites of the model")
+    observed = {k: torch.as_tensor(v, device=coords.device) for k, v in observed.items()}
     num = coords.shape[0]
     mpn = layout.max_plate_nesting
     parts = []
@@ -219,9 +220,7 @@ def joint_log_prob(
             shape = (size,) + (1,) * pad + tuple(site.batch_shape) + tuple(site.event_shape)
             data[site.name] = values[site.name].to(site.dtype).reshape(shape)
         for name, value in observed.items():
-            data[name] = torch.as_tensor(value, device=coords.device)[start:stop].reshape(
-                _observed_draw_shape(layout, name, size)
-            )
+            data[name] = value[start:stop].reshape(_observed_draw_shape(layout, name, size))
 
         batched = over_draws(model, size, mpn)
         with poutine.block(), torch.no_grad():

@@ -176,6 +176,7 @@ class AutoSpecKernel(MCMCKernel):
         self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None
         self._oracle = None
+        self._device: torch.device | str | None = None
         self._buffer: list[dict[str, torch.Tensor]] = []
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
@@ -222,11 +223,13 @@ class AutoSpecKernel(MCMCKernel):
             self.max_self_check_error = None
         self._self_check.oracle = self._oracle
         self._checked_call = self._call
+        # where the engine and the draws' evaluation run: device=, else the oracle's
+        self._device = self.device or getattr(self._oracle, "device", None)
         self._draws = DrawEvaluator(
             ModelCall(self.user_model, args, kwargs),
             self.layout,
             self_check=self._self_check,
-            device=self.device or getattr(self._oracle, "device", None),
+            device=self._device,
             outputs=False,
         )
 
@@ -282,7 +285,7 @@ class AutoSpecKernel(MCMCKernel):
             self.draws_per_run,
             method=self.method,
             seed=seed,
-            device=self.device or getattr(self._oracle, "device", None),
+            device=self._device,
             progress=not self.disable_progbar,
             **self.schedule,
         )

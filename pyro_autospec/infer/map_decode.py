@@ -31,7 +31,7 @@ from pyro.infer import infer_discrete
 from pyro.poutine.messenger import Messenger
 
 from pyro_autospec.model.discrete import SiteLayout
-from pyro_autospec.model.enum import EnumOracle, _WithoutMarkov, check_evidence
+from pyro_autospec.model.enum import EnumOracle, check_evidence, with_oracle_dims
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.model.log_joint import enumerate_posterior, log_joint
 from pyro_autospec.model.tracing import parallel_enumeration
@@ -110,8 +110,7 @@ def most_probable(
     """
     oracle = EnumOracle(model, args, kwargs, layout=layout, lazy=True)  # refuses as a run does
     enumerated = poutine.infer_config(ScaleIntoDensity()(model), parallel_enumeration)
-    if not oracle._markov:  # every site its own dim, as the oracle compiled it
-        enumerated = _WithoutMarkov()(enumerated)
+    enumerated = with_oracle_dims(oracle, enumerated)  # every site its own dim where it did
     decoder = infer_discrete(
         enumerated, first_available_dim=-1 - layout.max_plate_nesting, temperature=0
     )

@@ -302,6 +302,14 @@ def _hidden_reads(trace, wide) -> list[tuple[str, str, str]]:
     return found
 
 
+def with_oracle_dims(oracle: EnumOracle, model: Callable) -> Callable:
+    """``model`` under the enumeration dims ``oracle`` compiled with: as it is, or with
+    ``pyro.markov`` hidden from enumeration where the oracle gave every site its own dim (a dim
+    that ``pyro.markov`` recycles between sites a later site reads both of). Another
+    enumeration of the model (``map()``'s decoding pass) must use the same dims."""
+    return model if oracle._markov else _WithoutMarkov()(model)
+
+
 def _hidden_read_error(reads, reason: str) -> IntractableEnumerationError:
     name, read, other = reads[0]
     return IntractableEnumerationError(
@@ -643,7 +651,7 @@ class EnumOracle:
         if self._markov == "wide":
             traced = _KeepOuterScope()(with_draws)
         else:
-            traced = with_draws if self._markov else _WithoutMarkov()(with_draws)
+            traced = with_oracle_dims(self, with_draws)
         try:
             with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
                 enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
