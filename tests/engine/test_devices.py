@@ -146,12 +146,17 @@ def test_cuda_diffusion_reproduces_cpu(method):
     # The flat verification sums segments with torch.segment_reduce on CUDA and the sequential
     # chain runs in lockstep: the same keyed noise and float64 arithmetic as on the CPU, so
     # the same rounds and the same draws up to the last bits of the drifts.
+    kwargs = {"num_steps": 64, "delta": 0.02, "seed": 4, "method": method, "return_paths": True}
+    _diffusion_on_cpu_and_cuda(12, **kwargs)
+
+
+def _diffusion_on_cpu_and_cuda(num: int, **kwargs) -> None:
+    """A six-point target sampled on the CPU and on CUDA: the same rounds, rows and draws."""
     angles = torch.arange(6, dtype=torch.float64) * (2 * math.pi / 6)
     points = torch.stack([torch.cos(angles), torch.sin(angles)], -1)
     weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])
-    kwargs = {"num_steps": 64, "delta": 0.02, "seed": 4, "method": method, "return_paths": True}
-    a = sample_diffusion(FiniteSupportDenoiser(points, weights), 12, **kwargs)
-    b = sample_diffusion(FiniteSupportDenoiser(points, weights, device="cuda"), 12, **kwargs)
+    a = sample_diffusion(FiniteSupportDenoiser(points, weights), num, **kwargs)
+    b = sample_diffusion(FiniteSupportDenoiser(points, weights, device="cuda"), num, **kwargs)
     assert b.samples.device.type == "cuda"
     assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
     torch.testing.assert_close(a.samples, b.samples.cpu(), rtol=0, atol=1e-9)
@@ -165,16 +170,8 @@ def test_cuda_diffusion_reproduces_cpu(method):
 def test_cuda_reference_diffusion_reproduces_cpu(method, knobs):
     # The reference engine (and the block rule, which always runs on it) built its block
     # noise on the host: a GPU run raised a device mismatch that no CPU test could see.
-    angles = torch.arange(6, dtype=torch.float64) * (2 * math.pi / 6)
-    points = torch.stack([torch.cos(angles), torch.sin(angles)], -1)
-    weights = torch.tensor([1.0, 2.0, 1.0, 3.0, 1.0, 2.0])
     kwargs = {"num_steps": 32, "delta": 0.02, "seed": 4, "method": method, "engine": "reference"}
-    kwargs.update(knobs)
-    a = sample_diffusion(FiniteSupportDenoiser(points, weights), 4, **kwargs)
-    b = sample_diffusion(FiniteSupportDenoiser(points, weights, device="cuda"), 4, **kwargs)
-    assert b.samples.device.type == "cuda"
-    assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
-    torch.testing.assert_close(a.samples, b.samples.cpu(), rtol=0, atol=1e-9)
+    _diffusion_on_cpu_and_cuda(4, **kwargs, **knobs)
 
 
 @needs_cuda

@@ -153,12 +153,19 @@ def test_a_float64_guide_loads_in_float64(kind, tmp_path):
         assert torch.equal(out, guide.log_marginals(values, mask))
 
 
-def test_a_tensor_of_another_kind_is_refused(tmp_path):
-    guide, load = _guide("diffusion")
-    path = tmp_path / "guide.pt"
+def _saved_unchecked(guide, path) -> dict:
+    """What ``guide.save(path)`` writes, without its checksum (to change it by hand, as a file
+    written before guide files carried one)."""
     guide.save(path)
     saved = torch.load(path, weights_only=True)
     saved.pop("checksum", None)
+    return saved
+
+
+def test_a_tensor_of_another_kind_is_refused(tmp_path):
+    guide, load = _guide("diffusion")
+    path = tmp_path / "guide.pt"
+    saved = _saved_unchecked(guide, path)
     saved["state_dict"]["standardized"] = torch.tensor(0.5)  # a bool buffer, as a float
     torch.save(saved, path)
     with pytest.raises(ValueError, match="its standardized is torch.float32"):
@@ -169,9 +176,7 @@ def test_a_graph_file_without_its_edges_is_named(tmp_path):
     """It raised KeyError: 'edges'."""
     guide, load = _guide("graph")
     path = tmp_path / "guide.pt"
-    guide.save(path)
-    saved = torch.load(path, weights_only=True)
-    saved.pop("checksum", None)
+    saved = _saved_unchecked(guide, path)
     del saved["edges"]
     torch.save(saved, path)
     with pytest.raises(ValueError, match="not a file written by AnyOrderGuide.save.*edges"):
@@ -182,9 +187,7 @@ def test_a_diffusion_file_must_hold_every_config_key(tmp_path):
     """A config without num_steps loaded with the default schedule, silently."""
     guide = DiffusionGuide(conjugate_model, (Y,), hidden_dim=8, num_steps=16)
     path = tmp_path / "guide.pt"
-    guide.save(path)
-    saved = torch.load(path, weights_only=True)
-    saved.pop("checksum", None)
+    saved = _saved_unchecked(guide, path)
     del saved["config"]["num_steps"]
     torch.save(saved, path)
     with pytest.raises(ValueError, match="its config holds"):
@@ -194,9 +197,7 @@ def test_a_diffusion_file_must_hold_every_config_key(tmp_path):
 def test_a_loss_history_that_is_not_numbers_is_refused(tmp_path):
     guide, load = _guide("bare")
     path = tmp_path / "guide.pt"
-    guide.save(path)
-    saved = torch.load(path, weights_only=True)
-    saved.pop("checksum", None)
+    saved = _saved_unchecked(guide, path)
     for loss in ("abc", [1.0, "x"], {"a": 1.0}):
         torch.save({**saved, "loss": loss}, path)
         with pytest.raises(ValueError, match="loss history"):
