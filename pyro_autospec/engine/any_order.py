@@ -40,6 +40,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mode
 from pyro_autospec.engine.host_plane import TokenSampler, token_lanes, token_width
+from pyro_autospec.engine.memory import check_output_size
 from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
@@ -64,7 +65,6 @@ from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
     OracleRows,
     VisitOrders,
-    check_output_size,
     draw_orders,  # noqa: F401  (re-exported: the orders of a run, for callers and tests)
 )
 from pyro_autospec.engine.schedule import token_only

@@ -57,6 +57,7 @@ from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mo
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_drift_output
 from pyro_autospec.engine.euler_baselines import follow_noise, picard, sequential
 from pyro_autospec.engine.euler_tokens import EulerTokens
+from pyro_autospec.engine.memory import check_memory, format_bytes
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
@@ -229,6 +230,73 @@ def _check_num_samples(num_samples) -> int:
     if not is_count(num_samples):
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     return int(num_samples)
+
+
+def _check_memory(
+    num_samples: int,
+    dim: int,
+    num_steps: int,
+    method: str,
+    knobs: dict,
+    engine: str,
+    return_paths: bool,
+) -> None:
+    """Refuse, before the starts are allocated, a run whose draws cannot fit in memory.
+
+    Every draw keeps its start and its final state (float64 ``[N, d]`` each) and 64 bytes of
+    bookkeeping to the end; where the whole paths ``[N, S + 1, d]`` are kept, twice more (the
+    increments and the paths made from them), three times for ``"picard"`` (its noise, its
+    paths and the pass that scores them). A draw in flight holds about six float64
+    ``[max_block + 1, d]`` arrays of its windows (a window of one step for
+    ``"sequential"``, its whole path and a window for ``"picard"``).
+
+    Raises
+    ------
+    MemoryError
+        From :func:`~pyro_autospec.engine.memory.check_memory`, naming what to lower.
+    """
+    steps = num_steps + 1
+    block = method == "autospec" and knobs["rule"] == "block"
+    kept, copies, also = None, 2, ""
+    if method == "picard":
+        kept, copies = "method='picard'", 3
+        also = (
+            "Picard keeps every draw's noise and whole path; 'autospec' and 'sequential' keep "
+            "the final states only."
+        )
+    elif block or engine == "reference":
+        kept = "rule='block'" if block else "engine='reference'"
+        also = (
+            "The reference engine, where the block rule runs, keeps every draw's whole path; "
+            "the token rule (the default) on engine='fast' without return_paths keeps the "
+            "final states only."
+        )
+    elif return_paths:
+        kept = "return_paths=True"
+        paths = 8 * copies * num_samples * steps * dim
+        also = f"Or pass return_paths=False: the whole paths take {format_bytes(paths)} of it."
+    per_draw = 16 * dim + 64 + (8 * copies * steps * dim if kept else 0)
+    if method == "autospec":
+        window = min(int(knobs["max_block"] or num_steps), num_steps)
+        per_flight = 48 * (window + 1) * dim
+    elif method == "sequential":
+        per_flight = 96 * dim
+    else:
+        per_flight = 8 * steps * dim + 48 * int(knobs["window"]) * dim
+    holds = f"the starts and samples: 2 x {num_samples} x {dim} float64 entries"
+    if kept:
+        holds += f"; the whole paths, kept for {kept}: {copies} x {num_samples} x {steps} x {dim}"
+    check_memory(
+        num_samples,
+        per_draw,
+        in_flight=min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples),
+        bytes_per_flight=per_flight,
+        largest=num_samples * (steps if kept else 1) * dim,
+        request=f"num_samples={num_samples} draws of d={dim} coordinates over {num_steps} steps",
+        holds=f"{holds}; plus the state of the draws in flight",
+        exact=method != "picard",
+        also=also,
+    )
 
 
 def _run(s: _Settings) -> SampleResult:
@@ -429,6 +497,14 @@ def sample_sde(
         If the drift returns NaN/inf or a wrongly shaped tensor, or calls a network in
         training mode with dropout or batch norm
         (:func:`~pyro_autospec.engine.errors.check_eval_mode`).
+    MemoryError
+        Before anything of the run's size is allocated, if its draws cannot fit in this
+        machine's memory: the start and final state of every draw (``16 d`` bytes each), the
+        whole paths where they are kept (``return_paths``, ``"picard"``, the reference
+        engine: ``num_samples x (N + 1) x d`` float64 entries, twice or more) and the windows
+        of the draws in flight. The message says what the run needs, about how many draws
+        fit, and what to lower: ``num_samples`` per call, ``max_concurrent_draws`` (the draws
+        in flight), or ``return_paths``.
 
     Notes
     -----
@@ -483,6 +559,7 @@ def sample_sde(
     _check_engine(engine)
     check_eval_mode(drift)
     device, dtype = _oracle_placement(drift, device, dtype, like, "drift")
+    _check_memory(num_samples, dim, len(grid) - 1, method, knobs, engine, return_paths)
     starts = np.broadcast_to(x0_array, (num_samples, dim)).astype(np.float64)
     return _dispatch(
         distributed,
@@ -575,6 +652,9 @@ def sample_diffusion(
     OracleError
         NaN/inf or wrongly shaped oracle outputs, or a network in training mode with dropout
         or batch norm (:func:`~pyro_autospec.engine.errors.check_eval_mode`).
+    MemoryError
+        Before anything of the run's size is allocated, if its draws cannot fit in this
+        machine's memory, as in :func:`sample_sde`.
 
     Notes
     -----
@@ -628,6 +708,7 @@ def sample_diffusion(
     _check_engine(engine)
     check_eval_mode(oracle)
     device, dtype = _oracle_placement(oracle, device, dtype, None)
+    _check_memory(num_samples, int(dim), len(grid) - 1, method, knobs, engine, return_paths)
     starts = np.zeros((num_samples, int(dim)))
     return _dispatch(
         distributed,

@@ -29,7 +29,6 @@ when it finishes (:meth:`OracleRows.finish`). Orders are a function of the draw'
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
+from pyro_autospec.engine.memory import check_output_size
 from pyro_autospec.engine.modes import calling
 from pyro_autospec.engine.protocols import (
     has_chain_marginals,
@@ -190,85 +190,6 @@ class VisitOrders:
             hi = min(total, lo + self.CHUNK)
             out[lo:hi] = self.of(torch.arange(lo, hi, device=device))
         return out
-
-
-def machine_memory() -> int | None:
-    """Bytes of physical memory of this machine (``None`` where the OS does not say)."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def _bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if count < 1024 or unit == "PiB":
-            return f"{count:.3g} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.3g} PiB"  # pragma: no cover
-
-
-def check_output_size(
-    num_samples: int,
-    n: int,
-    *,
-    in_flight: int = 0,
-    bytes_per_flight: int = 0,
-    what: str = "the samples",
-) -> None:
-    """Refuse, before allocating anything, a run whose outputs cannot exist on this machine.
-
-    ``num_samples`` rows of ``n`` int64 entries (the samples, or the orders), 64 bytes per
-    draw of bookkeeping (keys, log probabilities, counts), and ``bytes_per_flight`` bytes per
-    coordinate of each of ``in_flight`` draws in flight, against torch's largest tensor and the
-    machine's physical memory.
-
-    Raises
-    ------
-    MemoryError
-        Naming ``num_samples``, ``n``, the bytes needed and what to do instead.
-
-    Examples
-    --------
-    >>> check_output_size(1000, 1024)  # 8 MB: fine
-    >>> check_output_size(10**12, 1024)
-    Traceback (most recent call last):
-    ...
-    MemoryError: num_samples=1000000000000 draws of n=1024 coordinates need 7.33 PiB ...
-    """
-    num_samples, n = int(num_samples), int(n)
-    entries = num_samples * n
-    output = 8 * entries + 64 * num_samples
-    flight = int(in_flight) * n * int(bytes_per_flight)
-    needed = output + flight
-    memory = machine_memory()
-    too_many = entries > 2**62  # past what torch indexes (int64 element offsets)
-    if not too_many and (memory is None or needed <= memory):
-        return
-    limit = (
-        "more entries than a torch tensor can hold"
-        if too_many
-        else f"this machine has {_bytes(memory)} of memory"
-    )
-    fits = max(1, (memory or 2**40) // 2 // (8 * n + 64))
-    advice = (
-        f"Ask for fewer draws per call (about {fits} fit in half of this machine's memory) "
-        "and run several calls with different seeds: the draws of every call are exact and "
-        "independent."
-    )
-    samples_fit = not too_many and memory is not None and output <= memory
-    if samples_fit:  # only the draws in flight are too many
-        advice = (
-            "Most of it is the state of the draws in flight: set max_concurrent_draws (e.g. "
-            "256) so that new draws start as earlier ones finish."
-        )
-    elif flight > output:
-        advice += " Set max_concurrent_draws (e.g. 256) too, to bound the draws in flight."
-    raise MemoryError(
-        f"num_samples={num_samples} draws of n={n} coordinates need {_bytes(needed)} "
-        f"({what}: {num_samples} x {n} int64 entries, plus the state of the draws in flight); "
-        f"{limit}. {advice}"
-    )
 
 
 @dataclass

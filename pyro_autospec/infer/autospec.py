@@ -787,7 +787,8 @@ class AutoSpec:
         """ArviZ data: posterior, sample_stats, observed_data and the pointwise log likelihood.
 
         The ``log_likelihood`` group (arrays ``[chain, draw, *batch_shape]``, masked, not
-        scaled) comes in two forms:
+        scaled: a masked element is exactly 0, as in Pyro's ``Trace.compute_log_prob``) comes
+        in two forms:
 
         * ``"marginal"``: every observed element's log likelihood given the draw's continuous
           sites, with the discrete sites it reads summed out (a mixture's

@@ -1354,7 +1354,10 @@ class EnumOracle:
         on no other discrete site), ``log p(y_i | theta) = logsumexp_z [log p(z_i | theta) +
         log p(y_i | z_i, theta)]`` given each draw's continuous values ``theta``: the
         pointwise form LOO and WAIC need. An observed site that reads no discrete site keeps
-        its log density. Masked terms are left out, as in the log joint.
+        its log density. Masked terms are left out, as in the log joint: a masked element
+        (``poutine.mask`` or ``Distribution.mask``), whose log density is zero whatever the
+        discrete sites it reads, is exactly 0, as Pyro's ``Trace.compute_log_prob`` and
+        ``MaskedDistribution.log_prob`` give it, not the rounding of ``log sum_z p(z_i)``.
 
         Returns
         -------
@@ -1429,7 +1432,8 @@ class EnumOracle:
             total = sum(_align(t, d, order) for t, d in parts)
             summed = [i for i, d in enumerate(order) if d in read]
             if summed:
-                total = total.logsumexp(summed)
+                masked = _align(tensor, dims, order).abs().amax(summed) == 0
+                total = total.logsumexp(summed).masked_fill(masked, 0.0)
             kept = "".join(d for d in order if d not in read)
             out[name] = self._to_batch(total, kept, num, batch_shape)
         return out

@@ -16,12 +16,15 @@ import torch
 
 import pyro_autospec.engine.any_order as any_order_module
 import pyro_autospec.engine.host_plane as host_plane_module
-import pyro_autospec.engine.rows as rows_module
+import pyro_autospec.engine.memory as memory_module
 from pyro_autospec.engine import keys, sample_any_order
 from pyro_autospec.engine.any_order import draw_orders
+from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.host_rows import HostRows
-from pyro_autospec.engine.rows import OracleRows, VisitOrders, check_output_size
+from pyro_autospec.engine.memory import check_output_size
+from pyro_autospec.engine.rows import OracleRows, VisitOrders
 from pyro_autospec.oracles import HMMOracle, MarkovChainOracle
+from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 
 METHODS = ("autospec", "sequential", "speculative", "agr24", "gumbel_sequential")
 SCHEDULES = {
@@ -208,7 +211,7 @@ def test_impossible_sizes_are_refused_before_any_allocation(method):
 def test_the_draws_in_flight_alone_can_be_too_many(monkeypatch):
     # a machine of 32 MiB: 1000 samples of n = 1024 fit (7.8 MiB), but 1000 draws in flight
     # at 32 bytes per coordinate (31 MiB) beside them do not; 16 do
-    monkeypatch.setattr(rows_module, "machine_memory", lambda: 32 * 2**20)
+    monkeypatch.setattr(memory_module, "machine_memory", lambda: 32 * 2**20)
     oracle = _chain(1024)
     with pytest.raises(MemoryError, match="max_concurrent_draws") as info:
         sample_any_order(oracle, 1000, seed=0)
@@ -250,14 +253,14 @@ def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, lanes, mon
 
 def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
     """About six float64 ``[window, q]`` rows per draw in flight (q = 2**16: 25 MB a draw)."""
-    monkeypatch.setattr(rows_module, "machine_memory", lambda: 2**30)
+    monkeypatch.setattr(memory_module, "machine_memory", lambda: 2**30)
     with pytest.raises(MemoryError, match="max_concurrent_draws"):
         sample_any_order(_Uniform(8, 2**16), 64, seed=0, max_concurrent_draws=64)
 
 
 def test_reading_orders_too_large_for_the_machine_is_refused(monkeypatch):
     result = sample_any_order(_chain(64), 40, seed=0, max_concurrent_draws=4)
-    monkeypatch.setattr(rows_module, "machine_memory", lambda: 4096)
+    monkeypatch.setattr(memory_module, "machine_memory", lambda: 4096)
     with pytest.raises(MemoryError, match="result.orders"):
         result.orders  # noqa: B018
 
@@ -269,3 +272,67 @@ def test_distributed_results_compute_orders_when_read_too(one_rank_group):
         spread = sample_any_order(_chain(20), 7, seed=2, order=order, distributed=True)
         assert not isinstance(spread.__dict__["_orders"], torch.Tensor)  # not gathered
         _same(spread, plain)
+
+
+def _minus(t, x):
+    return -x
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {},
+        {"method": "sequential"},
+        {"method": "picard"},
+        {"return_paths": True},
+        {"engine": "reference"},
+        {"rule": "block"},
+    ],
+)
+def test_impossible_diffusions_are_refused_before_any_allocation(knobs):
+    times = torch.linspace(0.0, 1.0, 257)
+    start = time.perf_counter()
+    with pytest.raises(MemoryError) as info:
+        sample_sde(_minus, times, torch.zeros(1000), 10**12, seed=0, **knobs)
+    assert time.perf_counter() - start < 5  # refused, not attempted (generous on a CPU)
+    text = str(info.value)
+    for part in ("num_samples=1000000000000", "d=1000", "256 steps", "PiB", "this machine has"):
+        assert part in text
+    assert "fewer draws per call" in text
+    if not knobs:  # every draw in flight, each with windows of 33 steps: more than the samples
+        assert "Set max_concurrent_draws (e.g. 256) too" in text
+    picard = knobs.get("method") == "picard"
+    hints = {  # what keeps the whole paths, named
+        "method='picard'": picard,
+        "return_paths=False": "return_paths" in knobs,
+        "engine='reference'": "engine" in knobs,
+        "rule='block'": "rule" in knobs,
+    }
+    assert {hint: hint in text for hint in hints} == hints
+    assert ("exact and independent" in text) == (not picard)
+
+
+def test_an_impossible_stochastic_localization_is_refused():
+    oracle = FiniteSupportDenoiser(torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))
+    with pytest.raises(MemoryError, match=r"num_samples=10+ draws of d=2 .* PiB .*fewer draws"):
+        sample_diffusion(oracle, 10**17, num_steps=64, seed=0)
+
+
+def test_the_draws_in_flight_of_a_diffusion_alone_can_be_too_many(monkeypatch):
+    # a machine of 1 MiB: 40 draws of d = 64 (43 KB) fit, but their windows of 33 steps all in
+    # flight (4 MB) do not; 4 in flight do, and the run gives the same draws
+    times = torch.linspace(0.0, 1.0, 257)
+    every = sample_sde(_minus, times, torch.zeros(64), 40, seed=3)
+    monkeypatch.setattr(memory_module, "machine_memory", lambda: 2**20)
+    with pytest.raises(MemoryError, match="max_concurrent_draws") as info:
+        sample_sde(_minus, times, torch.zeros(64), 40, seed=3)
+    assert "fewer draws" not in str(info.value)
+    few = sample_sde(_minus, times, torch.zeros(64), 40, seed=3, max_concurrent_draws=4)
+    assert torch.equal(few.samples, every.samples)
+
+
+def test_paths_too_large_for_the_machine_name_return_paths(monkeypatch):
+    monkeypatch.setattr(memory_module, "machine_memory", lambda: 8 * 2**20)
+    times = torch.linspace(0.0, 1.0, 257)
+    with pytest.raises(MemoryError, match="Or pass return_paths=False: the whole paths take"):
+        sample_sde(_minus, times, torch.zeros(8), 1000, seed=0, return_paths=True)
