@@ -89,6 +89,22 @@ def test_not_an_oracle():
         sample_any_order(NoMethod(), 2)
 
 
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        (True, r"num_coords must be an int; got True\."),
+        (torch.tensor(2), r"got tensor\(2\) \(convert it: int\(oracle\.num_coords\)\)"),
+    ],
+)
+def test_sizes_that_are_not_ints_are_named(size, message):
+    """A bool is no size (``True`` read as n = 1 failed later inside the oracle), and a torch
+    scalar is told how to convert."""
+    oracle = Wrapped(lambda out: out)
+    oracle.num_coords = size
+    with pytest.raises(TypeError, match=message):
+        sample_any_order(oracle, 2, seed=0)
+
+
 def test_bad_arguments():
     oracle = TabularOracle(logits=good_table())
     with pytest.raises(ValueError, match="num_samples"):
