@@ -77,11 +77,12 @@ ENGINES = ("fast", "reference")
 
 def _check_oracle(oracle) -> tuple[int, int]:
     for name in ("num_coords", "num_values"):
-        if not isinstance(getattr(oracle, name, None), (int, np.integer)):
+        value = getattr(oracle, name, None)
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+            fix = f" (convert it: int(oracle.{name}))" if isinstance(value, torch.Tensor) else ""
             raise TypeError(
-                f"oracle.{name} must be an int; got {getattr(oracle, name, None)!r}. "
-                "A MarginalOracle has attributes num_coords (n) and num_values (q) and a method "
-                "log_marginals."
+                f"oracle.{name} must be an int; got {value!r}{fix}. A MarginalOracle has "
+                "attributes num_coords (n) and num_values (q) and a method log_marginals."
             )
     if not callable(getattr(oracle, "log_marginals", None)) and not callable(
         getattr(oracle, "log_marginals_at", None)

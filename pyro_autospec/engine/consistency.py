@@ -12,10 +12,11 @@ reason, not the sampler's.
 :func:`check_consistency` asks a handful of small questions every way the oracle offers and
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and fixed values), so the
-draws that follow do not change; it costs at most ``L + 7`` oracle calls of at most ``L``
+draws that follow do not change; it costs at most ``L + 8`` oracle calls of at most ``L``
 rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
 oracle consistent, only catch the common slips (differences of a hundredth in probability
-or more).
+or more), and an oracle with random answers (one question asked twice, word for word, may
+differ by no more than the rounding of the output's dtype).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class _Probe:
         self.target = max(int(num_draws) - 1, 0) if self.family else 0
         self.call = calling(oracle, grad_enabled)  # as the engine calls it
         self.tolerance = TOLERANCE
+        self.rounding = 0.0  # the rows' rounding allowance, of the widest dtype returned
         generator = torch.Generator().manual_seed(0)
         self.order = torch.randperm(self.n, generator=generator)[: min(self.n, PROBE_LENGTH)]
 
@@ -94,6 +96,7 @@ class _Probe:
         ):
             raise _LeftToTheEngine  # its output checks name what is wrong, and the fix
         self.tolerance = max(self.tolerance, _tolerance(out.dtype))
+        self.rounding = max(self.rounding, row_tolerance(out.dtype))
         out = out.detach()
         if coords is not None:
             out = out[torch.arange(shape[0], device=out.device), coords.to(out.device)]
@@ -180,6 +183,27 @@ class _Probe:
         after = self._normalised(after, "log_marginals_chain_then", (len(cuts), 1, self.q))
         return out, after[:, 0]
 
+    def compare_again(self, answer: torch.Tensor, expected: torch.Tensor, first: int) -> None:
+        """Raise if one question asked twice, with the same inputs in a call of the same size,
+        got answers ``answer`` and ``expected`` (``[1, q]``) further apart than the rounding of
+        the output's dtype: an oracle with its own random state, whose noise may be too small
+        for :meth:`compare` to see."""
+        gap = float(torch.nan_to_num((answer.exp() - expected.exp()).abs().amax(), nan=0.0))
+        if not gap > self.rounding:
+            return
+        raise OracleError(
+            f"The oracle answers the same question twice with two answers: the conditional of "
+            f"coordinate {int(self.order[first])} given {first} pinned coordinates, asked twice "
+            f"with the same inputs, changed by {gap:.3g} in probability (more than the "
+            f"{self.rounding:.3g} its dtype's rounding allows). Every sampler is exact for "
+            "the oracle's chain rule only if the same question gets the same answer each time: "
+            "an oracle that draws random numbers (noise, sampling) has no chain rule, and each "
+            f"sampler would draw from a law of its own {_EVAL_HINT}. Make its answers a "
+            "function of the question; if the difference is rounding of a nondeterministic "
+            "kernel, set "
+            "consistent_queries = True on the oracle to skip this check."
+        )
+
     def compare(
         self, answer: torch.Tensor, expected: torch.Tensor, how: str, base: str, first: int = 0
     ) -> None:
@@ -212,8 +236,10 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
 
     Pins the coordinates of a fixed order one by one at a probable value (0 and values other
     than 0 in turn, each with at least :data:`TOLERANCE` of the mass where it can; one row
-    each, so the prefix has positive probability; for a family, the last target) and asks the
-    same conditionals again, only through the methods the engine will call: all in one batch
+    each, so the prefix has positive probability; for a family, the last target), asks the
+    last of these rows once more with the same inputs (the answers may differ by the rounding
+    of the output's dtype only: ``1000 eps``, at least ``1e-5``, at most ``0.05``), and asks
+    the same conditionals again, only through the methods the engine will call: all in one batch
     with other values at every unpinned coordinate, as targeted rows (``log_marginals_at``,
     else full rows; and two targets per row, the larger coordinate first), and as chain
     queries from two cuts (0, and 2, after a pin at 0 where 0 has that mass), one chain per
@@ -282,15 +308,18 @@ def _check(probe: _Probe) -> None:
     targeted = has_targeted_marginals(oracle)
     values = torch.zeros(probe.n, dtype=torch.long)
     expected = []
+    way = "log_marginals_at" if targeted else "log_marginals"
+    base = f"{way} asked one row at a time"
     for k in range(length):  # one row at a time, each coordinate pinned in its support
         row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
         if not bool(torch.isfinite(row).any()):
             return  # no mass: the engine's row checks report it
+        if k == length - 1:  # the same question again, word for word
+            again = probe.rows(values.unsqueeze(0), [k], targeted)
+            probe.compare_again(again, row.unsqueeze(0), k)
         expected.append(row)
         values[probe.order[k]] = _pinned_value(row, k)
     expected = torch.stack(expected)
-    way = "log_marginals_at" if targeted else "log_marginals"
-    base = f"{way} asked one row at a time"
     pinned = list(range(length))
     # the same rows in one batch, with other values wherever a coordinate is not pinned: at a
     # probed coordinate its most probable value but 0, in its support as the engine's values

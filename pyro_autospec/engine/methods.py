@@ -279,7 +279,11 @@ def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
     given = dict(Schedule.of(schedule)) if not isinstance(schedule, Schedule) else dict(schedule)
     twice = sorted(set(given) & set(knobs))
     if twice:
-        raise TypeError(f"schedule knobs {twice} given both in schedule= and as keywords")
+        change = ", ".join(f"{name}={knobs[name]!r}" for name in twice)
+        raise TypeError(
+            f"schedule knobs {twice} given both in schedule= and as keywords; to run a "
+            f"schedule with other values for them, pass schedule=schedule.replace({change})"
+        )
     return {**given, **knobs}
 
 

@@ -696,12 +696,27 @@ class OracleRows:
                 "returned (a bfloat16 or float16 network cast up after log_softmax): return "
                 "the network's own dtype, or cast its logits up before log_softmax."
             )
+        elif problem.startswith("sums") and _probabilities(answer, r, k, mass):
+            hint = (
+                " Its entries lie in [0, 1] and add up to 1: it holds probabilities, not their "
+                "logarithms. Return probs.log(), not log_softmax of them (normalised, but "
+                "another law)."
+            )
         raise OracleError(
             f"The oracle's {what.format(row=r, target=k)} {problem}, although it is conditioned "
             "on an assignment of positive probability. The oracle must return log probabilities "
             "normalised over the values of each coordinate (use torch.log_softmax on logits; "
             f"-inf only for impossible values).{hint}"
         )
+
+
+def _probabilities(answer: Answer, r: int, k: int, mass: float) -> bool:
+    """Whether the oracle's own row ``(r, k)`` of ``answer`` (its normalised row plus its log
+    mass) is a probability vector: entries in ``[0, 1]`` adding up to 1 (to ``1e-3``)."""
+    row = answer.log_probs[r, k]
+    row = row.cpu().numpy() if isinstance(row, torch.Tensor) else np.asarray(row)
+    row = row + mass
+    return bool(np.all((row >= 0) & (row <= 1)) and abs(row.sum() - 1) <= 1e-3)
 
 
 #: What one more oracle call costs, in padded entries (a call has a fixed cost of some tens of

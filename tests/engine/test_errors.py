@@ -89,6 +89,22 @@ def test_not_an_oracle():
         sample_any_order(NoMethod(), 2)
 
 
+@pytest.mark.parametrize(
+    "size, message",
+    [
+        (True, r"num_coords must be an int; got True\."),
+        (torch.tensor(2), r"got tensor\(2\) \(convert it: int\(oracle\.num_coords\)\)"),
+    ],
+)
+def test_sizes_that_are_not_ints_are_named(size, message):
+    """A bool is no size (``True`` read as n = 1 failed later inside the oracle), and a torch
+    scalar is told how to convert."""
+    oracle = Wrapped(lambda out: out)
+    oracle.num_coords = size
+    with pytest.raises(TypeError, match=message):
+        sample_any_order(oracle, 2, seed=0)
+
+
 def test_bad_arguments():
     oracle = TabularOracle(logits=good_table())
     with pytest.raises(ValueError, match="num_samples"):
@@ -635,6 +651,39 @@ def test_a_sparse_output_is_refused():
 def test_a_row_off_by_rounding_of_a_narrower_dtype_is_explained():
     with pytest.raises(OracleError, match=r"lower precision than the dtype returned"):
         sample_any_order(Wrapped(lambda out: out + 1e-3), 3, seed=0, method="sequential")
+
+
+class Probabilities:
+    """A user slip: the marginals themselves, not their logarithms, on targeted rows."""
+
+    num_coords, num_values = 2, 2
+
+    def __init__(self):
+        self.inner = TabularOracle(logits=good_table())
+
+    def log_marginals_at(self, values, mask, targets):
+        return self.inner.log_marginals_at(values, mask, targets).exp()
+
+
+@pytest.mark.parametrize("oracle", [Wrapped(torch.exp), Probabilities()])
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_probabilities_returned_as_log_probabilities_are_named(oracle, engine, method):
+    """Rows of probabilities are told to take their log, and warned off log_softmax, which
+    would normalise them into another law without an error."""
+    message = r"holds probabilities, not their logarithms\. Return probs\.log\(\), not log_softmax"
+    with pytest.raises(OracleError, match=message):
+        sample_any_order(oracle, 3, seed=0, method=method, engine=engine)
+
+
+@pytest.mark.parametrize("shift", [1.0, -0.5])
+def test_logits_and_weights_are_not_taken_for_probabilities(shift):
+    """Shifted log probabilities (all >= 0 on a fair coin at shift 1) and weights are not
+    probabilities: the message keeps to the log_softmax advice."""
+    for corrupt in (lambda out: out + shift, lambda out: (out + shift).exp()):
+        with pytest.raises(OracleError, match="sums to") as error:
+            sample_any_order(Wrapped(corrupt), 3, seed=0)
+        assert "holds probabilities" not in str(error.value)
 
 
 @pytest.mark.parametrize(
