@@ -426,9 +426,14 @@ class TokenSampler:
         return self.finished >= self.num_draws
 
     def _in_lockstep(self) -> bool:
-        """One coordinate per round, every draw in flight from the start, rounds not split."""
+        """One coordinate per round, every draw in flight from the start, rounds not split.
+
+        ``"autospec"`` with windows of one coordinate (``max_block=1``) is ``"sequential"``:
+        each coordinate drawn from its row with the same keyed noise, so the same draws.
+        """
+        one = self.method == "autospec" and self.width == 1
         return (
-            self.method in ("sequential", "gumbel_sequential")
+            (self.method in ("sequential", "gumbel_sequential") or one)
             and 0 < self.num_lanes == self.num_draws
             and (self.cap is None or self.cap >= self.num_draws)
         )

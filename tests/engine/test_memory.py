@@ -236,17 +236,26 @@ class _Uniform:
         return torch.full((*values.shape, self.num_values), -math.log(self.num_values))
 
 
-@pytest.mark.parametrize("method, lanes", [("autospec", 256), ("speculative", 256), ("agr24", 300)])
-def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, lanes, monkeypatch):
+@pytest.mark.parametrize(
+    "method, knobs, lanes",
+    [
+        ("autospec", {"max_block": 4}, 256),
+        ("autospec", {}, 300),
+        ("speculative", {}, 256),
+        ("agr24", {}, 300),
+    ],
+)
+def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, knobs, lanes, monkeypatch):
     """A round holds ``[draws, window, q]`` float64 rows: with q = 4096 and 1,000 draws all
     in flight they took 4.3 GB and twice sequential sampling's time. By default the draws in
     flight are capped (here 2**22 // (4 * 4096) = 256 for windows of 4; AGR24's window is 1
-    here, under the cap); the draws are those of all in flight."""
+    here, under the cap, and so is autospec's default window on a CPU for 300 draws of an
+    oracle without chain queries); the draws are those of all in flight."""
     recorder = Recorder(monkeypatch)
     oracle = _Uniform(4, 4096)
-    capped = sample_any_order(oracle, 300, seed=1, method=method)
+    capped = sample_any_order(oracle, 300, seed=1, method=method, **knobs)
     assert recorder.most_in_flight == lanes and capped.schedule["max_concurrent_draws"] is None
-    every = sample_any_order(oracle, 300, seed=1, method=method, max_concurrent_draws=300)
+    every = sample_any_order(oracle, 300, seed=1, method=method, max_concurrent_draws=300, **knobs)
     assert torch.equal(capped.samples, every.samples)
     assert torch.equal(capped.log_prob, every.log_prob)
 
@@ -255,7 +264,7 @@ def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
     """About six float64 ``[window, q]`` rows per draw in flight (q = 2**16: 25 MB a draw)."""
     monkeypatch.setattr(memory_module, "machine_memory", lambda: 2**30)
     with pytest.raises(MemoryError, match="max_concurrent_draws"):
-        sample_any_order(_Uniform(8, 2**16), 64, seed=0, max_concurrent_draws=64)
+        sample_any_order(_Uniform(8, 2**16), 64, seed=0, max_concurrent_draws=64, max_block=8)
 
 
 def test_reading_orders_too_large_for_the_machine_is_refused(monkeypatch):

@@ -22,6 +22,7 @@ from pyro_autospec.engine.methods import (
     DISCRETE,
     LEAN_DRAWS,
     LEAN_ROWS_DRAWS,
+    SEQUENTIAL_DRAWS,
     Schedule,
     default_max_block,
     default_max_elements,
@@ -279,6 +280,31 @@ def test_the_largest_window_is_rows_lean_on_a_cpu_for_an_oracle_with_whole_rows_
     assert sample_any_order(targeted, 1, seed=2).schedule["max_block"] == 32
     again = sample_any_order(whole, 1, seed=2, schedule=one.schedule, engine="reference")
     assert torch.equal(again.samples, one.samples)
+
+
+def test_many_draws_of_an_oracle_without_chain_queries_are_drawn_sequentially_on_a_cpu():
+    """From 16 draws in flight on a CPU, an oracle without chain queries gets windows of one
+    coordinate: sequential sampling's draws, on its lock-step path (``n`` rounds, ``n`` rows a
+    draw). Recorded, so the schedule passed back gives the same draws in other batches; an
+    oracle with chain queries, fewer draws in flight and a GPU keep their windows."""
+    assert default_max_block(256, SEQUENTIAL_DRAWS, "cpu", chain_queries=False) == 1
+    assert default_max_block(256, SEQUENTIAL_DRAWS - 1, "cpu", chain_queries=False) == 8
+    assert default_max_block(256, SEQUENTIAL_DRAWS, "cpu") == 32
+    assert default_max_block(256, 4096, "cuda", chain_queries=False) == 16
+    rows_only = RandomNADE(64, 3, seed=0, chains=False)
+    run = sample_any_order(rows_only, SEQUENTIAL_DRAWS, seed=5)
+    assert run.schedule["max_block"] == 1
+    assert run.rounds == 64 and run.oracle_rows == 64 * SEQUENTIAL_DRAWS
+    sequential = sample_any_order(rows_only, SEQUENTIAL_DRAWS, seed=5, method="sequential")
+    assert torch.equal(run.samples, sequential.samples)
+    batched = {**dict(run.schedule), "max_concurrent_draws": 5}
+    for engine in ("fast", "reference"):
+        again = sample_any_order(
+            rows_only, SEQUENTIAL_DRAWS, seed=5, schedule=batched, engine=engine
+        )
+        assert torch.equal(again.samples, run.samples)
+    chains = RandomNADE(64, 3, seed=0)
+    assert sample_any_order(chains, SEQUENTIAL_DRAWS, seed=5).schedule["max_block"] == 16
 
 
 def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():

@@ -229,12 +229,12 @@ def test_an_oracle_writing_into_its_inputs_changes_nothing(make, method):
 
 
 def test_exact_with_the_rows_lean_window_of_an_oracle_without_chain_queries():
-    """The default window a CPU takes for an oracle without chain queries and many draws
-    (``max(8, sqrt(n) / 4)``, here 8 against the rounds-first 20): windows of five
+    """The default window a CPU takes for an oracle without chain queries and 4 to 15 draws in
+    flight (``max(8, sqrt(n) / 4)``, here 8 against the rounds-first 20): windows of five
     consecutive coordinates of a stationary chain, anywhere along it, follow the chain's law."""
     n, stay = 100, 0.85
     hand = HandChain(n, stay=stay)
-    result = sample_any_order(hand, 3000, seed=11)
+    result = sample_any_order(hand, 3000, seed=11, max_concurrent_draws=8)
     assert result.schedule["max_block"] == 8
     states = joint_states(5, 2)
     same = (states[:, 1:] == states[:, :-1]).double()
