@@ -680,6 +680,12 @@ class EnumOracle:
             reason = None if self._num_continuous == 1 else self._batch_mismatch(batched)
         except DynamicStructureError as error:
             reason = str(error).split(": ", 1)[-1].split(". ")[0]
+        except AutoSpecModelError as error:
+            if type(error) is not AutoSpecModelError or not isinstance(
+                error.__cause__, AssertionError
+            ):
+                raise
+            reason = "an assert failed on the batch"
         if reason is None:
             return [batched]
         traces = [self._trace(m) for m in range(self._num_continuous)]

@@ -420,6 +420,19 @@ def structure_error(
             f"the elements as separate sites, or, for a sum of Bernoulli elements, sample one "
             f"Binomial count instead."
         )
+    if "Inhomogeneous total count" in reason:
+        site = _site_being_sampled(error)
+        who = f"Site '{site}'" if site else f"The site after '{seen[-1]}'" if seen else "A site"
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason.rstrip('.')}. {who} is a count "
+            f"(Binomial or BetaBinomial) whose total_count depends on the value of an earlier "
+            f"discrete site, so its support changes with that value and Pyro cannot "
+            f"enumerate it. Give it a fixed support and score the dependence instead: sample "
+            f"the count as Binomial(max_count, p).mask(False) (or a Categorical over "
+            f"0..max_count) and score the transition with an observed dist.ExtendedBinomial, "
+            f"whose density is 0 outside the support, as reparameterized_discrete_model in "
+            f"Pyro's examples/sir_hmc.py does; or condition the site with `poutine.condition`."
+        )
     if plated and any(key in reason for key in _SIZE_MISMATCH):
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason}. " + plated_reduction_advice(plated)
@@ -591,6 +604,19 @@ def assertion_error(
         f"or on plate sizes, not on x.dim() or x.shape[0]. See 'Extra batch dims' in the "
         f"README."
     )
+
+
+def _site_being_sampled(error: BaseException) -> str | None:
+    """The name of the sample site whose handler raised ``error``, read from the ``msg`` of
+    the innermost Pyro handler frame in its traceback; None if there is none."""
+    name = None
+    tb = error.__traceback__
+    while tb is not None:
+        msg = tb.tb_frame.f_locals.get("msg")
+        if isinstance(msg, dict) and msg.get("type") == "sample":
+            name = msg.get("name")
+        tb = tb.tb_next
+    return name if isinstance(name, str) else None
 
 
 def error_reason(error: BaseException) -> str:

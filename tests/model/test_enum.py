@@ -262,3 +262,31 @@ def test_a_contraction_measured_by_running_it_is_measured_as_on_meta_tensors(nam
     else:
         assert oracle._measured(2, on_meta=False) == on_meta
     assert oracle._measure() == max(1, int(sum(on_meta)))
+
+
+def test_a_model_whose_pyro_asserts_fail_on_a_batch_is_traced_per_draw():
+    """The HMM of Pyro's enumeration tutorial indexes ``transition[x]`` without ``Vindex``:
+    on a batch of continuous draws the index lands on the draws dim and an assert inside
+    Pyro's ``Categorical.log_prob`` fails; one draw at a time it is exact."""
+
+    def model(data):
+        with pyro.plate("hidden_state", 2):
+            transition = pyro.sample("transition", dist.Dirichlet(0.5 * torch.ones(2)))
+            emission = pyro.sample("emission", dist.Dirichlet(0.5 * torch.ones(3)))
+        x = 0
+        for t, y in pyro.markov(enumerate(data)):
+            x = pyro.sample(f"x_{t}", dist.Categorical(transition[x]))
+            pyro.sample(f"y_{t}", dist.Categorical(emission[x]), obs=y)
+
+    data = torch.tensor([2, 0, 1])
+    transitions = torch.tensor([[[0.9, 0.1], [0.2, 0.8]], [[0.5, 0.5], [0.3, 0.7]]])
+    emissions = torch.tensor([[[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]] * 2)
+    with pytest.warns(UserWarning, match="traced it once per draw"):
+        family = EnumOracle(
+            model, (data,), continuous_values={"transition": transitions, "emission": emissions}
+        )
+        normalizers = family.log_normalizer()
+    for m in range(2):
+        values = {"transition": transitions[m], "emission": emissions[m]}
+        single = EnumOracle(pyro.poutine.condition(model, data=values), (data,))
+        torch.testing.assert_close(normalizers[m], single.log_normalizer(), atol=1e-5, rtol=0)

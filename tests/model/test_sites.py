@@ -153,6 +153,25 @@ def test_dynamic_structure_error():
         AutoSpec(fixed_sites_but_branching, num_samples=2, disable_progbar=True).run()
 
 
+def test_a_count_whose_total_reads_a_discrete_site_is_told_so():
+    """Pyro's ``examples/sir_hmc.py`` ``discrete_model``: the total of a Binomial is the
+    count left after an earlier discrete site, so its support moves with that value."""
+
+    def m(data):
+        s = torch.tensor(3.0)
+        for t, datum in enumerate(data):
+            s2i = pyro.sample(f"S2I_{t}", dist.Binomial(s, 0.4))
+            s = s - s2i
+            pyro.sample(f"obs_{t}", dist.ExtendedBinomial(s2i, 0.7), obs=datum)
+
+    with pytest.raises(
+        DynamicStructureError,
+        match=r"Site 'S2I_1' is a count \(Binomial or BetaBinomial\) whose total_count "
+        r"depends on the value of an earlier discrete site.*mask\(False\)",
+    ):
+        AutoSpec(m, num_samples=2, disable_progbar=True).run(torch.tensor([1.0, 0.0]))
+
+
 def test_no_discrete_site_error():
     def m(y):
         pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
