@@ -147,8 +147,7 @@ def _non_tree_error(error: Exception, symbol_to_plate: dict, evidence: list):
         f"rule: every pair of their elements would become dependent). Ways out: put the coupled "
         f"sites in one plate (or sample one of them outside its plate), make one of the plates "
         f"sequential (`for i in pyro.plate(...)`, at a cost exponential in its size), or use a "
-        f"learned guide (AnyOrderGuide with a correction), which has no such rule. A "
-        f"guide-based Metropolis-within-Gibbs step may follow in a later release."
+        f"learned guide (AnyOrderGuide with a correction), which has no such rule."
     )
 
 
@@ -160,8 +159,7 @@ def _intractable_error(entries: float) -> IntractableEnumerationError:
         f"exponential in the treewidth of the model's discrete sites. Ways out: declare "
         f"independence with pyro.plate and chains with pyro.markov so that variables are "
         f"eliminated locally, use a learned guide (AnyOrderGuide with a correction), or "
-        f"NumPyro's DiscreteHMCGibbs / MixedHMC. A guide-based Metropolis-within-Gibbs step may "
-        f"follow in a later release."
+        f"NumPyro's DiscreteHMCGibbs / MixedHMC."
     )
 
 

@@ -57,7 +57,7 @@ def test_non_tree_plates_get_plate_advice():
     assert "plates that nest as a tree" in text
     assert "plate 'a' (sites ['x'])" in text and "plate 'b' (sites ['y'])" in text
     assert "control flow" not in text
-    assert "Metropolis-within-Gibbs" in text
+    assert "AnyOrderGuide" in text and "later release" not in text
 
 
 def test_intractable_treewidth(monkeypatch):
@@ -66,7 +66,7 @@ def test_intractable_treewidth(monkeypatch):
         pyro.factor("all", 0.1 * sum(sites))  # one factor over every site
 
     monkeypatch.setattr(enum_module, "_MAX_STEP_ENTRIES_PER_ROW", 2**4)
-    with pytest.raises(IntractableEnumerationError, match=r"treewidth.*Metropolis-within-Gibbs"):
+    with pytest.raises(IntractableEnumerationError, match=r"treewidth.*AnyOrderGuide"):
         EnumOracle(dense)
 
 
