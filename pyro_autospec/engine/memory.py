@@ -63,7 +63,6 @@ def check_memory(
     holds: str,
     exact: bool = True,
     also: str = "",
-    flight_advice: str = FLIGHT_ADVICE,
 ) -> None:
     """Refuse, before allocating anything, a run that cannot fit in this machine's memory.
 
@@ -89,8 +88,7 @@ def check_memory(
         Whether the draws are exact, which the advice to split the run into calls says.
     also : str
         Advice added when the outputs themselves do not fit (an argument that keeps less).
-    flight_advice : str
-        The advice when only the draws in flight do not fit.
+        When only the draws in flight do not fit, the advice is :data:`FLIGHT_ADVICE`.
 
     Raises
     ------
@@ -120,7 +118,7 @@ def check_memory(
         else f"this machine has {format_bytes(memory)} of memory"
     )
     if not too_many and memory is not None and output <= memory:
-        advice = flight_advice
+        advice = FLIGHT_ADVICE
     else:
         fits = max(1, (memory or 2**40) // 2 // max(1, bytes_per_draw))
         calls = "exact and independent" if exact else "independent"
