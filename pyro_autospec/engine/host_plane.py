@@ -428,12 +428,14 @@ class TokenSampler:
     def _in_lockstep(self) -> bool:
         """One coordinate per round, every draw in flight from the start, rounds not split.
 
-        ``"autospec"`` with windows of one coordinate (``max_block=1``) is ``"sequential"``:
-        each coordinate drawn from its row with the same keyed noise, so the same draws.
+        Every method whose windows are all of one coordinate draws each coordinate from its
+        row with its draft noise, nothing to verify: the sequential methods, and
+        ``"autospec"`` with ``max_block=1``, ``"speculative"`` with ``window=1`` and
+        ``"agr24"`` whose window never grows past one (the same draws as ``"sequential"``,
+        and, for ``"agr24"``, as ``"gumbel_sequential"``).
         """
-        one = self.method == "autospec" and self.width == 1
         return (
-            (self.method in ("sequential", "gumbel_sequential") or one)
+            self.width == 1
             and 0 < self.num_lanes == self.num_draws
             and (self.cap is None or self.cap >= self.num_draws)
         )
@@ -673,7 +675,7 @@ class TokenSampler:
 
 
 class _Lockstep:
-    """The sequential methods when :meth:`TokenSampler._in_lockstep`: round ``t`` draws
+    """Windows of one coordinate when :meth:`TokenSampler._in_lockstep`: round ``t`` draws
     position ``t`` of every draw. The same rows, noise and arithmetic as the general loop (so
     the same draws), kept on the oracle's device: the partial samples are dense, and the noise
     of many steps is drawn at once. A :class:`~pyro_autospec.engine.stepping.RoundStepper`
@@ -707,7 +709,7 @@ class _Lockstep:
         s, t, window = self.sampler, self.finished, self.window
         if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
             ts = torch.arange(t, min(s.n, t + window), device=s.device).view(1, -1, 1)
-            if s.method == "gumbel_sequential":
+            if s.method in ("gumbel_sequential", "agr24"):  # as TokenSampler._noise
                 self.noise = keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
             else:
                 step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import host_plane, sample_any_order
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
 from tests.catalogue.targets import TARGETS
@@ -116,3 +116,34 @@ def test_upload_path_gives_the_same_draws(method, monkeypatch):
     assert torch.equal(in_place.samples, uploaded.samples)
     assert torch.equal(in_place.log_prob, uploaded.log_prob)
     assert in_place.rounds == uploaded.rounds and in_place.oracle_rows == uploaded.oracle_rows
+
+
+@pytest.mark.parametrize(
+    "method, knobs, same_as",
+    [
+        ("sequential", {}, "sequential"),
+        ("gumbel_sequential", {}, "gumbel_sequential"),
+        ("autospec", {"max_block": 1}, "sequential"),
+        ("speculative", {"window": 1}, "sequential"),
+        ("agr24", {"window_scale": 0.01}, "gumbel_sequential"),
+    ],
+)
+def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
+    method, knobs, same_as, monkeypatch
+):
+    """Every method whose windows are all one coordinate runs on the lock-step path when all
+    its draws are in flight, and draws there what the general loop draws (a draw in flight
+    fewer forces the general loop): for ``"agr24"`` the sequential Gumbel-max sampler's."""
+    steps = []
+    step = host_plane._Lockstep.step
+    monkeypatch.setattr(host_plane._Lockstep, "step", lambda self: steps.append(1) or step(self))
+    stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
+    chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
+    lock = sample_any_order(chain, 6, seed=9, method=method, **knobs)
+    assert len(steps) == 40 and lock.rounds == 40
+    general = sample_any_order(chain, 6, seed=9, method=method, max_concurrent_draws=5, **knobs)
+    assert len(steps) == 40  # the general loop took no lock step
+    reference = sample_any_order(chain, 6, seed=9, method=same_as, max_concurrent_draws=5)
+    assert torch.equal(lock.samples, general.samples)
+    assert torch.equal(lock.samples, reference.samples)
+    torch.testing.assert_close(lock.log_prob, general.log_prob, rtol=0, atol=1e-12)
