@@ -66,6 +66,7 @@ __all__ = ["TokenSampler", "agr24_window", "TOKEN_METHODS"]
 
 TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
+_DRAFT_ROW = "draft row {row} (target {target}), conditioned on a prefix of an exact sample,"
 
 #: A drafted value the target gives less than ``1e-12`` is taken as impossible when choosing
 #: stale draft rows: the rows conditioned on it are conditioned on an event of zero
@@ -405,7 +406,7 @@ class TokenSampler:
     def run(self) -> None:
         """Run every draw to completion (:func:`~pyro_autospec.engine.stepping.run_rounds`)."""
         if self._in_lockstep():
-            lockstep = _Lockstep(self)
+            lockstep = _HostLockstep(self) if self.host.on_cpu else _Lockstep(self)
             total, unit = self.n, "step"
             run_rounds(lockstep, total=total, progress=self.progress, desc=self.method, unit=unit)
             lockstep.finish()
@@ -492,11 +493,7 @@ class TokenSampler:
         nr = want_row.size
         if nr:
             head = row_answer.part(slice(0, nr))
-            OracleRows.raise_bad(
-                head,
-                head.bad,
-                "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
-            )
+            OracleRows.raise_bad(head, head.bad, _DRAFT_ROW)
             self.draft_rows[want_row, : head.log_probs.shape[1]] = head.log_probs
         if vl.size:
             prefetch = None
@@ -677,21 +674,24 @@ class TokenSampler:
 class _Lockstep:
     """Windows of one coordinate when :meth:`TokenSampler._in_lockstep`: round ``t`` draws
     position ``t`` of every draw. The same rows, noise and arithmetic as the general loop (so
-    the same draws), kept on the oracle's device: the partial samples are dense, and the noise
-    of many steps is drawn at once. A :class:`~pyro_autospec.engine.stepping.RoundStepper`
-    whose units are steps."""
+    the same draws), with no per-lane bookkeeping: the noise of many steps is drawn at once.
+    A :class:`~pyro_autospec.engine.stepping.RoundStepper` whose units are steps.
+
+    This class keeps the partial samples dense on the oracle's device (a GPU, or a CPU whose
+    oracle is asked through uploads, as the tests do); :class:`_HostLockstep` keeps them in
+    the sampler's host frames where the oracle reads host arrays."""
 
     def __init__(self, sampler: TokenSampler):
         self.sampler = s = sampler
-        num, n, device = s.num_draws, s.n, s.device
-        self.lanes = torch.arange(num, device=device)
-        self.values = torch.zeros(num, n, dtype=torch.long, device=device)
-        self.mask = torch.zeros(num, n, dtype=torch.bool, device=device)
-        self.log_mu = torch.zeros(num, dtype=torch.float64, device=device)
-        self.window = max(1, min(n, keys.NOISE_ENTRIES // max(1, num * s.q)))
+        num = s.num_draws
+        self.window = max(1, min(s.n, keys.NOISE_ENTRIES // max(1, num * s.q)))
         self.draw_keys = s.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
-        self.v = torch.arange(s.q, device=device)
+        self.v = torch.arange(s.q, device=s.device)
         self.finished = self.rounds = self.oracle_rows = 0
+        self.lanes = torch.arange(num, device=s.device)
+        self.values = torch.zeros(num, s.n, dtype=torch.long, device=s.device)
+        self.mask = torch.zeros(num, s.n, dtype=torch.bool, device=s.device)
+        self.log_mu = torch.zeros(num, dtype=torch.float64, device=s.device)
 
     def start(self) -> None:
         s, lanes = self.sampler, self.lanes
@@ -705,29 +705,34 @@ class _Lockstep:
     def done(self) -> bool:
         return self.finished >= self.sampler.n
 
-    def step(self) -> None:
-        s, t, window = self.sampler, self.finished, self.window
+    def _noise(self, t: int) -> torch.Tensor:
+        """The draft noise of step ``t`` of every draw ([D, q]), drawn ``window`` steps at a
+        time: as :meth:`TokenSampler._noise` draws it."""
+        s, window = self.sampler, self.window
         if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
             ts = torch.arange(t, min(s.n, t + window), device=s.device).view(1, -1, 1)
-            if s.method in ("gumbel_sequential", "agr24"):  # as TokenSampler._noise
+            if s.method in ("gumbel_sequential", "agr24"):
                 self.noise = keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
             else:
                 step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)
                 self.noise = keys.gumbel(step_keys, keys.Tag.DRAFT, self.v)
+        return self.noise[:, t % window]
+
+    def _counted(self) -> None:
+        self.finished += 1
+        self.rounds += 1
+        self.oracle_rows += self.sampler.num_draws
+
+    def step(self) -> None:
+        s, t = self.sampler, self.finished
         answer = s.rows.next_rows(self.values, self.mask, self.coords[t])
-        OracleRows.raise_bad(
-            answer,
-            answer.bad,
-            "draft row {row} (target {target}), conditioned on a prefix of an exact sample,",
-        )
+        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
         data = answer.log_probs[:, 0]  # [D, q]
-        x = torch.argmax(data + self.noise[:, t % window], dim=-1)  # [D]
+        x = torch.argmax(data + self._noise(t), dim=-1)  # [D]
         self.values.view(-1).index_copy_(0, self.flat[t], x)
         self.mask.view(-1).index_fill_(0, self.flat[t], True)
         self.log_mu += data.gather(1, x.unsqueeze(1)).squeeze(1)
-        self.finished += 1
-        self.rounds += 1
-        self.oracle_rows += s.num_draws
+        self._counted()
 
     def finish(self) -> None:
         """Hand the draws to the sampler."""
@@ -738,3 +743,40 @@ class _Lockstep:
         s._sample_rounds[:] = s.n
         s.rows.finish(self.lanes)
         s.finished = s.num_draws
+
+
+class _HostLockstep(_Lockstep):
+    """:class:`_Lockstep` where the oracle reads host arrays (a CPU): the partial samples stay
+    in the sampler's narrow host frames, and each step asks the rows of every draw at position
+    ``t`` through :class:`~pyro_autospec.engine.host_rows.HostRows`, the general loop's
+    requests and arithmetic (so the same draws)."""
+
+    def __init__(self, sampler: TokenSampler):
+        super().__init__(sampler)
+        num = sampler.num_draws
+        self.lanes = np.arange(num)
+        self.ones = np.ones(num, dtype=np.int64)
+        self.cut = np.zeros(num, dtype=np.int64)
+        self.log_mu = np.zeros(num, dtype=np.float64)
+        del self.values, self.mask
+
+    def start(self) -> None:
+        self.sampler._start()  # every draw in flight, draw s in lane s
+
+    def step(self) -> None:
+        s, t, lanes = self.sampler, self.finished, self.lanes
+        self.cut.fill(t)
+        answer = s.host._targeted(s.frames, lanes, lanes, self.cut, self.cut, self.ones)
+        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
+        data = answer.log_probs[:, 0]  # [D, q]
+        x = np.argmax(data + self._noise(t).numpy(), axis=-1)  # [D]
+        s.frames[lanes, s.order[:, t]] = x
+        self.log_mu += data[lanes, x]
+        self._counted()
+
+    def finish(self) -> None:
+        s = self.sampler
+        s.log_mu[:] = self.log_mu
+        s._finish(self.lanes)
+        s.rounds, s.oracle_rows = self.rounds, self.oracle_rows
+        s._sample_rounds[:] = s.n

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.engine import host_plane, sample_any_order
+from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
 from tests.catalogue.targets import TARGETS
@@ -106,7 +107,6 @@ def test_upload_path_gives_the_same_draws(method, monkeypatch):
     uploads the rows of the draws that ask (another device); both give the same run. The
     upload path runs here on a CPU, with continuous batching and a cap so that rounds hold
     some lanes only."""
-    from pyro_autospec.engine.host_rows import HostRows
 
     chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.3, 0.7]]), 40)
     knobs = {"max_concurrent_draws": 5, "max_rows_per_round": 23}
@@ -135,8 +135,10 @@ def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
     its draws are in flight, and draws there what the general loop draws (a draw in flight
     fewer forces the general loop): for ``"agr24"`` the sequential Gumbel-max sampler's."""
     steps = []
-    step = host_plane._Lockstep.step
-    monkeypatch.setattr(host_plane._Lockstep, "step", lambda self: steps.append(1) or step(self))
+    counted = host_plane._Lockstep._counted  # every lock step, on the host or the device
+    monkeypatch.setattr(
+        host_plane._Lockstep, "_counted", lambda self: steps.append(type(self)) or counted(self)
+    )
     stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
     lock = sample_any_order(chain, 6, seed=9, method=method, **knobs)
@@ -147,3 +149,10 @@ def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
     assert torch.equal(lock.samples, general.samples)
     assert torch.equal(lock.samples, reference.samples)
     torch.testing.assert_close(lock.log_prob, general.log_prob, rtol=0, atol=1e-12)
+    assert set(steps) == {host_plane._HostLockstep}  # a CPU: the host's frames
+    # the device's lock step (dense tensors, the oracle's inputs uploaded), run on a CPU
+    monkeypatch.setattr(HostRows, "zero_copy", False)
+    uploaded = sample_any_order(chain, 6, seed=9, method=method, **knobs)
+    assert steps[40:] == [host_plane._Lockstep] * 40
+    assert torch.equal(uploaded.samples, lock.samples)
+    assert torch.equal(uploaded.log_prob, lock.log_prob)
