@@ -36,8 +36,13 @@ oracle is wrapped for that run in a proxy that flags its own methods' calls, so 
 work never counts as the engine's; the calls of the consistency check that starts every run
 (:func:`~pyro_autospec.engine.consistency.check_consistency`, once per run, not per round)
 are counted apart and left out, and its time is listed under the table. On a GPU the time inside the oracle is host time (kernels
-are not waited for), so "outside oracle / row" is only meaningful on a CPU. The last column is
-wall time over the fastest variant whose method is not ``autospec``. On a CPU, before the
+are not waited for), so "outside oracle / row" is only meaningful on a CPU. "In the kernel" is the share of the
+process's CPU time the operating system spent for it during the timed run, and "page faults /
+row" its minor page faults per row (``getrusage``; a platform without them shows NaN and 0):
+on Linux with glibc's default allocator, oracle calls whose temporaries take megabytes fault
+their pages in anew each call, and that can be most of a run's time (``benchmarks/README.md``,
+"Page faults"). The last column is wall time over the fastest variant whose method is not
+``autospec``. On a CPU, before the
 variants of a draw count are timed, the first one runs once untimed (``--no-warmup`` skips it):
 a process's first oracle calls of a new size fault in fresh memory, which made whichever
 variant came first up to three times slower on the hand-written chain. On a GPU every variant
@@ -251,16 +256,20 @@ def _sync(device: str) -> None:
 
 def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool) -> dict:
     _sync(args.device)
+    before = _usage()
     start = time.perf_counter()
     r = sample_any_order(oracle, draws, method=method, seed=args.seed, **knobs)
     _sync(args.device)
     wall = time.perf_counter() - start
+    user, system, faults = (b - a for a, b in zip(before, _usage()))
     out = {
         "rounds": r.rounds,
         "rounds_per_draw": float(r.sample_rounds.double().mean()),
         "rows_per_draw": r.oracle_rows / draws,
         "wall": wall,
         "outside_us_per_row": 1e6 * (wall - r.timing.get("oracle", 0.0)) / max(1, r.oracle_rows),
+        "kernel_share": system / (user + system) if user + system > 0 else math.nan,
+        "faults_per_row": faults / max(1, r.oracle_rows),
     }
     if count:
         counter = OutsideOracle()
@@ -281,6 +290,17 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
         out["syncs_per_round"] = counter.syncs / r.rounds
         out["oracle_calls_per_round"] = counter.oracle / r.rounds
     return out
+
+
+def _usage() -> tuple[float, float, int]:
+    """This process's user and kernel CPU seconds and minor page faults so far (NaN where
+    the platform does not count them)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover (Windows)
+        return math.nan, math.nan, 0
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime, usage.ru_minflt
 
 
 def _median_run(runs):
@@ -376,9 +396,9 @@ def main(argv=None) -> None:
     print(
         "| oracle | draws | variant | rounds/draw | rounds (run) | rows/draw | rows/draw / n "
         "| wall/draw (s) | outside oracle / row (us) | engine calls / round | host reads / round "
-        "| oracle calls / round | this / fastest baseline |"
+        "| oracle calls / round | in the kernel | page faults / row | this / fastest baseline |"
     )
-    print("|" + "---|" * 13)
+    print("|" + "---|" * 15)
     start = time.perf_counter()
     notes = []
     for spec in args.oracles:
@@ -420,7 +440,7 @@ def main(argv=None) -> None:
             for v, _, _ in variants:
                 r = results[v]
                 if isinstance(r, str):
-                    print(f"| {label} | {draws} | {v} | fails: {r[:200]} |" + " |" * 9)
+                    print(f"| {label} | {draws} | {v} | fails: {r[:200]} |" + " |" * 11)
                     continue
                 counts = (
                     f"{r['calls_per_round']:.0f} | {r['syncs_per_round']:.1f} | "
@@ -432,6 +452,7 @@ def main(argv=None) -> None:
                     f"| {label} | {draws} | {v} | {r['rounds_per_draw']:.1f} | {r['rounds']} | "
                     f"{r['rows_per_draw']:.0f} | {r['rows_per_draw'] / n:.2f} | "
                     f"{r['wall'] / draws:.4f} | {r['outside_us_per_row']:.1f} | {counts} | "
+                    f"{100 * r['kernel_share']:.0f}% | {r['faults_per_row']:.1f} | "
                     f"{r['wall'] / fastest:.2f} |",
                     flush=True,
                 )
