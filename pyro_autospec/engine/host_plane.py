@@ -705,18 +705,22 @@ class _Lockstep:
     def done(self) -> bool:
         return self.finished >= self.sampler.n
 
+    def _noise_window(self, t: int) -> torch.Tensor:
+        """The draft noise of steps ``t .. t + window - 1`` of every draw ([D, window, q]), as
+        :meth:`TokenSampler._noise` draws it."""
+        s = self.sampler
+        ts = torch.arange(t, min(s.n, t + self.window), device=s.device).view(1, -1, 1)
+        if s.method in ("gumbel_sequential", "agr24"):
+            return keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
+        step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)
+        return keys.gumbel(step_keys, keys.Tag.DRAFT, self.v)
+
     def _noise(self, t: int) -> torch.Tensor:
         """The draft noise of step ``t`` of every draw ([D, q]), drawn ``window`` steps at a
-        time: as :meth:`TokenSampler._noise` draws it."""
-        s, window = self.sampler, self.window
-        if t % window == 0:  # the noise of steps t .. t + window - 1: [D, window, q]
-            ts = torch.arange(t, min(s.n, t + window), device=s.device).view(1, -1, 1)
-            if s.method in ("gumbel_sequential", "agr24"):
-                self.noise = keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
-            else:
-                step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)
-                self.noise = keys.gumbel(step_keys, keys.Tag.DRAFT, self.v)
-        return self.noise[:, t % window]
+        time."""
+        if t % self.window == 0:
+            self.noise = self._noise_window(t)
+        return self.noise[:, t % self.window]
 
     def _counted(self) -> None:
         self.finished += 1
@@ -755,21 +759,41 @@ class _HostLockstep(_Lockstep):
         super().__init__(sampler)
         num = sampler.num_draws
         self.lanes = np.arange(num)
-        self.ones = np.ones(num, dtype=np.int64)
-        self.cut = np.zeros(num, dtype=np.int64)
         self.log_mu = np.zeros(num, dtype=np.float64)
         del self.values, self.mask
+        # the calls of a step: consecutive lanes within the memory budget, as HostRows cuts
+        # every draw's row of width one (the same calls as the general loop's)
+        step = sampler.host._per_call(1 if sampler.rows.targeted else sampler.n)
+        self.calls = [self.lanes[lo : lo + step] for lo in range(0, num, step)]
+        self.cuts = [np.zeros(c.size, dtype=np.int64) for c in self.calls]
+        self.ones = np.ones(min(num, step), dtype=np.int64)
 
     def start(self) -> None:
         self.sampler._start()  # every draw in flight, draw s in lane s
 
+    def _rows(self, t: int) -> np.ndarray:
+        """Every draw's row at position ``t`` ([D, q]), checked and normalised."""
+        s, parts = self.sampler, []
+        for lane, cut in zip(self.calls, self.cuts):
+            cut.fill(t)
+            width = self.ones[: lane.size]
+            parts.append(s.host._targeted_call(s.frames, lane, lane, cut, cut, width, 1))
+        if len(parts) > 1:
+            fields = ("log_probs", "bad", "log_mass")
+            parts = [Answer(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))]
+        answer = parts[0]
+        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
+        return answer.log_probs[:, 0]
+
+    def _noise(self, t: int) -> np.ndarray:
+        if t % self.window == 0:
+            self.noise = self._noise_window(t).numpy()
+        return self.noise[:, t % self.window]
+
     def step(self) -> None:
         s, t, lanes = self.sampler, self.finished, self.lanes
-        self.cut.fill(t)
-        answer = s.host._targeted(s.frames, lanes, lanes, self.cut, self.cut, self.ones)
-        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
-        data = answer.log_probs[:, 0]  # [D, q]
-        x = np.argmax(data + self._noise(t).numpy(), axis=-1)  # [D]
+        data = self._rows(t)  # [D, q]
+        x = np.argmax(data + self._noise(t), axis=-1)  # [D]
         s.frames[lanes, s.order[:, t]] = x
         self.log_mu += data[lanes, x]
         self._counted()
