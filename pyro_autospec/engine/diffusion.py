@@ -57,7 +57,7 @@ from pyro_autospec.engine.errors import OracleError, check_device, check_eval_mo
 from pyro_autospec.engine.euler import Chain, DriftEvaluator, check_drift_output
 from pyro_autospec.engine.euler_baselines import follow_noise, picard, sequential
 from pyro_autospec.engine.euler_tokens import EulerTokens
-from pyro_autospec.engine.memory import check_memory, format_bytes
+from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
@@ -287,11 +287,13 @@ def _check_memory(
     if kept:
         holds += f"; the whole paths, kept for {kept}: {copies} x {num_samples} x {steps} x {dim}"
     check_memory(
-        num_samples,
-        per_draw,
-        in_flight=min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples),
-        bytes_per_flight=per_flight,
-        largest=num_samples * (steps if kept else 1) * dim,
+        Footprint(
+            num_samples,
+            per_draw,
+            in_flight=min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples),
+            bytes_per_flight=per_flight,
+            largest=num_samples * (steps if kept else 1) * dim,
+        ),
         request=f"num_samples={num_samples} draws of d={dim} coordinates over {num_steps} steps",
         holds=f"{holds}; plus the state of the draws in flight",
         exact=method != "picard",

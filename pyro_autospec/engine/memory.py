@@ -16,8 +16,9 @@ This module does not import Pyro.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-__all__ = ["check_memory", "check_output_size", "format_bytes", "machine_memory"]
+__all__ = ["Footprint", "check_memory", "check_output_size", "format_bytes", "machine_memory"]
 
 #: The largest number of entries a torch tensor indexes (int64 element offsets).
 MAX_ENTRIES = 2**62
@@ -52,26 +53,15 @@ def format_bytes(count: float) -> str:
     return f"{count:.3g} PiB"  # pragma: no cover
 
 
-def check_memory(
-    num_samples: int,
-    bytes_per_draw: int,
-    *,
-    in_flight: int = 0,
-    bytes_per_flight: int = 0,
-    largest: int = 0,
-    request: str,
-    holds: str,
-    exact: bool = True,
-    also: str = "",
-) -> None:
-    """Refuse, before allocating anything, a run that cannot fit in this machine's memory.
+@dataclass(frozen=True)
+class Footprint:
+    """The bytes and entries a run holds, which :func:`check_memory` weighs.
 
     ``num_samples`` draws keep ``bytes_per_draw`` bytes each until the run ends, and each of
-    the ``in_flight`` draws in flight holds ``bytes_per_flight`` more; together they must fit
-    in the machine's physical memory, and the largest array's ``largest`` entries in a torch
-    tensor.
+    the ``in_flight`` draws in flight holds ``bytes_per_flight`` more; the run's largest array
+    has ``largest`` entries.
 
-    Parameters
+    Attributes
     ----------
     num_samples, bytes_per_draw : int
         The draws of the run and the bytes each keeps to the end (its outputs).
@@ -79,6 +69,32 @@ def check_memory(
         The draws in flight at once and the bytes each holds while in flight.
     largest : int
         Entries of the run's largest array.
+    """
+
+    num_samples: int
+    bytes_per_draw: int
+    in_flight: int = 0
+    bytes_per_flight: int = 0
+    largest: int = 0
+
+
+def check_memory(
+    footprint: Footprint,
+    *,
+    request: str,
+    holds: str,
+    exact: bool = True,
+    also: str = "",
+) -> None:
+    """Refuse, before allocating anything, a run that cannot fit in this machine's memory.
+
+    The draws' outputs and the draws in flight of ``footprint`` together must fit in the
+    machine's physical memory, and its largest array's entries in a torch tensor.
+
+    Parameters
+    ----------
+    footprint : Footprint
+        The draws, the bytes each keeps and holds in flight, and the largest array's entries.
     request : str
         What was asked, the subject of the message: ``"num_samples=10 draws of n=4
         coordinates"``.
@@ -98,18 +114,20 @@ def check_memory(
 
     Examples
     --------
-    >>> check_memory(1000, 64, request="num_samples=1000 draws", holds="the samples")
-    >>> check_memory(10**15, 64, request="num_samples=10**15 draws", holds="the samples")
+    >>> check_memory(Footprint(1000, 64), request="num_samples=1000 draws", holds="the samples")
+    >>> check_memory(
+    ...     Footprint(10**15, 64), request="num_samples=10**15 draws", holds="the samples"
+    ... )
     Traceback (most recent call last):
     ...
     MemoryError: num_samples=10**15 draws need 56.8 PiB (the samples); this machine has ...
     """
-    num_samples, bytes_per_draw = int(num_samples), int(bytes_per_draw)
+    num_samples, bytes_per_draw = int(footprint.num_samples), int(footprint.bytes_per_draw)
     output = num_samples * bytes_per_draw
-    flight = int(in_flight) * int(bytes_per_flight)
+    flight = int(footprint.in_flight) * int(footprint.bytes_per_flight)
     needed = output + flight
     memory = machine_memory()
-    too_many = int(largest) > MAX_ENTRIES
+    too_many = int(footprint.largest) > MAX_ENTRIES
     if not too_many and (memory is None or needed <= memory):
         return
     limit = (
@@ -164,11 +182,13 @@ def check_output_size(
     num_samples, n = int(num_samples), int(n)
     holds = f"{what}: {num_samples} x {n} int64 entries, plus the state of the draws in flight"
     check_memory(
-        num_samples,
-        8 * n + 64,
-        in_flight=in_flight,
-        bytes_per_flight=n * int(bytes_per_flight),
-        largest=num_samples * n,
+        Footprint(
+            num_samples,
+            8 * n + 64,
+            in_flight=in_flight,
+            bytes_per_flight=n * int(bytes_per_flight),
+            largest=num_samples * n,
+        ),
         request=f"num_samples={num_samples} draws of n={n} coordinates",
         holds=holds,
     )

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -164,15 +165,33 @@ def _check_posterior_options(guide, objective, lr_decay, num_particles) -> None:
         raise ValueError(f"num_particles must be >= 2 (for the baseline); got {num_particles}")
 
 
+@dataclass(frozen=True)
+class PosteriorEstimator:
+    """The gradient estimator of :func:`fit_posterior`, fixed for a whole fit.
+
+    Attributes
+    ----------
+    objective : {"both", "reverse", "forward"}
+        Which estimator (see the module docstring).
+    num_positions : int
+        Chain-rule terms per draw in the score estimate (``"reverse"``); ``n`` uses all.
+    generator : torch.Generator or None
+        Draws the score's positions and the any-order loss's orders and cuts (the global
+        generator where ``None``).
+    """
+
+    objective: str
+    num_positions: int
+    generator: torch.Generator | None
+
+
 def posterior_loss(
     guide: Any,
     x: torch.Tensor,
     orders: torch.Tensor,
     f: torch.Tensor,
+    estimator: PosteriorEstimator,
     *,
-    objective: str,
-    num_positions: int,
-    generator: torch.Generator | None,
     context: Any = None,
     index: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -185,8 +204,8 @@ def posterior_loss(
         The guide's draws and their orders.
     f : DoubleTensor[N]
         ``log q_sigma(x) - log p(x, data)`` per draw (``+inf`` where ``p`` is zero).
-    objective, num_positions, generator
-        As in :func:`fit_posterior`.
+    estimator : PosteriorEstimator
+        The objective, the positions per draw and the generator, as in :func:`fit_posterior`.
     context, index
         Per-draw data sets (amortised training; see :meth:`AnyOrderGuide.any_order_loss`).
 
@@ -194,8 +213,9 @@ def posterior_loss(
     -------
     Tensor[]
     """
+    objective, generator = estimator.objective, estimator.generator
     n = guide.num_coords
-    k = min(int(num_positions), n)
+    k = min(int(estimator.num_positions), n)
     finite = torch.isfinite(f)
     loss = torch.zeros((), device=guide.device)
     if objective in ("reverse", "both"):
@@ -298,6 +318,7 @@ def fit_posterior(
     layout = guide.layout
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
+    estimator = PosteriorEstimator(objective, num_positions, gen)
 
     def step_loss(step: int):
         guide.eval()
@@ -312,16 +333,7 @@ def fit_posterior(
                 "or start from a guide fitted with fit_to_samples"
             )
         guide.train()
-        loss = posterior_loss(
-            guide,
-            x,
-            orders,
-            f,
-            objective=objective,
-            num_positions=num_positions,
-            generator=gen,
-            context=context,
-        )
+        loss = posterior_loss(guide, x, orders, f, estimator, context=context)
         return loss, float(f[finite].mean())
 
     return train(
@@ -369,6 +381,7 @@ def fit_posterior_datasets(
     count = min(int(datasets_per_step), num_sets)
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
+    estimator = PosteriorEstimator(objective, num_positions, gen)
     bank = guide.context_for(observed, *args, **kwargs)
 
     def step_loss(step: int):
@@ -396,9 +409,7 @@ def fit_posterior_datasets(
                     x[rows],
                     orders[rows],
                     f[rows],
-                    objective=objective,
-                    num_positions=num_positions,
-                    generator=gen,
+                    estimator,
                     context=context,
                     index=index[rows],
                 )
