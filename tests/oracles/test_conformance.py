@@ -27,8 +27,9 @@ import types
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import host_plane, sample_any_order
 from pyro_autospec.engine.consistency import check_consistency
+from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.protocols import (
     MarginalOracle,
     has_chain_marginals,
@@ -341,6 +342,26 @@ def test_sampler_log_prob_is_the_chain_rule(case):
         joint = joint - torch.logsumexp(joint, 0)
         index = (result.samples * q ** torch.arange(n - 1, -1, -1)).sum(1)
         torch.testing.assert_close(result.log_prob, joint[index], atol=1e-9, rtol=0)
+
+
+def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypatch):
+    """Sequential sampling with every draw in flight runs in lock step: on a CPU over the host
+    control plane's arrays, elsewhere over dense tensors on the oracle's device (run here on a
+    CPU with ``HostRows.zero_copy`` off). Both ask the same rows: the same draws and log
+    probabilities, bit for bit, for every oracle."""
+    _, oracle = case
+    steps = []
+    counted = host_plane._Lockstep._counted
+    monkeypatch.setattr(
+        host_plane._Lockstep, "_counted", lambda self: steps.append(type(self)) or counted(self)
+    )
+    host = sample_any_order(oracle, 7, seed=5, method="sequential")
+    monkeypatch.setattr(HostRows, "zero_copy", False)
+    device = sample_any_order(oracle, 7, seed=5, method="sequential")
+    n = oracle.num_coords
+    assert steps == [host_plane._HostLockstep] * n + [host_plane._Lockstep] * n
+    assert torch.equal(host.samples, device.samples)
+    assert torch.equal(host.log_prob, device.log_prob)
 
 
 # ------------------------------------------------------------------------ the checks have power
