@@ -651,8 +651,9 @@ class EnumOracle:
         else:
             traced = with_oracle_dims(self, with_draws)
         try:
-            with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
-                enum_model = poutine.enum(traced, first_available_dim=-(mpn + 2))
+            with poutine.block(), quiet_warnings(), torch.no_grad():
+                # the recorder inside enumeration: it sees each site before enum can refuse it
+                enum_model = poutine.enum(recorder(traced), first_available_dim=-(mpn + 2))
                 trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
                 trace = prune_subsample_sites(trace)
                 compute_log_prob(trace, "under enumeration")
@@ -664,7 +665,9 @@ class EnumOracle:
                 raise _intractable_error(float("inf")) from e
             if "up to 64 dims" in str(e):
                 raise _too_many_dims_error(self.layout, recorder.names) from e
-            raise structure_error(e, recorder.names, "under enumeration", recorder.plated) from e
+            raise structure_error(
+                e, recorder.names, "under enumeration", recorder.plated, recorder.current
+            ) from e
         except AssertionError as e:
             raise assertion_error(e, recorder.names, "under enumeration", mpn) from e
         return trace

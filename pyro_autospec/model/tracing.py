@@ -303,6 +303,9 @@ class SiteRecorder(poutine.messenger.Messenger):
     ``names``: every sample site in order; ``plated``: the unobserved enumerable (discrete)
     sites inside vectorized plates of the model, with their plates' names. ``latent``: names
     of the latent sites, where a run conditions them on values (they look observed then).
+    ``current``: the last sample site whose message reached this handler; applied inside
+    ``poutine.enum`` (wrapping the model), it names a site that enumeration refuses, since
+    handlers inside see a message first.
     """
 
     def __init__(self, latent=None):
@@ -310,6 +313,11 @@ class SiteRecorder(poutine.messenger.Messenger):
         self.names: list[str] = []
         self.plated: dict[str, list[str]] = {}
         self.latent = None if latent is None else set(latent)
+        self.current: str | None = None
+
+    def _pyro_sample(self, msg):
+        if not msg["name"].startswith("_autospec"):
+            self.current = msg["name"]
 
     def _pyro_post_sample(self, msg):
         if msg["name"].startswith("_autospec") or isinstance(msg["fn"], _Subsample):
@@ -352,7 +360,11 @@ def plated_reduction_advice(plated: dict[str, list[str]]) -> str:
 
 
 def structure_error(
-    error: Exception, seen: list[str], what: str, plated: dict[str, list[str]] | None = None
+    error: Exception,
+    seen: list[str],
+    what: str,
+    plated: dict[str, list[str]] | None = None,
+    current: str | None = None,
 ) -> DynamicStructureError:
     """A :class:`DynamicStructureError` naming the last site reached before ``error``.
 
@@ -367,6 +379,9 @@ def structure_error(
     plated : dict, optional
         The discrete sites seen inside plates (:attr:`SiteRecorder.plated`), named when the
         error is a size mismatch (the usual sign of a plated site reduced over its plate).
+    current : str, optional
+        The site being sampled when the error came (:attr:`SiteRecorder.current` of a
+        recorder inside ``poutine.enum``), named when enumeration refused it.
     """
     last = f" (after site '{seen[-1]}')" if seen else ""
     reason = error_reason(error)
@@ -421,8 +436,9 @@ def structure_error(
             f"Binomial count instead."
         )
     if "Inhomogeneous total count" in reason:
-        site = _site_being_sampled(error)
-        who = f"Site '{site}'" if site else f"The site after '{seen[-1]}'" if seen else "A site"
+        who = (
+            f"Site '{current}'" if current else f"The site after '{seen[-1]}'" if seen else "A site"
+        )
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason.rstrip('.')}. {who} is a count "
             f"(Binomial or BetaBinomial) whose total_count depends on the value of an earlier "
@@ -604,19 +620,6 @@ def assertion_error(
         f"or on plate sizes, not on x.dim() or x.shape[0]. See 'Extra batch dims' in the "
         f"README."
     )
-
-
-def _site_being_sampled(error: BaseException) -> str | None:
-    """The name of the sample site whose handler raised ``error``, read from the ``msg`` of
-    the innermost Pyro handler frame in its traceback; None if there is none."""
-    name = None
-    tb = error.__traceback__
-    while tb is not None:
-        msg = tb.tb_frame.f_locals.get("msg")
-        if isinstance(msg, dict) and msg.get("type") == "sample":
-            name = msg.get("name")
-        tb = tb.tb_next
-    return name if isinstance(name, str) else None
 
 
 def error_reason(error: BaseException) -> str:
