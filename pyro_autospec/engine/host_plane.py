@@ -688,13 +688,14 @@ class _Lockstep:
         self.draw_keys = s.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
         self.v = torch.arange(s.q, device=s.device)
         self.finished = self.rounds = self.oracle_rows = 0
-        self.lanes = torch.arange(num, device=s.device)
+
+    def start(self) -> None:
+        s = self.sampler
+        num = s.num_draws
+        self.lanes = lanes = torch.arange(num, device=s.device)
         self.values = torch.zeros(num, s.n, dtype=torch.long, device=s.device)
         self.mask = torch.zeros(num, s.n, dtype=torch.bool, device=s.device)
         self.log_mu = torch.zeros(num, dtype=torch.float64, device=s.device)
-
-    def start(self) -> None:
-        s, lanes = self.sampler, self.lanes
         s.rows.start(lanes)
         s.started = s.num_draws
         # [n, D]: coordinate of step t of each draw, and as indices into values.view(-1)
@@ -760,7 +761,6 @@ class _HostLockstep(_Lockstep):
         num = sampler.num_draws
         self.lanes = np.arange(num)
         self.log_mu = np.zeros(num, dtype=np.float64)
-        del self.values, self.mask
         # the calls of a step: consecutive lanes within the memory budget, as HostRows cuts
         # every draw's row of width one (the same calls as the general loop's)
         step = sampler.host._per_call(1 if sampler.rows.targeted else sampler.n)
