@@ -122,38 +122,29 @@ class HostRows:
         mask = self._buffer(lane.size, bool)
         cut = cut.astype(self.ranks.dtype)  # a mixed-type comparison casts every rank first
         steps = np.diff(lane)
-        if lane.size and lane[-1] - lane[0] == lane.size - 1 and (steps == 1).all():
-            # consecutive lanes (every draw in step, a chunk of them): slices, no gathers
-            block = slice(int(lane[0]), int(lane[-1]) + 1)
-            np.less(self.ranks[block], cut[:, None], out=mask)
-            if self.on_cpu:
-                values = self._buffer(lane.size, np.int64)
-                torch.from_numpy(values).copy_(torch.from_numpy(frames[block]))
-                up = torch.from_numpy(values), torch.from_numpy(mask)
-            else:
-                up = torch.from_numpy(frames[block]).to(self.device).long(), self._up(mask)
-            self.rows.seconds["inputs"] += time.perf_counter() - start
-            return up
-        # runs of rows of one lane (a chain asked row by row): broadcast that lane's arrays
-        # into the run instead of gathering a copy per row
+        # consecutive lanes (every draw in step, or a chunk of them) are read as a slice, not
+        # gathered; runs of rows of one lane (a chain asked row by row) broadcast that lane's
+        # arrays into the run instead of gathering a copy per row
+        consecutive = lane.size > 0 and lane[-1] - lane[0] == lane.size - 1 and (steps == 1).all()
+        rows = slice(int(lane[0]), int(lane[-1]) + 1) if consecutive else lane
         ends = np.flatnonzero(steps) + 1
-        runs = lane.size >= self.RUN * (ends.size + 1)
+        runs = not consecutive and lane.size >= self.RUN * (ends.size + 1)
         bounds = list(zip([0, *ends.tolist()], [*ends.tolist(), lane.size])) if runs else []
         if runs:
             for a, b in bounds:
                 np.less(self.ranks[lane[a]], cut[a:b, None], out=mask[a:b])
         else:
-            np.less(self.ranks[lane], cut[:, None], out=mask)
+            np.less(self.ranks[rows], cut[:, None], out=mask)
         if self.on_cpu:
             values = self._buffer(lane.size, np.int64)
             if runs:
                 for a, b in bounds:
                     values[a:b] = frames[lane[a]]
             else:
-                torch.from_numpy(values).copy_(torch.from_numpy(frames[lane]))
+                torch.from_numpy(values).copy_(torch.from_numpy(frames[rows]))
             up = torch.from_numpy(values), torch.from_numpy(mask)
         else:  # upload the narrow values, widen them on the device
-            up = torch.from_numpy(frames[lane]).to(self.device).long(), self._up(mask)
+            up = torch.from_numpy(frames[rows]).to(self.device).long(), self._up(mask)
         self.rows.seconds["inputs"] += time.perf_counter() - start
         return up
 
