@@ -14,7 +14,9 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   ``[4]^n``, exact conditionals by Bayes (:class:`tests.engine._user_oracles.ProductMixture`).
   Keys ``K``, ``sharpness``, ``n``.
 * ``user_chain``: a binary Markov chain written by hand with ``log_marginals_at`` only, no
-  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``.
+  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``, and
+  ``borrows=true`` to declare ``borrows_inputs`` (sequential sampling in lock step then
+  reuses one set of inputs).
 * ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
   them. Key ``n``.
 * Any of them with ``full=true``: seen through ``log_marginals`` alone (whole rows, the one

@@ -754,7 +754,12 @@ class _HostLockstep(_Lockstep):
     """:class:`_Lockstep` where the oracle reads host arrays (a CPU): the partial samples stay
     in the sampler's narrow host frames, and each step asks the rows of every draw at position
     ``t`` through :class:`~pyro_autospec.engine.host_rows.HostRows`, the general loop's
-    requests and arithmetic (so the same draws)."""
+    requests and arithmetic (so the same draws).
+
+    An oracle that borrows its inputs (:func:`~pyro_autospec.engine.protocols.borrows_inputs`)
+    gets the same ``values`` and ``mask`` in every call, with the coordinates drawn at each
+    step written into them, rather than fresh copies of every draw's frame: the same inputs,
+    ``O(D)`` host work per step instead of ``O(D n)``."""
 
     def __init__(self, sampler: TokenSampler):
         super().__init__(sampler)
@@ -767,17 +772,36 @@ class _HostLockstep(_Lockstep):
         self.calls = [self.lanes[lo : lo + step] for lo in range(0, num, step)]
         self.cuts = [np.zeros(c.size, dtype=np.int64) for c in self.calls]
         self.ones = np.ones(min(num, step), dtype=np.int64)
+        self.borrowed = sampler.rows.borrows_inputs
+        self.valid = np.ones((min(num, step), 1), dtype=bool)
 
     def start(self) -> None:
-        self.sampler._start()  # every draw in flight, draw s in lane s
+        s = self.sampler
+        s._start()  # every draw in flight, draw s in lane s
+        if self.borrowed:
+            # the inputs of every call ([D, n]), and the coordinate of each step ([n, D]);
+            # frames are written from the values when the draws finish
+            self.values = s.frames[: s.num_draws].astype(np.int64)
+            self.mask = np.zeros(self.values.shape, dtype=bool)
+            self.coords = s.order[: s.num_draws].T.copy()
+            self.inputs = []
+            for lane in self.calls:  # per call: views of the inputs, targets [n, rows, 1]
+                rows = slice(int(lane[0]), int(lane[-1]) + 1)
+                targets = torch.from_numpy(self.coords[:, rows, None].copy())
+                views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
+                self.inputs.append((*views, targets, self.valid[: lane.size], s.host._extra(lane)))
 
     def _rows(self, t: int) -> np.ndarray:
         """Every draw's row at position ``t`` ([D, q]), checked and normalised."""
         s, parts = self.sampler, []
-        for lane, cut in zip(self.calls, self.cuts):
-            cut.fill(t)
-            width = self.ones[: lane.size]
-            parts.append(s.host._targeted_call(s.frames, lane, lane, cut, cut, width, 1))
+        for i, (lane, cut) in enumerate(zip(self.calls, self.cuts)):
+            if self.borrowed:
+                values, mask, targets, valid, extra = self.inputs[i]
+                parts.append(s.host._targeted_rows(values, mask, targets[t], valid, extra))
+            else:
+                cut.fill(t)
+                width = self.ones[: lane.size]
+                parts.append(s.host._targeted_call(s.frames, lane, lane, cut, cut, width, 1))
         if len(parts) > 1:
             fields = ("log_probs", "bad", "log_mass")
             parts = [Answer(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))]
@@ -794,12 +818,18 @@ class _HostLockstep(_Lockstep):
         s, t, lanes = self.sampler, self.finished, self.lanes
         data = self._rows(t)  # [D, q]
         x = np.argmax(data + self._noise(t), axis=-1)  # [D]
-        s.frames[lanes, s.order[:, t]] = x
+        if self.borrowed:
+            self.values[lanes, self.coords[t]] = x
+            self.mask[lanes, self.coords[t]] = True
+        else:
+            s.frames[lanes, s.order[:, t]] = x
         self.log_mu += data[lanes, x]
         self._counted()
 
     def finish(self) -> None:
         s = self.sampler
+        if self.borrowed:
+            s.frames[: s.num_draws] = self.values
         s.log_mu[:] = self.log_mu
         s._finish(self.lanes)
         s.rounds, s.oracle_rows = self.rounds, self.oracle_rows

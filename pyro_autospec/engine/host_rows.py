@@ -172,12 +172,19 @@ class HostRows:
         pos = start[:, None] + np.minimum(offsets[None, :], width[:, None] - 1)
         targets = self._up(self.orders[lane[:, None], pos])
         valid = offsets[None, :] < width[:, None]
-        rows, check = lane.size, self.rows._check_output
+        return self._targeted_rows(values, mask, targets, valid, self._extra(draw))
+
+    def _targeted_rows(self, values, mask, targets, valid, extra: dict) -> Answer:
+        """One call for the rows of ``targets`` (LongTensor[R, W]) given ``values`` and
+        ``mask`` ([R, n], on the oracle's device), checked and normalised on the host
+        (``valid`` bool ndarray [R, W], broadcast: the entries asked); ``extra`` the
+        keywords of a family's draws (:meth:`_extra`)."""
+        rows, max_width, check = values.shape[0], targets.shape[1], self.rows._check_output
         if self.rows.targeted:
-            out = self._call("log_marginals_at", values, mask, targets, **self._extra(draw))
+            out = self._call("log_marginals_at", values, mask, targets, **extra)
             check(out, (rows, max_width, self.q), "log_marginals_at")
         else:
-            out = self._call("log_marginals", values, mask, **self._extra(draw))
+            out = self._call("log_marginals", values, mask, **extra)
             check(out, (rows, self.n, self.q), "log_marginals")
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
         return self._answer(out, valid)

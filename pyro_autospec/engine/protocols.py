@@ -12,9 +12,10 @@ One call of either is one *round*; each row of the batch is one *row* of work.
 
 A marginal oracle may offer more than ``log_marginals``. Each optional capability is a named
 protocol here (:class:`TargetedMarginals`, :class:`ChainMarginals`, :class:`ChainThenMarginals`,
-:class:`FamilyOfTargets`, :class:`InferenceSafe`, :class:`ConsistentQueries`) with one check
-(:func:`has_targeted_marginals`, :func:`has_chain_marginals`, :func:`has_chain_then`,
-:func:`oracle_num_draws`, :func:`is_inference_safe`, :func:`declares_consistent_queries`);
+:class:`FamilyOfTargets`, :class:`InferenceSafe`, :class:`ConsistentQueries`,
+:class:`BorrowsInputs`) with one check (:func:`has_targeted_marginals`,
+:func:`has_chain_marginals`, :func:`has_chain_then`, :func:`oracle_num_draws`,
+:func:`is_inference_safe`, :func:`declares_consistent_queries`, :func:`borrows_inputs`);
 the engine checks each once, when it starts a run (:class:`~pyro_autospec.engine.rows.
 OracleRows`), and asks only for what the oracle offers.
 The checks read the attribute (``getattr``), so an oracle that forwards methods through
@@ -28,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 __all__ = [
+    "BorrowsInputs",
     "ChainMarginals",
     "ChainThenMarginals",
     "ConsistentQueries",
@@ -36,6 +38,7 @@ __all__ = [
     "MarginalOracle",
     "MeanOracle",
     "TargetedMarginals",
+    "borrows_inputs",
     "chain_rows",
     "declares_consistent_queries",
     "has_chain_marginals",
@@ -114,8 +117,15 @@ class MarginalOracle(Protocol):
     (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. Its
     inputs are then inference tensors: read them, never write into them. Every call gets
     fresh inputs, never written again, so an oracle may keep them (a cache of its last
-    question). The built-in
-    exact oracles are inference-safe.
+    question). The built-in exact oracles are inference-safe.
+
+    *Borrowed inputs.* An oracle that reads its inputs only while a call runs (it keeps no
+    reference to them, nor to views of them, once it returns, and never writes into them) may
+    set the class attribute ``borrows_inputs = True``. The engine may then hand successive
+    calls the same input tensors, updated in place between calls. On a CPU, sequential
+    sampling in lock step (one coordinate of every draw per call) then writes only the
+    coordinates drawn since the last call instead of copying every draw's ``[n]`` values and
+    mask for each call. The draws are the same either way.
 
     *One answer to one question.* Before sampling, the engine asks the oracle a handful of
     small questions every way it offers (:func:`~pyro_autospec.engine.consistency.
@@ -241,6 +251,14 @@ class InferenceSafe(Protocol):
     inference_safe: bool
 
 
+class BorrowsInputs(Protocol):
+    """Capability: the oracle reads its inputs only while a call runs, so the engine may reuse
+    them, updated in place, for its next call (``borrows_inputs = True``;
+    :class:`MarginalOracle`). Checked by :func:`borrows_inputs`."""
+
+    borrows_inputs: bool
+
+
 def has_targeted_marginals(oracle: object) -> bool:
     """Whether ``oracle`` offers ``log_marginals_at(values, mask, targets)``."""
     return callable(getattr(oracle, "log_marginals_at", None))
@@ -267,6 +285,12 @@ def declares_consistent_queries(oracle: object) -> bool:
     """Whether ``oracle`` declares its query methods consistent
     (``oracle.consistent_queries``; see :class:`MarginalOracle`)."""
     return getattr(oracle, "consistent_queries", False) is True
+
+
+def borrows_inputs(oracle: object) -> bool:
+    """Whether ``oracle`` only borrows its inputs during a call (``oracle.borrows_inputs``;
+    see :class:`MarginalOracle`), so that the engine may reuse them."""
+    return getattr(oracle, "borrows_inputs", False) is True
 
 
 def oracle_num_draws(oracle: object) -> int | None:

@@ -40,6 +40,7 @@ from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.memory import check_output_size
 from pyro_autospec.engine.modes import calling
 from pyro_autospec.engine.protocols import (
+    borrows_inputs,
     has_chain_marginals,
     has_chain_then,
     has_targeted_marginals,
@@ -302,6 +303,7 @@ class OracleRows:
         self.native_chains = has_chain_marginals(oracle)
         self.native_then = has_chain_then(oracle)
         self.family = oracle_num_draws(oracle) is not None
+        self.borrows_inputs = borrows_inputs(oracle)
         self.draw_ids = (
             torch.arange(self.num_draws, device=device) if draw_ids is None else draw_ids.to(device)
         )
@@ -834,8 +836,12 @@ def normalise_rows(out: np.ndarray, valid: np.ndarray, tol: float) -> Answer:
     ``+inf``, massless or unnormalised row. Rows are renormalised in float64.
     """
     out = out.astype(np.float64, copy=False)
+    top = out.max(-1, keepdims=True)
+    if np.isfinite(top).all():  # no NaN nor +inf, some mass in every row: nothing to warn of
+        log_mass = np.log(np.exp(out - top).sum(-1)) + top[..., 0]
+        bad = (np.abs(log_mass) > tol) & valid
+        return Answer(out - log_mass[..., None], bad, log_mass)
     with np.errstate(all="ignore"):
-        top = out.max(-1, keepdims=True)
         top[~np.isfinite(top)] = 0.0
         log_mass = np.log(np.exp(out - top).sum(-1)) + top[..., 0]
         bad = ~(np.abs(log_mass) <= tol) & valid

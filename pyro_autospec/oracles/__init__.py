@@ -22,6 +22,7 @@ here; :class:`ShardedOracle` (one oracle over several processes) is
 from pyro_autospec.engine.protocols import (
     MarginalOracle,
     MeanOracle,
+    borrows_inputs,
     has_chain_marginals,
     has_chain_then,
     has_targeted_marginals,
@@ -43,6 +44,7 @@ __all__ = [
     "MarginalOracle",
     "MeanOracle",
     "ExactOracle",
+    "borrows_inputs",
     "has_chain_marginals",
     "has_chain_then",
     "has_targeted_marginals",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pyro_autospec.engine import host_plane, sample_any_order
+from pyro_autospec.engine import OracleError, host_plane, sample_any_order
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
@@ -156,3 +156,70 @@ def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
     assert steps[40:] == [host_plane._Lockstep] * 40
     assert torch.equal(uploaded.samples, lock.samples)
     assert torch.equal(uploaded.log_prob, lock.log_prob)
+
+
+class Borrows:
+    """A Markov chain that borrows its inputs: ``log_marginals_at`` (``targeted``) or only
+    ``log_marginals``. It records the tensors it is handed and how many coordinates each call
+    pins; ``writes`` makes it break the promise by writing into its inputs."""
+
+    borrows_inputs = True
+
+    def __init__(self, chain, targeted: bool, writes: bool = False):
+        self.chain, self.writes = chain, writes
+        self.num_coords, self.num_values = chain.num_coords, chain.num_values
+        self.tensors, self.pinned = set(), []
+        if targeted:
+            self.log_marginals_at = self._at
+
+    def _seen(self, values, mask):
+        self.tensors.add((values.data_ptr(), mask.data_ptr()))
+        self.pinned.append(mask.sum(1).unique().tolist())
+        if self.writes:
+            values[:, 0] = 0
+
+    def log_marginals(self, values, mask):
+        self._seen(values, mask)
+        return self.chain.log_marginals(values, mask)
+
+    def _at(self, values, mask, targets):
+        self._seen(values, mask)
+        return self.chain.log_marginals_at(values, mask, targets)
+
+
+@pytest.mark.parametrize("targeted", [True, False])
+def test_an_oracle_that_borrows_its_inputs_gets_the_same_ones_updated_in_place(
+    targeted, monkeypatch
+):
+    """In lock step on a CPU, an oracle that borrows its inputs is handed the same tensors at
+    every step, with the coordinates drawn since written into them (so step ``t`` pins ``t``
+    coordinates of every draw); the draws are those of fresh inputs, also when a step takes
+    several calls."""
+    stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
+    chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
+    fresh = sample_any_order(chain, 6, seed=9, method="sequential")
+    oracle = Borrows(chain, targeted)
+    monkeypatch.setattr(Borrows, "consistent_queries", True, raising=False)  # calls: steps only
+    borrowed = sample_any_order(oracle, 6, seed=9, method="sequential")
+    assert len(oracle.tensors) == 1 and oracle.pinned == [[t] for t in range(40)]
+    assert torch.equal(borrowed.samples, fresh.samples)
+    assert torch.equal(borrowed.log_prob, fresh.log_prob)
+    # a budget of two draws' rows per call: 3 calls a step, each with its own rows of the inputs
+    steps = []
+    counted = host_plane._Lockstep._counted
+    monkeypatch.setattr(
+        host_plane._Lockstep, "_counted", lambda self: steps.append(self.borrowed) or counted(self)
+    )
+    budget = 2 * (40 + (1 if targeted else 40) * 3)  # two rows' inputs and outputs
+    split = Borrows(chain, targeted)
+    chunked = sample_any_order(split, 6, seed=9, method="sequential", max_elements=budget)
+    assert steps == [True] * 40 and len(split.tensors) == 3
+    assert torch.equal(chunked.samples, fresh.samples)
+
+
+def test_an_oracle_that_writes_into_borrowed_inputs_is_told_so():
+    """Borrowed inputs are read-only like fresh ones: an oracle run outside inference mode
+    that writes into them raises the engine's error (an inference-safe oracle must not)."""
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 8)
+    with pytest.raises(OracleError, match="wrote in place"):
+        sample_any_order(Borrows(chain, True, writes=True), 4, seed=0, method="sequential")

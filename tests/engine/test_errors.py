@@ -253,6 +253,31 @@ def test_host_rows_are_checked_like_tensor_rows():
     assert np.array_equal(float32.bad, answer.bad)
 
 
+def test_rows_with_nothing_to_flag_are_normalised_as_any_others():
+    """:func:`normalise_rows` skips its guards when every row has a finite top entry; each row
+    is still normalised and checked bit for bit as in a batch that takes the guarded path
+    (a NaN row added)."""
+    import numpy as np
+
+    from pyro_autospec.engine.rows import normalise_rows
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(50, 3, 4)) * 3
+    rows[rng.random(rows.shape) < 0.2] = -np.inf
+    rows[:, :, 0] = np.maximum(rows[:, :, 0], -1.0)  # every row keeps some mass
+    rows[:5] -= np.log(np.exp(rows[:5]).sum(-1, keepdims=True))  # some rows sum to one
+    valid = rng.random(rows.shape[:2]) < 0.8
+    fast = normalise_rows(rows, valid, 1e-5)
+    guarded = normalise_rows(
+        np.concatenate([rows, np.full((1, 3, 4), np.nan)]),
+        np.concatenate([valid, np.ones((1, 3), dtype=bool)]),
+        1e-5,
+    )
+    assert guarded.bad[-1].all() and fast.bad[:5].sum() == 0 and fast.bad[5:].any()
+    for field in ("log_probs", "bad", "log_mass"):
+        assert np.array_equal(getattr(fast, field), getattr(guarded, field)[:-1])
+
+
 def test_width_groups_on_the_host_and_on_tensors_agree():
     """One grouping of requests by width: the host function and its tensor wrapper."""
     import numpy as np

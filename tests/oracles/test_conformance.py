@@ -344,24 +344,45 @@ def test_sampler_log_prob_is_the_chain_rule(case):
         torch.testing.assert_close(result.log_prob, joint[index], atol=1e-9, rtol=0)
 
 
+class _Borrowing:
+    """``oracle`` (every attribute forwarded) declaring that it only borrows its inputs."""
+
+    borrows_inputs = True
+
+    def __init__(self, oracle):
+        self._oracle = oracle
+
+    def __getattr__(self, name):
+        return getattr(self._oracle, name)
+
+
 def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypatch):
     """Sequential sampling with every draw in flight runs in lock step: on a CPU over the host
-    control plane's arrays, elsewhere over dense tensors on the oracle's device (run here on a
-    CPU with ``HostRows.zero_copy`` off). Both ask the same rows: the same draws and log
-    probabilities, bit for bit, for every oracle."""
+    control plane's arrays (with fresh inputs for each call, or, for an oracle that borrows
+    its inputs, the same ones updated in place), elsewhere over dense tensors on the oracle's
+    device (run here on a CPU with ``HostRows.zero_copy`` off). All ask the same rows: the
+    same draws and log probabilities, bit for bit, for every oracle."""
     _, oracle = case
     steps = []
     counted = host_plane._Lockstep._counted
-    monkeypatch.setattr(
-        host_plane._Lockstep, "_counted", lambda self: steps.append(type(self)) or counted(self)
-    )
+
+    def count(self):
+        steps.append((type(self), getattr(self, "borrowed", None)))
+        counted(self)
+
+    monkeypatch.setattr(host_plane._Lockstep, "_counted", count)
     host = sample_any_order(oracle, 7, seed=5, method="sequential")
+    borrowed = sample_any_order(_Borrowing(oracle), 7, seed=5, method="sequential")
     monkeypatch.setattr(HostRows, "zero_copy", False)
     device = sample_any_order(oracle, 7, seed=5, method="sequential")
-    n = oracle.num_coords
-    assert steps == [host_plane._HostLockstep] * n + [host_plane._Lockstep] * n
-    assert torch.equal(host.samples, device.samples)
-    assert torch.equal(host.log_prob, device.log_prob)
+    n, lockstep = oracle.num_coords, host_plane._HostLockstep
+    assert (
+        steps
+        == [(lockstep, False)] * n + [(lockstep, True)] * n + [(host_plane._Lockstep, None)] * n
+    )
+    for other in (borrowed, device):
+        assert torch.equal(host.samples, other.samples)
+        assert torch.equal(host.log_prob, other.log_prob)
 
 
 # ------------------------------------------------------------------------ the checks have power
