@@ -17,6 +17,8 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``, and
   ``borrows=true`` to declare ``borrows_inputs`` (sequential sampling in lock step then
   reuses one set of inputs).
+* ``free``: independent coordinates whose rows cost nothing (one fixed row, a view of it):
+  the engine's own cost per round. Keys ``n``, ``q``, ``borrows=true``.
 * ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
   them. Key ``n``.
 * Any of them with ``full=true``: seen through ``log_marginals`` alone (whole rows, the one
@@ -144,6 +146,26 @@ def parse_spec(spec: str) -> tuple[str, dict]:
 
 
 # ----------------------------------------------------------------------------- oracles
+class FreeRows:
+    """One fixed row for every coordinate, whatever is pinned (independent coordinates), at
+    no cost: ``log_marginals_at`` returns a view of one ``[q]`` row. What a round costs the
+    engine alone, beside an oracle that costs nothing."""
+
+    inference_safe = True
+    consistent_queries = True
+
+    def __init__(self, n: int, q: int = 2, borrows: bool = False):
+        self.num_coords, self.num_values = int(n), int(q)
+        self.borrows_inputs = bool(borrows)
+        self.row = torch.log_softmax(torch.linspace(0.0, 1.0, self.num_values).double(), 0)
+
+    def log_marginals(self, values, mask):
+        return self.row.expand(values.shape[0], self.num_coords, self.num_values)
+
+    def log_marginals_at(self, values, mask, targets):
+        return self.row.expand(*targets.shape, self.num_values)
+
+
 def _guide(n: int, device: str, steps: int = 0, hidden: int = 64, layers: int = 1, scale=1.5):
     """An ``"mlp"`` AnyOrderGuide with random weights N(0, scale^2 / fan_in) (an untrained
     network's rows: far from any target, inconsistent across orders), then ``steps`` Adam
@@ -194,13 +216,16 @@ def build_oracle(spec: str, n_default: int, device: str):
         return ProductMixture(n, 4, components=int(kw.pop("K", 8)), device=device, **kw)
     if name == "user_chain":
         return HandChain(n, device=device, **kw)
+    if name == "free":
+        return FreeRows(n, **kw)
     families = {"markov": markov, "hmm": hmm, "tree_potts": tree_potts}
     if name in families:
         if kw:
             raise SystemExit(f"{name} takes only n; got {sorted(kw)}")
         return families[name](n, device=device)
     raise SystemExit(
-        f"unknown oracle {name!r}: one of nade, guide, mixture, user_chain, markov, hmm, tree_potts"
+        f"unknown oracle {name!r}: one of nade, guide, mixture, user_chain, free, markov, hmm, "
+        "tree_potts"
     )
 
 
