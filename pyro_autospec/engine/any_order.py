@@ -84,9 +84,7 @@ def _check_oracle(oracle) -> tuple[int, int]:
                 f"oracle.{name} must be an int; got {value!r}{fix}. A MarginalOracle has "
                 "attributes num_coords (n) and num_values (q) and a method log_marginals."
             )
-    if not callable(getattr(oracle, "log_marginals", None)) and not callable(
-        getattr(oracle, "log_marginals_at", None)
-    ):
+    if not callable(getattr(oracle, "log_marginals", None)) and not has_targeted_marginals(oracle):
         raise TypeError("oracle must define log_marginals(values, mask) (see MarginalOracle)")
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:

@@ -55,7 +55,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.host_rows import HostRows
-from pyro_autospec.engine.methods import block_policy, on_cpu
+from pyro_autospec.engine.methods import DISCRETE, block_policy, method_names, on_cpu
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
 from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
@@ -64,7 +64,10 @@ from pyro_autospec.engine.stepping import run_rounds
 
 __all__ = ["TokenSampler", "agr24_window", "TOKEN_METHODS"]
 
-TOKEN_METHODS = ("sequential", "gumbel_sequential", "speculative", "agr24")
+#: The discrete baselines, in the order of the registry
+#: (:data:`~pyro_autospec.engine.methods.METHODS`): every discrete method but ``"autospec"``,
+#: which runs here only as an all-token policy.
+TOKEN_METHODS = tuple(name for name in method_names(DISCRETE) if name != "autospec")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
 _DRAFT_ROW = "draft row {row} (target {target}), conditioned on a prefix of an exact sample,"
 

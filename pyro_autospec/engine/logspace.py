@@ -70,10 +70,10 @@ def logsumexp(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Te
 def sum_last(x: torch.Tensor) -> torch.Tensor:
     """``x.sum(-1)`` for a floating ``x`` [..., q]; [...].
 
-    On a CPU, torch's reduction over a short contiguous last dimension costs about 15 ns per
-    entry for ``q`` = 2 or 3 (thousands of rows), 5 to 10 times more than adding the ``q``
-    slices. For ``q <= 4`` on a CPU the slices are added, left to right: the same order, so the
-    same rounding, for every row whatever the batch. Elsewhere this is ``x.sum(-1)``.
+    On a CPU, torch's reduction over a short contiguous last dimension costs more per entry
+    than adding the ``q`` slices. For ``q <= 4`` on a CPU the slices are added, left to right:
+    the same order, so the same rounding, for every row whatever the batch. Elsewhere this is
+    ``x.sum(-1)``.
     """
     q = x.shape[-1]
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not 0 < q <= 4:

@@ -340,8 +340,8 @@ def default_max_block(
     * on a CPU with at least :data:`LEAN_ROWS_DRAWS` draws in flight and an oracle without
       chain queries (no ``log_marginals_chain``): ``max(8, sqrt(n) / 4)``. Such an oracle
       pays a full call per verified token, so a round of several draws costs its rows, and
-      windows of up to ``2 sqrt n`` spend about 2 n rows on an imperfect network against
-      AGR24's 1.2 n; with these windows autospec does about AGR24's rows in fewer rounds;
+      windows of up to ``2 sqrt n`` spend more rows on an imperfect network than AGR24 does;
+      shorter windows bring the rows close to AGR24's, in fewer rounds;
     * on a CPU, whatever the draws, for an oracle with whole rows alone (``log_marginals``,
       no ``log_marginals_at`` and no chain queries): ``max(8, sqrt(n) / 4)`` too. Every
       verified token then costs a whole ``[n, q]`` row, so the rows decide the time, and
@@ -350,8 +350,7 @@ def default_max_block(
       chain queries: ``1``, a window of one coordinate drawn from its row. These are
       sequential sampling's draws, run on its lock-step path: the draws in flight already fill
       every call, so fewer rounds save nothing, and sequential sampling spends exactly ``n``
-      rows, in the smallest calls, with the least work per row. It was the fastest method
-      there with 16 and 256 draws on every such oracle measured.
+      rows, in the smallest calls, with the least work per row.
 
     On a CPU with chain queries every row is paid for too, but a chain costs about one row, and
     with fewer draws the rounds matter more; the measurements behind each choice are in

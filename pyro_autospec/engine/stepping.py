@@ -7,9 +7,9 @@ the memory budget) and starts the draws that fit after it (continuous batching),
 whether the run is over, and ``rounds`` and ``oracle_rows`` are the counts a round adds to
 (the names of :class:`~pyro_autospec.engine.result.SampleResult`'s counts). The
 samplers of :mod:`~pyro_autospec.engine.host_plane` (the host control plane),
-:mod:`~pyro_autospec.engine.euler_tokens` and :mod:`~pyro_autospec.engine.euler`, and the
-reference engine's scheduler, all run through :func:`run_rounds`, so the loop, the progress
-bar and its counts are written once.
+:mod:`~pyro_autospec.engine.euler_tokens` and :mod:`~pyro_autospec.engine.euler_baselines`,
+and the reference engine's scheduler, all run through :func:`run_rounds`, so the loop, the
+progress bar and its counts are written once.
 """
 
 from __future__ import annotations

@@ -22,7 +22,12 @@ import torch
 
 from pyro_autospec.guides.networks import GuideContext
 from pyro_autospec.guides.structure import factor_sites, simulate_discrete
-from pyro_autospec.guides.training import fit_posterior, fit_posterior_datasets, train
+from pyro_autospec.guides.training import (
+    fit_posterior,
+    fit_posterior_datasets,
+    seeded_generator,
+    train,
+)
 from pyro_autospec.model import discover_sites
 
 __all__ = ["GuideTraining"]
@@ -266,7 +271,7 @@ class GuideTraining:
             if probs.shape[0] != num or bool((probs < 0).any()) or not probs.sum() > 0:
                 raise ValueError("weights must be non-negative, one per draw, not all zero")
             probs = probs / probs.sum()
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        gen = seeded_generator(seed)
 
         def step_loss(step: int):
             idx = torch.multinomial(probs, batch_size, replacement=True, generator=gen)
@@ -398,7 +403,7 @@ class GuideTraining:
             )
         bank = self.context_for(observed, *args, **kwargs)
         coords = coords.to(self.device)
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        gen = seeded_generator(seed)
 
         def step_loss(step: int):
             idx = torch.randint(0, coords.shape[0], (batch_size,), generator=gen)

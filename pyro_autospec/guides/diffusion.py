@@ -36,7 +36,7 @@ from torch import nn
 
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
 from pyro_autospec.guides._files import load_plain, match_dtypes, plain, save_plain
-from pyro_autospec.guides.training import train
+from pyro_autospec.guides.training import seeded_generator, train
 from pyro_autospec.model import (
     ContinuousLayout,
     check_layout,
@@ -382,8 +382,9 @@ class DiffusionGuide(PyroModule):
         times, weights = self._step_weights(weighting)
         times = times.to(param.device, param.dtype)
         weights = weights.to(param.device, param.dtype)
-        gen = torch.Generator(device=param.device)
-        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        if seed is None:  # a generator on the device all the same, seeded from torch's stream
+            seed = int(torch.randint(0, 2**62, ()).item())
+        gen = seeded_generator(seed, param.device)
         num = y.shape[0]
 
         def step_loss(step: int):

@@ -47,6 +47,14 @@ __all__ = ["OBJECTIVES", "fit_posterior", "train"]
 OBJECTIVES = ("reverse", "forward", "both")
 
 
+def seeded_generator(seed: int | None, device: torch.device | str | None = None):
+    """The random stream of a training loop: a ``torch.Generator`` on ``device`` (default the
+    CPU) seeded with ``seed``, or ``None`` (torch's global stream) when ``seed`` is ``None``."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 def train(
     module: torch.nn.Module,
     step_loss: Callable[[int], tuple[torch.Tensor, float]],
@@ -316,7 +324,7 @@ def fit_posterior(
     oracle = guide.oracle(*args, **kwargs)
     context = oracle.context
     layout = guide.layout
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    gen = seeded_generator(seed)
     seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
     estimator = PosteriorEstimator(objective, num_positions, gen)
 
@@ -379,7 +387,7 @@ def fit_posterior_datasets(
     num_sets = next(iter(observed.values())).shape[0]
     per_set = max(2, int(num_particles) // int(datasets_per_step))
     count = min(int(datasets_per_step), num_sets)
-    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    gen = seeded_generator(seed)
     seeds = torch.randint(0, 2**62, (int(num_steps),), generator=gen).tolist()
     estimator = PosteriorEstimator(objective, num_positions, gen)
     bank = guide.context_for(observed, *args, **kwargs)

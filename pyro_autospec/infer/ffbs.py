@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.result import SampleResult
 
 __all__ = ["FFBSPlan", "MAX_BUCKET_ENTRIES", "MAX_TOTAL_ENTRIES", "plan_ffbs", "sample_exact"]
@@ -227,7 +228,7 @@ def plan_ffbs(oracle) -> FFBSPlan | None:
     >>> result.samples.shape, result.method, plan.num_steps
     (torch.Size([4, 3]), 'ffbs', 3)
     """
-    if getattr(oracle, "num_draws", None) is not None:
+    if oracle_num_draws(oracle) is not None:
         return None
     start = time.perf_counter()
     specs = oracle._evidence

@@ -29,6 +29,7 @@ import torch
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
+from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.model.continuous import ContinuousSite
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
@@ -288,7 +289,7 @@ class SiteLayout:
         values = torch.zeros(2, self.num_coords, dtype=torch.long, device=device)
         mask = torch.zeros(2, self.num_coords, dtype=torch.bool, device=device)
         extra = {}
-        if getattr(oracle, "num_draws", None) is not None:  # a family: ask about draw 0
+        if oracle_num_draws(oracle) is not None:  # a family: ask about draw 0
             extra["draws"] = torch.zeros(2, dtype=torch.long, device=device)
         out = oracle.log_marginals(values, mask, **extra)
         if tuple(out.shape) != (2, self.num_coords, self.num_values):

@@ -184,10 +184,6 @@ def constant_factor(tensor: torch.Tensor, dims: str) -> torch.Tensor:
     return tensor
 
 
-def _kept(dims: str, elim: str) -> str:
-    return "".join(d for d in dims if d not in elim)
-
-
 def plan_contraction(inputs: list[str], output: str, sizes: dict[str, int]) -> list[tuple]:
     """A greedy elimination plan for ``sum_{dims not in output} prod inputs``.
 

@@ -51,8 +51,8 @@ def numpy_generator(seed) -> np.random.Generator:
 
 # -- memory budgets ---------------------------------------------------------------------------
 # On a GPU, a chunk of rows is a handful of kernel launches: chunks sized for a CPU cache leave
-# it idle. `python benchmarks/oracle_chunks.py` measures it (benchmarks/README.md): larger
-# chunks made the DPP oracle several times faster on an H100 and slower on a CPU.
+# it idle, while on a CPU large chunks leave the cache. Hence a larger budget on a GPU;
+# `python benchmarks/oracle_chunks.py` measures the trade-off (benchmarks/README.md).
 _GPU_WORK_ENTRIES = 1 << 27  # float64 entries: 1 GiB
 _GPU_MEMORY_FRACTION = 16  # and at most 1/16 of the GPU's memory
 

@@ -32,10 +32,9 @@ class TabularOracle(ExactOracle):
     device : str or torch.device, optional
         Where to keep the table (default: where the table is, else CPU).
     table, log
-        Removed: a table passed by position (or with ``log=``) raises a ``TypeError`` that
-        says to pass ``logits=`` or ``probs=``. The table used to be read as log values when
-        it had a negative entry, which read log-potentials that are all ``>= 0`` as
-        probabilities.
+        Not accepted: a table passed by position (or with ``log=``) raises a ``TypeError``
+        that says to pass ``logits=`` or ``probs=``, since the sign of the entries cannot tell
+        log-potentials that are all ``>= 0`` from probabilities.
 
     Attributes
     ----------
@@ -90,8 +89,8 @@ class TabularOracle(ExactOracle):
             raise TypeError(
                 "TabularOracle takes the joint table as logits= (log-potentials: unnormalised "
                 "log probabilities, -inf for impossible states) or probs= (non-negative "
-                "weights); it no longer guesses which from the sign of the entries (a table of "
-                f"log-potentials >= 0 was read as probabilities). Pass the table as {hint}"
+                "weights); the sign of the entries cannot tell which (log-potentials may all "
+                f"be >= 0). Pass the table as {hint}"
                 "; log=True meant logits=, log=False probs=."
             )
         if (logits is None) == (probs is None):
