@@ -35,7 +35,7 @@ import torch
 from pyro import poutine
 from pyro.infer import config_enumerate, infer_discrete
 
-from pyro_autospec.diagnostics import to_inference_data
+from pyro_autospec.diagnostics.arviz import summary, to_inference_data
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.oracles.markov import MarkovChainOracle
@@ -376,11 +376,9 @@ def run_demo(
 
 
 def _arviz_summary(idata, names: list[str]) -> dict[str, tuple[str, ...]]:
-    import arviz as az
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # constant sites: r_hat 0/0
-        table = az.summary(idata, var_names=names, kind="all")
+        table = summary(idata, var_names=names, kind="all")
     return {
         name: (
             f"{table.loc[name, 'mean']:.3f}",

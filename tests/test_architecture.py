@@ -138,3 +138,26 @@ def test_the_reader_sees_relative_and_function_level_imports(tmp_path):
         (1, "pyro_autospec.oracles", False),
         (5, "pyro_autospec.engine", True),
     ]
+
+
+#: Third-party modules a function may import on first use (docs/architecture.md): ArviZ only
+#: in the one module that calls it, SciPy and Matplotlib anywhere; every other module is
+#: imported at the top.
+LAZY_THIRD_PARTY = {
+    "arviz": {"pyro_autospec/diagnostics/arviz.py"},
+    "scipy": None,
+    "matplotlib": None,
+}
+
+
+def test_function_level_imports_of_other_packages_are_the_slow_or_optional_ones():
+    found = []
+    for path in modules():
+        rel = str(path.relative_to(ROOT))
+        for line, target, in_function in imports(path):
+            top = target.partition(".")[0]
+            if not in_function or top in ("pyro_autospec", "__future__"):
+                continue
+            if top not in LAZY_THIRD_PARTY or rel not in (LAZY_THIRD_PARTY[top] or {rel}):
+                found.append(f"{where(path, line)}: {target}")
+    assert not found, "function-level imports to move to the top:\n" + "\n".join(found)

@@ -3,7 +3,10 @@
 ArviZ 0.x builds an ``InferenceData`` with ``az.from_dict(posterior=..., sample_stats=..., ...)``
 (one keyword per group). ArviZ 1.x (Python >= 3.12) takes ONE nested dict
 ``{group: {variable: array}}`` and returns an ``xarray.DataTree``; it has no ``from_pyro``.
-Everything else in the project calls :func:`to_inference_data` and never ``az.from_dict``.
+Everything else in the project calls :func:`to_inference_data` and never ``az.from_dict``,
+and reaches ArviZ's statistics through :func:`summary` and :func:`psislw`. ArviZ is imported
+on first use (importing it takes over a second), so that loading the library does not pay
+for it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["to_inference_data", "arviz_major_version", "GROUPS"]
+__all__ = ["to_inference_data", "arviz_major_version", "summary", "psislw", "GROUPS"]
 
 GROUPS = ("posterior", "sample_stats", "log_likelihood", "observed_data")
 
@@ -25,6 +28,21 @@ def arviz_major_version() -> int:
     except ImportError:
         return -1
     return int(str(az.__version__).split(".")[0])
+
+
+def summary(data: Any, **kwargs: Any) -> Any:
+    """``az.summary(data, **kwargs)``: ArviZ's table of means, ESS and r-hat (a DataFrame)."""
+    import arviz as az
+
+    return az.summary(data, **kwargs)
+
+
+def psislw(log_weights: np.ndarray) -> tuple[np.ndarray, float]:
+    """``az.psislw``: Pareto-smoothed log weights (``[N]``) and the Pareto shape ``k-hat``."""
+    import arviz as az
+
+    smoothed, khat = az.psislw(log_weights)
+    return np.asarray(smoothed), float(khat)
 
 
 def _as_numpy(group: Mapping[str, Any] | None) -> dict[str, np.ndarray] | None:

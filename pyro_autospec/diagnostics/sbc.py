@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
@@ -198,8 +199,6 @@ def sbc(
     >>> result.ranks["loc"].shape, int(result.ranks["loc"].max()) <= 19
     (torch.Size([50]), True)
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(num_posterior_samples, int) or num_posterior_samples < 1:
         raise ValueError(
             f"num_posterior_samples must be a positive int; got {num_posterior_samples!r}"

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from pyro_autospec.diagnostics.arviz import psislw
+
 __all__ = [
     "FLAT_LOG_WEIGHTS",
     "IMH_ACCEPTANCE_LOW",
@@ -79,8 +81,6 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
     >>> round(float(np.exp(smoothed).sum()), 6), khat < 0.5
     (1.0, True)
     """
-    import arviz as az
-
     lw = _as_numpy(log_weight).reshape(-1)
     finite = np.isfinite(lw)
     if finite.sum() == 0:
@@ -100,7 +100,7 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
         return out, -math.inf
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        smoothed, khat = az.psislw(lw[finite] - lw[finite].max())
+        smoothed, khat = psislw(lw[finite] - lw[finite].max())
     out[finite] = smoothed
     return out, float(khat)
 

@@ -18,6 +18,8 @@ import math
 import time
 from typing import Any, Protocol
 
+from tqdm.auto import tqdm
+
 __all__ = ["RoundStepper", "progress_bar", "run_rounds"]
 
 
@@ -45,8 +47,6 @@ def progress_bar(progress: bool, total: int, desc: str, unit: str = "draw") -> A
     """A tqdm bar over ``total`` units (``None`` when ``progress`` is False)."""
     if not progress:
         return None
-    from tqdm.auto import tqdm
-
     return tqdm(total=total, desc=desc, unit=unit)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.guides.structure import joint_log_prob
@@ -111,8 +112,6 @@ def train(
     >>> history[-1] < 1e-3 < history[0]
     True
     """
-    from tqdm.auto import tqdm
-
     if not isinstance(num_steps, int) or num_steps < 1:
         raise ValueError(f"num_steps must be a positive int; got {num_steps!r}")
     if not lr > 0:
