@@ -73,7 +73,7 @@ def to_inference_data(
     posterior : dict
         ``name -> array[chain, draw, *shape]`` (NumPy arrays or tensors).
     sample_stats : dict, optional
-        ``name -> array[chain, draw]`` (``lp``, ``diverging``, ``n_rounds``, ...).
+        ``name -> array[chain, draw]`` (``lp``, ``diverging``, ``sample_rounds``, ...).
     log_likelihood : dict, optional
         Observed site name ``-> array[chain, draw, *batch_shape]``: pointwise log likelihood.
     observed_data : dict, optional

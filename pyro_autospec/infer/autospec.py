@@ -663,7 +663,7 @@ class AutoSpec:
         dict
             Each ``Tensor[num_chains, num_samples]`` (``group_by_chain``) or flattened:
 
-            * ``n_rounds`` (long): rounds in which the draw's discrete sites had an oracle
+            * ``sample_rounds`` (long): rounds in which the draw's discrete sites had an oracle
               query in flight (its latency; the sequential sampler takes ``n`` per draw);
               for forward filtering, backward sampling (``results[0].method == "ffbs"``),
               the backward pass's sequential steps, one per site;

@@ -63,7 +63,7 @@ class DiffusionRun(RunBase):
             observed=self.observed,
         )
         per_chain = {name: [] for name in guide_layout.names}
-        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        extra = {"sample_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
         pointwise = {name: [] for name in self.observed}
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
@@ -87,7 +87,7 @@ class DiffusionRun(RunBase):
                 per_chain[name].append(out.samples[name])
             for name in pointwise:
                 pointwise[name].append(out.pointwise[name])
-            extra["n_rounds"].append(out.sample_rounds.cpu().long())
+            extra["sample_rounds"].append(out.sample_rounds.cpu().long())
             extra["oracle_rows"].append(
                 torch.full(
                     (self.num_samples,), out.oracle_rows / self.num_samples, dtype=torch.float64

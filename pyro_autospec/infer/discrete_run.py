@@ -149,7 +149,7 @@ class DiscreteRun(RunBase):
         per_chain = {name: [] for name in layout.names}
         determ = {name: [] for name in layout.deterministic}
         pointwise = {name: [] for name in layout.observed}
-        extra = {"n_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        extra = {"sample_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
         if self.weights_tracked:
             extra["log_weight"] = []
         if self.correction == "imh":
@@ -191,7 +191,7 @@ class DiscreteRun(RunBase):
                     pointwise[name].append(table[keep])
                 else:  # the distinct draws' rows index the host draws
                     pointwise[name].append((table, rows[keep.to(rows.device)]))
-            extra["n_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
+            extra["sample_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
             extra["oracle_rows"].append(
                 torch.full(
                     (self.num_samples,),

@@ -163,7 +163,7 @@ class MixedRun(RunBase):
         self.observed = dict(layout.observed)
         rows = result.oracle_rows / total
         self.extra = {
-            "n_rounds": by_chain(result.sample_rounds.long()),
+            "sample_rounds": by_chain(result.sample_rounds.long()),
             "oracle_rows": torch.full(
                 (self.num_chains, self.num_samples), rows, dtype=torch.float64
             ),

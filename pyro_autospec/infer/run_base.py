@@ -411,7 +411,7 @@ class RunBase:
                 diag["rounds"] = {"all chains": sum(r.rounds for r in self.results)}
                 diag["oracle_rows"] = {"all chains": sum(r.oracle_rows for r in self.results)}
                 diag["wall_time"] = {"all chains": sum(r.wall_time for r in self.results)}
-            rounds = self.extra["n_rounds"].double()
+            rounds = self.extra["sample_rounds"].double()
             diag["mean rounds per draw"] = {
                 c: float(r.mean()) for c, r in zip(chains, rounds, strict=True)
             }
@@ -504,7 +504,7 @@ class RunBase:
         extras = self.extras()
         extra = self.extra
         sample_stats = {
-            k: extra[k] for k in ("lp", "n_rounds", "oracle_rows", "oracle_log_prob") if k in extra
+            k: extra[k] for k in ("lp", "sample_rounds", "oracle_rows", "oracle_log_prob") if k in extra
         }
         sample_stats["diverging"] = torch.zeros(extra["lp"].shape, dtype=torch.bool)
         sample_stats.update(extras.sample_stats)

@@ -1,5 +1,7 @@
 """AutoSpec's MCMC-like interface: shapes, dtypes, extra fields, diagnostics, ArviZ, oracles."""
 
+from dataclasses import fields
+
 import arviz as az
 import numpy as np
 import pyro
@@ -8,6 +10,7 @@ import pytest
 import torch
 from pyro import poutine
 
+from pyro_autospec.engine import SampleResult
 from pyro_autospec.engine.methods import Schedule
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model.enum import EnumOracle
@@ -41,8 +44,10 @@ def test_get_samples_shapes_and_dtypes(fitted):
 
 def test_extra_fields(fitted):
     extra = fitted.get_extra_fields()
-    assert set(extra) == {"n_rounds", "oracle_rows", "lp", "oracle_log_prob"}
-    assert extra["n_rounds"].shape == (80,) and extra["n_rounds"].dtype == torch.long
+    assert set(extra) == {"sample_rounds", "oracle_rows", "lp", "oracle_log_prob"}
+    # the counts go by the names of the engine's result
+    assert {"sample_rounds", "oracle_rows"} <= {f.name for f in fields(SampleResult)}
+    assert extra["sample_rounds"].shape == (80,) and extra["sample_rounds"].dtype == torch.long
     assert extra["lp"].dtype == torch.float64
     assert fitted.get_extra_fields(group_by_chain=True)["lp"].shape == (2, 40)
     # lp is log p(x, data): check one draw directly
@@ -101,7 +106,7 @@ def test_sequential_method_and_schedule_knobs():
     fit = AutoSpec(model, num_samples=10, method="sequential", seed=2, disable_progbar=True).run(
         DATA
     )
-    assert (fit.get_extra_fields()["n_rounds"] == 4).all()
+    assert (fit.get_extra_fields()["sample_rounds"] == 4).all()
     with pytest.raises(TypeError, match="unknown keyword"):
         AutoSpec(model, num_samples=10, not_a_knob=3)
     with pytest.raises(ValueError, match="method"):

@@ -28,7 +28,7 @@ def test_samples_shapes_and_extra_fields(autospec):
     grouped = autospec.get_samples(group_by_chain=True)
     assert grouped["loc"].shape == (2, 40, 2)
     extra = autospec.get_extra_fields(group_by_chain=True)
-    assert extra["n_rounds"].shape == (2, 40) and (extra["n_rounds"] >= 1).all()
+    assert extra["sample_rounds"].shape == (2, 40) and (extra["sample_rounds"] >= 1).all()
     assert torch.isfinite(extra["lp"]).all()
 
 
@@ -40,7 +40,7 @@ def test_summary_diagnostics_and_arviz(autospec, capsys):
     assert "divergences" in diag and "loc" in diag
     idata = autospec.to_inference_data()
     assert set(idata.posterior.data_vars) == {"loc", "scale"}
-    assert "n_rounds" in idata.sample_stats and "y_loc" in idata.log_likelihood
+    assert "sample_rounds" in idata.sample_stats and "y_loc" in idata.log_likelihood
 
 
 def test_corrections_need_a_density(data):

@@ -195,8 +195,8 @@ def test_method_is_recorded_everywhere(capsys):
     fit = sample(hmm, YS, num_samples=20, sampler="auto")
     assert fit.diagnostics()["sampler"] == "ffbs"
     extra = fit.get_extra_fields()
-    assert set(extra) == {"n_rounds", "oracle_rows", "lp", "oracle_log_prob"}
-    assert (extra["n_rounds"] == 4).all() and (extra["oracle_rows"] == 0).all()
+    assert set(extra) == {"sample_rounds", "oracle_rows", "lp", "oracle_log_prob"}
+    assert (extra["sample_rounds"] == 4).all() and (extra["oracle_rows"] == 0).all()
     fit.summary()
     out = capsys.readouterr().out
     assert "forward filtering, backward sampling" in out and "Self-check passed" in out
