@@ -515,7 +515,9 @@ class OracleRows:
 
         The sequential samplers with every draw in step keep their partial samples dense and
         ask this each step. The inputs are copied into fresh tensors first, so an oracle that
-        writes into its inputs cannot change the caller's.
+        writes into its inputs cannot change the caller's, unless the oracle borrows its inputs
+        (:func:`~pyro_autospec.engine.protocols.borrows_inputs`): it then reads views of the
+        caller's.
 
         Parameters
         ----------
@@ -537,10 +539,13 @@ class OracleRows:
         for lo in range(0, total, step):
             hi = min(total, lo + step)
             begin = time.perf_counter()
-            vals = self._buffer(hi - lo, torch.long)
-            vals.copy_(values[lo:hi])
-            pinned = self._buffer(hi - lo, torch.bool)
-            pinned.copy_(mask[lo:hi])
+            if self.borrows_inputs:
+                vals, pinned = values[lo:hi], mask[lo:hi]
+            else:
+                vals = self._buffer(hi - lo, torch.long)
+                vals.copy_(values[lo:hi])
+                pinned = self._buffer(hi - lo, torch.bool)
+                pinned.copy_(mask[lo:hi])
             self.seconds["inputs"] += time.perf_counter() - begin
             pieces.append(
                 self._call_at(vals, pinned, coord[lo:hi].unsqueeze(1), draws[lo:hi], valid)

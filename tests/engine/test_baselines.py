@@ -191,10 +191,10 @@ class Borrows:
 def test_an_oracle_that_borrows_its_inputs_gets_the_same_ones_updated_in_place(
     targeted, monkeypatch
 ):
-    """In lock step on a CPU, an oracle that borrows its inputs is handed the same tensors at
-    every step, with the coordinates drawn since written into them (so step ``t`` pins ``t``
-    coordinates of every draw); the draws are those of fresh inputs, also when a step takes
-    several calls."""
+    """In lock step, an oracle that borrows its inputs is handed the same tensors at every step,
+    with the coordinates drawn since written into them (so step ``t`` pins ``t`` coordinates
+    of every draw); the draws are those of fresh inputs, also when a step takes several calls,
+    on the host's arrays and on the device's dense tensors."""
     stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
     fresh = sample_any_order(chain, 6, seed=9, method="sequential")
@@ -208,13 +208,21 @@ def test_an_oracle_that_borrows_its_inputs_gets_the_same_ones_updated_in_place(
     steps = []
     counted = host_plane._Lockstep._counted
     monkeypatch.setattr(
-        host_plane._Lockstep, "_counted", lambda self: steps.append(self.borrowed) or counted(self)
+        host_plane._Lockstep,
+        "_counted",
+        lambda self: steps.append(getattr(self, "borrowed", None)) or counted(self),
     )
     budget = 2 * (40 + (1 if targeted else 40) * 3)  # two rows' inputs and outputs
     split = Borrows(chain, targeted)
     chunked = sample_any_order(split, 6, seed=9, method="sequential", max_elements=budget)
     assert steps == [True] * 40 and len(split.tensors) == 3
     assert torch.equal(chunked.samples, fresh.samples)
+    # the device's lock step (dense tensors, run on a CPU) hands views of its own tensors
+    monkeypatch.setattr(HostRows, "zero_copy", False)
+    on_device = Borrows(chain, targeted)
+    dense = sample_any_order(on_device, 6, seed=9, method="sequential")
+    assert len(on_device.tensors) == 1 and on_device.pinned == [[t] for t in range(40)]
+    assert torch.equal(dense.samples, fresh.samples)
 
 
 def test_an_oracle_that_writes_into_borrowed_inputs_is_told_so():

@@ -358,10 +358,10 @@ class _Borrowing:
 
 def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypatch):
     """Sequential sampling with every draw in flight runs in lock step: on a CPU over the host
-    control plane's arrays (with fresh inputs for each call, or, for an oracle that borrows
-    its inputs, the same ones updated in place), elsewhere over dense tensors on the oracle's
-    device (run here on a CPU with ``HostRows.zero_copy`` off). All ask the same rows: the
-    same draws and log probabilities, bit for bit, for every oracle."""
+    control plane's arrays, elsewhere over dense tensors on the oracle's device (run here on a
+    CPU with ``HostRows.zero_copy`` off); each with fresh inputs for every call, or, for an
+    oracle that borrows its inputs, the same ones updated in place. All ask the same rows:
+    the same draws and log probabilities, bit for bit, for every oracle."""
     _, oracle = case
     steps = []
     counted = host_plane._Lockstep._counted
@@ -375,12 +375,11 @@ def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypa
     borrowed = sample_any_order(_Borrowing(oracle), 7, seed=5, method="sequential")
     monkeypatch.setattr(HostRows, "zero_copy", False)
     device = sample_any_order(oracle, 7, seed=5, method="sequential")
+    device_borrowed = sample_any_order(_Borrowing(oracle), 7, seed=5, method="sequential")
     n, lockstep = oracle.num_coords, host_plane._HostLockstep
-    assert (
-        steps
-        == [(lockstep, False)] * n + [(lockstep, True)] * n + [(host_plane._Lockstep, None)] * n
-    )
-    for other in (borrowed, device):
+    on_host = [(lockstep, False)] * n + [(lockstep, True)] * n
+    assert steps == on_host + [(host_plane._Lockstep, None)] * (2 * n)
+    for other in (borrowed, device, device_borrowed):
         assert torch.equal(host.samples, other.samples)
         assert torch.equal(host.log_prob, other.log_prob)
 
