@@ -122,10 +122,10 @@ class MarginalOracle(Protocol):
     *Borrowed inputs.* An oracle that reads its inputs only while a call runs (it keeps no
     reference to them, nor to views of them, once it returns, and never writes into them) may
     set the class attribute ``borrows_inputs = True``. The engine may then hand successive
-    calls the same input tensors, updated in place between calls. On a CPU, sequential
-    sampling in lock step (one coordinate of every draw per call) then writes only the
-    coordinates drawn since the last call instead of copying every draw's ``[n]`` values and
-    mask for each call. The draws are the same either way.
+    calls the same input tensors, updated in place between calls. Sequential sampling in lock
+    step (one coordinate of every draw per call) then writes only the coordinates drawn since
+    the last call instead of copying every draw's ``[n]`` values and mask for each call. The
+    draws are the same either way.
 
     *One answer to one question.* Before sampling, the engine asks the oracle a handful of
     small questions every way it offers (:func:`~pyro_autospec.engine.consistency.
