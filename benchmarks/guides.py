@@ -276,7 +276,7 @@ def train_guide(model_args, architecture, objective, seconds, args, hidden_dim=N
 def guide_draws(oracle, model_args, num, seed, method="sequential"):
     """Exact draws of a guide and their log weights: (samples, log_weight, seconds)."""
     from pyro_autospec.engine import sample_any_order
-    from pyro_autospec.guides.structure import joint_log_prob
+    from pyro_autospec.model.simulation import joint_log_prob
 
     guide = getattr(oracle, "guide", oracle)
     start = time.perf_counter()
@@ -569,7 +569,7 @@ def part_amortised(args, model_args) -> None:
     from pyro_autospec.diagnostics.weights import weight_diagnostics
     from pyro_autospec.engine import sample_any_order
     from pyro_autospec.guides import AnyOrderGuide
-    from pyro_autospec.guides.structure import joint_log_prob
+    from pyro_autospec.model.simulation import joint_log_prob
 
     y, side, coupling, noise = model_args
     num_sets, per_set = (4, 64) if args.smoke else (20, 400)

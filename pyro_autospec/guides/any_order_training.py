@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from pyro_autospec.guides.networks import GuideContext
-from pyro_autospec.guides.structure import factor_sites, simulate_discrete
 from pyro_autospec.guides.training import (
     fit_posterior,
     fit_posterior_datasets,
@@ -29,6 +28,7 @@ from pyro_autospec.guides.training import (
     train,
 )
 from pyro_autospec.model import discover_sites
+from pyro_autospec.model.simulation import factor_sites, simulate_discrete
 
 __all__ = ["GuideTraining"]
 

@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from pyro_autospec.engine import sample_any_order
-from pyro_autospec.guides.structure import joint_log_prob
+from pyro_autospec.model.simulation import joint_log_prob
 
 __all__ = ["OBJECTIVES", "fit_posterior", "train"]
 

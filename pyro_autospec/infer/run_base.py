@@ -504,7 +504,9 @@ class RunBase:
         extras = self.extras()
         extra = self.extra
         sample_stats = {
-            k: extra[k] for k in ("lp", "sample_rounds", "oracle_rows", "oracle_log_prob") if k in extra
+            k: extra[k]
+            for k in ("lp", "sample_rounds", "oracle_rows", "oracle_log_prob")
+            if k in extra
         }
         sample_stats["diverging"] = torch.zeros(extra["lp"].shape, dtype=torch.bool)
         sample_stats.update(extras.sample_stats)

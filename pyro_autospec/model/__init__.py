@@ -2,8 +2,10 @@
 
 Tracing it once (:mod:`.tracing`), its discrete latent sites and their coordinates
 (:mod:`.discrete`), its continuous latent sites and data (:mod:`.continuous`), the batched log
-joint of draws (:mod:`.log_joint`), and the exact oracle of its discrete sites by enumeration,
-compiled once (:class:`EnumOracle`, :mod:`.enum`, with its contraction :mod:`.enum_contract`).
+joint of draws (:mod:`.log_joint`), forward simulation and the log joint of draws each with its
+own data (:mod:`.simulation`, which the guides use), and the exact oracle of its discrete sites
+by enumeration, compiled once (:class:`EnumOracle`, :mod:`.enum`, with its contraction
+:mod:`.enum_contract`).
 It imports Pyro, the engine's protocols and the exact oracles (the enumeration oracle lowers
 chains to :class:`~pyro_autospec.oracles.PairwiseChainOracle`), and nothing above them, so
 :mod:`pyro_autospec.infer` and :mod:`pyro_autospec.guides` can both import it without

@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 from pyro import poutine
-from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
 from pyro_autospec.model.errors import AutoSpecModelError, UnsupportedSiteError
-from pyro_autospec.model.tracing import over_draws, plate_nesting, site_role, trace_model
+from pyro_autospec.model.tracing import plate_nesting, simulate_trace, site_role, trace_model
 
 __all__ = [
     "ContinuousLayout",
@@ -403,14 +402,11 @@ def simulate(
     if not isinstance(num_simulations, (int, np.integer)) or num_simulations < 1:
         raise ValueError(f"num_simulations must be a positive int, got {num_simulations!r}")
     num = int(num_simulations)
-    unconditioned = poutine.uncondition(model)
     with _fork_rng(seed), torch.no_grad():
         if vectorize:
-            with poutine.block():
-                batched = over_draws(unconditioned, num, layout.max_plate_nesting)
-                trace = poutine.trace(batched).get_trace(*args, **kwargs)
-            traces = [prune_subsample_sites(trace)]
+            traces = [simulate_trace(model, args, kwargs, num, layout.max_plate_nesting)]
         else:
+            unconditioned = poutine.uncondition(model)
             traces = [trace_model(unconditioned, args, kwargs) for _ in range(num)]
     latents, data = {}, {}
     for site in layout.sites:

@@ -1,6 +1,8 @@
 """Tracing a Pyro model once, and reading its sites: the helpers every other module shares.
 
 * :func:`trace_model`: one trace under ``poutine.block`` (nothing leaks to an outer handler);
+* :func:`over_draws`, :func:`simulate_trace`: the model batched over a plate of draws, and
+  one forward simulation of it (observed sites sampled);
 * :func:`check_subsampling`: a clear error for plates that subsample their data at random;
 * :func:`site_role`: ``"latent"``, ``"data"``, ``"deterministic"``, ``"factor"`` or
   ``"subsample"`` for every sample site;
@@ -39,6 +41,7 @@ __all__ = [
     "plate_dims",
     "plate_nesting",
     "scaled_sites",
+    "simulate_trace",
     "site_role",
     "compute_log_prob",
     "plain_run_note",
@@ -74,6 +77,47 @@ def over_draws(model: Callable, num_draws: int, max_plate_nesting: int) -> Calla
             return model(*args, **kwargs)
 
     return batched
+
+
+def simulate_trace(
+    model: Callable, args: tuple, kwargs: dict | None, num: int, max_plate_nesting: int
+):
+    """One forward simulation of ``num`` draws of the model, observed sites sampled.
+
+    ``poutine.uncondition(model)`` under the plate of draws (:func:`over_draws`), traced inside
+    ``poutine.block`` (nothing leaks to an outer handler), the plates' subsample sites pruned.
+    Torch's RNG is the caller's: seed or fork it around the call.
+
+    Parameters
+    ----------
+    model : callable
+    args, kwargs
+        The model's arguments (the observed values themselves are ignored).
+    num : int
+        The number of draws (the size of the plate of draws).
+    max_plate_nesting : int
+        The model's plate depth; the plate of draws sits at ``dim = -(max_plate_nesting + 1)``.
+
+    Returns
+    -------
+    pyro.poutine.Trace
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> def model(y):
+    ...     z = pyro.sample("z", dist.Bernoulli(0.5))
+    ...     with pyro.plate("data", 3):
+    ...         pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+    >>> trace = simulate_trace(model, (torch.zeros(3),), {}, 4, max_plate_nesting=1)
+    >>> trace.nodes["z"]["value"].shape, trace.nodes["y"]["value"].shape
+    (torch.Size([4, 1]), torch.Size([4, 3]))
+    """
+    kwargs = {} if kwargs is None else kwargs
+    with poutine.block():
+        batched = over_draws(poutine.uncondition(model), num, max_plate_nesting)
+        trace = poutine.trace(batched).get_trace(*args, **kwargs)
+    return prune_subsample_sites(trace)
 
 
 def trace_model(model: Callable, args: tuple = (), kwargs: dict | None = None, *, prune=True):

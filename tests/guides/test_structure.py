@@ -3,15 +3,9 @@
 import pytest
 import torch
 
-from pyro_autospec.guides.structure import (
-    factor_sites,
-    joint_log_prob,
-    probe_potentials,
-    probe_structure,
-    simulate_discrete,
-)
+from pyro_autospec.guides.structure import probe_potentials, probe_structure
 from pyro_autospec.model import discover_sites, enumerate_posterior, log_joint
-from tests.guides._models import generative_pairs, ising_cycle, mixed_sites, potts_triangle
+from tests.guides._models import ising_cycle, mixed_sites, potts_triangle
 
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])
 POTTS_DATA = torch.tensor([0.2, 1.7, 0.9])
@@ -83,33 +77,3 @@ def test_potentials_of_other_data_sets_equal_a_fresh_probe():
         assert torch.allclose(pairwise[k], fresh.pairwise, atol=1e-5)
     own_unary, _ = probe_potentials(ising_cycle, (CYCLE_DATA,), {}, layout, structure)
     assert torch.allclose(own_unary[0], structure.unary, atol=1e-6)
-
-
-def test_joint_log_prob_with_per_draw_data():
-    layout = discover_sites(ising_cycle, (CYCLE_DATA,))
-    coords = torch.randint(0, 2, (5, 6))
-    data = torch.randn(5, 6)
-    batched = joint_log_prob(ising_cycle, (CYCLE_DATA,), {}, layout, coords, {"y": data})
-    for k in range(5):
-        alone = log_joint(
-            ising_cycle, (data[k],), {}, layout, layout.from_coords(coords[k : k + 1])
-        )
-        assert torch.allclose(batched[k], alone[0], atol=1e-4)
-    with pytest.raises(ValueError, match="not observed"):
-        joint_log_prob(ising_cycle, (CYCLE_DATA,), {}, layout, coords, {"z": data})
-
-
-def test_simulation_and_factor_sites():
-    data = torch.zeros(5)
-    layout = discover_sites(generative_pairs, (data,))
-    coords, observed = simulate_discrete(generative_pairs, (data,), {}, layout, 4000, seed=0)
-    assert coords.shape == (4000, 5) and observed["y"].shape == (4000, 5)
-    # z1 follows z0 with probability 0.85; y is centred on 2 z - 1.
-    agree = (coords[:, 1] == coords[:, 0]).double().mean()
-    assert abs(float(agree) - 0.85) < 5 * (0.85 * 0.15 / 4000) ** 0.5
-    residual = observed["y"] - (2.0 * coords - 1.0)
-    assert abs(float(residual.std()) - 0.7) < 0.02
-    again, _ = simulate_discrete(generative_pairs, (data,), {}, layout, 4000, seed=0)
-    assert torch.equal(coords, again)
-    assert factor_sites(generative_pairs, (data,)) == []
-    assert factor_sites(ising_cycle, (CYCLE_DATA,)) == ["coupling"]
