@@ -8,6 +8,7 @@ with its file and line.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,21 @@ def test_function_level_imports_of_other_packages_are_the_slow_or_optional_ones(
             if top not in LAZY_THIRD_PARTY or rel not in (LAZY_THIRD_PARTY[top] or {rel}):
                 found.append(f"{where(path, line)}: {target}")
     assert not found, "function-level imports to move to the top:\n" + "\n".join(found)
+
+
+def floors_in_the_docs() -> dict[str, int]:
+    """``{part: floor}`` as the diagram of ``docs/architecture.md`` draws them."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = text.split("## What each package may import", 1)[1]
+    diagram = section.split("```text", 1)[1].split("```", 1)[0]
+    floors, current = {}, None
+    for line in diagram.strip("\n").splitlines():
+        match = re.match(r"(?:floor (\d+))?\s+(\S+)", line)
+        if match.group(1) is not None:
+            current = int(match.group(1))
+        floors[match.group(2)] = current
+    return floors
+
+
+def test_the_floors_the_docs_draw_are_the_tested_ones():
+    assert floors_in_the_docs() == FLOOR

@@ -162,6 +162,8 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
     #: Its row, targeted and chain queries are one network's answers, checked to agree by
     #: tests/oracles/test_conformance.py: the engine skips its consistency check.
     consistent_queries = True
+    #: It reads its inputs only during a call: the engine may reuse them.
+    borrows_inputs = True
 
     def __init__(
         self,
@@ -659,6 +661,8 @@ class ConditionedGuide:
     #: Its queries are the guide network's, checked to agree by the guide tests: the engine
     #: skips its consistency check (a training step samples through one).
     consistent_queries = True
+    #: It reads its inputs only during a call: the engine may reuse them.
+    borrows_inputs = True
 
     def __init__(self, guide: AnyOrderGuide, context: GuideContext, repeats: int = 1):
         if not isinstance(repeats, int) or repeats < 1:

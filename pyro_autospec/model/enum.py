@@ -530,6 +530,8 @@ class EnumOracle:
     #: Its queries are checked to agree by tests/oracles/test_conformance.py: the engine skips
     #: its consistency check.
     consistent_queries = True
+    #: It reads its inputs only during a call: the engine may reuse them.
+    borrows_inputs = True
 
     def __init__(
         self,

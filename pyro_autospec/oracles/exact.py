@@ -39,13 +39,17 @@ class ExactOracle:
     subclass whose methods create parameters or change state sets it to ``False``. They also
     inherit ``consistent_queries = True`` (the engine skips its consistency check; the
     conformance tests run it on every shipped oracle): a subclass that overrides a query
-    method without a conformance test sets it to ``False``.
+    method without a conformance test sets it to ``False``. And they inherit
+    ``borrows_inputs = True`` (they read their inputs only during a call, so the engine may
+    reuse them): a subclass that keeps its inputs (a cache of its last question) sets it to
+    ``False``.
     """
 
     num_coords: int
     num_values: int
     inference_safe = True
     consistent_queries = True
+    borrows_inputs = True
 
     # -- devices -----------------------------------------------------------------------------
     @property

@@ -159,14 +159,13 @@ def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
 
 
 class Borrows:
-    """A Markov chain that borrows its inputs: ``log_marginals_at`` (``targeted``) or only
-    ``log_marginals``. It records the tensors it is handed and how many coordinates each call
-    pins; ``writes`` makes it break the promise by writing into its inputs."""
+    """A Markov chain that borrows its inputs (unless ``borrows`` is False):
+    ``log_marginals_at`` (``targeted``) or only ``log_marginals``. It records the tensors it is
+    handed and how many coordinates each call pins; ``writes`` makes it break the promise by
+    writing into its inputs."""
 
-    borrows_inputs = True
-
-    def __init__(self, chain, targeted: bool, writes: bool = False):
-        self.chain, self.writes = chain, writes
+    def __init__(self, chain, targeted: bool, writes: bool = False, borrows: bool = True):
+        self.chain, self.writes, self.borrows_inputs = chain, writes, borrows
         self.num_coords, self.num_values = chain.num_coords, chain.num_values
         self.tensors, self.pinned = set(), []
         if targeted:
@@ -197,7 +196,9 @@ def test_an_oracle_that_borrows_its_inputs_gets_the_same_ones_updated_in_place(
     on the host's arrays and on the device's dense tensors."""
     stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
-    fresh = sample_any_order(chain, 6, seed=9, method="sequential")
+    fresh = sample_any_order(
+        Borrows(chain, targeted, borrows=False), 6, seed=9, method="sequential"
+    )
     oracle = Borrows(chain, targeted)
     monkeypatch.setattr(Borrows, "consistent_queries", True, raising=False)  # calls: steps only
     borrowed = sample_any_order(oracle, 6, seed=9, method="sequential")

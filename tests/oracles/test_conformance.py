@@ -344,13 +344,11 @@ def test_sampler_log_prob_is_the_chain_rule(case):
         torch.testing.assert_close(result.log_prob, joint[index], atol=1e-9, rtol=0)
 
 
-class _Borrowing:
-    """``oracle`` (every attribute forwarded) declaring that it only borrows its inputs."""
+class _Declaring:
+    """``oracle`` (every other attribute forwarded) declaring whether it borrows its inputs."""
 
-    borrows_inputs = True
-
-    def __init__(self, oracle):
-        self._oracle = oracle
+    def __init__(self, oracle, borrows: bool):
+        self._oracle, self.borrows_inputs = oracle, borrows
 
     def __getattr__(self, name):
         return getattr(self._oracle, name)
@@ -371,11 +369,12 @@ def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypa
         counted(self)
 
     monkeypatch.setattr(host_plane._Lockstep, "_counted", count)
-    host = sample_any_order(oracle, 7, seed=5, method="sequential")
-    borrowed = sample_any_order(_Borrowing(oracle), 7, seed=5, method="sequential")
+    fresh, borrowing = _Declaring(oracle, False), _Declaring(oracle, True)
+    host = sample_any_order(fresh, 7, seed=5, method="sequential")
+    borrowed = sample_any_order(borrowing, 7, seed=5, method="sequential")
     monkeypatch.setattr(HostRows, "zero_copy", False)
-    device = sample_any_order(oracle, 7, seed=5, method="sequential")
-    device_borrowed = sample_any_order(_Borrowing(oracle), 7, seed=5, method="sequential")
+    device = sample_any_order(fresh, 7, seed=5, method="sequential")
+    device_borrowed = sample_any_order(borrowing, 7, seed=5, method="sequential")
     n, lockstep = oracle.num_coords, host_plane._HostLockstep
     on_host = [(lockstep, False)] * n + [(lockstep, True)] * n
     assert steps == on_host + [(host_plane._Lockstep, None)] * (2 * n)
