@@ -69,7 +69,7 @@ smoke=()
 # The tests that run on CUDA when it is there (skipped or CPU-only otherwise).
 step tests "${LIMIT_TESTS:-40}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/engine/test_devices.py tests/engine/test_errors.py \
-    tests/infer/test_device.py tests/infer/test_ffbs.py tests/oracles/test_dpp.py \
+    tests/infer/test_device.py tests/model/test_ffbs.py tests/oracles/test_dpp.py \
     -k "cuda or device or chunk_budget"
 
 step user_oracles "${LIMIT_USER:-150}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \

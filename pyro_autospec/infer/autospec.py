@@ -162,7 +162,7 @@ class AutoSpec:
     sampler : {"auto", "engine", "ffbs"}
         How exact draws of a discrete-only model are made. ``"auto"`` (default): on a CPU
         with the default oracle and ``method="autospec"``, by forward filtering, backward
-        sampling (:mod:`~pyro_autospec.infer.ffbs`: one variable-elimination pass over the
+        sampling (:mod:`~pyro_autospec.model.ffbs`: one variable-elimination pass over the
         model's factors, then all draws at once, vectorised) whenever the elimination fits
         (chains, coupled chains, plates of chains, mixtures), else by the any-order engine.
         ``"engine"``: always the engine's ``method`` (autospeculation's rounds).

@@ -9,7 +9,7 @@ each draw carries the log importance weight ``log p(x, data) - log q_sigma(x)`` 
 (k-hat, weights' ESS, IMH acceptance) all come from :meth:`DiscreteRun.guide_report`.
 
 *Which sampler.* With the default oracle on a CPU, ``sampler="auto"`` draws by forward
-filtering, backward sampling (:mod:`pyro_autospec.infer.ffbs`: one elimination pass, then all
+filtering, backward sampling (:mod:`pyro_autospec.model.ffbs`: one elimination pass, then all
 draws at once) whenever the model's factor graph has an elimination that fits, and by the
 any-order engine (``method``) otherwise; ``"engine"`` always takes the engine, ``"ffbs"``
 requires the elimination. Both are exact and self-checked on every draw; ``results[i].method``
@@ -29,7 +29,6 @@ import torch
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
-from pyro_autospec.infer.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.infer.oracle_choice import build_oracle, guide_for_call, warn_other_data
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
@@ -37,6 +36,7 @@ from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
+from pyro_autospec.model.ffbs import plan_ffbs, sample_exact
 
 __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
@@ -122,7 +122,7 @@ class DiscreteRun(RunBase):
                 raise ValueError(
                     "sampler='ffbs' needs an elimination of the model's discrete sites that "
                     "fits: plates that nest along the sites' order, and buckets of at most "
-                    "2^22 entries (see pyro_autospec.infer.ffbs); use sampler='auto', which "
+                    "2^22 entries (see pyro_autospec.model.ffbs); use sampler='auto', which "
                     "falls back to the any-order engine"
                 )
         else:

@@ -460,7 +460,7 @@ class EnumOracle:
         Compile the factors only, and leave the measurement of the contraction (which
         refuses an intractable elimination, or plates that do not nest as a tree) and the
         chain lowering to the first query. For callers that read the factors themselves
-        (:func:`~pyro_autospec.infer.ffbs.plan_ffbs`); the queries are the same.
+        (:func:`~pyro_autospec.model.ffbs.plan_ffbs`); the queries are the same.
 
     Attributes
     ----------

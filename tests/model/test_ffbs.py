@@ -19,7 +19,7 @@ import pytest
 import torch
 from pyro.ops.indexing import Vindex
 
-import pyro_autospec.infer.ffbs as ffbs
+import pyro_autospec.model.ffbs as ffbs
 from pyro_autospec.infer import AutoSpec, SelfCheckError
 from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
