@@ -1,4 +1,4 @@
-"""EnumOracle's lowering of chain-structured models to a PairwiseChainOracle, and that oracle.
+"""EnumOracle's lowering of chain-structured models to a PairwiseChainOracle.
 
 The lowered oracle must answer exactly what the contraction answers (and what brute force over
 every assignment gives), for the handlers real HMMs use: ``pyro.markov``, ``poutine.mask``,
@@ -16,13 +16,9 @@ from pyro import poutine
 from pyro_autospec.model import enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
-from pyro_autospec.oracles import PairwiseChainOracle
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
-    assert_same_marginals,
     random_chains,
-    random_queries,
-    tabular_reference,
 )
 
 TRANS = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.0, 0.3, 0.7]])  # 2 -> 0 forbidden
@@ -191,56 +187,3 @@ def test_many_targets_use_the_contraction():
     assert oracle.num_calls == calls + 1
     oracle.log_marginals_at(values, mask, torch.tensor([[0]] * 3))  # 1 of 7: the chain
     assert oracle.num_calls == calls + 1
-
-
-# ----------------------------------------------------------------- PairwiseChainOracle alone
-def random_potentials(n, q, seed, zeros=False, scale=2.0):
-    gen = torch.Generator().manual_seed(seed)
-    unary = torch.randn(n, q, generator=gen, dtype=torch.float64) * scale
-    pairwise = torch.randn(n - 1, q, q, generator=gen, dtype=torch.float64) * scale
-    if zeros:
-        unary[n // 2, 0] = -math.inf
-        pairwise[0, 1, :2] = -math.inf
-    return unary, pairwise
-
-
-def chain_log_prob(unary, pairwise):
-    def log_prob(x):
-        total = sum(float(unary[i, x[i]]) for i in range(len(x)))
-        return total + sum(float(pairwise[i, x[i], x[i + 1]]) for i in range(len(x) - 1))
-
-    return log_prob
-
-
-@pytest.mark.parametrize(
-    "n,q,zeros,scale",
-    [
-        (1, 3, False, 2.0),
-        (2, 2, True, 2.0),
-        (6, 3, True, 2.0),
-        (7, 2, False, 2.0),
-        (8, 2, False, 300.0),
-    ],
-)
-def test_pairwise_chain_matches_brute_force(n, q, zeros, scale):
-    unary, pairwise = random_potentials(n, q, seed=n + q, zeros=zeros, scale=scale)
-    oracle = PairwiseChainOracle(unary, pairwise)
-    reference = tabular_reference(chain_log_prob(unary, pairwise), n, q)
-    values, mask, targets = random_queries(n, q, 300, seed=n)
-    assert assert_same_marginals(oracle, reference, values, mask, targets) > 100
-    values, mask, chain = random_chains(n, q, 100, min(n, 4), seed=n)
-    assert assert_chain_matches_rows(oracle, values, mask, chain, reference=reference) > 30
-
-
-@pytest.mark.parametrize(
-    "unary,pairwise,message",
-    [
-        (torch.zeros(3, 2), torch.zeros(3, 2, 2), "shape \\[n - 1, q, q\\]"),
-        (torch.zeros(3), torch.zeros(2, 2, 2), "shape \\[n, q\\]"),
-        (torch.full((3, 2), math.nan), torch.zeros(2, 2, 2), "NaN"),
-        (torch.full((3, 2), -math.inf), torch.zeros(2, 2, 2), "weight 0"),
-    ],
-)
-def test_pairwise_chain_constructor_errors(unary, pairwise, message):
-    with pytest.raises(ValueError, match=message):
-        PairwiseChainOracle(unary, pairwise)

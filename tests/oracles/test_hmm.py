@@ -4,10 +4,10 @@ import time
 import pytest
 import torch
 
-from pyro_autospec.oracles.hmm import HMMOracle
+from pyro_autospec.oracles.hmm import HMMOracle, PairwiseChainOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from tests.catalogue.oracles import random_hmm
-from tests.catalogue.references import hmm_log_prob
+from tests.catalogue.references import hmm_log_prob, pairwise_chain_log_prob
 from tests.oracles._oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -120,3 +120,48 @@ def test_chain_queries_match_rows(n, q, zeros, length):
     values, mask, chain = random_chains(n, q, 50, length, seed=n)
     compared = assert_chain_matches_rows(oracle, values, mask, chain)
     assert compared > 50 * min(length, n) // 4
+
+
+# ------------------------------------------------------------------------ PairwiseChainOracle
+def random_potentials(n, q, seed, zeros=False, scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    unary = torch.randn(n, q, generator=gen, dtype=torch.float64) * scale
+    pairwise = torch.randn(n - 1, q, q, generator=gen, dtype=torch.float64) * scale
+    if zeros:
+        unary[n // 2, 0] = -math.inf
+        pairwise[0, 1, :2] = -math.inf
+    return unary, pairwise
+
+
+@pytest.mark.parametrize(
+    "n,q,zeros,scale",
+    [
+        (1, 3, False, 2.0),
+        (2, 2, True, 2.0),
+        (6, 3, True, 2.0),
+        (7, 2, False, 2.0),
+        (8, 2, False, 300.0),
+    ],
+)
+def test_pairwise_chain_matches_brute_force(n, q, zeros, scale):
+    unary, pairwise = random_potentials(n, q, seed=n + q, zeros=zeros, scale=scale)
+    oracle = PairwiseChainOracle(unary, pairwise)
+    reference = tabular_reference(pairwise_chain_log_prob(unary, pairwise), n, q)
+    values, mask, targets = random_queries(n, q, 300, seed=n)
+    assert assert_same_marginals(oracle, reference, values, mask, targets) > 100
+    values, mask, chain = random_chains(n, q, 100, min(n, 4), seed=n)
+    assert assert_chain_matches_rows(oracle, values, mask, chain, reference=reference) > 30
+
+
+@pytest.mark.parametrize(
+    "unary,pairwise,message",
+    [
+        (torch.zeros(3, 2), torch.zeros(3, 2, 2), "shape \\[n - 1, q, q\\]"),
+        (torch.zeros(3), torch.zeros(2, 2, 2), "shape \\[n, q\\]"),
+        (torch.full((3, 2), math.nan), torch.zeros(2, 2, 2), "NaN"),
+        (torch.full((3, 2), -math.inf), torch.zeros(2, 2, 2), "weight 0"),
+    ],
+)
+def test_pairwise_chain_constructor_errors(unary, pairwise, message):
+    with pytest.raises(ValueError, match=message):
+        PairwiseChainOracle(unary, pairwise)
