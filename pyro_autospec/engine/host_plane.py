@@ -468,46 +468,55 @@ class TokenSampler:
         self._sample_rounds[self.draw[lanes]] += 1
         want = ~verify
         want_row = lanes[want]
-        vl, vt, vk, vn, vf = lanes[verify], t[verify], k[verify], nxt[verify], first[verify]
-        pre = vn > 0
-        long_chain = vk > vf  # a chain of at least one row
+        verified_lanes, verified_t, verified_k = lanes[verify], t[verify], k[verify]
+        verified_next, verified_first = nxt[verify], first[verify]
+        pre = verified_next > 0
+        long_chain = verified_k > verified_first  # a chain of at least one row
         # a prefetched row follows its window's chain in the same oracle call where the oracle
         # answers both at once; otherwise (and after a window of one token) it is a row of its own
         paired = pre & long_chain if self.rows.native_then else np.zeros_like(pre)
         alone = pre & ~paired
-        draw, va = self.draw, vl[alone]
-        row_cut = np.concatenate([t[want], (vt + vk)[alone]])
+        draw, alone_lanes = self.draw, verified_lanes[alone]
+        row_cut = np.concatenate([t[want], (verified_t + verified_k)[alone]])
         row_req = (
-            np.concatenate([want_row, va]),
-            np.concatenate([draw[want_row], draw[va]]),
+            np.concatenate([want_row, alone_lanes]),
+            np.concatenate([draw[want_row], draw[alone_lanes]]),
             row_cut,
             row_cut,
-            np.concatenate([self._size(t[want], want_row), vn[alone]]),
+            np.concatenate([self._size(t[want], want_row), verified_next[alone]]),
         )
-        vc = vl[long_chain]
+        chain_lanes = verified_lanes[long_chain]
         chains = (
-            vc,
-            draw[vc],
-            (vt + vf)[long_chain],
-            (vk - vf)[long_chain],
-            np.where(paired, vn, 0)[long_chain],  # width of the row after each chain
+            chain_lanes,
+            draw[chain_lanes],
+            (verified_t + verified_first)[long_chain],
+            (verified_k - verified_first)[long_chain],
+            np.where(paired, verified_next, 0)[long_chain],  # width of the row after each chain
         )
         row_answer, chain_answer, then_answer = self.host.ask(self.frames, row_req, chains)
-        nr = want_row.size
-        if nr:
-            head = row_answer.part(slice(0, nr))
+        num_drafts = want_row.size
+        if num_drafts:
+            head = row_answer.part(slice(0, num_drafts))
             OracleRows.raise_bad(head, head.bad, _DRAFT_ROW)
             self.draft_rows[want_row, : head.log_probs.shape[1]] = head.log_probs
-        if vl.size:
+        if verified_lanes.size:
             prefetch = None
             if pre.any():
                 parts = []
                 if alone.any():
-                    parts.append((alone[pre], row_answer.part(slice(nr, None))))
+                    parts.append((alone[pre], row_answer.part(slice(num_drafts, None))))
                 if then_answer is not None:
                     parts.append((paired[pre], then_answer.part(paired[long_chain])))
-                prefetch = self._prefetched(int(pre.sum()), int(vn.max()), parts)
-            again = self._verify(vl, vt, vk, vn, long_chain, chain_answer, prefetch)
+                prefetch = self._prefetched(int(pre.sum()), int(verified_next.max()), parts)
+            again = self._verify(
+                verified_lanes,
+                verified_t,
+                verified_k,
+                verified_next,
+                long_chain,
+                chain_answer,
+                prefetch,
+            )
             want_row = np.concatenate([again, want_row])
         self._draft(want_row)  # the lanes with a fresh draft row, all at once
 
@@ -577,19 +586,21 @@ class TokenSampler:
         ).sum(1)
         rejected = stop < k
         if rejected.any():
-            rl, js, tr = lanes[rejected], stop[rejected], t[rejected]
-            rows_j = target[rejected, js]  # [R, q]
+            rejected_lanes, stop_at, rejected_t = lanes[rejected], stop[rejected], t[rejected]
+            rows_j = target[rejected, stop_at]  # [R, q]
             if self.method in ("speculative", "autospec"):
-                draft_j = data[rejected, js]
+                draft_j = data[rejected, stop_at]
                 residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
                 with np.errstate(divide="ignore"):
                     log_residual = np.log(residual / residual.sum(1, keepdims=True))
                 g = keys.host_gumbel(key[rejected], keys.Tag.RESAMPLE, self._v)
-                yj = np.argmax(log_residual + g, axis=-1)
+                resampled = np.argmax(log_residual + g, axis=-1)
             else:
-                yj = np.argmax(rows_j + self._fixed_noise(rl, tr, js[:, None])[:, 0], -1)
-            self.frames[rl, self.order[rl, tr + js]] = yj
-            log_mu[rejected] += _pick(rows_j, yj)
+                noise = self._fixed_noise(rejected_lanes, rejected_t, stop_at[:, None])[:, 0]
+                resampled = np.argmax(rows_j + noise, -1)
+            resampled_at = self.order[rejected_lanes, rejected_t + stop_at]
+            self.frames[rejected_lanes, resampled_at] = resampled
+            log_mu[rejected] += _pick(rows_j, resampled)
         self.log_mu[lanes] += log_mu
         advance = np.where(rejected, stop + 1, k)
         self.t[lanes] = t + advance

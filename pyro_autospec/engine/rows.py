@@ -466,13 +466,13 @@ class OracleRows:
         chain_answer, then_answer = self._chains(values, *chains, then_width)
         parts = []
         if then_answer is not None:
-            ci = attached.nonzero().flatten()
-            parts.append((row_of[ci], then_answer.part(ci)))
+            attached_at = attached.nonzero().flatten()
+            parts.append((row_of[attached_at], then_answer.part(attached_at)))
         asked = torch.ones(frame.numel(), dtype=torch.bool, device=self.device)
         asked[row_of[attached]] = False
-        ri = asked.nonzero().flatten()
-        if ri.numel():
-            parts.append((ri, self._targeted(values, *(x[ri] for x in rows))))
+        asked_at = asked.nonzero().flatten()
+        if asked_at.numel():
+            parts.append((asked_at, self._targeted(values, *(x[asked_at] for x in rows))))
         return _assemble(parts, width, self.q), chain_answer
 
     def _targeted(self, values, frame, draw, cut, start, width) -> Answer:
@@ -611,12 +611,13 @@ class OracleRows:
         offsets = torch.arange(max(max_length, max_then), device=self.device)
         for lo in range(0, total, step):
             hi = min(total, lo + step)
-            f, d, c, ln = frame[lo:hi], draw[lo:hi], cut[lo:hi], length[lo:hi]
-            vals, mask = self._inputs(values, f, d, c)
+            part_frame, part_draw = frame[lo:hi], draw[lo:hi]
+            part_cut, part_length = cut[lo:hi], length[lo:hi]
+            vals, mask = self._inputs(values, part_frame, part_draw, part_cut)
             steps = offsets[:max_length].unsqueeze(0)
-            pos = c.unsqueeze(1) + torch.minimum(steps, (ln - 1).unsqueeze(1))
-            chain = self.coords(d, pos)
-            extra = {"draws": self.draw_ids[d]} if self.family else {}
+            pos = part_cut.unsqueeze(1) + torch.minimum(steps, (part_length - 1).unsqueeze(1))
+            chain = self.coords(part_draw, pos)
+            extra = {"draws": self.draw_ids[part_draw]} if self.family else {}
             start = time.perf_counter()
             if then_width is None:
                 with self._call_mode():
@@ -624,19 +625,23 @@ class OracleRows:
             else:
                 # the row after the chain reads on from its end; without one, a dummy: the
                 # chain's last coordinate (pinned by the chain: a point mass)
-                tw = then_width[lo:hi]
-                reach = torch.minimum(offsets[:max_then].unsqueeze(0), (tw - 1).unsqueeze(1))
-                pos = torch.where(tw > 0, c + ln, c + ln - 1).unsqueeze(1)
-                then = self.coords(d, pos + reach.clamp(min=0))
+                part_then = then_width[lo:hi]
+                reach = torch.minimum(offsets[:max_then].unsqueeze(0), (part_then - 1).unsqueeze(1))
+                pos = torch.where(
+                    part_then > 0, part_cut + part_length, part_cut + part_length - 1
+                ).unsqueeze(1)
+                then = self.coords(part_draw, pos + reach.clamp(min=0))
                 with self._call_mode():
                     out, after = then_pair(
                         self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)
                     )
-                self._check_output(after, (f.numel(), max_then, self.q), "log_marginals_chain_then")
-                then_pieces.append(_checked(after, offsets[:max_then] < tw.unsqueeze(1)))
+                self._check_output(
+                    after, (part_frame.numel(), max_then, self.q), "log_marginals_chain_then"
+                )
+                then_pieces.append(_checked(after, offsets[:max_then] < part_then.unsqueeze(1)))
             self.seconds["oracle"] += time.perf_counter() - start
-            self._check_output(out, (f.numel(), max_length, self.q), "log_marginals_chain")
-            pieces.append(_checked(out, offsets[:max_length] < ln.unsqueeze(1)))
+            self._check_output(out, (part_frame.numel(), max_length, self.q), "log_marginals_chain")
+            pieces.append(_checked(out, offsets[:max_length] < part_length.unsqueeze(1)))
         return _cat(pieces), (_cat(then_pieces) if then_pieces else None)
 
     def _check_output(self, out, expected: tuple, name: str) -> None:
