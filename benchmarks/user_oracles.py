@@ -23,6 +23,9 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   them. Key ``n``.
 * Any of them with ``full=true``: seen through ``log_marginals`` alone (whole rows, the one
   method the protocol requires), e.g. ``mixture:K=8,full=true``.
+* Any of them with ``borrows=true`` or ``borrows=false``: declaring ``borrows_inputs`` as
+  asked (the shipped families and guides declare it; ``borrows=false`` measures what it
+  saves them), e.g. ``markov:n=4096,borrows=false``.
 
 Method variants (``--variants``): ``method`` or ``method:key=value,...``, each run as
 ``sample_any_order(oracle, draws, method=method, seed=seed, **knobs)``; values are read as
@@ -203,10 +206,25 @@ class FullRowsOnly:
         return self.inner.log_marginals(values, mask)
 
 
+class Declared:
+    """The oracle with ``borrows_inputs`` as asked, every other attribute forwarded: what
+    borrowing its inputs saves an oracle that declares it (``borrows=false``), or would save
+    one that does not (``borrows=true``)."""
+
+    def __init__(self, inner, borrows: bool):
+        self.inner, self.borrows_inputs = inner, bool(borrows)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 def build_oracle(spec: str, n_default: int, device: str):
     name, kw = parse_spec(spec)
     if kw.pop("full", False):
         return FullRowsOnly(build_oracle(name + _rest(kw), n_default, device))
+    if "borrows" in kw and name not in ("user_chain", "free"):  # those two take it themselves
+        borrows = kw.pop("borrows")
+        return Declared(build_oracle(name + _rest(kw), n_default, device), borrows)
     n = int(kw.pop("n", n_default))
     if name == "nade":
         return RandomNADE(n, 4, device=device, **kw)
