@@ -14,18 +14,17 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   ``[4]^n``, exact conditionals by Bayes (:class:`tests.engine._user_oracles.ProductMixture`).
   Keys ``K``, ``sharpness``, ``n``.
 * ``user_chain``: a binary Markov chain written by hand with ``log_marginals_at`` only, no
-  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``, and
-  ``borrows=true`` to declare ``borrows_inputs`` (sequential sampling in lock step then
-  reuses one set of inputs).
+  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``.
 * ``free``: independent coordinates whose rows cost nothing (one fixed row, a view of it):
-  the engine's own cost per round. Keys ``n``, ``q``, ``borrows=true``.
+  the engine's own cost per round. Keys ``n``, ``q``.
 * ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
   them. Key ``n``.
 * Any of them with ``full=true``: seen through ``log_marginals`` alone (whole rows, the one
   method the protocol requires), e.g. ``mixture:K=8,full=true``.
 * Any of them with ``borrows=true`` or ``borrows=false``: declaring ``borrows_inputs`` as
-  asked (the shipped families and guides declare it; ``borrows=false`` measures what it
-  saves them), e.g. ``markov:n=4096,borrows=false``.
+  asked (:class:`tests.catalogue.oracles.DeclaredBorrowing`; the shipped families and guides
+  declare it, ``borrows=false`` measures what it saves them; ``user_chain:borrows=true``
+  what it would save the hand-written chain), e.g. ``markov:n=4096,borrows=false``.
 
 Method variants (``--variants``): ``method`` or ``method:key=value,...``, each run as
 ``sample_any_order(oracle, draws, method=method, seed=seed, **knobs)``; values are read as
@@ -90,6 +89,7 @@ from rounds import hmm, markov, tree_potts  # noqa: E402
 from pyro_autospec.engine import sample_any_order  # noqa: E402
 from pyro_autospec.engine.consistency import check_consistency  # noqa: E402
 from pyro_autospec.engine.protocols import declares_consistent_queries  # noqa: E402
+from tests.catalogue.oracles import DeclaredBorrowing  # noqa: E402
 from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
 
 DEFAULT_ORACLES = [
@@ -157,9 +157,8 @@ class FreeRows:
     inference_safe = True
     consistent_queries = True
 
-    def __init__(self, n: int, q: int = 2, borrows: bool = False):
+    def __init__(self, n: int, q: int = 2):
         self.num_coords, self.num_values = int(n), int(q)
-        self.borrows_inputs = bool(borrows)
         self.row = torch.log_softmax(torch.linspace(0.0, 1.0, self.num_values).double(), 0)
 
     def log_marginals(self, values, mask):
@@ -206,25 +205,13 @@ class FullRowsOnly:
         return self.inner.log_marginals(values, mask)
 
 
-class Declared:
-    """The oracle with ``borrows_inputs`` as asked, every other attribute forwarded: what
-    borrowing its inputs saves an oracle that declares it (``borrows=false``), or would save
-    one that does not (``borrows=true``)."""
-
-    def __init__(self, inner, borrows: bool):
-        self.inner, self.borrows_inputs = inner, bool(borrows)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def build_oracle(spec: str, n_default: int, device: str):
     name, kw = parse_spec(spec)
+    if "borrows" in kw:
+        borrows = kw.pop("borrows")
+        return DeclaredBorrowing(build_oracle(name + _rest(kw), n_default, device), borrows)
     if kw.pop("full", False):
         return FullRowsOnly(build_oracle(name + _rest(kw), n_default, device))
-    if "borrows" in kw and name not in ("user_chain", "free"):  # those two take it themselves
-        borrows = kw.pop("borrows")
-        return Declared(build_oracle(name + _rest(kw), n_default, device), borrows)
     n = int(kw.pop("n", n_default))
     if name == "nade":
         return RandomNADE(n, 4, device=device, **kw)

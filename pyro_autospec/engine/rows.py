@@ -28,6 +28,7 @@ when it finishes (:meth:`OracleRows.finish`). Orders are a function of the draw'
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -847,16 +848,15 @@ def normalise_rows(out: np.ndarray, valid: np.ndarray, tol: float) -> Answer:
     """
     out = out.astype(np.float64, copy=False)
     top = out.max(-1, keepdims=True)
-    if np.isfinite(top).all():  # no NaN nor +inf, some mass in every row: nothing to warn of
-        log_mass = np.log(np.exp(out - top).sum(-1)) + top[..., 0]
-        bad = (np.abs(log_mass) > tol) & valid
-        return Answer(out - log_mass[..., None], bad, log_mass)
-    with np.errstate(all="ignore"):
-        top[~np.isfinite(top)] = 0.0
+    # a NaN, +inf or massless row warns in the arithmetic below and has its top zeroed; rows
+    # with a finite top entry need neither (the common case: no errstate to enter)
+    guarded = not np.isfinite(top).all()
+    with np.errstate(all="ignore") if guarded else contextlib.nullcontext():
+        if guarded:
+            top[~np.isfinite(top)] = 0.0
         log_mass = np.log(np.exp(out - top).sum(-1)) + top[..., 0]
         bad = ~(np.abs(log_mass) <= tol) & valid
-        log_probs = out - log_mass[..., None]
-    return Answer(log_probs, bad, log_mass)
+        return Answer(out - log_mass[..., None], bad, log_mass)
 
 
 def _checked(out: torch.Tensor, valid: torch.Tensor) -> Answer:

@@ -57,3 +57,15 @@ def random_kernel(n, seed, projection_rank=None, rank=None):
     else:
         eig = torch.rand(n, generator=gen, dtype=torch.float64)
     return (q * eig) @ q.T
+
+
+class DeclaredBorrowing:
+    """``oracle`` declaring ``borrows_inputs = borrows``, every other attribute forwarded: the
+    same oracle with fresh or with borrowed inputs (the tests compare both; the benchmarks'
+    ``borrows=`` key measures what borrowing saves)."""
+
+    def __init__(self, oracle, borrows: bool):
+        self.inner, self.borrows_inputs = oracle, bool(borrows)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

@@ -239,14 +239,10 @@ class HandChain:
     num_values = 2
     inference_safe = True
 
-    def __init__(
-        self, n: int, stay: float = 0.73, device: str | torch.device = "cpu", borrows=False
-    ):
+    def __init__(self, n: int, stay: float = 0.73, device: str | torch.device = "cpu"):
         self.num_coords = int(n)
         self.stay = float(stay)
         self.device = torch.device(device)
-        #: It reads its inputs only during a call: with ``borrows``, it says so.
-        self.borrows_inputs = bool(borrows)
 
     def _factor(self, distance, pinned_value, exists, v):
         lam = 2.0 * self.stay - 1.0

@@ -38,6 +38,7 @@ from pyro_autospec.engine.protocols import (
     is_inference_safe,
 )
 from tests.catalogue.conformance import CONFORMANCE
+from tests.catalogue.oracles import DeclaredBorrowing
 from tests.oracles._oracle_reference import Wrapper
 
 NAMES = sorted(CONFORMANCE)
@@ -344,16 +345,6 @@ def test_sampler_log_prob_is_the_chain_rule(case):
         torch.testing.assert_close(result.log_prob, joint[index], atol=1e-9, rtol=0)
 
 
-class _Declaring:
-    """``oracle`` (every other attribute forwarded) declaring whether it borrows its inputs."""
-
-    def __init__(self, oracle, borrows: bool):
-        self._oracle, self.borrows_inputs = oracle, borrows
-
-    def __getattr__(self, name):
-        return getattr(self._oracle, name)
-
-
 def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypatch):
     """Sequential sampling with every draw in flight runs in lock step: on a CPU over the host
     control plane's arrays, elsewhere over dense tensors on the oracle's device (run here on a
@@ -369,7 +360,7 @@ def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypa
         counted(self)
 
     monkeypatch.setattr(host_plane._Lockstep, "_counted", count)
-    fresh, borrowing = _Declaring(oracle, False), _Declaring(oracle, True)
+    fresh, borrowing = DeclaredBorrowing(oracle, False), DeclaredBorrowing(oracle, True)
     host = sample_any_order(fresh, 7, seed=5, method="sequential")
     borrowed = sample_any_order(borrowing, 7, seed=5, method="sequential")
     monkeypatch.setattr(HostRows, "zero_copy", False)
