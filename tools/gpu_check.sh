@@ -10,12 +10,14 @@
 # streams its output to a file under $OUT (default: a new folder under /tmp) and the next step
 # runs whether it passed or not; the summary at the end (also $OUT/summary.txt) lists each
 # step's exit status and seconds (124: cut by its limit; the table rows printed so far are kept).
-# Steps and default limits (sum 470 s, plus start-up):
+# Steps and default limits (sum 510 s, plus start-up):
 #   tests             LIMIT_TESTS=40     pytest of the tests that run on CUDA (-k cuda or device)
 #   user_oracles      LIMIT_USER=150     benchmarks/user_oracles.py --device cuda, 1 and 16 draws,
 #                                        the oracles in order of interest, as far as time goes
 #   user_oracles_256  LIMIT_USER_256=45  the same, 256 draws, five oracles, three methods
 #   user_counts       LIMIT_COUNTS=45    engine calls and host reads per round, 16 draws
+#   borrowing         LIMIT_BORROWING=40 sequential sampling and the default, 16 and 256 draws, of
+#                                        oracles with fresh and with borrowed inputs (n = 4096)
 #   engine_race       LIMIT_ENGINE=90    benchmarks/engine.py --parts overhead race (n = 4096,
 #                                        Markov and HMM: the tree's sequential rows outrun it)
 #   rounds            LIMIT_ROUNDS=60    benchmarks/rounds.py (Markov, HMM; n = 256, 1024, 4096)
@@ -84,6 +86,11 @@ step user_oracles_256 "${LIMIT_USER_256:-45}" "$PY" benchmarks/user_oracles.py \
 step user_counts "${LIMIT_COUNTS:-45}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
     --draws 16 --oracles nade:scale=0.1 mixture:K=8 markov --variants autospec agr24 sequential \
     "${smoke[@]}"
+
+step borrowing "${LIMIT_BORROWING:-40}" "$PY" benchmarks/user_oracles.py --device "$DEVICE" \
+    --draws 16 256 --no-count --variants sequential autospec "${smoke[@]}" \
+    --oracles user_chain:n=4096 user_chain:n=4096,borrows=true markov:n=4096 \
+    markov:n=4096,borrows=false
 
 step engine_race "${LIMIT_ENGINE:-90}" "$PY" benchmarks/engine.py --device "$DEVICE" \
     --parts overhead race --no-reference --families markov hmm "${smoke[@]}"
