@@ -54,12 +54,7 @@ from pyro_autospec.engine.methods import (
     is_real,
     resolve_knobs,
 )
-from pyro_autospec.engine.protocols import (
-    declares_consistent_queries,
-    has_chain_marginals,
-    has_targeted_marginals,
-    oracle_num_draws,
-)
+from pyro_autospec.engine.protocols import Capabilities
 from pyro_autospec.engine.reference import run_discrete
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import (
@@ -75,7 +70,7 @@ __all__ = ["AnyOrderRun", "sample_any_order", "default_schedule", "run_any_order
 ENGINES = ("fast", "reference")
 
 
-def _check_oracle(oracle) -> tuple[int, int]:
+def _check_oracle(oracle, caps: Capabilities) -> tuple[int, int]:
     for name in ("num_coords", "num_values"):
         value = getattr(oracle, name, None)
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
@@ -84,12 +79,12 @@ def _check_oracle(oracle) -> tuple[int, int]:
                 f"oracle.{name} must be an int; got {value!r}{fix}. A MarginalOracle has "
                 "attributes num_coords (n) and num_values (q) and a method log_marginals."
             )
-    if not callable(getattr(oracle, "log_marginals", None)) and not has_targeted_marginals(oracle):
+    if not callable(getattr(oracle, "log_marginals", None)) and not caps.targeted:
         raise TypeError("oracle must define log_marginals(values, mask) (see MarginalOracle)")
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:
         raise ValueError(f"oracle.num_coords and oracle.num_values must be >= 1; got n={n}, q={q}")
-    check_eval_mode(oracle, reach=1 if declares_consistent_queries(oracle) else 4)
+    check_eval_mode(oracle, reach=1 if caps.consistent_queries else 4)
     return n, q
 
 
@@ -227,13 +222,14 @@ def sample_any_order(
     True
     """
     seed = keys.check_seed(seed)
-    n, q = _check_oracle(oracle)
+    caps = Capabilities.of(oracle)  # what the oracle offers, read once for the whole run
+    n, q = _check_oracle(oracle, caps)
     if not is_count(num_samples):
         raise ValueError(f"num_samples must be a positive int; got {num_samples!r}")
     num_samples = int(num_samples)
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
-    num_draws = oracle_num_draws(oracle)
+    num_draws = caps.num_draws
     if num_draws is not None and num_draws != num_samples:
         raise ValueError(
             f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
@@ -248,14 +244,12 @@ def sample_any_order(
         knobs["max_elements"] = default_max_elements(device)
     in_flight = min(int(knobs.get("max_concurrent_draws") or num_samples), num_samples)
     if "max_block" in knobs and "max_block" not in given:  # a preset by hardware, batch, oracle
-        knobs["max_block"] = default_max_block(
-            n, in_flight, device, has_chain_marginals(oracle), has_targeted_marginals(oracle)
-        )
+        knobs["max_block"] = default_max_block(n, in_flight, device, caps.chains, caps.targeted)
     _check_knobs(knobs)
     if "max_block" in knobs:
         check_windows(knobs, given)
-    if not declares_consistent_queries(oracle):  # one answer to one question, asked any way
-        check_consistency(oracle, device)
+    if not caps.consistent_queries:  # one answer to one question, asked any way
+        check_consistency(oracle, device, caps)
     # before anything of the run's size is allocated: the samples [N, n] must fit, and the
     # state of the draws in flight (orders, ranks, partial samples and tries: about 32 bytes
     # per coordinate of each, and the rows of their windows)
@@ -263,7 +257,7 @@ def sample_any_order(
         in_flight = token_lanes(method, knobs, n, q, num_samples, device)
     flight_bytes = _bytes_per_flight(method, knobs, n, q)
     check_output_size(num_samples, n, in_flight=in_flight, bytes_per_flight=flight_bytes)
-    run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress)
+    run = AnyOrderRun(oracle, method, knobs, check_order(order, n), engine, progress, caps)
     if distributed:  # hook: spread the draws over the ranks of a process group
         return spread_draws(
             num_samples,
@@ -290,6 +284,8 @@ class AnyOrderRun:
         A fixed visiting order, or ``None`` for a random order per draw.
     engine : {"fast", "reference"}
     progress : bool
+    capabilities : Capabilities
+        What the oracle offers, read once (from ``oracle`` if not given).
     """
 
     oracle: Any
@@ -298,6 +294,11 @@ class AnyOrderRun:
     order: torch.Tensor | None = None
     engine: str = "fast"
     progress: bool = False
+    capabilities: Capabilities | None = None
+
+    def __post_init__(self) -> None:
+        if self.capabilities is None:  # frozen: set once, here
+            object.__setattr__(self, "capabilities", Capabilities.of(self.oracle))
 
 
 def run_any_order(
@@ -325,7 +326,9 @@ def run_any_order(
     else:
         lanes = token_lanes(method, knobs, n, int(oracle.num_values), num_samples, device)
     budget = knobs.get("max_elements") or default_max_elements(device)
-    rows = OracleRows(oracle, orders, device, budget, draw_ids, lanes=lanes)
+    rows = OracleRows(
+        oracle, orders, device, budget, draw_ids, lanes=lanes, capabilities=run.capabilities
+    )
     if engine == "reference":
         samples, log_prob, rounds, oracle_rows, sample_rounds = run_discrete(
             rows, draw_keys, method, knobs, progress

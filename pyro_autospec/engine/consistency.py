@@ -26,12 +26,7 @@ import torch
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import default_max_elements
 from pyro_autospec.engine.modes import calling, engine_mode
-from pyro_autospec.engine.protocols import (
-    has_chain_marginals,
-    has_chain_then,
-    has_targeted_marginals,
-    oracle_num_draws,
-)
+from pyro_autospec.engine.protocols import Capabilities
 from pyro_autospec.engine.rows import _tolerance as row_tolerance
 from pyro_autospec.engine.rows import then_pair
 
@@ -65,14 +60,14 @@ class _Probe:
     """The questions and the oracle's answers, on one device, for the last target of a family
     (not target 0, so that a method that forgets its ``draws`` answers another question)."""
 
-    def __init__(self, oracle, device: torch.device, grad_enabled: bool):
+    def __init__(self, oracle, device: torch.device, grad_enabled: bool, caps: Capabilities):
         self.oracle = oracle
         self.device = device
         self.n, self.q = int(oracle.num_coords), int(oracle.num_values)
-        num_draws = oracle_num_draws(oracle)
-        self.family = num_draws is not None
-        self.target = max(int(num_draws) - 1, 0) if self.family else 0
-        self.call = calling(oracle, grad_enabled)  # as the engine calls it
+        self.caps = caps
+        self.family = caps.num_draws is not None
+        self.target = max(caps.num_draws - 1, 0) if self.family else 0
+        self.call = calling(oracle, grad_enabled, caps.inference_safe)  # as the engine calls it
         self.tolerance = TOLERANCE
         self.rounding = 0.0  # the rows' rounding allowance, of the widest dtype returned
         generator = torch.Generator().manual_seed(0)
@@ -230,7 +225,9 @@ class _Probe:
         )
 
 
-def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
+def check_consistency(
+    oracle, device: torch.device | str = "cpu", capabilities: Capabilities | None = None
+) -> None:
     """Raise :class:`~pyro_autospec.engine.errors.OracleError` where the oracle answers one
     question two ways.
 
@@ -254,6 +251,8 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
         Its ``num_coords`` and ``num_values`` already checked.
     device : torch.device or str
         Where the engine will ask it.
+    capabilities : Capabilities, optional
+        What ``oracle`` offers, as a run already read it; read from ``oracle`` if not given.
 
     Raises
     ------
@@ -280,7 +279,8 @@ def check_consistency(oracle, device: torch.device | str = "cpu") -> None:
     ...
     pyro_autospec.engine.errors.OracleError: The oracle answers one conditional two ways: ...
     """
-    probe = _Probe(oracle, torch.device(device), torch.is_grad_enabled())
+    caps = Capabilities.of(oracle) if capabilities is None else capabilities
+    probe = _Probe(oracle, torch.device(device), torch.is_grad_enabled(), caps)
     try:
         with engine_mode():  # the oracle is called as the engine calls it
             _check(probe)
@@ -303,9 +303,8 @@ def _pinned_value(row: torch.Tensor, k: int) -> int:
 
 
 def _check(probe: _Probe) -> None:
-    oracle = probe.oracle
     length = len(probe.order)
-    targeted = has_targeted_marginals(oracle)
+    targeted = probe.caps.targeted
     values = torch.zeros(probe.n, dtype=torch.long)
     expected = []
     way = "log_marginals_at" if targeted else "log_marginals"
@@ -347,7 +346,7 @@ def _check(probe: _Probe) -> None:
         probe.compare(out, expected[: len(out)], how, base)
     # a second cut whose prefix pins a 0 and a value other than 0 (the pins alternate)
     cut = min(2, length - 1)
-    if has_chain_marginals(oracle):
+    if probe.caps.chains:
         for start in sorted({0, cut}):
             out, _ = probe.chains(values, [start], length - start, then=False)
             how = f"log_marginals_chain from cut {start}"
@@ -357,7 +356,7 @@ def _check(probe: _Probe) -> None:
             how = f"log_marginals_chain asked two chains (cuts 0 and {cut}) in one call"
             probe.compare(out[0], expected[: length - cut], how, base)
             probe.compare(out[1], expected[cut:], how, base, first=cut)
-    if has_chain_then(oracle) and length >= 2:
+    if probe.caps.chain_then and length >= 2:
         out, after = probe.chains(values, [0], length - 1, then=True)
         probe.compare(out[0], expected[:-1], "log_marginals_chain_then's chain", base)
         probe.compare(after, expected[-1:], "log_marginals_chain_then's row after", base)

@@ -44,7 +44,7 @@ def _foreign(grad_enabled: bool) -> Iterator[None]:
             ) from error
 
 
-def calling(oracle: object, grad_enabled: bool = False):
+def calling(oracle: object, grad_enabled: bool = False, inference_safe: bool | None = None):
     """The context in which the engine calls ``oracle`` (or a drift).
 
     Parameters
@@ -54,6 +54,10 @@ def calling(oracle: object, grad_enabled: bool = False):
     grad_enabled : bool
         The grad mode of a foreign call: the one of the sampler's caller, for an oracle that
         differentiates internally.
+    inference_safe : bool, optional
+        Whether ``oracle`` is inference-safe, as a run already read it
+        (:class:`~pyro_autospec.engine.protocols.Capabilities`); read from ``oracle`` if
+        ``None``.
 
     Returns
     -------
@@ -69,7 +73,7 @@ def calling(oracle: object, grad_enabled: bool = False):
     ...     torch.is_inference_mode_enabled()
     False
     """
-    if is_inference_safe(oracle):
+    if is_inference_safe(oracle) if inference_safe is None else inference_safe:
         return contextlib.nullcontext
     return lambda: _foreign(grad_enabled)
 

@@ -15,21 +15,23 @@ protocol here (:class:`TargetedMarginals`, :class:`ChainMarginals`, :class:`Chai
 :class:`FamilyOfTargets`, :class:`InferenceSafe`, :class:`ConsistentQueries`,
 :class:`BorrowsInputs`) with one check (:func:`has_targeted_marginals`,
 :func:`has_chain_marginals`, :func:`has_chain_then`, :func:`oracle_num_draws`,
-:func:`is_inference_safe`, :func:`declares_consistent_queries`, :func:`borrows_inputs`);
-the engine checks each once, when it starts a run (:class:`~pyro_autospec.engine.rows.
-OracleRows`), and asks only for what the oracle offers.
+:func:`is_inference_safe`, :func:`declares_consistent_queries`, :func:`borrows_inputs`).
+The engine reads them all once, when a run starts, into one :class:`Capabilities` record that
+the run's checks, its schedule and its rows share, and asks only for what the oracle offers.
 The checks read the attribute (``getattr``), so an oracle that forwards methods through
 ``__getattr__`` (a wrapper) is seen as offering them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
 __all__ = [
     "BorrowsInputs",
+    "Capabilities",
     "ChainMarginals",
     "ChainThenMarginals",
     "ConsistentQueries",
@@ -297,6 +299,59 @@ def oracle_num_draws(oracle: object) -> int | None:
     """``oracle.num_draws`` for a family of targets (one per draw), else ``None``."""
     value = getattr(oracle, "num_draws", None)
     return None if value is None else int(value)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a marginal oracle offers beyond ``log_marginals``, read once per run.
+
+    Attributes
+    ----------
+    targeted : bool
+        :func:`has_targeted_marginals`.
+    chains : bool
+        :func:`has_chain_marginals`.
+    chain_then : bool
+        :func:`has_chain_then`.
+    inference_safe : bool
+        :func:`is_inference_safe`.
+    consistent_queries : bool
+        :func:`declares_consistent_queries`.
+    borrows_inputs : bool
+        :func:`borrows_inputs`.
+    num_draws : int or None
+        :func:`oracle_num_draws`: the number of targets of a family, else ``None``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from pyro_autospec.oracles import MarkovChainOracle
+    >>> chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.eye(2) * 0.6 + 0.2, 8)
+    >>> caps = Capabilities.of(chain)
+    >>> caps.chains, caps.borrows_inputs, caps.num_draws
+    (True, True, None)
+    """
+
+    targeted: bool
+    chains: bool
+    chain_then: bool
+    inference_safe: bool
+    consistent_queries: bool
+    borrows_inputs: bool
+    num_draws: int | None
+
+    @classmethod
+    def of(cls, oracle: object) -> Capabilities:
+        """Read every capability of ``oracle`` (each check above, once)."""
+        return cls(
+            targeted=has_targeted_marginals(oracle),
+            chains=has_chain_marginals(oracle),
+            chain_then=has_chain_then(oracle),
+            inference_safe=is_inference_safe(oracle),
+            consistent_queries=declares_consistent_queries(oracle),
+            borrows_inputs=borrows_inputs(oracle),
+            num_draws=oracle_num_draws(oracle),
+        )
 
 
 def chain_rows(

@@ -40,13 +40,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.memory import check_output_size
 from pyro_autospec.engine.modes import calling
-from pyro_autospec.engine.protocols import (
-    borrows_inputs,
-    has_chain_marginals,
-    has_chain_then,
-    has_targeted_marginals,
-    oracle_num_draws,
-)
+from pyro_autospec.engine.protocols import Capabilities
 
 __all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
 
@@ -264,6 +258,8 @@ class OracleRows:
         :meth:`finish` around each draw, and only the orders of the draws in flight are
         held (``lanes * n`` entries). Default: every draw is in flight from the start (lane
         ``s`` holds draw ``s``; :meth:`start` and :meth:`finish` do nothing).
+    capabilities : Capabilities, optional
+        What ``oracle`` offers, as the run read it once; read from ``oracle`` if not given.
     """
 
     def __init__(
@@ -274,9 +270,13 @@ class OracleRows:
         max_elements: int,
         draw_ids: torch.Tensor | None = None,
         lanes: int | None = None,
+        capabilities: Capabilities | None = None,
     ):
         self.oracle = oracle
         self.device = device
+        caps = Capabilities.of(oracle) if capabilities is None else capabilities
+        #: What the oracle offers, as the run read it once (:class:`Capabilities`).
+        self.capabilities = caps
         if isinstance(orders, torch.Tensor):
             orders = VisitOrders.from_table(orders)
         self.source = orders.to(device)
@@ -300,11 +300,11 @@ class OracleRows:
             everyone = torch.arange(self.num_draws, device=device)
             self._fill(everyone, everyone)
         self.max_elements = int(max_elements)
-        self.targeted = has_targeted_marginals(oracle)
-        self.native_chains = has_chain_marginals(oracle)
-        self.native_then = has_chain_then(oracle)
-        self.family = oracle_num_draws(oracle) is not None
-        self.borrows_inputs = borrows_inputs(oracle)
+        self.targeted = caps.targeted
+        self.native_chains = caps.chains
+        self.native_then = caps.chain_then
+        self.family = caps.num_draws is not None
+        self.borrows_inputs = caps.borrows_inputs
         self.draw_ids = (
             torch.arange(self.num_draws, device=device) if draw_ids is None else draw_ids.to(device)
         )
@@ -316,7 +316,7 @@ class OracleRows:
         # it, in the grad mode of the caller of the sampler (an oracle may differentiate
         # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
-        self._call_mode = calling(oracle, self.grad_enabled)
+        self._call_mode = calling(oracle, self.grad_enabled, caps.inference_safe)
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
         self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
 
