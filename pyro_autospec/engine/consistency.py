@@ -12,11 +12,13 @@ reason, not the sampler's.
 :func:`check_consistency` asks a handful of small questions every way the oracle offers and
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and fixed values), so the
-draws that follow do not change; it costs at most ``L + 8`` oracle calls of at most ``L``
+draws that follow do not change; it costs at most ``L + 10`` oracle calls of at most ``L``
 rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
 oracle consistent, only catch the common slips (differences of a hundredth in probability
 or more), and an oracle with random answers (one question asked twice, word for word, may
-differ by no more than the rounding of the output's dtype).
+differ by no more than the rounding of the output's dtype). A row that reads an unpinned
+coordinate only when it holds a value other than those asked (the values 0, 1, 2 and
+``q - 1``, and the three most probable of a probed coordinate) passes it.
 """
 
 from __future__ import annotations
@@ -237,7 +239,9 @@ def check_consistency(
     last of these rows once more with the same inputs (the answers may differ by the rounding
     of the output's dtype only: ``1000 eps``, at least ``1e-5``, at most ``0.05``), and asks
     the same conditionals again, only through the methods the engine will call: all in one batch
-    with other values at every unpinned coordinate, as targeted rows (``log_marginals_at``,
+    with other values at every unpinned coordinate (a batch for each of the values 1, 2 and
+    ``q - 1`` that exist; at a probed coordinate its most, second and third most probable
+    value but 0), as targeted rows (``log_marginals_at``,
     else full rows; and two targets per row, the larger coordinate first), and as chain
     queries from two cuts (0, and 2, after a pin at 0 where 0 has that mass), one chain per
     call and two in one call, with the row after the chain where the
@@ -302,6 +306,33 @@ def _pinned_value(row: torch.Tensor, k: int) -> int:
     return int(row.argmax())
 
 
+def _scrambled(
+    probe: _Probe, values: torch.Tensor, expected: torch.Tensor
+) -> list[tuple[str, torch.Tensor]]:
+    """The probe's questions with other values at the unpinned coordinates: for each fill
+    ``r`` (up to three, by the values ``1, 2, q - 1`` that differ), a name and the inputs
+    ``[L, n]`` of the ``L`` probed rows, where each coordinate not pinned by a row holds the
+    fill's value, or at a probed coordinate its ``r``-th most probable value but 0 (in its
+    support; the rows asked alone saw 0 there, where the values start)."""
+    fills = sorted({v for v in (1, 2, probe.q - 1) if 1 <= v < probe.q}) or [0]
+    ranked = expected.clone()
+    ranked[:, 0] = -float("inf")
+    ranked = torch.sort(ranked, dim=-1, descending=True, stable=True).indices  # [L, q]
+    batches = []
+    for r, fill in enumerate(fills):
+        other = values.clone()
+        other[probe.pinned(len(expected)).logical_not()] = fill
+        for j, row in enumerate(expected):
+            value = int(ranked[j, min(r, probe.q - 1)])
+            if value != 0 and torch.isfinite(row[value]):
+                other[probe.order[j]] = value
+        inputs = torch.stack(
+            [torch.where(probe.pinned(k), values, other) for k in range(len(expected))]
+        )
+        batches.append((f"filled with {fill}", inputs))
+    return batches
+
+
 def _check(probe: _Probe) -> None:
     length = len(probe.order)
     targeted = probe.caps.targeted
@@ -320,28 +351,17 @@ def _check(probe: _Probe) -> None:
         values[probe.order[k]] = _pinned_value(row, k)
     expected = torch.stack(expected)
     pinned = list(range(length))
-    # the same rows in one batch, with other values wherever a coordinate is not pinned: at a
-    # probed coordinate its most probable value but 0, in its support as the engine's values
-    # are; at the others (whose rows were not asked) 1, so that a row reading any unpinned
-    # coordinate shows it
-    other = values.clone()
-    if probe.q > 1:
-        other[probe.pinned(length).logical_not()] = 1
-    for j, row in enumerate(expected):
-        rest = row.clone()
-        rest[0] = -float("inf")  # the rows above saw 0 there (the values start at 0)
-        runner_up = int(rest.argmax())
-        if torch.isfinite(rest[runner_up]):
-            other[probe.order[j]] = runner_up
-    scrambled = torch.stack([torch.where(probe.pinned(k), values, other) for k in pinned])
-    probe.compare(
-        probe.rows(scrambled, pinned, targeted),
-        expected,
-        f"{way} with other values at the unpinned coordinates, in one batch",
-        base,
-    )
+    # the same rows in one batch, with other values wherever a coordinate is not pinned, so
+    # that a row reading an unpinned coordinate shows it: a batch per fill (up to three:
+    # values 1, 2 and q - 1), since a row may read one value only. At a probed coordinate the
+    # fill's most probable value but 0 (its second, its third), in its support as the
+    # engine's values are; at the others (whose rows were not asked) the fill's value
+    batches = _scrambled(probe, values, expected)
+    for fill, scrambled in batches:
+        how = f"{way} with other values at the unpinned coordinates ({fill}), in one batch"
+        probe.compare(probe.rows(scrambled, pinned, targeted), expected, how, base)
     if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
-        out = probe.paired_rows(scrambled, pinned)
+        out = probe.paired_rows(batches[0][1], pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"
         probe.compare(out, expected[: len(out)], how, base)
     # a second cut whose prefix pins a 0 and a value other than 0 (the pins alternate)

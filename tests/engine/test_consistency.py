@@ -301,3 +301,29 @@ def test_an_oracle_with_small_random_noise_is_refused(dtype):
 
 def test_noise_within_the_dtypes_rounding_passes():
     check_consistency(SlightlyNoisy(1e-9))
+
+
+class ReadsOneUnpinnedValue:
+    """Rows that move when coordinate ``coord`` is unpinned and holds ``trigger``: an oracle
+    reading a stale value, for one value only (found outside the project: with one batch of
+    other values, filled with 1, five such oracles in fifteen passed the check)."""
+
+    num_coords, num_values = 5, 3
+
+    def __init__(self, coord: int, trigger: int):
+        g = torch.Generator().manual_seed(4)
+        self.bump = torch.randn(5, 3, generator=g, dtype=torch.float64) * 1.5
+        self.base = torch.randn(5, 3, generator=g, dtype=torch.float64)
+        self.coord, self.trigger = coord, trigger
+
+    def log_marginals(self, values, mask):
+        hit = (values[:, self.coord] == self.trigger) & ~mask[:, self.coord]
+        rows = self.base + hit.double()[:, None, None] * self.bump
+        return torch.log_softmax(rows, -1)
+
+
+@pytest.mark.parametrize("trigger", [1, 2])
+@pytest.mark.parametrize("coord", range(5))
+def test_a_row_reading_one_value_of_an_unpinned_coordinate_is_refused(coord, trigger):
+    with pytest.raises(OracleError, match=r"other values at the unpinned coordinates \(filled"):
+        check_consistency(ReadsOneUnpinnedValue(coord, trigger))
