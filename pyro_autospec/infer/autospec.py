@@ -35,13 +35,13 @@ from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.knobs import CORRECTIONS, METHODS, check_count, check_schedule
-from pyro_autospec.infer.map_decode import most_probable
 from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import RunSettings
 from pyro_autospec.infer.seeds import chain_seeds
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
+from pyro_autospec.model.map_decode import most_probable
 from pyro_autospec.parallel.groups import require_process_group
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
@@ -441,7 +441,7 @@ class AutoSpec:
         latent sites (a Viterbi path for an HMM): a max-product pass of Pyro's
         :func:`~pyro.infer.infer_discrete` with ``temperature=0`` over the model with every
         discrete site enumerated, the same density the draws follow (masks and scales
-        included: see :mod:`pyro_autospec.infer.map_decode`). Where Pyro cannot decode the
+        included: see :mod:`pyro_autospec.model.map_decode`). Where Pyro cannot decode the
         model that way (``OneHotCategorical`` sites, for one) and the model has at most
         ``2**16`` joint states, every state is scored instead
         (:func:`~pyro_autospec.model.log_joint.enumerate_posterior`). Ties go to one of the

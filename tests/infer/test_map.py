@@ -130,7 +130,7 @@ def test_continuous_sites_raise_with_the_way_out():
 
 
 def test_too_many_states_for_the_fallback_raise(monkeypatch):
-    from pyro_autospec.infer import map_decode
+    from pyro_autospec.model import map_decode
 
     model, args, _ = CASES["onehot"]  # Pyro's pass cannot decode OneHotCategorical sites
     monkeypatch.setattr(map_decode, "MAX_BRUTE_FORCE_STATES", 4)
