@@ -13,9 +13,16 @@ Two parts, one table each:
   ``pip install numba``; the package itself does not use it): microseconds per call at 16 and
   256 draws, the first call's compilation, and whether the two agree.
 
+* ``lockstep``: sequential sampling's lock step (16 draws, n = 4096, oracles that borrow
+  their inputs, ``free`` at no cost and the hand-written chain): microseconds per row outside
+  the oracle, of which the check and normalisation of its rows (``HostRows._answer``) in the
+  loop, against the same ``_answer`` called again and again on the last output (warm
+  caches): what the oracle's call costs the engine's next steps.
+
 Usage::
 
-    python benchmarks/control_plane.py            # both parts
+    python benchmarks/control_plane.py            # the rounds and kernel parts
+    python benchmarks/control_plane.py --parts lockstep
     python benchmarks/control_plane.py --smoke    # seconds: tiny sizes
 """
 
@@ -36,6 +43,7 @@ from user_oracles import build_oracle  # noqa: E402
 
 from pyro_autospec.engine import keys, sample_any_order  # noqa: E402
 from pyro_autospec.engine.host_plane import TokenSampler  # noqa: E402
+from pyro_autospec.engine.host_rows import HostRows  # noqa: E402
 
 ORACLES = ["markov", "hmm", "mixture:K=8", "nade:scale=0.1", "nade:scale=2", "user_chain:n=4096"]
 
@@ -95,6 +103,54 @@ def rounds_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
         print(
             f"| {spec} | {r} | {wall * ms:.3f} | {inside * ms:.3f} | {(wall - inside) * ms:.3f} "
             f"| {(wall - inside) / wall:.2f} | {(seconds['_verify'] + seconds['_draft']) * ms:.3f} |",
+            flush=True,
+        )
+    print()
+
+
+# ------------------------------------------------------------------------------ lockstep
+def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int, calls: int) -> None:
+    print(f"## Sequential sampling's lock step, {draws} draws, n = {n} (best of {repeats} runs)\n")
+    print(
+        "| oracle | outside the oracle (us / row) | checking its rows in the loop (us / row) "
+        "| the same check, warm (us / row) |"
+    )
+    print("|---|---:|---:|---:|")
+    saved = (HostRows._answer, HostRows._call)
+    for spec in oracles:
+        oracle = build_oracle(spec, n, "cpu")
+        sample_any_order(oracle, draws, seed=1, method="sequential")  # warm-up
+        best = None
+        for _ in range(repeats):
+            seconds, last = {"answer": 0.0}, []
+
+            def answer(host, out, valid, seconds=seconds, last=last):
+                start = time.perf_counter()
+                result = saved[0](host, out, valid)
+                seconds["answer"] += time.perf_counter() - start
+                last[:] = [host, out, valid]
+                return result
+
+            HostRows._answer = answer
+            try:
+                start = time.perf_counter()
+                result = sample_any_order(oracle, draws, seed=0, method="sequential")
+                wall = time.perf_counter() - start
+            finally:
+                HostRows._answer, HostRows._call = saved
+            if best is None or wall < best[0]:
+                best = (wall, result, seconds["answer"], last)
+        wall, result, answer_s, (host, out, valid) = best
+        start = time.perf_counter()
+        for _ in range(calls):
+            saved[0](host, out, valid)
+        warm = (time.perf_counter() - start) / calls
+        rows = result.oracle_rows
+        outside = (wall - result.timing["oracle"]) / rows * 1e6
+        per_row = out.shape[0]  # rows of one call
+        print(
+            f"| {spec} | {outside:.2f} | {answer_s / rows * 1e6:.2f} | "
+            f"{warm / per_row * 1e6:.2f} |",
             flush=True,
         )
     print()
@@ -256,6 +312,10 @@ def main(argv=None) -> None:
         rounds_part(oracles, n, draws, repeats)
     if "kernel" in args.parts:
         kernel_part(shapes, calls)
+    if "lockstep" in args.parts:
+        lockstep_n = 128 if args.smoke else 4096
+        lock = [f"free:n={lockstep_n},borrows=true", f"user_chain:n={lockstep_n},borrows=true"]
+        lockstep_part(lock, lockstep_n, 2 if args.smoke else 16, repeats, max(calls, 30) * 10)
     print(f"(total {time.perf_counter() - start:.0f} s)")
 
 
