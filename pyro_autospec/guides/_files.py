@@ -112,6 +112,24 @@ def save_plain(content: dict, path: Any) -> None:
     torch.save({**content, CHECKSUM_KEY: checksum(content)}, path)
 
 
+def _starts_as_zip(path: Any) -> bool | None:
+    """Whether the file ``path`` (a path or a seekable binary file) starts as ``torch.save``'s
+    zip archives do; ``None`` if it cannot be read here (``torch.load`` then says why)."""
+    try:
+        if hasattr(path, "read"):
+            where = path.tell()
+            head = path.read(4)
+            path.seek(where)
+        else:
+            with open(path, "rb") as file:
+                head = file.read(4)
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+    if not isinstance(head, bytes):
+        return None
+    return head == b"PK\x03\x04"
+
+
 def not_a_guide(what: str, path: Any) -> str:
     """The start of the messages that refuse a file (``what``: the guide class)."""
     return f"{what}.load: {path!r} is not a file written by {what}.save"
@@ -149,6 +167,11 @@ def load_plain(
     written before guide files carried it, is not checked.
     """
     refused = not_a_guide(what, path)
+    if _starts_as_zip(path) is False:  # a text file, JSON, an old pickle: torch fails oddly
+        raise ValueError(
+            f"{refused}: it is not a file written by torch.save (which starts as a zip "
+            f"archive); {what}.save writes one"
+        )
     try:
         saved = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:

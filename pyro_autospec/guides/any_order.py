@@ -131,9 +131,12 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
     to trust them).
 
     **Saving and loading.** :meth:`save` writes the configuration, the weights, the edges,
-    the loss history and a SHA-256 checksum of them all; :meth:`load` rebuilds the guide for
-    a model with sites of the same shapes, without probing every pair again, in the saved
-    dtypes, and refuses a file that does not match its checksum. A guide built from a model
+    the names of the model's sample sites, the loss history and a SHA-256 checksum of them
+    all; :meth:`load` rebuilds the guide for a model with the same sites (names and shapes),
+    without probing every pair again, in the saved dtypes, and refuses a file that does not
+    match its checksum or was saved for a model with other sites. The checksum detects a
+    damaged file, not a deliberate change: a file without one (as files saved by earlier
+    versions) loads unchecked. A guide built from a model
     must be loaded with one (without it the network would read no data). A ``state_dict``
     alone also loads into a guide built with the same model, data shapes and arguments.
 
@@ -233,8 +236,9 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
             ("hidden_dim", hidden_dim, 1),
             ("num_layers", num_layers, 0),
             ("bp_iterations", bp_iterations, 0),
+            ("chunk_size", chunk_size, 1),
         ):
-            if not isinstance(value, int) or value < least:
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} must be an int >= {least}; got {value!r}")
         self.num_coords, self.num_values = n, q
         self.architecture = architecture

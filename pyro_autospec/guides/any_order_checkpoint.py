@@ -1,8 +1,9 @@
 """Saving and loading an :class:`~pyro_autospec.guides.AnyOrderGuide`.
 
 :meth:`~GuideCheckpoint.save` writes the configuration, the weights, the edges of the factor
-graph and the loss history; :meth:`~GuideCheckpoint.load` rebuilds the guide for a model with
-sites of the same shapes, without probing every pair again, from a file loaded with
+graph, the names of the model's sample sites and the loss history; :meth:`~GuideCheckpoint.load`
+rebuilds the guide for a model with the same sites (names and shapes), without probing every
+pair again, from a file loaded with
 ``torch.load(weights_only=True)`` whose checksum must match (:mod:`pyro_autospec.guides._files`).
 """
 
@@ -40,7 +41,8 @@ class GuideCheckpoint:
     mixin: it reads the guide's ``config``, ``edges``, ``state_dict`` and ``loss_history``)."""
 
     def save(self, path: Any) -> None:
-        """Save the configuration, the weights, the edges and the loss history to ``path``.
+        """Save the configuration, the weights, the edges, the names of the model's sample sites
+        (latent, observed and ``pyro.factor``) and the loss history to ``path``.
 
         The file also holds a SHA-256 checksum of all of them, which :meth:`load` checks.
 
@@ -55,15 +57,15 @@ class GuideCheckpoint:
         >>> torch.equal(copy.log_marginals(values, mask), guide.log_marginals(values, mask))
         True
         """
-        save_plain(
-            {
-                "config": plain(self.config),
-                "edges": self.edges.cpu(),
-                "state_dict": self.state_dict(),
-                "loss": plain(list(self.loss_history)),
-            },
-            path,
-        )
+        content = {
+            "config": plain(self.config),
+            "edges": self.edges.cpu(),
+            "state_dict": self.state_dict(),
+            "loss": plain(list(self.loss_history)),
+        }
+        if self.layout is not None:  # the model's sites, checked when loaded for a model
+            content["sites"] = model_sites(self.layout)
+        save_plain(content, path)
 
     @classmethod
     def load(
@@ -74,7 +76,7 @@ class GuideCheckpoint:
         model_kwargs: dict | None = None,
         map_location: Any = None,
     ) -> AnyOrderGuide:
-        """Rebuild a guide saved by :meth:`save` for ``model`` (sites of the same shapes).
+        """Rebuild a guide saved by :meth:`save` for ``model`` (the same sites: names and shapes).
 
         The loaded guide has the saved weights, in the saved dtypes (a guide saved in float64
         loads in float64), on torch's default device (the CPU unless set): ``map_location``
@@ -108,7 +110,10 @@ class GuideCheckpoint:
             guide file, or when ``model`` is ``None`` for a guide built from a model: a
             ``"graph"`` guide, or an ``"mlp"`` or ``"transformer"`` guide whose saved
             potentials are not all zero (loaded without the model it would answer with none,
-            that is for no data, silently).
+            that is for no data, silently); or when ``model`` has other sample sites than the
+            model the guide was saved for (a ``pyro.factor`` added, a site renamed: the
+            guide's factor graph and potentials belong to its own model). Files saved before
+            the site names were written are not checked.
         """
         saved = load_plain(path, map_location, "AnyOrderGuide", CONFIG_KEYS, CONFIG_REQUIRED)
         config = dict(saved["config"])
@@ -131,6 +136,7 @@ class GuideCheckpoint:
                     f"the guide was saved for n={n}, q={q}; this model has "
                     f"n={guide.num_coords}, q={guide.num_values}"
                 )
+            _check_sites(saved.get("sites"), guide, path)
         # The saved dtypes (the context buffers' too), then the weights; the context buffers
         # belong to the data set: keep the ones just computed.
         match_dtypes(guide, saved["state_dict"], "AnyOrderGuide", path)
@@ -145,6 +151,44 @@ class GuideCheckpoint:
         guide.loss_history = list(saved.get("loss", []))
         guide.eval()
         return guide
+
+
+def model_sites(layout: Any) -> list[list]:
+    """``[name, observed]`` of every sample site of the model a guide was built from, in
+    trace order: its discrete latent sites, its data and its ``pyro.factor`` sites (a factor
+    added or removed changes the factor graph a ``"graph"`` guide passes messages along)."""
+    return [[str(entry[0]), bool(entry[1])] for entry in layout.signature]
+
+
+def _check_sites(saved: Any, guide: Any, path: Any) -> None:
+    """Refuse a file saved for a model with other sample sites than ``guide``'s model (files
+    of earlier versions hold none, and are not checked)."""
+    if saved is None or guide.layout is None:
+        return
+    ours = model_sites(guide.layout)
+    if [list(site) for site in saved] == ours:
+        return
+    theirs = {name for name, _ in saved}
+    names = {name for name, _ in ours}
+
+    def listed(found: set) -> str:
+        shown = sorted(found)[:8]
+        return ", ".join(shown) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+
+    differences = []
+    if names - theirs:
+        differences.append(f"this model has {listed(names - theirs)}, the saved one had not")
+    if theirs - names:
+        differences.append(f"the saved model had {listed(theirs - names)}, this one has not")
+    if not differences:
+        differences.append("the same names, in another order or observed in one only")
+    raise ValueError(
+        f"AnyOrderGuide.load: {path!r} holds a guide saved for a model with other sample "
+        f"sites than this one: {'; '.join(differences)}. A guide's potentials and its factor "
+        "graph come from the model it was built for, and a guide loaded for another would "
+        "answer for that model, silently. Load it with the model it was saved for, or build "
+        "and train a guide for this model: AnyOrderGuide(model, model_args)."
+    )
 
 
 def _check_bare(path: Any, architecture: str, state: dict) -> None:

@@ -29,7 +29,12 @@ import torch
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
-from pyro_autospec.infer.oracle_choice import build_oracle, guide_for_call, warn_other_data
+from pyro_autospec.infer.oracle_choice import (
+    build_oracle,
+    check_guide_sites,
+    guide_for_call,
+    warn_other_data,
+)
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
 from pyro_autospec.infer.self_check import SelfCheck
@@ -112,6 +117,8 @@ class DiscreteRun(RunBase):
 
     def run(self, args: tuple, kwargs: dict) -> DiscreteRun:
         layout = self.layout
+        if self.guide is not None:
+            check_guide_sites(self.guide, self.model, layout)
         source = self.oracle if self.guide is None else guide_for_call(self.guide, args, kwargs)
         plan = None
         if self._wants_ffbs():

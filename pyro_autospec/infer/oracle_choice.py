@@ -23,10 +23,18 @@ from typing import Any
 
 import torch
 
+from pyro_autospec.infer.display import compact_names
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 
-__all__ = ["build_oracle", "guide_for_call", "same_call", "snapshot", "warn_other_data"]
+__all__ = [
+    "build_oracle",
+    "check_guide_sites",
+    "guide_for_call",
+    "same_call",
+    "snapshot",
+    "warn_other_data",
+]
 
 #: Potentials recomputed for the same data agree with the stored ones to float rounding; data
 #: that move any potential further than this (relative and absolute) are other data.
@@ -122,6 +130,50 @@ def _contexts(guide: Any) -> bool:
         getattr(guide, "context", None) is not None
         and callable(getattr(guide, "context_for", None))
         and callable(getattr(guide, "conditioned", None))
+    )
+
+
+def check_guide_sites(guide: Any, model: Callable, layout: SiteLayout) -> None:
+    """Refuse a guide built for a model whose discrete latent sites are not the run's, and
+    warn about one built from another model function with the same sites.
+
+    A guide built from a model (``guide.layout``, ``guide.model``) answers for that model:
+    conditioned on the run's data it traces its own model, so a guide of another model would
+    fail with that model's sites in the message, or, with the same sites, answer for the
+    other model. Functions are told apart by their module and qualified name (a model
+    defined again, in a notebook cell, is the same model). A guide without a layout (built
+    from sizes alone) is checked by its sizes only.
+    """
+    built = getattr(guide, "layout", None)
+    theirs = getattr(built, "coordinates", None)
+    if theirs is None:
+        return
+    if list(theirs) == list(layout.coordinates):
+        own = getattr(guide, "model", None)
+        names = [
+            (getattr(f, "__module__", None), getattr(f, "__qualname__", None)) for f in (own, model)
+        ]
+        if own is not None and own is not model and None not in names[0] + names[1]:
+            if names[0] != names[1]:
+                warnings.warn(
+                    f"the guide was built from the model {names[0][1]!r} and this run's model "
+                    f"is {names[1][1]!r}: they have the same discrete latent sites, but the "
+                    "guide answers for its own model (its potentials and factor graph come "
+                    "from it). If the two differ, build and train a guide for this model.",
+                    UserWarning,
+                    stacklevel=5,
+                )
+        return
+
+    def described(lay: Any) -> str:
+        names = [site.name for site in lay.sites]
+        return f"{compact_names(names)} ({lay.num_coords} coordinates, {lay.num_values} values)"
+
+    raise ValueError(
+        f"The guide was built for a model whose discrete latent sites are {described(built)}; "
+        f"this run's model has {described(layout)}. A guide answers for the model it was "
+        "built from. Build and train one for this model (AnyOrderGuide(model, model_args)), "
+        "or run the model the guide was built for."
     )
 
 

@@ -4,9 +4,11 @@ callable is refused and its payload never runs; the library's own files load."""
 from __future__ import annotations
 
 import ast
+import io
 import pickle
 from pathlib import Path
 
+import pyro
 import pytest
 import torch
 
@@ -65,7 +67,8 @@ def test_the_library_files_load_with_weights_only(tmp_path):
     guide.fit_to_samples(torch.randint(0, 2, (16, 4)), num_steps=2, disable_progbar=True)
     guide.save(tmp_path / "guide.pt")
     saved = torch.load(tmp_path / "guide.pt", weights_only=True)
-    assert set(saved) == {"config", "edges", "state_dict", "loss", "checksum"}
+    assert set(saved) == {"config", "edges", "state_dict", "loss", "sites", "checksum"}
+    assert saved["sites"] == [["z", False], ["coupling", True], ["y", True]]
     assert isinstance(saved["checksum"], str) and saved["checksum"].startswith("sha256:")
     assert all(isinstance(x, float) for x in saved["loss"])
     copy = AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (data,))
@@ -113,3 +116,41 @@ def test_no_unrestricted_torch_load_in_the_package():
                 ok = flag and isinstance(flag[0].value, ast.Constant) and flag[0].value.value
                 found.append((path.name, node.lineno, bool(ok)))
     assert found and all(ok for _, _, ok in found), found
+
+
+def test_a_guide_file_loaded_for_a_model_with_other_sites_is_refused(tmp_path):
+    """A saved graph guide reused its edges for any model of the same sizes: a factor added
+    to the model was never seen (found outside the project). The file names the model's
+    sites; a model with others is refused, naming what differs."""
+    data = torch.tensor([1.0, -0.5, 0.2, 0.9])
+    guide = AnyOrderGuide(ising_chain, (data,), architecture="graph", hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+
+    def extended(data):
+        ising_chain(data)
+        pyro.factor("ends", torch.zeros(()))
+
+    with pytest.raises(ValueError, match=r"other sample sites.*this model has ends"):
+        AnyOrderGuide.load(tmp_path / "guide.pt", extended, (data,))
+    AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (data,))  # its own model loads
+
+
+@pytest.mark.parametrize("load", ["any_order", "diffusion"])
+def test_a_file_that_is_not_a_torch_file_is_named(tmp_path, load):
+    """Text, CSV or JSON gave KeyError, IndexError, or an UnpicklingError about code in the
+    file (found outside the project)."""
+    for content in (b"hello, not a guide", b"a,b\n1,2\n", b'{"config": {}}'):
+        path = tmp_path / "junk.pt"
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match="not a file written by torch.save"):
+            if load == "any_order":
+                AnyOrderGuide.load(path)
+            else:
+                DiffusionGuide.load(path, lambda: None)
+        with pytest.raises(ValueError, match="not a file written by torch.save"):
+            AnyOrderGuide.load(io.BytesIO(content))
+
+
+def test_a_chunk_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+        AnyOrderGuide(num_coords=3, num_values=2, chunk_size=0)

@@ -11,6 +11,8 @@ from contextlib import redirect_stdout
 
 import arviz as az
 import numpy as np
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 
@@ -249,3 +251,30 @@ def test_a_guide_asked_for_its_own_data_changed_in_place_answers_for_them():
     assert warned == []
     assert torch.equal(changed.get_samples()["z"], asked.get_samples()["z"])
     assert not torch.equal(changed.get_samples()["z"], before.get_samples()["z"])
+
+
+def _flipped_chain(data, coupling=0.8, noise=1.0):
+    """``ising_chain``'s sites with the opposite coupling: another model, the same sites."""
+    return ising_chain(data, -coupling, noise)
+
+
+def test_a_guide_of_another_model_is_refused_or_named():
+    """A guide conditioned on a run's data traces the model it was built from: a guide of
+    a model with other sites gave that model's sites in an error about the run's data, and
+    one with the same sites answered for the other model, silently (found outside)."""
+    data = torch.tensor([1.0, -0.5, 0.2, 0.9])
+    guide = AnyOrderGuide(ising_chain, (data,), hidden_dim=8)
+    longer = torch.tensor([1.0, -0.5, 0.2, 0.9, 0.3])
+    with pytest.raises(ValueError, match=r"built for a model whose discrete latent sites are"):
+        AutoSpec(_other_sites, 4, guide=guide, correction="imh").run(longer)
+    with pytest.warns(UserWarning, match="built from the model 'ising_chain'.*'_flipped_chain'"):
+        AutoSpec(_flipped_chain, 4, guide=guide, correction="imh", seed=0).run(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the guide's own model: no warning
+        AutoSpec(ising_chain, 4, guide=guide, correction="imh", seed=0).run(data)
+
+
+def _other_sites(data):
+    with pyro.plate("cells", data.shape[-1]):
+        w = pyro.sample("w", dist.Bernoulli(0.3))
+        pyro.sample("obs", dist.Normal(w.double(), 1.0), obs=data)
