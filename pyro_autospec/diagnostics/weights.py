@@ -263,10 +263,14 @@ class WeightDiagnostics:
                 "factor graph); with k-hat >= 1 more draws do not help"
             )
         else:
+            more = (
+                "run more draws (num_samples, warmup_steps)"
+                if self.correction == "imh"
+                else "use correction='imh' with more draws (num_samples, warmup_steps)"
+            )
             fix = (
                 "Train the guide longer (fit_posterior: more num_steps or max_seconds), make "
-                "it wider (hidden_dim, num_layers), or use correction='imh' with more draws "
-                "(num_samples, warmup_steps) and check R-hat"
+                f"it wider (hidden_dim, num_layers), or {more} and check R-hat"
             )
         return "; ".join(problems) + ". " + fix + "."
 

@@ -69,6 +69,10 @@ def test_warnings_name_the_fix():
     moderate = weight_diagnostics(rng.normal(0.0, 3.0, 2000), correction="imh")
     message = moderate.warning()
     assert message is not None and "IMH chains accept" in message
+    # k-hat below 1: an IMH run is told to run more draws, not to use IMH (it does)
+    mild = weight_diagnostics(np.random.default_rng(2).normal(0.0, 2.0, 2000), correction="imh")
+    assert 0.7 <= mild.khat < 1.0
+    assert "run more draws" in mild.warning() and "use correction='imh'" not in mild.warning()
     raw = weight_diagnostics(rng.normal(0.0, 0.1, 100), correction=None)
     assert "correction='importance' or correction='imh'" in raw.warning()
     with pytest.warns(UserWarning, match="Train the guide longer"):
