@@ -30,6 +30,24 @@ _DISCRETE_METHODS = method_names(DISCRETE, front_end=True)
 _SELF_CHECK_REFERENCE = 256
 
 
+#: Where the streams of ``MCMC``'s worker processes start (chain ``c``: ``WORKER_STREAM + c``),
+#: away from the streams a run's stages use.
+WORKER_STREAM = 2**32
+
+
+def _worker_chain() -> int | None:
+    """The chain a worker process of ``MCMC`` runs, or ``None`` in the main process.
+
+    ``MCMC`` names its workers ``"0"``, ``"1"``, ...; a worker named otherwise (another
+    driver) is told apart by ``torch.initial_seed()``, which ``MCMC`` sets to
+    ``initial_seed + chain_id`` (distinct chains, not reproducible without a global seed).
+    """
+    if multiprocessing.parent_process() is None:
+        return None
+    name = multiprocessing.current_process().name
+    return int(name) if name.isdigit() else torch.initial_seed()
+
+
 class _NativeDtypes(poutine.messenger.Messenger):
     """Hands the model each discrete site's value in the site's own dtype.
 
@@ -112,9 +130,11 @@ class AutoSpecKernel(MCMCKernel):
     seed : int, torch.Generator, numpy.random.Generator or None
         ``None`` follows torch's global RNG (``pyro.set_rng_seed``). An int must lie in
         ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`). Chains run in one process
-        continue one generator, so they differ; when ``MCMC`` runs chains in worker processes
-        (it reseeds each worker with ``initial_seed + chain_id``) the worker's
-        ``torch.initial_seed()`` is mixed into an int seed so that chains still differ.
+        continue one generator, so they differ. When ``MCMC`` runs chains in worker processes
+        (with more than two CPUs), each worker draws from a stream of its chain (the number
+        ``MCMC`` gives the worker) beside the seed's own: the chains differ and an int seed,
+        or a seeded generator, reproduces them whatever torch's global seed. The two ways
+        of running give different draws for the same seed.
     draws_per_run : int
         Exact draws per engine run (one batch of parallel samplers).
     disable_progbar : bool
@@ -194,9 +214,12 @@ class AutoSpecKernel(MCMCKernel):
         ``transforms`` and the dtypes of ``kernel.model``). The oracle is built on the first
         draw."""
         self._args, self._kwargs = args, kwargs
-        if isinstance(self._seed, int) and multiprocessing.parent_process() is not None:
-            # a worker of MCMC (reseeded with initial_seed + chain_id): its own stream
-            self._seeds = ChainSeeds(self._seed, stream=torch.initial_seed())
+        chain = _worker_chain()
+        if chain is not None and self._seed is not None:
+            # a worker of MCMC: a stream of its own chain. An int seed is the root; a
+            # generator, copied unchanged into every worker, gives the root its first number
+            root = self._seed if isinstance(self._seed, int) else ChainSeeds(self._seed)(1)[0]
+            self._seeds = ChainSeeds(root, stream=WORKER_STREAM + chain)
         self.layout = discover_sites(
             self.user_model, args, kwargs, max_plate_nesting=self.max_plate_nesting
         )

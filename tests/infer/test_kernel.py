@@ -8,6 +8,7 @@ import pytest
 import torch
 from pyro.infer import MCMC
 
+import pyro_autospec.infer.kernel as kernel_module
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
@@ -115,3 +116,39 @@ def test_from_pyro_reads_an_autospec_run_as_it_reads_an_mcmc():
     ll = idata.log_likelihood["y"].values.reshape(60, 3)
     direct = dist.Normal(samples["z"] + LOCS[samples["g"]][:, None], 0.8).log_prob(DATA)
     np.testing.assert_allclose(ll, direct.numpy(), atol=1e-5)
+
+
+def _chain_in_a_worker(monkeypatch, chain, seed, global_seed):
+    """The draws of ``MCMC``'s worker ``chain`` (the kernel set up as in that process),
+    under torch's global seed ``global_seed`` (which ``MCMC`` sets in each worker)."""
+    monkeypatch.setattr(kernel_module, "_worker_chain", lambda: chain)
+    torch.manual_seed(global_seed)
+    mcmc = MCMC(
+        AutoSpecKernel(model, seed=seed, draws_per_run=4),
+        num_samples=12,
+        warmup_steps=0,
+        num_chains=1,
+        disable_progbar=True,
+    )
+    mcmc.run(DATA)
+    return mcmc.get_samples()["z"]
+
+
+@pytest.mark.parametrize("kind", ["int", "torch", "numpy"])
+def test_chains_in_worker_processes_differ_and_reproduce(monkeypatch, kind):
+    """With more than two CPUs ``MCMC`` runs chains in worker processes, each a copy of the
+    main one: a generator seed gave every chain the same draws, and an int seed mixed in the
+    worker's global seed, so a run could not be reproduced (found outside the project)."""
+
+    def seed():
+        if kind == "int":
+            return 3
+        if kind == "torch":
+            return torch.Generator().manual_seed(3)
+        return np.random.default_rng(3)
+
+    first = _chain_in_a_worker(monkeypatch, 0, seed(), global_seed=10)
+    second = _chain_in_a_worker(monkeypatch, 1, seed(), global_seed=11)
+    again = _chain_in_a_worker(monkeypatch, 1, seed(), global_seed=99)
+    assert not torch.equal(first, second)
+    assert torch.equal(second, again)
