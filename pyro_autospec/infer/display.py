@@ -238,10 +238,25 @@ def print_summary(
 
 def _note_constant(count: int, samples: Mapping[str, torch.Tensor], more: str = "") -> None:
     draws = next(iter(samples.values())).shape[1]
-    if count and draws >= MIN_DRAWS_FOR_DIAGNOSTICS:
+    if not count or draws < MIN_DRAWS_FOR_DIAGNOSTICS:
+        return
+    # of the elements constant within every chain, those whose chains hold different values
+    stuck = 0
+    for value in samples.values():  # [chains, draws, ...]
+        value = value.reshape(value.shape[0], value.shape[1], -1)  # [chains, draws, elements]
+        constant = (value == value[:, :1]).all(1)  # [chains, elements]
+        differ = (value[:, 0] != value[:1, 0]).any(0)  # [elements]
+        stuck += int((constant.all(0) & differ).sum())
+    if stuck < count:
         print(
-            f"{count} element(s) have n_eff nan: their draws vary within no chain (all "
-            f"equal, as for a site the data fix){more}."
+            f"{count - stuck} element(s) have n_eff nan: their draws are all equal, in every "
+            f"chain (as for a site the data fix){more}."
+        )
+    if stuck:
+        print(
+            f"{stuck} element(s) have n_eff nan and r_hat inf: each chain holds one value "
+            f"throughout, but the chains hold different ones: they have not mixed (chains "
+            f"stuck in different modes, or labels switched between them){more}."
         )
 
 

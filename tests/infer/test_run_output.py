@@ -13,7 +13,7 @@ from pyro.ops import stats
 
 from pyro_autospec.diagnostics import effective_sample_size, split_gelman_rubin
 from pyro_autospec.infer import AutoSpec
-from pyro_autospec.infer.display import compact_names
+from pyro_autospec.infer.display import compact_names, print_summary
 from pyro_autospec.infer.run_base import ROWS_RATIO_FOR_ADVICE
 
 DATA = torch.tensor([1.2, -0.7, 0.3, 2.0, -1.5, 0.8, 0.1, -0.4])
@@ -227,3 +227,16 @@ def test_export_chains_rule(hmm_fit, draws, chains):
         assert run.export_chains() == chains
     finally:
         run.num_samples = saved
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_the_summary_tells_chains_stuck_apart_from_a_site_the_data_fix(capsys, group):
+    """Each chain constant at its own value (labels switched between chains) was explained as
+    'all equal, as for a site the data fix' (found outside the project)."""
+    fixed = torch.ones(2, 10, 1)
+    stuck = torch.stack([torch.zeros(10, 1), torch.ones(10, 1)])
+    mixing = torch.rand(2, 10, 1, generator=torch.Generator().manual_seed(0))
+    print_summary({"a": fixed, "b": stuck, "c": mixing}, group=group)
+    out = capsys.readouterr().out
+    assert "1 element(s) have n_eff nan: their draws are all equal, in every chain" in out
+    assert "1 element(s) have n_eff nan and r_hat inf: each chain holds one value" in out
