@@ -45,7 +45,7 @@ def _worker_chain() -> int | None:
     if multiprocessing.parent_process() is None:
         return None
     name = multiprocessing.current_process().name
-    return int(name) if name.isdigit() else torch.initial_seed()
+    return int(name) if name.isdigit() else torch.initial_seed() % 2**62
 
 
 class _NativeDtypes(poutine.messenger.Messenger):
