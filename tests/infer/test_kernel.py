@@ -152,17 +152,3 @@ def test_chains_in_worker_processes_differ_and_reproduce(monkeypatch, kind):
     again = _chain_in_a_worker(monkeypatch, 1, seed(), global_seed=99)
     assert not torch.equal(first, second)
     assert torch.equal(second, again)
-
-
-def test_a_worker_of_another_driver_gets_a_stream_from_its_global_seed(monkeypatch):
-    """A process not named by ``MCMC`` (a pool worker) is told apart by torch's global seed,
-    whatever its size (reduced below ``2**62``: a seed near ``2**64`` would overflow the
-    index of its stream)."""
-    worker = type("Worker", (), {"name": "ForkPoolWorker-1"})()
-    monkeypatch.setattr(kernel_module.multiprocessing, "parent_process", lambda: object())
-    monkeypatch.setattr(kernel_module.multiprocessing, "current_process", lambda: worker)
-    torch.manual_seed(2**64 - 1)
-    chain = kernel_module._worker_chain()
-    assert 0 <= chain < 2**62
-    draws = _chain_in_a_worker(monkeypatch, chain, 3, global_seed=0)
-    assert draws.shape == (12, 3)

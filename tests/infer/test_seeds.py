@@ -99,8 +99,9 @@ def test_derived_seeds_cover_the_whole_range():
 
 
 def test_kernel_in_a_worker_process_mixes_any_initial_seed(monkeypatch):
-    """In an MCMC worker (reseeded with ``initial_seed + chain_id``) the int seed is mixed with
-    ``torch.initial_seed()``, whatever its size."""
+    """In a worker process that ``MCMC`` did not name (a pool's worker; ``MCMC``'s own are
+    named by their chain, ``tests/infer/test_kernel.py``) the int seed is mixed with
+    ``torch.initial_seed()``, whatever its size (reduced below ``2**62``)."""
     import pyro_autospec.infer.kernel as kernel_module
 
     monkeypatch.setattr(kernel_module.multiprocessing, "parent_process", lambda: object())
