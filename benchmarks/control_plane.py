@@ -116,34 +116,34 @@ def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int, calls: i
         "| the same check, warm (us / row) |"
     )
     print("|---|---:|---:|---:|")
-    saved = (HostRows._answer, HostRows._call)
+    answer_rows = HostRows._answer
     for spec in oracles:
         oracle = build_oracle(spec, n, "cpu")
         sample_any_order(oracle, draws, seed=1, method="sequential")  # warm-up
         best = None
         for _ in range(repeats):
-            seconds, last = {"answer": 0.0}, []
+            seconds, last = [0.0], []
 
-            def answer(host, out, valid, seconds=seconds, last=last):
+            def timed(host, out, valid, seconds=seconds, last=last):
                 start = time.perf_counter()
-                result = saved[0](host, out, valid)
-                seconds["answer"] += time.perf_counter() - start
+                result = answer_rows(host, out, valid)
+                seconds[0] += time.perf_counter() - start
                 last[:] = [host, out, valid]
                 return result
 
-            HostRows._answer = answer
+            HostRows._answer = timed
             try:
                 start = time.perf_counter()
                 result = sample_any_order(oracle, draws, seed=0, method="sequential")
                 wall = time.perf_counter() - start
             finally:
-                HostRows._answer, HostRows._call = saved
+                HostRows._answer = answer_rows
             if best is None or wall < best[0]:
-                best = (wall, result, seconds["answer"], last)
+                best = (wall, result, seconds[0], last)
         wall, result, answer_s, (host, out, valid) = best
         start = time.perf_counter()
         for _ in range(calls):
-            saved[0](host, out, valid)
+            answer_rows(host, out, valid)
         warm = (time.perf_counter() - start) / calls
         rows = result.oracle_rows
         outside = (wall - result.timing["oracle"]) / rows * 1e6

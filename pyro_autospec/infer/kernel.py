@@ -39,8 +39,8 @@ def _worker_chain() -> int | None:
     """The chain a worker process of ``MCMC`` runs, or ``None`` in the main process.
 
     ``MCMC`` names its workers ``"0"``, ``"1"``, ...; a worker named otherwise (another
-    driver) is told apart by ``torch.initial_seed()``, which ``MCMC`` sets to
-    ``initial_seed + chain_id`` (distinct chains, not reproducible without a global seed).
+    driver's) is told apart by ``torch.initial_seed()`` reduced below ``2**62`` (distinct
+    chains where the driver seeds its workers apart, not reproducible without a global seed).
     """
     if multiprocessing.parent_process() is None:
         return None

@@ -148,33 +148,38 @@ def check_guide_sites(guide: Any, model: Callable, layout: SiteLayout) -> None:
     theirs = getattr(built, "coordinates", None)
     if theirs is None:
         return
-    if list(theirs) == list(layout.coordinates):
-        own = getattr(guide, "model", None)
-        names = [
-            (getattr(f, "__module__", None), getattr(f, "__qualname__", None)) for f in (own, model)
-        ]
-        if own is not None and own is not model and None not in names[0] + names[1]:
-            if names[0] != names[1]:
-                warnings.warn(
-                    f"the guide was built from the model {names[0][1]!r} and this run's model "
-                    f"is {names[1][1]!r}: they have the same discrete latent sites, but the "
-                    "guide answers for its own model (its potentials and factor graph come "
-                    "from it). If the two differ, build and train a guide for this model.",
-                    UserWarning,
-                    stacklevel=5,
-                )
+    if list(theirs) != list(layout.coordinates):
+
+        def described(lay: Any) -> str:
+            names = compact_names([site.name for site in lay.sites])
+            return f"{names} ({lay.num_coords} coordinates, {lay.num_values} values)"
+
+        raise ValueError(
+            f"The guide was built for a model whose discrete latent sites are "
+            f"{described(built)}; this run's model has {described(layout)}. A guide answers "
+            "for the model it was built from. Build and train one for this model "
+            "(AnyOrderGuide(model, model_args)), or run the model the guide was built for."
+        )
+    own = getattr(guide, "model", None)
+    if own is None or own is model:
         return
+    ours, theirs = _function_name(model), _function_name(own)
+    if ours and theirs and ours != theirs:
+        warnings.warn(
+            f"the guide was built from the model {theirs[1]!r} and this run's model is "
+            f"{ours[1]!r}: they have the same discrete latent sites, but the guide answers for "
+            "its own model (its potentials and factor graph come from it). If the two differ, "
+            "build and train a guide for this model.",
+            UserWarning,
+            stacklevel=5,
+        )
 
-    def described(lay: Any) -> str:
-        names = [site.name for site in lay.sites]
-        return f"{compact_names(names)} ({lay.num_coords} coordinates, {lay.num_values} values)"
 
-    raise ValueError(
-        f"The guide was built for a model whose discrete latent sites are {described(built)}; "
-        f"this run's model has {described(layout)}. A guide answers for the model it was "
-        "built from. Build and train one for this model (AnyOrderGuide(model, model_args)), "
-        "or run the model the guide was built for."
-    )
+def _function_name(f: Any) -> tuple[str, str] | None:
+    """``(module, qualified name)`` of a function, ``None`` for an object without them (a
+    handler's wrapper)."""
+    module, name = getattr(f, "__module__", None), getattr(f, "__qualname__", None)
+    return (module, name) if isinstance(module, str) and isinstance(name, str) else None
 
 
 def guide_for_call(guide: Any, args: tuple, kwargs: dict) -> Any:
