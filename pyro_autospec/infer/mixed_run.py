@@ -25,7 +25,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
-from pyro import poutine
 from pyro.infer import MCMC, NUTS
 
 from pyro_autospec.infer.display import compact_names
@@ -34,7 +33,7 @@ from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
-from pyro_autospec.model.tracing import parallel_enumeration, trace_model
+from pyro_autospec.model.tracing import enumerated, trace_model
 
 __all__ = ["MixedRun"]
 
@@ -87,15 +86,13 @@ class MixedRun(RunBase):
         # the discrete engine run's seed, from a stream beside the NUTS chains' (an int seed),
         # or next in the generator's stream
         (engine_seed,) = self.settings.seeds(1, stream=1)
-        enumerated = poutine.infer_config(self.model, parallel_enumeration)
+        model = enumerated(self.model)
         continuous = {site.name: [] for site in layout.continuous}
         diverging = []
         start = time.perf_counter()
         self.nuts_diagnostics = []
         for seed in nuts_seeds:
-            kernel = NUTS(
-                enumerated, max_plate_nesting=layout.max_plate_nesting, **self.nuts_kwargs
-            )
+            kernel = NUTS(model, max_plate_nesting=layout.max_plate_nesting, **self.nuts_kwargs)
             last: dict = {}
 
             def record(kernel, samples, stage, i, last=last):

@@ -37,6 +37,7 @@ __all__ = [
     "SiteRecorder",
     "over_draws",
     "check_subsampling",
+    "enumerated",
     "parallel_enumeration",
     "plate_dims",
     "plate_nesting",
@@ -304,6 +305,12 @@ def scaled_sites(trace) -> dict[str, float]:
         elif scale != 1.0:
             out[name] = float(scale)
     return out
+
+
+def enumerated(model: Callable) -> Callable:
+    """``model`` with every unobserved enumerable site enumerated in parallel
+    (:func:`parallel_enumeration`): what NUTS needs to sum the discrete sites out."""
+    return poutine.infer_config(model, parallel_enumeration)
 
 
 def parallel_enumeration(msg: dict) -> dict:
