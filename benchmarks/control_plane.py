@@ -10,27 +10,31 @@ Two parts, one table each:
 * ``kernel``: the arithmetic of one verification (acceptance tests in float64 log space, the
   first rejected token's residual redraw, the keyed uniforms and Gumbels) as the engine writes
   it in NumPy, against the same arithmetic compiled with numba (when numba is installed:
-  ``pip install numba``; the package itself does not use it): microseconds per call at 16 and
-  256 draws, the first call's compilation, and whether the two agree.
-
-* ``lockstep``: sequential sampling's lock step (16 draws, n = 4096, oracles that borrow
-  their inputs, ``free`` at no cost and the hand-written chain): microseconds per row outside
-  the oracle, of which the check and normalisation of its rows (``HostRows._answer``) in the
-  loop, against the same ``_answer`` called again and again on the last output (warm
-  caches): what the oracle's call costs the engine's next steps.
+  ``pip install "pyro-autospec[compiled]"``; the engine compiles only the lock step below):
+  microseconds per call at 16 and 256 draws, the first call's compilation, and whether the
+  two agree.
+* ``lockstep``: sequential sampling's lock step (16 draws, n = 4096): microseconds per row
+  outside the oracle with the NumPy step and with the compiled step
+  (:mod:`pyro_autospec.engine.compiled`, numba), whether the two give the same bits, and
+  numba's start in a fresh process (with an empty cache and with its cache on disk). The
+  oracles: ``free`` (costs nothing, borrows its inputs), the hand-written chain borrowing its
+  inputs or not, and the shipped Markov chain.
 
 Usage::
 
     python benchmarks/control_plane.py            # the rounds and kernel parts
     python benchmarks/control_plane.py --parts lockstep
     python benchmarks/control_plane.py --smoke    # seconds: tiny sizes
+    python benchmarks/control_plane.py --smoke --parts lockstep
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -41,9 +45,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from user_oracles import build_oracle  # noqa: E402
 
-from pyro_autospec.engine import keys, sample_any_order  # noqa: E402
+from pyro_autospec.engine import compiled, keys, sample_any_order  # noqa: E402
 from pyro_autospec.engine.host_plane import TokenSampler  # noqa: E402
-from pyro_autospec.engine.host_rows import HostRows  # noqa: E402
 
 ORACLES = ["markov", "hmm", "mixture:K=8", "nade:scale=0.1", "nade:scale=2", "user_chain:n=4096"]
 
@@ -109,49 +112,85 @@ def rounds_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
 
 
 # ------------------------------------------------------------------------------ lockstep
-def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int, calls: int) -> None:
-    print(f"## Sequential sampling's lock step, {draws} draws, n = {n} (best of {repeats} runs)\n")
-    print(
-        "| oracle | outside the oracle (us / row) | checking its rows in the loop (us / row) "
-        "| the same check, warm (us / row) |"
-    )
-    print("|---|---:|---:|---:|")
-    answer_rows = HostRows._answer
-    for spec in oracles:
-        oracle = build_oracle(spec, n, "cpu")
-        sample_any_order(oracle, draws, seed=1, method="sequential")  # warm-up
-        best = None
-        for _ in range(repeats):
-            seconds, last = [0.0], []
+_START = """
+import time
+import numpy as np
+from pyro_autospec.engine.compiled import compiled_lock_step
+start = time.perf_counter()
+step = compiled_lock_step()  # imports numba
+out = np.log(np.full((4, 1, 2), 0.5))
+step(out, np.zeros((4, 1, 2)), 0, np.zeros((4, 3), np.uint8), np.zeros((4, 0), bool),
+     np.zeros(4, np.int64), np.zeros(4), 1e-5)
+print(time.perf_counter() - start)
+"""
 
-            def timed(host, out, valid, seconds=seconds, last=last):
-                start = time.perf_counter()
-                result = answer_rows(host, out, valid)
-                seconds[0] += time.perf_counter() - start
-                last[:] = [host, out, valid]
-                return result
 
-            HostRows._answer = timed
-            try:
-                start = time.perf_counter()
-                result = sample_any_order(oracle, draws, seed=0, method="sequential")
-                wall = time.perf_counter() - start
-            finally:
-                HostRows._answer = answer_rows
-            if best is None or wall < best[0]:
-                best = (wall, result, seconds[0], last)
-        wall, result, answer_s, (host, out, valid) = best
+def numba_start() -> tuple[float, float]:
+    """Seconds from a fresh process's first use of the compiled step to its first answer:
+    with an empty numba cache (it compiles), then with that cache (it loads)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYRO_AUTOSPEC_NUMBA": "1"}
+        times = []
+        for _ in range(2):
+            run = subprocess.run(
+                [sys.executable, "-c", _START], env=env, capture_output=True, text=True, check=True
+            )
+            times.append(float(run.stdout.strip().splitlines()[-1]))
+    return times[0], times[1]
+
+
+def _outside_per_row(oracle, draws: int, repeats: int, compiled: bool):
+    """Best of ``repeats`` sequential runs: (us per row outside the oracle, the result)."""
+    os.environ["PYRO_AUTOSPEC_NUMBA"] = "1" if compiled else "0"
+    sample_any_order(oracle, draws, seed=1, method="sequential")  # warm-up (and compilation)
+    best = None
+    for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(calls):
-            answer_rows(host, out, valid)
-        warm = (time.perf_counter() - start) / calls
-        rows = result.oracle_rows
-        outside = (wall - result.timing["oracle"]) / rows * 1e6
-        per_row = out.shape[0]  # rows of one call
+        result = sample_any_order(oracle, draws, seed=0, method="sequential")
+        wall = time.perf_counter() - start
+        if best is None or wall < best[0]:
+            best = (wall, result)
+    wall, result = best
+    return (wall - result.timing["oracle"]) / result.oracle_rows * 1e6, result
+
+
+def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
+    print(f"## Sequential sampling's lock step, {draws} draws, n = {n} (best of {repeats} runs)\n")
+    available = compiled.wanted()  # numba installed, and not turned off
+    if not available:
+        print("numba is not installed (`pip install numba`): the NumPy step only.\n")
+    print(
+        "| oracle | NumPy step: outside the oracle (us / row) | compiled step (us / row) "
+        "| compiled / NumPy | same draws and log probabilities |"
+    )
+    print("|---|---:|---:|---:|---|")
+    saved = os.environ.get("PYRO_AUTOSPEC_NUMBA")
+    try:
+        for spec in oracles:
+            oracle = build_oracle(spec, n, "cpu")
+            numpy_us, ours = _outside_per_row(oracle, draws, repeats, compiled=False)
+            if not available:
+                print(f"| {spec} | {numpy_us:.2f} | - | - | - |", flush=True)
+                continue
+            compiled_us, theirs = _outside_per_row(oracle, draws, repeats, compiled=True)
+            same = torch.equal(ours.samples, theirs.samples) and torch.equal(
+                ours.log_prob, theirs.log_prob
+            )
+            print(
+                f"| {spec} | {numpy_us:.2f} | {compiled_us:.2f} | {compiled_us / numpy_us:.2f} "
+                f"| {same} |",
+                flush=True,
+            )
+    finally:
+        if saved is None:
+            os.environ.pop("PYRO_AUTOSPEC_NUMBA", None)
+        else:
+            os.environ["PYRO_AUTOSPEC_NUMBA"] = saved
+    if available:
+        first, cached = numba_start()
         print(
-            f"| {spec} | {outside:.2f} | {answer_s / rows * 1e6:.2f} | "
-            f"{warm / per_row * 1e6:.2f} |",
-            flush=True,
+            f"\nnumba's start in a fresh process (import, then the first step): {first:.2f} s "
+            f"with an empty cache (it compiles), {cached:.2f} s with its cache on disk.\n"
         )
     print()
 
@@ -314,8 +353,13 @@ def main(argv=None) -> None:
         kernel_part(shapes, calls)
     if "lockstep" in args.parts:
         lockstep_n = 128 if args.smoke else 4096
-        lock = [f"free:n={lockstep_n},borrows=true", f"user_chain:n={lockstep_n},borrows=true"]
-        lockstep_part(lock, lockstep_n, 2 if args.smoke else 16, repeats, max(calls, 30) * 10)
+        lock = [
+            f"free:n={lockstep_n},borrows=true",
+            f"user_chain:n={lockstep_n},borrows=true",
+            f"user_chain:n={lockstep_n}",
+            f"markov:n={lockstep_n}",
+        ]
+        lockstep_part(lock, lockstep_n, 2 if args.smoke else 16, repeats)
     print(f"(total {time.perf_counter() - start:.0f} s)")
 
 

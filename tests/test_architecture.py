@@ -141,11 +141,12 @@ def test_the_reader_sees_relative_and_function_level_imports(tmp_path):
     ]
 
 
-#: Third-party modules a function may import on first use (docs/architecture.md): ArviZ only
-#: in the one module that calls it, SciPy and Matplotlib anywhere; every other module is
-#: imported at the top.
+#: Third-party modules a function may import on first use (docs/architecture.md): ArviZ and
+#: numba only in the one module that calls each, SciPy and Matplotlib anywhere; every other
+#: module is imported at the top.
 LAZY_THIRD_PARTY = {
     "arviz": {"pyro_autospec/diagnostics/arviz.py"},
+    "numba": {"pyro_autospec/engine/compiled.py"},
     "scipy": None,
     "matplotlib": None,
 }

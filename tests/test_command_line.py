@@ -75,6 +75,8 @@ def test_benchmark_smoke(script, tmp_path):
     args = [str(ROOT / "benchmarks" / script), "--smoke"]
     if script == "rounds.py":
         args += ["--out", str(tmp_path)]
+    if script == "control_plane.py":  # every part, the lock step too
+        args += ["--parts", "rounds", "kernel", "lockstep"]
     if script == "engine.py":  # every part, the opt-in profile too
         args += ["--parts", "overhead", "race", "ops", "draws", "batching", "profile"]
     run(*args)

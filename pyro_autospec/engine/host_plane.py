@@ -54,11 +54,12 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine import keys
+from pyro_autospec.engine.compiled import compiled_lock_step
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.methods import DISCRETE, block_policy, method_names, on_cpu
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
-from pyro_autospec.engine.rows import Answer, OracleRows, place_answers
+from pyro_autospec.engine.rows import Answer, OracleRows, normalise_rows, place_answers
 from pyro_autospec.engine.schedule import token_only
 from pyro_autospec.engine.stepping import run_rounds
 
@@ -773,7 +774,10 @@ class _HostLockstep(_Lockstep):
     An oracle that borrows its inputs (:func:`~pyro_autospec.engine.protocols.borrows_inputs`)
     gets the same ``values`` and ``mask`` in every call, with the coordinates drawn at each
     step written into them, rather than fresh copies of every draw's frame: the same inputs,
-    ``O(D)`` host work per step instead of ``O(D n)``."""
+    ``O(D)`` host work per step instead of ``O(D n)``.
+
+    With numba installed each call's rows are checked, normalised and drawn from in one
+    compiled call (:func:`~pyro_autospec.engine.compiled.lock_step`); without it, in NumPy."""
 
     def __init__(self, sampler: TokenSampler):
         super().__init__(sampler)
@@ -788,6 +792,8 @@ class _HostLockstep(_Lockstep):
         self.ones = np.ones(min(num, step), dtype=np.int64)
         self.borrowed = sampler.rows.borrows_inputs
         self.valid = np.ones((min(num, step), 1), dtype=bool)
+        self.kernel = compiled_lock_step()
+        self.no_mask = np.zeros((num, 0), dtype=bool)  # frames need no mask
 
     def start(self) -> None:
         s = self.sampler
@@ -805,17 +811,21 @@ class _HostLockstep(_Lockstep):
                 views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
                 self.inputs.append((*views, targets, self.valid[: lane.size], s.host._extra(lane)))
 
+    def _out(self, i: int, t: int) -> torch.Tensor:
+        """The rows at position ``t`` of the draws of call ``i`` as the oracle returned them
+        ([R, 1, q])."""
+        s, lane, cut = self.sampler, self.calls[i], self.cuts[i]
+        if self.borrowed:
+            values, mask, targets, _, extra = self.inputs[i]
+            return s.host.targeted_out(values, mask, targets[t], extra)
+        cut.fill(t)
+        return s.host.targeted_call_out(s.frames, lane, lane, cut, cut, self.ones[: lane.size], 1)
+
     def _rows(self, t: int) -> np.ndarray:
-        """Every draw's row at position ``t`` ([D, q]), checked and normalised."""
-        s, parts = self.sampler, []
-        for i, (lane, cut) in enumerate(zip(self.calls, self.cuts)):
-            if self.borrowed:
-                values, mask, targets, valid, extra = self.inputs[i]
-                parts.append(s.host._targeted_rows(values, mask, targets[t], valid, extra))
-            else:
-                cut.fill(t)
-                width = self.ones[: lane.size]
-                parts.append(s.host._targeted_call(s.frames, lane, lane, cut, cut, width, 1))
+        """Every draw's row at position ``t`` ([D, q]), checked and normalised (NumPy)."""
+        parts = []
+        for i, lane in enumerate(self.calls):
+            parts.append(self.sampler.host._answer(self._out(i, t), self.valid[: lane.size]))
         if len(parts) > 1:
             fields = ("log_probs", "bad", "log_mass")
             parts = [Answer(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))]
@@ -829,6 +839,13 @@ class _HostLockstep(_Lockstep):
         return self.noise[:, t % self.window]
 
     def step(self) -> None:
+        if self.kernel is None:
+            self._step_numpy()
+        else:
+            self._step_compiled()
+        self._counted()
+
+    def _step_numpy(self) -> None:
         s, t, lanes = self.sampler, self.finished, self.lanes
         data = self._rows(t)  # [D, q]
         x = np.argmax(data + self._noise(t), axis=-1)  # [D]
@@ -838,7 +855,46 @@ class _HostLockstep(_Lockstep):
         else:
             s.frames[lanes, s.order[:, t]] = x
         self.log_mu += data[lanes, x]
-        self._counted()
+
+    def _views(self) -> list[tuple]:
+        """Per call of a step, what the compiled step writes: the first draw, and views of the
+        partial samples ``[R, n]``, their mask (``[R, 0]`` for frames), the coordinate of
+        each step ``[n, R]`` and the log probabilities ``[R]``."""
+        s, views = self.sampler, []
+        for lane in self.calls:
+            rows = slice(int(lane[0]), int(lane[-1]) + 1)
+            if self.borrowed:
+                parts = (self.values[rows], self.mask[rows], self.coords[:, rows])
+            else:
+                parts = (s.frames[rows], self.no_mask[rows], s.order[rows].T.copy())
+            views.append((rows, *parts, self.log_mu[rows]))
+        return views
+
+    def _step_compiled(self) -> None:
+        s, t = self.sampler, self.finished
+        if t == 0:
+            self.views = self._views()
+        if t % self.window == 0:  # a fresh window of noise, and its part for each call
+            self._noise(t)
+            self.noises = [self.noise[view[0]] for view in self.views]
+        column, to_host, kernel = t % self.window, s.host.to_host, self.kernel
+        for i, (rows, values, mask, coords, log_mu) in enumerate(self.views):
+            out, tol = to_host(self._out(i, t))
+            bad = kernel(out, self.noises[i], column, values, mask, coords[t], log_mu, tol)
+            if bad >= 0:
+                self._raise_bad(out, tol, rows.start, bad)
+
+    def _raise_bad(self, out: np.ndarray, tol: float, first: int, row: int) -> None:
+        """Raise the error the NumPy step raises for the rows ``out`` of the draws from
+        ``first`` on, where the compiled step found row ``row`` not to be a distribution (it
+        looks for non-finite maxima in every row before it checks any row's sum, so the
+        NumPy check names the first bad row)."""
+        answer = normalise_rows(out, np.ones(out.shape[:2], dtype=bool), tol)
+        rows = slice(first, first + out.shape[0])
+        whole = place_answers([(rows, answer)], self.sampler.num_draws, 1, out.shape[-1])
+        if not whole.bad.any():  # the two checks read the same bits: not expected
+            whole.bad[first + row, 0] = True
+        OracleRows.raise_bad(whole, whole.bad, _DRAFT_ROW)
 
     def finish(self) -> None:
         s = self.sampler

@@ -151,13 +151,24 @@ class HostRows:
     def _extra(self, draw: np.ndarray) -> dict:
         return {"draws": self._up(self.draw_ids[draw])} if self.rows.family else {}
 
+    @staticmethod
+    def to_host(out: torch.Tensor) -> tuple[np.ndarray, float]:
+        """One copy of the oracle's output to the host (float32 or float64), and how far the
+        log of a row's sum may stray from 0 (:func:`~pyro_autospec.engine.rows._tolerance`
+        of the output's own dtype)."""
+        tol = _tolerance(out.dtype)
+        if out.requires_grad:
+            out = out.detach()
+        if not out.is_cpu:
+            out = out.cpu()
+        if out.dtype not in (torch.float32, torch.float64):
+            out = out.double()
+        return out.numpy(), tol
+
     def _answer(self, out: torch.Tensor, valid: np.ndarray) -> Answer:
         """One copy of the oracle's output to the host, checked and normalised there."""
-        tol = _tolerance(out.dtype)
-        host = out.detach().cpu()
-        if host.dtype not in (torch.float32, torch.float64):
-            host = host.double()
-        return normalise_rows(host.numpy(), valid, tol)
+        host, tol = self.to_host(out)
+        return normalise_rows(host, valid, tol)
 
     def _call(self, method: str, *args, **extra):
         start = time.perf_counter()
@@ -167,27 +178,37 @@ class HostRows:
         return out
 
     def _targeted_call(self, frames, lane, draw, cut, start, width, max_width) -> Answer:
+        valid = np.arange(max_width)[None, :] < width[:, None]
+        out = self.targeted_call_out(frames, lane, draw, cut, start, width, max_width)
+        return self._answer(out, valid)
+
+    def targeted_call_out(self, frames, lane, draw, cut, start, width, max_width) -> torch.Tensor:
+        """The oracle's rows of one call as it returned them ([R, max_width, q]; see
+        :meth:`ask` for the arguments), from fresh inputs."""
         values, mask = self._inputs(frames, lane, cut)
         offsets = np.arange(max_width)
         pos = start[:, None] + np.minimum(offsets[None, :], width[:, None] - 1)
         targets = self._up(self.orders[lane[:, None], pos])
-        valid = offsets[None, :] < width[:, None]
-        return self._targeted_rows(values, mask, targets, valid, self._extra(draw))
+        return self.targeted_out(values, mask, targets, self._extra(draw))
 
     def _targeted_rows(self, values, mask, targets, valid, extra: dict) -> Answer:
         """One call for the rows of ``targets`` (LongTensor[R, W]) given ``values`` and
         ``mask`` ([R, n], on the oracle's device), checked and normalised on the host
         (``valid`` bool ndarray [R, W], broadcast: the entries asked); ``extra`` the
         keywords of a family's draws (:meth:`_extra`)."""
+        return self._answer(self.targeted_out(values, mask, targets, extra), valid)
+
+    def targeted_out(self, values, mask, targets, extra: dict) -> torch.Tensor:
+        """The oracle's rows of ``targets`` as it returned them ([R, W, q], shape checked;
+        not yet normalised): :meth:`_targeted_rows` before the check of their values."""
         rows, max_width, check = values.shape[0], targets.shape[1], self.rows._check_output
         if self.rows.targeted:
             out = self._call("log_marginals_at", values, mask, targets, **extra)
             check(out, (rows, max_width, self.q), "log_marginals_at")
-        else:
-            out = self._call("log_marginals", values, mask, **extra)
-            check(out, (rows, self.n, self.q), "log_marginals")
-            out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
-        return self._answer(out, valid)
+            return out
+        out = self._call("log_marginals", values, mask, **extra)
+        check(out, (rows, self.n, self.q), "log_marginals")
+        return out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
 
     def _chain_call(self, frames, lane, draw, cut, length, then_width) -> tuple:
         """One call for chains (and the rows after them where ``then_width`` is not None)."""

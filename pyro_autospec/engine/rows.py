@@ -29,6 +29,7 @@ when it finishes (:meth:`OracleRows.finish`). Orders are a function of the draw'
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -225,6 +226,7 @@ def then_pair(result) -> tuple:
     )
 
 
+@functools.cache
 def _tolerance(dtype: torch.dtype) -> float:
     """How far ``logsumexp`` of a row may stray from 0.
 
@@ -844,9 +846,11 @@ def normalise_rows(out: np.ndarray, valid: np.ndarray, tol: float) -> Answer:
     (broadcast; the entries asked), ``tol`` how far the log of a row's sum may stray from 0
     (:func:`_tolerance`). The log of each row's sum is ``NaN`` if an entry is NaN, ``+inf``
     if one is ``+inf``, ``-inf`` if every entry is ``-inf``: one comparison flags a NaN,
-    ``+inf``, massless or unnormalised row. Rows are renormalised in float64.
+    ``+inf``, massless or unnormalised row. Rows are renormalised in float64, laid out row
+    after row whatever the layout of ``out`` (NumPy sums a contiguous row pairwise, a strided
+    one in sequence), so a row's rounding does not depend on how the oracle stored it.
     """
-    out = out.astype(np.float64, copy=False)
+    out = np.ascontiguousarray(out, dtype=np.float64)
     top = out.max(-1, keepdims=True)
     # a NaN, +inf or massless row warns in the arithmetic below and has its top zeroed; rows
     # with a finite top entry need neither (the common case: no errstate to enter)

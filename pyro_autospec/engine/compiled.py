@@ -1,0 +1,184 @@
+"""Compiled host code for sequential sampling's lock step, when numba is installed.
+
+Sequential sampling's lock step (:class:`~pyro_autospec.engine.host_plane.TokenSampler` with
+windows of one coordinate, every draw in flight) asks each step for every draw's row at one
+position, checks and normalises the rows, draws each coordinate by Gumbel-max with its keyed
+draft noise and writes it into the partial samples. In NumPy that is about 25 calls on arrays
+of a few dozen entries, each paying Python's and NumPy's dispatch. :class:`LockStep` does it in
+two compiled calls and three NumPy calls.
+
+**The same bits as NumPy.** The exponentials, their sums and the logarithms stay NumPy's, on
+arrays of the shapes and layout :func:`~pyro_autospec.engine.rows.normalise_rows` uses
+(float64, C-contiguous, whatever the oracle's output looked like): numba's ``exp``
+and ``log`` round differently from NumPy's in about one case in 20 on a CPU with AVX-512, and
+NumPy sums a row pairwise. The compiled parts only take maxima, subtract, add, compare and
+write, which round the same everywhere. So the draws and their log probabilities are bit for
+bit those of the NumPy step, and of the general loop with any batch composition.
+
+numba is optional (``pip install "pyro-autospec[compiled]"``). Without it, or with the
+environment variable ``PYRO_AUTOSPEC_NUMBA=0`` (or ``false``, ``no``, ``off``), the lock
+step runs in NumPy. The price is
+numba's start in each process that runs a lock step: about 0.7 s on this project's CPU (its
+import, then loading the compiled code from its cache on disk; the first run after an install
+compiles it, about 2 s). It pays back after a few hundred thousand rows
+(``python benchmarks/control_plane.py --parts lockstep``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import warnings
+
+import numpy as np
+
+__all__ = ["LockStep", "compiled_lock_step", "draw_rows", "shift_rows"]
+
+
+def shift_rows(out, top, shifted):
+    """Each row's largest entry, and the row minus it, in float64 (compiled by numba).
+
+    Parameters
+    ----------
+    out : float32 or float64 ndarray [D, 1, q]
+        The oracle's rows.
+    top : float64 ndarray [D]
+        Receives each row's largest entry.
+    shifted : float64 ndarray [D, 1, q]
+        Receives ``out - top``.
+
+    Returns
+    -------
+    int
+        ``-1``; or the first row whose largest entry is not finite (a NaN first, ``+inf``, or
+        no mass), with ``top`` and ``shifted`` written only before it.
+    """
+    num, q = out.shape[0], out.shape[2]
+    for d in range(num):
+        best = out[d, 0, 0]
+        for v in range(1, q):
+            if out[d, 0, v] > best:
+                best = out[d, 0, v]
+        if not np.isfinite(best):
+            return d
+        top[d] = best
+        for v in range(q):
+            shifted[d, 0, v] = np.float64(out[d, 0, v]) - np.float64(best)
+    return -1
+
+
+def draw_rows(out, top, log_sum, noise, column, values, mask, coords, log_mu, tol):
+    """Check each row, draw its coordinate and write it (compiled by numba).
+
+    The log normaliser of row ``d`` is ``log_sum[d, 0] + top[d]``; the row is a distribution
+    if it lies within ``tol`` of 0 (:func:`~pyro_autospec.engine.rows._tolerance`; a NaN
+    fails). The value drawn is the first maximum of the normalised row plus the noise, as
+    :class:`~pyro_autospec.engine.host_plane.TokenSampler` draws.
+
+    Parameters
+    ----------
+    out : float32 or float64 ndarray [D, 1, q]
+        The oracle's rows.
+    top, log_sum : float64 ndarray [D], [D, 1]
+        Each row's largest entry, and the log of the sum of ``exp(out - top)``.
+    noise : float64 ndarray [D, W, q]
+        The draft noise (Gumbels) of ``W`` steps; this step's is column ``column``.
+    values : integer ndarray [D, n]
+        The partial samples; ``values[d, coords[d]]`` receives the value drawn.
+    mask : bool ndarray [D, n] or [D, 0]
+        Where the partial samples are pinned; ``mask[d, coords[d]]`` is set (unless it has
+        no columns: frames whose pinned entries are known from the order).
+    coords : integer ndarray [D]
+        The coordinate each draw draws at this step.
+    log_mu : float64 ndarray [D]
+        The draws' log probabilities; each gains the normalised row's entry drawn.
+    tol : float
+        How far a row's log normaliser may stray from 0.
+
+    Returns
+    -------
+    int
+        ``-1``; or the first row that is not a distribution, with the draws before it
+        written.
+    """
+    num, q = out.shape[0], out.shape[2]
+    for d in range(num):
+        log_mass = log_sum[d, 0] + top[d]
+        if not abs(log_mass) <= tol:
+            return d
+        best, drawn = -np.inf, 0
+        for v in range(q):
+            score = (np.float64(out[d, 0, v]) - log_mass) + noise[d, column, v]
+            if score > best:
+                best, drawn = score, v
+        values[d, coords[d]] = drawn
+        if mask.shape[1] > 0:
+            mask[d, coords[d]] = True
+        log_mu[d] += np.float64(out[d, 0, drawn]) - log_mass
+    return -1
+
+
+class LockStep:
+    """One step of the lock step for the rows of one call: :func:`shift_rows`, NumPy's
+    ``exp``, sum and ``log``, then :func:`draw_rows`.
+
+    ``shift`` and ``draw`` are those functions, compiled (:func:`compiled_lock_step`) or, in
+    the tests, as written.
+    """
+
+    def __init__(self, shift, draw):
+        self.shift, self.draw = shift, draw
+        self.buffers: dict[tuple, tuple[np.ndarray, ...]] = {}
+
+    def __call__(self, out, noise, column, values, mask, coords, log_mu, tol) -> int:
+        """The step (arguments as :func:`draw_rows`'s); returns its ``-1`` or bad row."""
+        shape = out.shape
+        if shape not in self.buffers:
+            self.buffers[shape] = (np.empty(shape[0]), np.empty(shape), np.empty(shape[:2]))
+        top, shifted, log_sum = self.buffers[shape]
+        bad = self.shift(out, top, shifted)
+        if bad >= 0:
+            return bad
+        # NumPy's exp, pairwise sum and log, as normalise_rows computes them
+        np.add.reduce(np.exp(shifted, out=shifted), axis=-1, out=log_sum)
+        np.log(log_sum, out=log_sum)
+        return self.draw(out, top, log_sum, noise, column, values, mask, coords, log_mu, tol)
+
+
+#: Values of ``PYRO_AUTOSPEC_NUMBA`` that turn the compiled step off (any case).
+OFF = ("0", "false", "no", "off")
+
+
+def wanted() -> bool:
+    """Whether the lock step should run compiled: numba is installed and
+    ``PYRO_AUTOSPEC_NUMBA`` is not one of :data:`OFF`."""
+    if os.environ.get("PYRO_AUTOSPEC_NUMBA", "1").strip().lower() in OFF:
+        return False
+    return importlib.util.find_spec("numba") is not None
+
+
+@functools.cache
+def _compiled() -> tuple | None:
+    try:  # optional, and 0.3 s to import: only when a lock step first runs
+        import numba
+    except Exception as error:  # installed but broken, e.g. built for another NumPy
+        warnings.warn(
+            f"numba is installed but does not import ({type(error).__name__}: {error}); "
+            "sequential sampling's lock step runs in NumPy (the same draws, slower). Set "
+            "PYRO_AUTOSPEC_NUMBA=0 to say so and silence this warning.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+    return jit(shift_rows), jit(draw_rows)
+
+
+def compiled_lock_step() -> LockStep | None:
+    """A :class:`LockStep` of the compiled functions (numba caches them on disk), or ``None``
+    where :func:`wanted` says no or numba does not import (with a warning, once)."""
+    if not wanted():
+        return None
+    functions = _compiled()
+    return None if functions is None else LockStep(*functions)
