@@ -139,9 +139,9 @@ def numba_start() -> tuple[float, float]:
     return times[0], times[1]
 
 
-def _outside_per_row(oracle, draws: int, repeats: int, compiled: bool):
+def _outside_per_row(oracle, draws: int, repeats: int, use_numba: bool):
     """Best of ``repeats`` sequential runs: (us per row outside the oracle, the result)."""
-    os.environ["PYRO_AUTOSPEC_NUMBA"] = "1" if compiled else "0"
+    os.environ["PYRO_AUTOSPEC_NUMBA"] = "1" if use_numba else "0"
     sample_any_order(oracle, draws, seed=1, method="sequential")  # warm-up (and compilation)
     best = None
     for _ in range(repeats):
@@ -156,9 +156,12 @@ def _outside_per_row(oracle, draws: int, repeats: int, compiled: bool):
 
 def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
     print(f"## Sequential sampling's lock step, {draws} draws, n = {n} (best of {repeats} runs)\n")
-    available = compiled.wanted()  # numba installed, and not turned off
+    available = compiled.compiled_lock_step() is not None  # numba installed, imports, not off
     if not available:
-        print("numba is not installed (`pip install numba`): the NumPy step only.\n")
+        print(
+            "No compiled step here (numba is not installed, does not import, or "
+            "PYRO_AUTOSPEC_NUMBA turns it off): the NumPy step only.\n"
+        )
     print(
         "| oracle | NumPy step: outside the oracle (us / row) | compiled step (us / row) "
         "| compiled / NumPy | same draws and log probabilities |"
@@ -168,11 +171,11 @@ def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
     try:
         for spec in oracles:
             oracle = build_oracle(spec, n, "cpu")
-            numpy_us, ours = _outside_per_row(oracle, draws, repeats, compiled=False)
+            numpy_us, ours = _outside_per_row(oracle, draws, repeats, use_numba=False)
             if not available:
                 print(f"| {spec} | {numpy_us:.2f} | - | - | - |", flush=True)
                 continue
-            compiled_us, theirs = _outside_per_row(oracle, draws, repeats, compiled=True)
+            compiled_us, theirs = _outside_per_row(oracle, draws, repeats, use_numba=True)
             same = torch.equal(ours.samples, theirs.samples) and torch.equal(
                 ours.log_prob, theirs.log_prob
             )

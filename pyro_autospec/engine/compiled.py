@@ -17,10 +17,13 @@ bit those of the NumPy step, and of the general loop with any batch composition.
 
 numba is optional (``pip install "pyro-autospec[compiled]"``). Without it, or with the
 environment variable ``PYRO_AUTOSPEC_NUMBA=0`` (or ``false``, ``no``, ``off``), the lock
-step runs in NumPy. The price is
-numba's start in each process that runs a lock step: about 0.7 s on this project's CPU (its
-import, then loading the compiled code from its cache on disk; the first run after an install
-compiles it, about 2 s). It pays back after a few hundred thousand rows
+step runs in NumPy. The compiled step halves the engine's time per row outside the oracle
+(2.2 against 4.5 us per row beside a hand-written chain that borrows its inputs, 16 draws,
+n = 4096, on this project's CPU). Its price is numba's start in each process that runs a
+lock step: about 0.7 s (its import, then loading the compiled code from its cache on disk;
+the first run after an install compiles it, about 1 s, and each new combination of the
+output's dtype and the frames' a few tenths of a second more), repaid after about 350,000
+rows
 (``python benchmarks/control_plane.py --parts lockstep``).
 """
 
@@ -30,13 +33,14 @@ import functools
 import importlib.util
 import os
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["LockStep", "compiled_lock_step", "draw_rows", "shift_rows"]
+__all__ = ["OFF", "LockStep", "compiled_lock_step", "draw_rows", "shift_rows", "wanted"]
 
 
-def shift_rows(out, top, shifted):
+def shift_rows(out: np.ndarray, top: np.ndarray, shifted: np.ndarray) -> int:
     """Each row's largest entry, and the row minus it, in float64 (compiled by numba).
 
     Parameters
@@ -68,7 +72,18 @@ def shift_rows(out, top, shifted):
     return -1
 
 
-def draw_rows(out, top, log_sum, noise, column, values, mask, coords, log_mu, tol):
+def draw_rows(
+    out: np.ndarray,
+    top: np.ndarray,
+    log_sum: np.ndarray,
+    noise: np.ndarray,
+    column: int,
+    values: np.ndarray,
+    mask: np.ndarray,
+    coords: np.ndarray,
+    log_mu: np.ndarray,
+    tol: float,
+) -> int:
     """Check each row, draw its coordinate and write it (compiled by numba).
 
     The log normaliser of row ``d`` is ``log_sum[d, 0] + top[d]``; the row is a distribution
@@ -123,16 +138,33 @@ class LockStep:
     """One step of the lock step for the rows of one call: :func:`shift_rows`, NumPy's
     ``exp``, sum and ``log``, then :func:`draw_rows`.
 
-    ``shift`` and ``draw`` are those functions, compiled (:func:`compiled_lock_step`) or, in
-    the tests, as written.
+    Parameters
+    ----------
+    shift, draw : callable
+        :func:`shift_rows` and :func:`draw_rows`, compiled (:func:`compiled_lock_step`) or,
+        in the tests, as written.
     """
 
-    def __init__(self, shift, draw):
+    def __init__(self, shift: Callable, draw: Callable):
         self.shift, self.draw = shift, draw
         self.buffers: dict[tuple, tuple[np.ndarray, ...]] = {}
 
-    def __call__(self, out, noise, column, values, mask, coords, log_mu, tol) -> int:
-        """The step (arguments as :func:`draw_rows`'s); returns its ``-1`` or bad row."""
+    def __call__(
+        self,
+        out: np.ndarray,
+        noise: np.ndarray,
+        column: int,
+        values: np.ndarray,
+        mask: np.ndarray,
+        coords: np.ndarray,
+        log_mu: np.ndarray,
+        tol: float,
+    ) -> int:
+        """Check the rows ``out`` [D, 1, q], draw from them and write the draws.
+
+        The arguments are :func:`draw_rows`'s. Returns ``-1``, or the first row that is not a
+        distribution (the caller raises; draws before it may be written).
+        """
         shape = out.shape
         if shape not in self.buffers:
             self.buffers[shape] = (np.empty(shape[0]), np.empty(shape), np.empty(shape[:2]))
@@ -158,26 +190,37 @@ def wanted() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def _unavailable(why: str) -> None:
+    warnings.warn(
+        f"{why}; sequential sampling's lock step runs in NumPy (the same draws, slower). Set "
+        "PYRO_AUTOSPEC_NUMBA=0 to say so and silence this warning.",
+        RuntimeWarning,
+        stacklevel=4,  # the sampler's caller
+    )
+
+
 @functools.cache
 def _compiled() -> tuple | None:
     try:  # optional, and 0.3 s to import: only when a lock step first runs
         import numba
     except Exception as error:  # installed but broken, e.g. built for another NumPy
-        warnings.warn(
-            f"numba is installed but does not import ({type(error).__name__}: {error}); "
-            "sequential sampling's lock step runs in NumPy (the same draws, slower). Set "
-            "PYRO_AUTOSPEC_NUMBA=0 to say so and silence this warning.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        _unavailable(f"numba is installed but does not import ({type(error).__name__}: {error})")
         return None
-    jit = numba.njit(cache=True, nogil=True)
-    return jit(shift_rows), jit(draw_rows)
+    if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1: the loops would run as Python
+        return None
+    try:
+        jit = numba.njit(cache=True, nogil=True)
+        return jit(shift_rows), jit(draw_rows)
+    except RuntimeError:  # no writable place for numba's cache: compile in every process
+        jit = numba.njit(cache=False, nogil=True)
+        return jit(shift_rows), jit(draw_rows)
 
 
 def compiled_lock_step() -> LockStep | None:
-    """A :class:`LockStep` of the compiled functions (numba caches them on disk), or ``None``
-    where :func:`wanted` says no or numba does not import (with a warning, once)."""
+    """A :class:`LockStep` of the compiled functions (numba caches them on disk where it can
+    write, else compiles them in each process), or ``None`` where :func:`wanted` says no,
+    where numba does not import (with a warning, once) or where ``NUMBA_DISABLE_JIT`` is
+    set."""
     if not wanted():
         return None
     functions = _compiled()

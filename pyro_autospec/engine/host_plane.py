@@ -574,12 +574,13 @@ class TokenSampler:
         stop = np.where(~keep & in_window, j, k[:, None]).min(1)
         checked = (j <= stop[:, None]) & in_window  # rows conditioned on accepted tokens
         if (bad & checked).any():
-            r, c = (int(i) for i in np.argwhere(bad & checked)[0])  # what raise_bad reports
+            # the row raise_bad reports: the first bad one, in the order it reads them
+            lane, column = (int(i) for i in np.argwhere(bad & checked)[0])
             OracleRows.raise_bad(
                 Answer(target, bad & checked, mass),
                 bad & checked,
-                f"verification row of draw {int(self.draw[lanes[r]])} conditioned on its first "
-                f"{int(t[r]) + c} coordinates",
+                f"verification row of draw {int(self.draw[lanes[lane]])} conditioned on its "
+                f"first {int(t[lane]) + column} coordinates",
             )
         later = j[:, 1:]
         log_mu = np.where(stop > 0, target_x[:, 0], 0.0) + np.where(
@@ -594,8 +595,8 @@ class TokenSampler:
                 residual = np.clip(np.exp(rows_j) - np.exp(draft_j), 0.0, None)
                 with np.errstate(divide="ignore"):
                     log_residual = np.log(residual / residual.sum(1, keepdims=True))
-                g = keys.host_gumbel(key[rejected], keys.Tag.RESAMPLE, self._v)
-                resampled = np.argmax(log_residual + g, axis=-1)
+                gumbel = keys.host_gumbel(key[rejected], keys.Tag.RESAMPLE, self._v)
+                resampled = np.argmax(log_residual + gumbel, axis=-1)
             else:
                 noise = self._fixed_noise(rejected_lanes, rejected_t, stop_at[:, None])[:, 0]
                 resampled = np.argmax(rows_j + noise, -1)
@@ -660,8 +661,9 @@ class TokenSampler:
         pre = np.zeros(num, dtype=np.int64)
         has = nxt > 0
         if prefetch is not None and has.any():
-            ok = ~prefetch.bad  # [H, W]: rows of the prefetch that are usable
-            first_bad = np.where(ok, prefetch.log_probs.shape[1], np.arange(ok.shape[1])).min(1)
+            good = ~prefetch.bad  # [H, W]: rows of the prefetch that are usable
+            columns = np.arange(good.shape[1])
+            first_bad = np.where(good, prefetch.log_probs.shape[1], columns).min(1)
             pre[has] = np.minimum(first_bad, nxt[has])
         pre = np.where(whole, pre, 0)
         total = np.minimum(count + pre, self.width)
@@ -672,15 +674,16 @@ class TokenSampler:
         # one gather for every lane: position m of the new draft is the old window's token
         # stop + 1 + m while m < count, then the prefetched row's coordinate m - count
         m = np.arange(self.width)[None, :]
-        c = count[picked][:, None]
+        counted = count[picked][:, None]
         source = np.minimum(stop[picked][:, None] + 1 + m, width - 1)
         rows = np.take_along_axis(target[picked], source[..., None], axis=1)
         if prefetch is not None:
-            p = np.minimum(pre[picked], self.width - count[picked])[:, None]
-            h = (np.cumsum(has) - 1)[picked][:, None]  # each lane's row of the prefetch
-            column = np.clip(m - c, 0, prefetch.log_probs.shape[1] - 1)
-            later = prefetch.log_probs[np.maximum(h, 0), column]
-            rows = np.where(((m >= c) & (m < c + p))[..., None], later, rows)
+            prefetched = np.minimum(pre[picked], self.width - count[picked])[:, None]
+            row_of = (np.cumsum(has) - 1)[picked][:, None]  # each lane's row of the prefetch
+            column = np.clip(m - counted, 0, prefetch.log_probs.shape[1] - 1)
+            later = prefetch.log_probs[np.maximum(row_of, 0), column]
+            from_prefetch = (m >= counted) & (m < counted + prefetched)
+            rows = np.where(from_prefetch[..., None], later, rows)
         self.draft_rows[lanes[picked]] = rows
         self.avail[lanes[picked]] = total[picked]
         return got
@@ -697,25 +700,25 @@ class _Lockstep:
     the sampler's host frames where the oracle reads host arrays."""
 
     def __init__(self, sampler: TokenSampler):
-        self.sampler = s = sampler
-        num = s.num_draws
-        self.window = max(1, min(s.n, keys.NOISE_ENTRIES // max(1, num * s.q)))
-        self.draw_keys = s.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
-        self.v = torch.arange(s.q, device=s.device)
+        self.sampler = sampler
+        num = sampler.num_draws
+        self.window = max(1, min(sampler.n, keys.NOISE_ENTRIES // max(1, num * sampler.q)))
+        self.draw_keys = sampler.draw_keys.view(-1, 1, 1)  # [D, 1, 1]
+        self.v = torch.arange(sampler.q, device=sampler.device)
         self.finished = self.rounds = self.oracle_rows = 0
 
     def start(self) -> None:
-        s = self.sampler
-        num = s.num_draws
-        self.lanes = lanes = torch.arange(num, device=s.device)
-        self.values = torch.zeros(num, s.n, dtype=torch.long, device=s.device)
-        self.mask = torch.zeros(num, s.n, dtype=torch.bool, device=s.device)
-        self.log_mu = torch.zeros(num, dtype=torch.float64, device=s.device)
-        s.rows.start(lanes)
-        s.started = s.num_draws
+        sampler = self.sampler
+        num = sampler.num_draws
+        self.lanes = lanes = torch.arange(num, device=sampler.device)
+        self.values = torch.zeros(num, sampler.n, dtype=torch.long, device=sampler.device)
+        self.mask = torch.zeros(num, sampler.n, dtype=torch.bool, device=sampler.device)
+        self.log_mu = torch.zeros(num, dtype=torch.float64, device=sampler.device)
+        sampler.rows.start(lanes)
+        sampler.started = sampler.num_draws
         # [n, D]: coordinate of step t of each draw, and as indices into values.view(-1)
-        self.coords = s.rows.orders_of(lanes).t().contiguous()
-        self.flat = self.coords + (lanes * s.n).unsqueeze(0)
+        self.coords = sampler.rows.orders_of(lanes).t().contiguous()
+        self.flat = self.coords + (lanes * sampler.n).unsqueeze(0)
 
     @property
     def done(self) -> bool:
@@ -724,10 +727,10 @@ class _Lockstep:
     def _noise_window(self, t: int) -> torch.Tensor:
         """The draft noise of steps ``t .. t + window - 1`` of every draw ([D, window, q]), as
         :meth:`TokenSampler._noise` draws it."""
-        s = self.sampler
-        ts = torch.arange(t, min(s.n, t + self.window), device=s.device).view(1, -1, 1)
-        if s.method in ("gumbel_sequential", "agr24"):
-            return keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * s.q + self.v)
+        sampler = self.sampler
+        ts = torch.arange(t, min(sampler.n, t + self.window), device=sampler.device).view(1, -1, 1)
+        if sampler.method in ("gumbel_sequential", "agr24"):
+            return keys.gumbel(self.draw_keys, keys.Tag.NOISE, ts * sampler.q + self.v)
         step_keys = keys.child(self.draw_keys, keys.Tag.LEAF, ts)
         return keys.gumbel(step_keys, keys.Tag.DRAFT, self.v)
 
@@ -744,8 +747,8 @@ class _Lockstep:
         self.oracle_rows += self.sampler.num_draws
 
     def step(self) -> None:
-        s, t = self.sampler, self.finished
-        answer = s.rows.next_rows(self.values, self.mask, self.coords[t])
+        sampler, t = self.sampler, self.finished
+        answer = sampler.rows.next_rows(self.values, self.mask, self.coords[t])
         OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
         data = answer.log_probs[:, 0]  # [D, q]
         x = torch.argmax(data + self._noise(t), dim=-1)  # [D]
@@ -756,13 +759,13 @@ class _Lockstep:
 
     def finish(self) -> None:
         """Hand the draws to the sampler."""
-        s = self.sampler
-        s.samples.copy_(self.values.cpu())
-        s._log_prob[:] = self.log_mu.cpu().numpy()
-        s.rounds, s.oracle_rows = self.rounds, self.oracle_rows
-        s._sample_rounds[:] = s.n
-        s.rows.finish(self.lanes)
-        s.finished = s.num_draws
+        sampler = self.sampler
+        sampler.samples.copy_(self.values.cpu())
+        sampler._log_prob[:] = self.log_mu.cpu().numpy()
+        sampler.rounds, sampler.oracle_rows = self.rounds, self.oracle_rows
+        sampler._sample_rounds[:] = sampler.n
+        sampler.rows.finish(self.lanes)
+        sampler.finished = sampler.num_draws
 
 
 class _HostLockstep(_Lockstep):
@@ -776,8 +779,11 @@ class _HostLockstep(_Lockstep):
     step written into them, rather than fresh copies of every draw's frame: the same inputs,
     ``O(D)`` host work per step instead of ``O(D n)``.
 
-    With numba installed each call's rows are checked, normalised and drawn from in one
-    compiled call (:func:`~pyro_autospec.engine.compiled.lock_step`); without it, in NumPy."""
+    With numba installed each call's rows are checked, normalised and drawn from by
+    :class:`~pyro_autospec.engine.compiled.LockStep` (two compiled calls around NumPy's
+    ``exp``, sum and ``log``); without it, in NumPy. Both ask every call of a step before
+    they check any row, so both ask the oracle the same questions and raise the same
+    errors."""
 
     def __init__(self, sampler: TokenSampler):
         super().__init__(sampler)
@@ -796,30 +802,36 @@ class _HostLockstep(_Lockstep):
         self.no_mask = np.zeros((num, 0), dtype=bool)  # frames need no mask
 
     def start(self) -> None:
-        s = self.sampler
-        s._start()  # every draw in flight, draw s in lane s
+        sampler = self.sampler
+        sampler._start()  # every draw in flight, draw s in lane s
         if self.borrowed:
             # the inputs of every call ([D, n]), and the coordinate of each step ([n, D]);
             # frames are written from the values when the draws finish
-            self.values = s.frames[: s.num_draws].astype(np.int64)
+            self.values = sampler.frames[: sampler.num_draws].astype(np.int64)
             self.mask = np.zeros(self.values.shape, dtype=bool)
-            self.coords = s.order[: s.num_draws].T.copy()
+            self.coords = sampler.order[: sampler.num_draws].T.copy()
             self.inputs = []
             for lane in self.calls:  # per call: views of the inputs, targets [n, rows, 1]
                 rows = slice(int(lane[0]), int(lane[-1]) + 1)
                 targets = torch.from_numpy(self.coords[:, rows, None].copy())
                 views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
-                self.inputs.append((*views, targets, self.valid[: lane.size], s.host._extra(lane)))
+                self.inputs.append(
+                    (*views, targets, self.valid[: lane.size], sampler.host._extra(lane))
+                )
+        if self.kernel is not None:
+            self.views = self._views()
 
     def _out(self, i: int, t: int) -> torch.Tensor:
         """The rows at position ``t`` of the draws of call ``i`` as the oracle returned them
         ([R, 1, q])."""
-        s, lane, cut = self.sampler, self.calls[i], self.cuts[i]
+        sampler, lane, cut = self.sampler, self.calls[i], self.cuts[i]
         if self.borrowed:
             values, mask, targets, _, extra = self.inputs[i]
-            return s.host.targeted_out(values, mask, targets[t], extra)
+            return sampler.host.targeted_out(values, mask, targets[t], extra)
         cut.fill(t)
-        return s.host.targeted_call_out(s.frames, lane, lane, cut, cut, self.ones[: lane.size], 1)
+        return sampler.host.targeted_call_out(
+            sampler.frames, lane, lane, cut, cut, self.ones[: lane.size], 1
+        )
 
     def _rows(self, t: int) -> np.ndarray:
         """Every draw's row at position ``t`` ([D, q]), checked and normalised (NumPy)."""
@@ -846,41 +858,40 @@ class _HostLockstep(_Lockstep):
         self._counted()
 
     def _step_numpy(self) -> None:
-        s, t, lanes = self.sampler, self.finished, self.lanes
+        sampler, t, lanes = self.sampler, self.finished, self.lanes
         data = self._rows(t)  # [D, q]
         x = np.argmax(data + self._noise(t), axis=-1)  # [D]
         if self.borrowed:
             self.values[lanes, self.coords[t]] = x
             self.mask[lanes, self.coords[t]] = True
         else:
-            s.frames[lanes, s.order[:, t]] = x
+            sampler.frames[lanes, sampler.order[:, t]] = x
         self.log_mu += data[lanes, x]
 
     def _views(self) -> list[tuple]:
         """Per call of a step, what the compiled step writes: the first draw, and views of the
         partial samples ``[R, n]``, their mask (``[R, 0]`` for frames), the coordinate of
         each step ``[n, R]`` and the log probabilities ``[R]``."""
-        s, views = self.sampler, []
+        sampler, views = self.sampler, []
         for lane in self.calls:
             rows = slice(int(lane[0]), int(lane[-1]) + 1)
             if self.borrowed:
                 parts = (self.values[rows], self.mask[rows], self.coords[:, rows])
             else:
-                parts = (s.frames[rows], self.no_mask[rows], s.order[rows].T.copy())
+                parts = (sampler.frames[rows], self.no_mask[rows], sampler.order[rows].T.copy())
             views.append((rows, *parts, self.log_mu[rows]))
         return views
 
     def _step_compiled(self) -> None:
-        s, t = self.sampler, self.finished
-        if t == 0:
-            self.views = self._views()
+        t = self.finished
         if t % self.window == 0:  # a fresh window of noise, and its part for each call
             self._noise(t)
             self.noises = [self.noise[view[0]] for view in self.views]
-        column, to_host, kernel = t % self.window, s.host.to_host, self.kernel
-        for i, (rows, values, mask, coords, log_mu) in enumerate(self.views):
-            out, tol = to_host(self._out(i, t))
-            bad = kernel(out, self.noises[i], column, values, mask, coords[t], log_mu, tol)
+        column, to_host, kernel = t % self.window, self.sampler.host.to_host, self.kernel
+        outs = [to_host(self._out(i, t)) for i in range(len(self.calls))]
+        for (out, tol), noise, view in zip(outs, self.noises, self.views):
+            rows, values, mask, coords, log_mu = view
+            bad = kernel(out, noise, column, values, mask, coords[t], log_mu, tol)
             if bad >= 0:
                 self._raise_bad(out, tol, rows.start, bad)
 
@@ -897,10 +908,10 @@ class _HostLockstep(_Lockstep):
         OracleRows.raise_bad(whole, whole.bad, _DRAFT_ROW)
 
     def finish(self) -> None:
-        s = self.sampler
+        sampler = self.sampler
         if self.borrowed:
-            s.frames[: s.num_draws] = self.values
-        s.log_mu[:] = self.log_mu
-        s._finish(self.lanes)
-        s.rounds, s.oracle_rows = self.rounds, self.oracle_rows
-        s._sample_rounds[:] = s.n
+            sampler.frames[: sampler.num_draws] = self.values
+        sampler.log_mu[:] = self.log_mu
+        sampler._finish(self.lanes)
+        sampler.rounds, sampler.oracle_rows = self.rounds, self.oracle_rows
+        sampler._sample_rounds[:] = sampler.n

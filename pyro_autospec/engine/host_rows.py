@@ -263,14 +263,16 @@ class HostRows:
             then_width = None
         parts, then_parts = [], []
         for group in host_width_groups(length):
-            g_then = None if then_width is None else then_width[group]
-            outputs = int(length[group].max()) + (0 if g_then is None else int(g_then.max()))
+            group_then = None if then_width is None else then_width[group]
+            outputs = int(length[group].max()) + (
+                0 if group_then is None else int(group_then.max())
+            )
             step = self._per_call(outputs)
             for lo in range(0, group.size, step):
                 idx = group[lo : lo + step]
-                tw = None if then_width is None else then_width[idx]
+                then = None if then_width is None else then_width[idx]
                 chain, after = self._chain_call(
-                    frames, lane[idx], draw[idx], cut[idx], length[idx], tw
+                    frames, lane[idx], draw[idx], cut[idx], length[idx], then
                 )
                 parts.append((idx, chain))
                 if after is not None:

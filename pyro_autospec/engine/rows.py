@@ -429,7 +429,7 @@ class OracleRows:
             step = cut[c] + offset
             expanded = (frame[c], draw[c], step, step, torch.ones_like(step))
             if rows is not None and rows[0].numel():
-                merged = tuple(torch.cat([r, e]) for r, e in zip(rows, expanded))
+                merged = tuple(torch.cat([row, more]) for row, more in zip(rows, expanded))
                 answer = self._targeted(values, *merged)
                 split = rows[0].numel()
                 row_answer = answer.part(slice(0, split))
@@ -589,8 +589,8 @@ class OracleRows:
             then_width = None
 
         def ask(idx):
-            tw = None if then_width is None else then_width[idx]
-            answers = self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx], tw)
+            then = None if then_width is None else then_width[idx]
+            answers = self._chain_group(values, frame[idx], draw[idx], cut[idx], length[idx], then)
             return answers if then_width is not None else answers[:1]
 
         groups = width_groups(length)
@@ -766,20 +766,21 @@ def host_width_groups(width: np.ndarray) -> list[np.ndarray]:
         return everyone
     widest = [int(2**label) for label in labels.tolist()]  # bound on a bin's widest request
     counts = counts.tolist()
-    m = len(widest)
-    best = [0.0] + [float("inf")] * m
-    cut = [0] * (m + 1)
-    for end in range(1, m + 1):  # best[end]: bins [0, end) grouped; the last group [s, end)
-        for s in range(end):
-            cost = best[s] + CALL_COST + sum(counts[s:end]) * widest[end - 1]
+    num_bins = len(widest)
+    best = [0.0] + [float("inf")] * num_bins
+    cut = [0] * (num_bins + 1)
+    for end in range(1, num_bins + 1):  # best[end]: bins [0, end) grouped; last [first, end)
+        for first in range(end):
+            cost = best[first] + CALL_COST + sum(counts[first:end]) * widest[end - 1]
             if cost < best[end]:
-                best[end], cut[end] = cost, s
-    bounds, end = [], m
+                best[end], cut[end] = cost, first
+    bounds, end = [], num_bins
     while end > 0:
         bounds.append((cut[end], end))
         end = cut[end]
     return [
-        np.flatnonzero((bins >= labels[s]) & (bins <= labels[e - 1])) for s, e in reversed(bounds)
+        np.flatnonzero((bins >= labels[first]) & (bins <= labels[last - 1]))
+        for first, last in reversed(bounds)
     ]
 
 
@@ -826,10 +827,10 @@ def place_answers(parts: list[tuple[object, Answer]], total: int, width: int, q:
     """
     out = _empty_answer(parts[0][1].log_probs, total, width, q)
     for index, part in parts:
-        w = min(width, part.log_probs.shape[1])
-        out.log_probs[index, :w] = part.log_probs[:, :w]
-        out.bad[index, :w] = part.bad[:, :w]
-        out.log_mass[index, :w] = part.log_mass[:, :w]
+        kept = min(width, part.log_probs.shape[1])
+        out.log_probs[index, :kept] = part.log_probs[:, :kept]
+        out.bad[index, :kept] = part.bad[:, :kept]
+        out.log_mass[index, :kept] = part.log_mass[:, :kept]
     return out
 
 

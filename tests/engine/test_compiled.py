@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import builtins
 import functools
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
-from pyro_autospec.engine import OracleError, compiled, sample_any_order
+from pyro_autospec.engine import OracleError, compiled, keys, sample_any_order
 from pyro_autospec.engine.compiled import LockStep, draw_rows, shift_rows
 from pyro_autospec.oracles import MarkovChainOracle
 from tests.engine._user_oracles import HandChain, RandomNADE
@@ -152,9 +153,10 @@ def test_the_step_as_written_is_the_compiled_step():
         logits = rng.normal(size=(7, 1, q)) * 3
         logits[rng.random(logits.shape) < 0.2] = -np.inf
         logits[:, 0, 0] = 1.0  # every row has mass
-        logits[2, 0, :] = 0.0  # a row of ties
+        logits[2, 0, :] = 0.0  # a row of ties, drawn without noise: the first maximum
         out = (logits - np.log(np.exp(logits).sum(-1, keepdims=True))).astype(dtype)
         noise = rng.gumbel(size=(7, 4, q))
+        noise[2] = 0.0
         coords = rng.integers(0, 10, 7)
         results = []
         for step in (compiled_step, python_step):
@@ -165,6 +167,7 @@ def test_the_step_as_written_is_the_compiled_step():
         for a, b in zip(*results):
             np.testing.assert_array_equal(a, b)
         assert np.isfinite(results[0][2]).all()
+        assert results[0][0][2, coords[2]] == 0  # the tie goes to the first value
 
 
 @pytest.mark.parametrize(
@@ -189,6 +192,89 @@ def test_bad_rows_raise_the_same_error_compiled_or_not(entries, problem, borrowe
         messages.append(str(error.value))
     assert messages[0] == messages[1]
     assert "draft row 3 (target 0)" in messages[0]
+
+
+class LaterCall:
+    """Calls of one draw each (a small ``max_elements``; 6 calls a step): at step 2, draw 1's
+    row sums to 2 and draw 2's call returns the wrong shape."""
+
+    num_coords, num_values = 10, 2
+    consistent_queries = True  # no probes before the run: the calls are the steps'
+
+    def __init__(self):
+        self.inner, self.calls = HandChain(10), 0
+
+    def log_marginals_at(self, values, mask, targets):
+        assert values.shape[0] == 1
+        out = self.inner.log_marginals_at(values, mask, targets)
+        self.calls += 1
+        if self.calls == 2 * 6 + 2:
+            out = torch.zeros_like(out)
+        if self.calls == 2 * 6 + 3:
+            return out[:, :, :1]
+        return out
+
+
+def test_every_call_of_a_step_is_asked_before_any_row_is_checked(monkeypatch):
+    """Both steps ask every call of a step first: the third call's wrong shape is what both
+    raise, not the second call's bad row."""
+    messages = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PYRO_AUTOSPEC_NUMBA", flag)
+        oracle = LaterCall()
+        with pytest.raises(OracleError, match="returned shape") as error:
+            sample_any_order(oracle, 6, seed=1, method="sequential", max_elements=4)
+        messages.append((str(error.value), oracle.calls))
+    assert messages[0] == messages[1]
+
+
+@pytest.mark.parametrize("window", [1, 4, 7])
+def test_noise_windows_that_do_not_divide_n_give_the_same_bits(window, monkeypatch):
+    """The lock step draws its noise ``window`` steps at a time (keys.NOISE_ENTRIES entries);
+    a window that does not divide n refreshes mid-run and at the ragged end."""
+    oracle = Additive(30, 5)
+    monkeypatch.setattr(keys, "NOISE_ENTRIES", window * 6 * 5)
+    fast, slow = _both(oracle, 6, monkeypatch, seed=4, method="sequential")
+    monkeypatch.setattr(keys, "NOISE_ENTRIES", 2**21)
+    whole = sample_any_order(oracle, 6, seed=4, method="sequential")
+    for result in (fast, slow):
+        assert torch.equal(result.samples, whole.samples)
+        assert torch.equal(result.log_prob, whole.log_prob)
+
+
+class Family:
+    """A family of targets, one per draw (``num_draws``, ``draws=``): draw ``d``'s logits are
+    shifted by ``d``."""
+
+    num_coords, num_values, num_draws = 15, 4, 7
+    borrows_inputs = True
+
+    def __init__(self):
+        self.inner = Additive(15, 4)
+
+    def log_marginals_at(self, values, mask, targets, draws):
+        logits = self.inner.log_marginals_at(values, mask, targets)
+        shift = 0.4 * draws.double()[:, None, None] * torch.arange(4.0, dtype=torch.float64)
+        return torch.log_softmax(logits + shift, -1)
+
+
+@pytest.mark.parametrize("max_elements", [None, 8])
+def test_families_give_the_same_bits(max_elements, monkeypatch):
+    knobs = {} if max_elements is None else {"max_elements": max_elements}
+    fast, slow = _both(Family(), 7, monkeypatch, seed=2, method="sequential", **knobs)
+    assert torch.equal(fast.samples, slow.samples)
+    assert torch.equal(fast.log_prob, slow.log_prob)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_rows_give_the_same_bits(dtype, monkeypatch):
+    class Half(Additive):
+        def log_marginals_at(self, values, mask, targets):
+            return super().log_marginals_at(values, mask, targets).to(dtype)
+
+    fast, slow = _both(Half(12, 6), 5, monkeypatch, seed=3, method="sequential")
+    assert torch.equal(fast.samples, slow.samples)
+    assert torch.equal(fast.log_prob, slow.log_prob)
 
 
 def test_two_bad_rows_in_one_step_name_the_first_compiled_or_not(monkeypatch):
@@ -238,6 +324,16 @@ def test_a_numba_that_does_not_import_falls_back_to_numpy_with_a_warning(monkeyp
     monkeypatch.setattr(builtins, "__import__", refuse)
     with pytest.warns(RuntimeWarning, match="numba is installed but does not import"):
         assert compiled.compiled_lock_step() is None
-    result = sample_any_order(oracle, 5, seed=2, method="sequential")  # warned once only
+    with warnings.catch_warnings():  # warned once only
+        warnings.simplefilter("error")
+        result = sample_any_order(oracle, 5, seed=2, method="sequential")
     assert torch.equal(result.samples, expected.samples)
     assert torch.equal(result.log_prob, expected.log_prob)
+
+
+def test_numba_with_its_jit_disabled_leaves_the_step_to_numpy(monkeypatch):
+    """NUMBA_DISABLE_JIT would run the step's loops as Python: NumPy is faster."""
+    monkeypatch.setenv("PYRO_AUTOSPEC_NUMBA", "1")
+    monkeypatch.setattr(numba.config, "DISABLE_JIT", True)
+    monkeypatch.setattr(compiled, "_compiled", functools.cache(compiled._compiled.__wrapped__))
+    assert compiled.compiled_lock_step() is None
