@@ -153,9 +153,22 @@ class HostRows:
 
     @staticmethod
     def to_host(out: torch.Tensor) -> tuple[np.ndarray, float]:
-        """One copy of the oracle's output to the host (float32 or float64), and how far the
-        log of a row's sum may stray from 0 (:func:`~pyro_autospec.engine.rows._tolerance`
-        of the output's own dtype)."""
+        """One copy of the oracle's output to the host.
+
+        Parameters
+        ----------
+        out : floating Tensor [R, W, q]
+            The oracle's rows, on any device, in any floating dtype.
+
+        Returns
+        -------
+        host : float32 or float64 ndarray [R, W, q]
+            The rows on the host (other dtypes widened to float64), a view where ``out``
+            already is one on the CPU.
+        tol : float
+            How far the log of a row's sum may stray from 0
+            (:func:`~pyro_autospec.engine.rows._tolerance` of the output's own dtype).
+        """
         tol = _tolerance(out.dtype)
         if out.requires_grad:
             out = out.detach()
