@@ -24,8 +24,10 @@ inputs are copied for every call). Its price is numba's start in each process th
 lock step: about 0.7 s (its import, then loading the compiled code from its cache on disk;
 the first run after an install compiles it, about 1 s, and each new combination of the
 output's dtype and the frames' a few tenths of a second more), repaid after about 350,000
-rows
-(``python benchmarks/control_plane.py --parts lockstep``).
+rows (``python benchmarks/control_plane.py --parts lockstep``).
+
+Where numba cannot write its cache it compiles in each process; where its cache is damaged it
+warns once and compiles without it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import pickle
 import warnings
 from collections.abc import Callable
 
@@ -150,6 +153,25 @@ class LockStep:
         self.shift, self.draw = shift, draw
         self.buffers: dict[tuple, tuple[np.ndarray, ...]] = {}
 
+    def _without_cache(self, error: Exception) -> None:
+        """numba's cache on disk is damaged (it raised ``error`` loading a compiled
+        function): compile without it from now on in this process. Nothing was run."""
+        global _uncached
+        if _uncached is None:
+            warnings.warn(
+                f"numba's cache of the compiled lock step is damaged ({type(error).__name__}: "
+                f"{error}); compiling without it in this process. Delete the cache (the "
+                "*.nbi and *.nbc files of pyro_autospec/engine/__pycache__, or of "
+                "NUMBA_CACHE_DIR) to cache again.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            import numba
+
+            jit = numba.njit(cache=False, nogil=True)
+            _uncached = (jit(shift_rows), jit(draw_rows))
+        self.shift, self.draw = _uncached
+
     def __call__(
         self,
         out: np.ndarray,
@@ -170,13 +192,22 @@ class LockStep:
         if shape not in self.buffers:
             self.buffers[shape] = (np.empty(shape[0]), np.empty(shape), np.empty(shape[:2]))
         top, shifted, log_sum = self.buffers[shape]
-        bad = self.shift(out, top, shifted)
+        try:
+            bad = self.shift(out, top, shifted)
+        except _DAMAGED as error:  # loading a cached version failed before it ran
+            self._without_cache(error)
+            bad = self.shift(out, top, shifted)
         if bad >= 0:
             return bad
         # NumPy's exp, pairwise sum and log, as normalise_rows computes them
         np.add.reduce(np.exp(shifted, out=shifted), axis=-1, out=log_sum)
         np.log(log_sum, out=log_sum)
-        return self.draw(out, top, log_sum, noise, column, values, mask, coords, log_mu, tol)
+        args = (out, top, log_sum, noise, column, values, mask, coords, log_mu, tol)
+        try:
+            return self.draw(*args)
+        except _DAMAGED as error:
+            self._without_cache(error)
+            return self.draw(*args)
 
 
 #: Values of ``PYRO_AUTOSPEC_NUMBA`` that turn the compiled step off (any case).
@@ -217,6 +248,13 @@ def _compiled() -> tuple | None:
         return jit(shift_rows), jit(draw_rows)
 
 
+#: What numba's cache loader raises on a damaged file (a truncated or overwritten one).
+_DAMAGED = (pickle.UnpicklingError, EOFError)
+
+#: The compiled functions without numba's cache, once a damaged cache was met.
+_uncached: tuple | None = None
+
+
 def compiled_lock_step() -> LockStep | None:
     """A :class:`LockStep` of the compiled functions (numba caches them on disk where it can
     write, else compiles them in each process), or ``None`` where :func:`wanted` says no,
@@ -224,5 +262,5 @@ def compiled_lock_step() -> LockStep | None:
     set."""
     if not wanted():
         return None
-    functions = _compiled()
+    functions = _uncached or _compiled()
     return None if functions is None else LockStep(*functions)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import builtins
 import functools
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,8 @@ from pyro_autospec.oracles import MarkovChainOracle
 from tests.engine._user_oracles import HandChain, RandomNADE
 
 numba = pytest.importorskip("numba")  # the test extra installs it; CI runs these tests
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Borrowing:
@@ -337,3 +343,43 @@ def test_numba_with_its_jit_disabled_leaves_the_step_to_numpy(monkeypatch):
     monkeypatch.setattr(numba.config, "DISABLE_JIT", True)
     monkeypatch.setattr(compiled, "_compiled", functools.cache(compiled._compiled.__wrapped__))
     assert compiled.compiled_lock_step() is None
+
+
+_RUN = """
+import torch
+from pyro_autospec.engine import sample_any_order
+
+class Chain:
+    num_coords, num_values = 12, 3
+
+    def log_marginals_at(self, values, mask, targets):
+        logits = (values * mask).sum(1).double()[:, None, None] * torch.tensor([0.1, 0.2, 0.3])
+        return torch.log_softmax(logits + targets[..., None].double(), -1)
+
+result = sample_any_order(Chain(), 5, seed=7, method="sequential")
+print(result.samples.tolist(), result.log_prob.tolist())
+"""
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_numba_cache_is_compiled_around_with_a_warning(damage, tmp_path):
+    """numba writes its cache atomically, but a disk or a user may damage it: loading it then
+    raises a pickle error, and the step compiles without the cache instead."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYRO_AUTOSPEC_NUMBA": "1"}
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-c", _RUN], env=env, capture_output=True, text=True, cwd=ROOT
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stderr
+    files = [path for path in tmp_path.rglob("*") if path.suffix in (".nbi", ".nbc")]
+    assert files, "numba wrote no cache"
+    for path in files:
+        data = path.read_bytes()
+        path.write_bytes(b"\x00" * 16 if damage == "garbage" else data[: len(data) // 2])
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert "cache of the compiled lock step is damaged" in second.stderr
+    assert second.stdout == first.stdout
