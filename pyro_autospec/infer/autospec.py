@@ -125,7 +125,8 @@ class AutoSpec:
         reads from them: see :mod:`~pyro_autospec.infer.oracle_choice`). A
         :class:`~pyro_autospec.guides.DiffusionGuide` samples continuous-only models.
     correction : {None, "importance", "imh"}
-        For a guide. ``None``: return the guide's draws as they are (a warning says so).
+        For a guide, or an approximate oracle of your own (refused with the exact default
+        ``oracle="enum"``). ``None``: return the guide's draws as they are (a warning says so).
         ``"importance"``: resample ``num_samples`` draws per chain by PSIS-smoothed importance
         weights (consistent, not exact at finite size). ``"imh"``: each chain is an
         independent Metropolis-Hastings chain with the guide as proposal (exact MCMC).
@@ -268,7 +269,11 @@ class AutoSpec:
         check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
         check_count("warmup_steps", warmup_steps, 0, optional=True)
         if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+            diffusion_only = tuple(m for m in METHODS if m not in _DISCRETE_METHODS)
+            raise ValueError(
+                f"method must be one of {_DISCRETE_METHODS} (discrete sites), or with a "
+                f"diffusion guide also {diffusion_only}; got {method!r}"
+            )
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {SAMPLERS}; got {sampler!r}")
         if correction not in CORRECTIONS:
@@ -279,6 +284,12 @@ class AutoSpec:
                 "sampler='ffbs' eliminates the model's own factors (oracle='enum'); a guide, "
                 "a correction or an oracle of your own is sampled by the engine: leave "
                 "sampler='auto' (or 'engine')"
+            )
+        if correction is not None and guide is None and own_oracle:
+            raise ValueError(
+                f"correction={correction!r} corrects the draws of an approximate oracle: a "
+                "guide (guide=) or an oracle of your own (oracle=). The default oracle='enum' "
+                "is exact, so its draws need none: leave correction=None, or pass the guide"
             )
         if guide is not None and not (isinstance(oracle, str) and oracle == "enum"):
             raise ValueError(

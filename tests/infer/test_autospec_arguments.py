@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pyro_autospec import AutoSpec
+from pyro_autospec.oracles import TabularOracle
 
 
 def model():
@@ -17,8 +18,17 @@ def test_warmup_only_with_imh_or_continuous_sites():
     known only then; models with continuous sites use warmup_steps for NUTS)."""
     with pytest.raises(ValueError, match="warmup_steps applies to models with continuous"):
         AutoSpec(model, num_samples=10, warmup_steps=5, disable_progbar=True).run()
-    AutoSpec(model, num_samples=10, warmup_steps=5, correction="imh")
+    approximate = TabularOracle(logits=torch.tensor([0.2, -0.1]))  # an oracle of one's own
+    AutoSpec(model, num_samples=10, warmup_steps=5, correction="imh", oracle=approximate)
     AutoSpec(model, num_samples=10, warmup_steps=0, disable_progbar=True).run()  # as MCMC's
+
+
+@pytest.mark.parametrize("correction", ["importance", "imh"])
+def test_a_correction_of_the_exact_default_oracle_is_refused(correction):
+    """Without a guide or an oracle of one's own there is nothing to correct: the likely
+    mistake is a forgotten guide=."""
+    with pytest.raises(ValueError, match="default oracle='enum' is exact"):
+        AutoSpec(model, num_samples=10, correction=correction)
 
 
 def mixed(y):
@@ -96,8 +106,11 @@ def test_counts_must_be_ints(knobs):
 
 
 def test_method_list_is_consistent():
-    with pytest.raises(ValueError, match="speculative"):
+    with pytest.raises(ValueError, match="speculative") as error:
         AutoSpec(model, num_samples=10, method="gibbs")
+    # the methods of discrete sites, then the one only a diffusion guide takes
+    assert "('autospec', 'sequential', 'speculative', 'agr24') (discrete sites)" in str(error.value)
+    assert "diffusion guide also ('picard',)" in str(error.value)
 
 
 @pytest.mark.parametrize("bad", [-1, 0, 2.5, True])
