@@ -168,8 +168,7 @@ class LockStep:
             )
             import numba
 
-            jit = numba.njit(cache=False, nogil=True)
-            _uncached = (jit(shift_rows), jit(draw_rows))
+            _uncached = _jitted(numba, cache=False)
         self.shift, self.draw = _uncached
 
     def __call__(
@@ -241,11 +240,16 @@ def _compiled() -> tuple | None:
     if numba.config.DISABLE_JIT:  # NUMBA_DISABLE_JIT=1: the loops would run as Python
         return None
     try:
-        jit = numba.njit(cache=True, nogil=True)
-        return jit(shift_rows), jit(draw_rows)
+        return _jitted(numba, cache=True)
     except RuntimeError:  # no writable place for numba's cache: compile in every process
-        jit = numba.njit(cache=False, nogil=True)
-        return jit(shift_rows), jit(draw_rows)
+        return _jitted(numba, cache=False)
+
+
+def _jitted(numba, cache: bool) -> tuple:
+    """:func:`shift_rows` and :func:`draw_rows` as numba dispatchers (compiled on first
+    call), cached on disk or not."""
+    jit = numba.njit(cache=cache, nogil=True)
+    return jit(shift_rows), jit(draw_rows)
 
 
 #: What numba's cache loader raises on a damaged file (a truncated or overwritten one).
