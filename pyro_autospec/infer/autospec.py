@@ -329,8 +329,7 @@ class AutoSpec:
         self.run_kind: str | None = None
         self._run = None
         self._failure: str | None = None
-        self._args: tuple = ()
-        self._kwargs: dict = {}
+        self._data: tuple[tuple, dict] = ((), {})
 
     def __repr__(self) -> str:
         sites = None
@@ -391,7 +390,7 @@ class AutoSpec:
             raise
 
     def _run_model(self, args: tuple, kwargs: dict) -> AutoSpec:
-        self._args, self._kwargs = args, kwargs
+        self._data = (args, kwargs)
         progress = not self.disable_progbar
         start = time.perf_counter()
         if self.distributed:
@@ -573,6 +572,20 @@ class AutoSpec:
             )
 
     # ---------------------------------------------------------------------------- reading
+    @property
+    def _args(self) -> tuple:
+        """The positional data of the last run, where ``pyro.infer.MCMC`` keeps them (ArviZ's
+        ``from_pyro`` reads them to trace the model); before a run, the error every reader
+        gives."""
+        self._check_run()
+        return self._data[0]
+
+    @property
+    def _kwargs(self) -> dict:
+        """The keyword data of the last run (see :attr:`_args`)."""
+        self._check_run()
+        return self._data[1]
+
     def _check_run(self):
         if self._run is None:
             if self._failure is not None:
@@ -718,7 +731,8 @@ class AutoSpec:
             from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``
             the realised ``"acceptance rate"`` per chain); for a mixed model NUTS's
-            ``"acceptance rate"``.
+            ``"acceptance rate"``. Where a site has the name of one of these entries, the
+            site keeps it and the entry moves to ``"run: <name>"`` (with a warning).
         """
         return self._check_run().diagnostics()
 

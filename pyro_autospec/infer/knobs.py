@@ -28,6 +28,11 @@ CORRECTIONS = (None, "importance", "imh")
 METHODS = method_names(front_end=True)
 
 
+#: ``pyro.infer.MCMC``'s arguments that ``AutoSpec`` does not take (it takes the others:
+#: ``num_samples``, ``warmup_steps``, ``num_chains``, ``disable_progbar``, ``save_params``).
+MCMC_ONLY = ("initial_params", "hook_fn", "mp_context", "disable_validation", "transforms")
+
+
 def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
     """The knobs given as ``schedule=`` (a :class:`~pyro_autospec.Schedule` or a dict) and as
     keywords, merged; an unknown keyword is rejected early, naming the accepted ones.
@@ -38,6 +43,16 @@ def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
     {'rho': 2.0}
     """
     unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
+    mcmc_only = [name for name in unknown if name in MCMC_ONLY]
+    if mcmc_only:
+        raise TypeError(
+            f"{mcmc_only} {'is an argument' if len(mcmc_only) == 1 else 'are arguments'} of "
+            "pyro.infer.MCMC that AutoSpec does not take (with AutoSpecKernel, pass it to "
+            "MCMC): exact draws of discrete sites start from nothing and run no hooks. For the "
+            "NUTS stage of a model with continuous "
+            "sites, pass NUTS's own options as nuts_kwargs={...} (initial values: "
+            "nuts_kwargs={'init_strategy': pyro.infer.autoguide.init_to_value(values=...)})"
+        )
     if unknown:
         raise TypeError(
             f"unknown keyword(s) {unknown}; the schedule knobs passed to the engine are "

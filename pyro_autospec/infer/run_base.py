@@ -133,6 +133,32 @@ def _integer_valued(value: torch.Tensor) -> bool:
     return not value.is_floating_point() or bool((value == value.round()).all())
 
 
+def with_sites(sites: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """``MCMC.diagnostics``'s ``site -> {"n_eff", "r_hat"}``, then the run's entries. A run
+    entry whose name is also a site's moves to ``"run: <name>"`` (with a warning), so that
+    no site's entry is lost.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings():
+    ...     warnings.simplefilter("ignore")
+    ...     sorted(with_sites({"rounds": {"n_eff": 1.0}}, {"rounds": 3, "seconds": 0.1}))
+    ['rounds', 'run: rounds', 'seconds']
+    """
+    clash = sorted(set(sites) & set(run))
+    if clash:
+        warnings.warn(
+            f"the model's sites {clash} share their names with entries diagnostics() gives "
+            "for the run; the sites keep them, the run's are under "
+            f"{[f'run: {name}' for name in clash]}",
+            UserWarning,
+            stacklevel=3,
+        )
+    moved = {(f"run: {name}" if name in sites else name): value for name, value in run.items()}
+    return {**sites, **moved}
+
+
 class RunBase:
     """Storage and read-out shared by every run kind.
 
@@ -396,7 +422,8 @@ class RunBase:
         return {k: v.double() for k, v in self.saved().items()}
 
     def diagnostics(self) -> dict[str, Any]:
-        diag, unavailable = site_diagnostics(self._float_samples())
+        sites, unavailable = site_diagnostics(self._float_samples())
+        diag: dict[str, Any] = {}  # the run's entries, beside the sites'
         chains = [f"chain {i}" for i in range(self.num_chains)]
         diag["divergences"] = {c: [] for c in chains}
         if self.results:
@@ -424,7 +451,7 @@ class RunBase:
         if unavailable:
             diag["unavailable"] = unavailable
         diag.update(self.extras().diagnostics)
-        return diag
+        return with_sites(sites, diag)
 
     def summary(self, prob: float = 0.9, var_names=None, group: bool | None = None) -> None:
         samples = self._float_samples()

@@ -1,5 +1,6 @@
 """Argument checks of AutoSpec that are easy to get wrong."""
 
+import arviz
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -122,3 +123,30 @@ def test_get_samples_num_samples_is_checked(bad):
     with pytest.raises(ValueError, match="positive int"):
         fit.get_samples(num_samples=bad)
     assert fit.get_samples(num_samples=3)["x"].shape == (3,)
+
+
+@pytest.mark.parametrize("name", ["initial_params", "hook_fn", "mp_context"])
+def test_arguments_of_mcmc_that_autospec_does_not_take_are_named_so(name):
+    with pytest.raises(TypeError, match="of pyro.infer.MCMC that AutoSpec does not take"):
+        AutoSpec(model, num_samples=10, **{name: None})
+
+
+def test_arviz_before_a_run_says_to_run_first():
+    """ArviZ's from_pyro reads the data of the run (MCMC's _args) to trace the model."""
+    with pytest.raises(RuntimeError, match=r"call AutoSpec.run\(\*args, \*\*kwargs\) first"):
+        arviz.from_pyro(AutoSpec(model, num_samples=10))
+
+
+def test_a_site_named_like_an_entry_of_the_run_keeps_its_diagnostics():
+    def named(flip):
+        pyro.sample("rounds", dist.Bernoulli(flip))
+        pyro.sample("sampler", dist.Bernoulli(flip))
+
+    fit = AutoSpec(named, num_samples=20, num_chains=2, seed=0, disable_progbar=True)
+    fit.run(torch.tensor(0.3))
+    with pytest.warns(UserWarning, match=r"sites \['rounds', 'sampler'\] share their names"):
+        diagnostics = fit.diagnostics()
+    assert set(diagnostics["rounds"]) == {"n_eff", "r_hat"}
+    assert set(diagnostics["sampler"]) == {"n_eff", "r_hat"}
+    assert diagnostics["run: sampler"] in ("ffbs", "autospec")
+    assert set(diagnostics["run: rounds"]) == {"chain 0", "chain 1"}
