@@ -193,20 +193,17 @@ class LockStep:
         top, shifted, log_sum = self.buffers[shape]
         try:
             bad = self.shift(out, top, shifted)
-        except _DAMAGED as error:  # loading a cached version failed before it ran
-            self._without_cache(error)
-            bad = self.shift(out, top, shifted)
-        if bad >= 0:
-            return bad
-        # NumPy's exp, pairwise sum and log, as normalise_rows computes them
-        np.add.reduce(np.exp(shifted, out=shifted), axis=-1, out=log_sum)
-        np.log(log_sum, out=log_sum)
-        args = (out, top, log_sum, noise, column, values, mask, coords, log_mu, tol)
-        try:
-            return self.draw(*args)
+            if bad >= 0:
+                return bad
+            # NumPy's exp, pairwise sum and log, as normalise_rows computes them
+            np.add.reduce(np.exp(shifted, out=shifted), axis=-1, out=log_sum)
+            np.log(log_sum, out=log_sum)
+            return self.draw(out, top, log_sum, noise, column, values, mask, coords, log_mu, tol)
         except _DAMAGED as error:
+            # loading a cached function failed before it ran: only the buffers were written,
+            # so the step runs again, whole, on functions compiled without the cache
             self._without_cache(error)
-            return self.draw(*args)
+            return self(out, noise, column, values, mask, coords, log_mu, tol)
 
 
 #: Values of ``PYRO_AUTOSPEC_NUMBA`` that turn the compiled step off (any case).
