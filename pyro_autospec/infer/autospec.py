@@ -20,6 +20,7 @@ References
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,7 +134,8 @@ class AutoSpec:
     warmup_steps : int, optional
         NUTS warm-up steps per chain for models with continuous sites (default
         ``num_samples``, as ``MCMC``), or discarded steps of each ``"imh"`` chain (default
-        ``num_samples // 10``). Exact draws of a discrete model need none.
+        ``num_samples // 10``). Exact draws of a discrete model need none: a value given
+        there is ignored, with a warning (code written for ``MCMC`` runs unchanged).
     max_plate_nesting : int, optional
         Found from the model when ``None``.
     seed : int, torch.Generator, numpy.random.Generator or None
@@ -151,7 +153,8 @@ class AutoSpec:
     nuts_kwargs : dict, optional
         Keywords of :class:`pyro.infer.NUTS` for models with continuous sites
         (``target_accept_prob``, ``max_tree_depth``, ``jit_compile``, ...);
-        ``max_plate_nesting`` there is taken as AutoSpec's own.
+        ``max_plate_nesting`` there is taken as AutoSpec's own. Ignored, with a warning,
+        for models without continuous sites.
     distributed : bool
         Spread the draws over the processes (ranks) of a ``torch.distributed`` process group
         (launched by ``torchrun``; see :doc:`/engine`). Every rank runs the same script with
@@ -352,6 +355,8 @@ class AutoSpec:
     @property
     def warmup_steps(self) -> int:
         """Warm-up steps: NUTS's (mixed models), the IMH chains' (``"imh"``), else 0."""
+        if self.run_kind in ("discrete", "diffusion") and self.correction != "imh":
+            return 0  # exact draws: a warmup_steps given was ignored, with a warning
         if self._warmup_steps is not None:
             return self._warmup_steps
         if self.run_kind == "mixed":
@@ -423,7 +428,7 @@ class AutoSpec:
         )
         tracing = time.perf_counter() - start
         self._check_save_params(layout)
-        warn_scales(layout, stacklevel=4)
+        warn_scales(layout, stacklevel=5)
         if layout.continuous:
             self._run_mixed(layout, args, kwargs, progress)
         else:
@@ -551,12 +556,24 @@ class AutoSpec:
         )
 
     def _check_warmup(self, kind: str) -> None:
+        """Warn that ``warmup_steps`` and ``nuts_kwargs`` are ignored where the draws are
+        exact (code written for ``MCMC`` passes them; they change nothing here)."""
+        model = "a discrete" if kind == "discrete" else "this"
         if self._warmup_steps and self.correction != "imh":
-            raise ValueError(
-                "warmup_steps applies to models with continuous latent sites (NUTS warm-up) and "
-                "to correction='imh' (independent Metropolis-Hastings chains); exact draws of "
-                f"{'a discrete' if kind == 'discrete' else 'this'} model need no warm-up "
-                f"(leave warmup_steps out, or pass 0)"
+            warnings.warn(
+                f"warmup_steps={self._warmup_steps} is ignored: exact draws of {model} model "
+                "need no warm-up, so no draw is discarded (warmup_steps applies to models with "
+                "continuous latent sites, NUTS warm-up, and to correction='imh'). Pass 0 or "
+                "leave it out to silence this.",
+                UserWarning,
+                stacklevel=5,
+            )
+        if self.nuts_kwargs:
+            warnings.warn(
+                f"nuts_kwargs {sorted(self.nuts_kwargs)} are ignored: {model} model has no "
+                "continuous latent sites, so no NUTS runs.",
+                UserWarning,
+                stacklevel=5,
             )
 
     def _check_save_params(self, layout) -> None:

@@ -486,6 +486,25 @@ def structure_error(
             f"the elements as separate sites, or, for a sum of Bernoulli elements, sample one "
             f"Binomial count instead."
         )
+    packing = re.search(
+        r"packing tensors at site '([^']+)'.*Allowed dims: ([^\n]*)\n\s*Actual shape: ([^\n]*)",
+        str(error),
+        re.S,
+    )
+    if packing:
+        site, allowed, shape = (part.strip() for part in packing.groups())
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason} Site '{site}' has a tensor of "
+            f"shape {shape}, where only dims {allowed} may have a size other than 1 (the "
+            f"model's plates, then AutoSpec's batch of draws and enumerated values on their "
+            f"left). The usual cause is a value of a discrete site given a new dim "
+            f"(x.unsqueeze(-1), x[..., None], view, reshape), which moves its batch and "
+            f"enumeration dims left of where Pyro put them. Let a discrete site's value "
+            f"broadcast from the right as it comes (in a plain run it has the site's own "
+            f"shape, under enumeration extra dims on its left): write "
+            f"dist.Poisson(x.float() + 0.5) rather than dist.Poisson(x.float().unsqueeze(-1) + "
+            f"0.5) inside a plate, and use Vindex to index with it."
+        )
     if "Inhomogeneous total count" in reason:
         who = (
             f"Site '{current}'" if current else f"The site after '{seen[-1]}'" if seen else "A site"

@@ -1,5 +1,7 @@
 """Argument checks of AutoSpec that are easy to get wrong."""
 
+import warnings
+
 import arviz
 import pyro
 import pyro.distributions as dist
@@ -14,14 +16,28 @@ def model():
     pyro.sample("z", dist.Bernoulli(0.5))
 
 
-def test_warmup_only_with_imh_or_continuous_sites():
-    """A discrete model's exact draws need no warm-up: the run says so (the model's kind is
-    known only then; models with continuous sites use warmup_steps for NUTS)."""
-    with pytest.raises(ValueError, match="warmup_steps applies to models with continuous"):
-        AutoSpec(model, num_samples=10, warmup_steps=5, disable_progbar=True).run()
-    approximate = TabularOracle(logits=torch.tensor([0.2, -0.1]))  # an oracle of one's own
-    AutoSpec(model, num_samples=10, warmup_steps=5, correction="imh", oracle=approximate)
-    AutoSpec(model, num_samples=10, warmup_steps=0, disable_progbar=True).run()  # as MCMC's
+def test_warmup_and_nuts_kwargs_of_a_discrete_model_are_ignored_with_a_warning():
+    """A discrete model's exact draws need no warm-up: code written for MCMC runs unchanged,
+    and the run says what it ignored (the model's kind is known only then; models with
+    continuous sites use warmup_steps and nuts_kwargs for NUTS)."""
+    fit = AutoSpec(model, num_samples=10, seed=0, disable_progbar=True).run()
+    with pytest.warns(UserWarning, match=r"warmup_steps=5 is ignored") as caught:
+        warm = AutoSpec(model, num_samples=10, warmup_steps=5, seed=0, disable_progbar=True)
+        warm.run()
+    assert caught[0].filename == __file__  # points at the caller's run()
+    assert warm.warmup_steps == 0
+    assert torch.equal(warm.get_samples()["z"], fit.get_samples()["z"])  # nothing discarded
+    with pytest.warns(UserWarning, match=r"nuts_kwargs \['max_tree_depth'\] are ignored"):
+        AutoSpec(model, num_samples=10, nuts_kwargs={"max_tree_depth": 5}).run()
+    approximate = TabularOracle(logits=torch.tensor([0.2, -0.1]))  # a proposal of one's own
+    imh = AutoSpec(
+        model, num_samples=10, warmup_steps=5, correction="imh", guide=approximate, seed=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warmup_steps applies to the IMH chains
+        imh.run()
+        AutoSpec(model, num_samples=10, warmup_steps=0, disable_progbar=True).run()  # as MCMC's
+    assert imh.warmup_steps == 5
 
 
 @pytest.mark.parametrize("correction", ["importance", "imh"])

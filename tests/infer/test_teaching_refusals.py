@@ -225,6 +225,23 @@ def test_observation_wider_than_its_plate_names_the_dim():
     assert "must match the size" not in text
 
 
+def test_a_discrete_value_given_a_new_dim_keeps_the_shapes_pyro_names():
+    """A global discrete site unsqueezed before a plate breaks Pyro's packing of enumerated
+    tensors: the message keeps Pyro's shapes and names the new dim, not control flow."""
+
+    def model(y):
+        n = pyro.sample("n", dist.Categorical(torch.ones(4) / 4))
+        with pyro.plate("obs", len(y)):
+            pyro.sample("y", dist.Poisson(n.float().unsqueeze(-1) + 0.5), obs=y)
+
+    with pytest.raises(DynamicStructureError) as info:
+        run(model, torch.tensor([2.0, 3.0, 1.0]))
+    text = str(info.value)
+    assert "Site 'y' has a tensor of shape (4, 1, 1, 3)" in text
+    assert "only dims -3, -2, -1" in text and "unsqueeze(-1)" in text
+    assert "control flow" not in text
+
+
 def noisy_bits(y):
     with pyro.plate("data", len(y)):
         z = pyro.sample("z", dist.Bernoulli(0.5))
