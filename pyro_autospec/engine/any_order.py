@@ -149,10 +149,13 @@ def sample_any_order(
         (:func:`~pyro_autospec.engine.methods.default_max_block`), so changing
         ``max_concurrent_draws`` alone may change the draws; pass
         ``schedule=result.schedule`` to repeat a run elsewhere. The window knobs
-        (``max_block``, ``min_block``, ``first_block``, ``blocks``, ``token_below``, ``rho``,
-        ``race_depth``) change which random numbers the draws read, not their law. An int must
-        lie in
-        ``[0, 2**64)`` (:func:`~pyro_autospec.engine.keys.check_seed`).
+        (``max_block``, ``min_block``, ``first_block``, ``blocks``, ``token_below``,
+        ``race_depth``) change which random numbers the draws read, not their law; ``rho``
+        (the batch growth of residual tries) changes only the rows and rounds spent, not the
+        draws. ``log_prob``, a sum over the rows drawn from, may differ in its last bits
+        (about 1e-14 at n = 200) between batch compositions, as the order of that sum and the
+        batching of the oracle's calls change; the samples do not. An int must lie in ``[0, 2**64)``
+        (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
         ``"random"`` draws a fresh uniform order per draw (needed for the ``sqrt(n)`` bound);
         a fixed permutation is used for every draw.
