@@ -105,9 +105,8 @@ def draw_rows(
         The draft noise (Gumbels) of ``W`` steps; this step's is column ``column``.
     values : integer ndarray [D, n]
         The partial samples; ``values[d, coords[d]]`` receives the value drawn.
-    mask : bool ndarray [D, n] or [D, 0]
-        Where the partial samples are pinned; ``mask[d, coords[d]]`` is set (unless it has
-        no columns: frames whose pinned entries are known from the order).
+    mask : bool ndarray [D, n]
+        Where the partial samples are pinned; ``mask[d, coords[d]]`` is set.
     coords : integer ndarray [D]
         The coordinate each draw draws at this step.
     log_mu : float64 ndarray [D]
@@ -132,8 +131,7 @@ def draw_rows(
             if score > best:
                 best, drawn = score, v
         values[d, coords[d]] = drawn
-        if mask.shape[1] > 0:
-            mask[d, coords[d]] = True
+        mask[d, coords[d]] = True
         log_mu[d] += np.float64(out[d, 0, drawn]) - log_mass
     return -1
 

@@ -49,6 +49,7 @@ References
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import torch
@@ -774,10 +775,12 @@ class _HostLockstep(_Lockstep):
     ``t`` through :class:`~pyro_autospec.engine.host_rows.HostRows`, the general loop's
     requests and arithmetic (so the same draws).
 
-    An oracle that borrows its inputs (:func:`~pyro_autospec.engine.protocols.borrows_inputs`)
-    gets the same ``values`` and ``mask`` in every call, with the coordinates drawn at each
-    step written into them, rather than fresh copies of every draw's frame: the same inputs,
-    ``O(D)`` host work per step instead of ``O(D n)``.
+    The partial samples live in dense ``values`` and ``mask`` arrays ([D, n]), with the
+    coordinates drawn at each step written into them (``O(D)`` host work per step). An oracle
+    that borrows its inputs (:func:`~pyro_autospec.engine.protocols.borrows_inputs`) gets
+    views of them in every call; any other oracle gets fresh copies (one ``memcpy`` of each
+    per call, rather than widening the narrow frames and comparing every rank per call: the
+    same inputs either way).
 
     With numba installed each call's rows are checked, normalised and drawn from by
     :class:`~pyro_autospec.engine.compiled.LockStep` (two compiled calls around NumPy's
@@ -794,44 +797,39 @@ class _HostLockstep(_Lockstep):
         # every draw's row of width one (the same calls as the general loop's)
         step = sampler.host._per_call(1 if sampler.rows.targeted else sampler.n)
         self.calls = [self.lanes[lo : lo + step] for lo in range(0, num, step)]
-        self.cuts = [np.zeros(c.size, dtype=np.int64) for c in self.calls]
-        self.ones = np.ones(min(num, step), dtype=np.int64)
         self.borrowed = sampler.rows.borrows_inputs
         self.valid = np.ones((min(num, step), 1), dtype=bool)
         self.kernel = compiled_lock_step()
-        self.no_mask = np.zeros((num, 0), dtype=bool)  # frames need no mask
 
     def start(self) -> None:
         sampler = self.sampler
         sampler._start()  # every draw in flight, draw s in lane s
-        if self.borrowed:
-            # the inputs of every call ([D, n]), and the coordinate of each step ([n, D]);
-            # frames are written from the values when the draws finish
-            self.values = sampler.frames[: sampler.num_draws].astype(np.int64)
-            self.mask = np.zeros(self.values.shape, dtype=bool)
-            self.coords = sampler.order[: sampler.num_draws].T.copy()
-            self.inputs = []
-            for lane in self.calls:  # per call: views of the inputs, targets [n, rows, 1]
-                rows = slice(int(lane[0]), int(lane[-1]) + 1)
-                targets = torch.from_numpy(self.coords[:, rows, None].copy())
-                views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
-                self.inputs.append(
-                    (*views, targets, self.valid[: lane.size], sampler.host._extra(lane))
-                )
-        if self.kernel is not None:
-            self.views = self._views()
+        # the inputs of every call ([D, n]), and the coordinate of each step ([n, D]);
+        # frames are written from the values when the draws finish
+        self.values = sampler.frames[: sampler.num_draws].astype(np.int64)
+        self.mask = np.zeros(self.values.shape, dtype=bool)
+        self.coords = sampler.order[: sampler.num_draws].T.copy()
+        self.inputs = []
+        for lane in self.calls:  # per call: its rows, the targets of every step [n, R, 1],
+            rows = slice(int(lane[0]), int(lane[-1]) + 1)  # and torch views of its inputs
+            targets = torch.from_numpy(self.coords[:, rows, None].copy())
+            views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
+            self.inputs.append((rows, targets, sampler.host._extra(lane), views))
+        self.views = self._views()
 
     def _out(self, i: int, t: int) -> torch.Tensor:
         """The rows at position ``t`` of the draws of call ``i`` as the oracle returned them
         ([R, 1, q])."""
-        sampler, lane, cut = self.sampler, self.calls[i], self.cuts[i]
+        host, (_, targets, extra, (values, mask)) = self.sampler.host, self.inputs[i]
         if self.borrowed:
-            values, mask, targets, _, extra = self.inputs[i]
-            return sampler.host.targeted_out(values, mask, targets[t], extra)
-        cut.fill(t)
-        return sampler.host.targeted_call_out(
-            sampler.frames, lane, lane, cut, cut, self.ones[: lane.size], 1
-        )
+            return host.targeted_out(values, mask, targets[t], extra)
+        # fresh inputs: the oracle may keep them, or write into them
+        begin = time.perf_counter()
+        values, mask = values.numpy().copy(), mask.numpy().copy()
+        values, mask = torch.from_numpy(values), torch.from_numpy(mask)
+        target, extra = targets[t].clone(), host._extra(self.calls[i])
+        self.sampler.rows.seconds["inputs"] += time.perf_counter() - begin
+        return host.targeted_out(values, mask, target, extra)
 
     def _rows(self, t: int) -> np.ndarray:
         """Every draw's row at position ``t`` ([D, q]), checked and normalised (NumPy)."""
@@ -858,27 +856,20 @@ class _HostLockstep(_Lockstep):
         self._counted()
 
     def _step_numpy(self) -> None:
-        sampler, t, lanes = self.sampler, self.finished, self.lanes
+        t, lanes = self.finished, self.lanes
         data = self._rows(t)  # [D, q]
         x = np.argmax(data + self._noise(t), axis=-1)  # [D]
-        if self.borrowed:
-            self.values[lanes, self.coords[t]] = x
-            self.mask[lanes, self.coords[t]] = True
-        else:
-            sampler.frames[lanes, sampler.order[:, t]] = x
+        self.values[lanes, self.coords[t]] = x
+        self.mask[lanes, self.coords[t]] = True
         self.log_mu += data[lanes, x]
 
     def _views(self) -> list[tuple]:
         """Per call of a step, what the compiled step writes: the first draw, and views of the
-        partial samples ``[R, n]``, their mask (``[R, 0]`` for frames), the coordinate of
-        each step ``[n, R]`` and the log probabilities ``[R]``."""
-        sampler, views = self.sampler, []
-        for lane in self.calls:
-            rows = slice(int(lane[0]), int(lane[-1]) + 1)
-            if self.borrowed:
-                parts = (self.values[rows], self.mask[rows], self.coords[:, rows])
-            else:
-                parts = (sampler.frames[rows], self.no_mask[rows], sampler.order[rows].T.copy())
+        partial samples ``[R, n]``, their mask ``[R, n]``, the coordinate of each step
+        ``[n, R]`` and the log probabilities ``[R]``."""
+        views = []
+        for rows, *_ in self.inputs:
+            parts = (self.values[rows], self.mask[rows], self.coords[:, rows])
             views.append((rows, *parts, self.log_mu[rows]))
         return views
 
@@ -909,8 +900,7 @@ class _HostLockstep(_Lockstep):
 
     def finish(self) -> None:
         sampler = self.sampler
-        if self.borrowed:
-            sampler.frames[: sampler.num_draws] = self.values
+        sampler.frames[: sampler.num_draws] = self.values
         sampler.log_mu[:] = self.log_mu
         sampler._finish(self.lanes)
         sampler.rounds, sampler.oracle_rows = self.rounds, self.oracle_rows
