@@ -17,14 +17,11 @@ bit those of the NumPy step, and of the general loop with any batch composition.
 
 numba is optional (``pip install "pyro-autospec[compiled]"``). Without it, or with the
 environment variable ``PYRO_AUTOSPEC_NUMBA=0`` (or ``false``, ``no``, ``off``), the lock
-step runs in NumPy. The compiled step halves the engine's time per row outside the oracle
-(2.2 to 2.6 against 4.5 to 6.4 us per row beside a hand-written chain that borrows its
-inputs, 16 draws, n = 4096, on this project's CPU; nothing measurable where the oracle's
-inputs are copied for every call). Its price is numba's start in each process that runs a
-lock step: about 0.7 s (its import, then loading the compiled code from its cache on disk;
-the first run after an install compiles it, about 1 s, and each new combination of the
-output's dtype and the frames' a few tenths of a second more), repaid after about 350,000
-rows (``python benchmarks/control_plane.py --parts lockstep``).
+step runs in NumPy. The compiled step about halves the engine's time per row outside the
+oracle; its price is numba's start in each process that runs a lock step (its import, then
+loading the compiled code from its cache on disk, or compiling it after an install). The
+figures are in the project's ``benchmarks/README.md`` ("The compiled lock step"; measured by
+``python benchmarks/control_plane.py --parts lockstep``).
 
 Where numba cannot write its cache it compiles in each process; where its cache is damaged it
 warns once and compiles without it.
