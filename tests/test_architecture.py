@@ -19,7 +19,7 @@ PACKAGE = ROOT / "pyro_autospec"
 #: The floors of the house, from the ground up: a part may import parts on lower floors only
 #: (and itself). A part is a subpackage or a module directly under ``pyro_autospec/``.
 FLOORS = [
-    {"_shapes", "parallel"},  # nothing of this library
+    {"_shapes", "_warnings", "parallel"},  # nothing of this library
     {"engine"},  # the sampler and its protocols; Pyro-free
     {"oracles", "distributions"},  # exact Pyro-free oracles; Pyro distributions of the engine
     {"model"},  # reading a Pyro model, its enumeration oracle
@@ -32,7 +32,7 @@ FLOORS = [
 FLOOR = {part: number for number, parts in enumerate(FLOORS) for part in parts}
 
 #: Parts that never import Pyro, even lazily.
-PYRO_FREE = {"_shapes", "parallel", "engine", "oracles"}
+PYRO_FREE = {"_shapes", "_warnings", "parallel", "engine", "oracles"}
 
 #: Function-level imports of this package still allowed: (module file, imported module).
 FUNCTION_LEVEL_ALLOWED: set[tuple[str, str]] = set()

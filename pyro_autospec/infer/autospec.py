@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from pyro import poutine
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
@@ -428,7 +429,7 @@ class AutoSpec:
         )
         tracing = time.perf_counter() - start
         self._check_save_params(layout)
-        warn_scales(layout, stacklevel=5)
+        warn_scales(layout)
         if layout.continuous:
             self._run_mixed(layout, args, kwargs, progress)
         else:
@@ -513,7 +514,7 @@ class AutoSpec:
                 f"AutoSpec(pyro.poutine.condition(model, data={{name: value}}), ...).map(...) "
                 f"with values from get_samples() of a run."
             )
-        warn_scales(layout, stacklevel=4)
+        warn_scales(layout)
         if not layout.names:
             return {}
         return most_probable(self.model, args, kwargs, layout)
@@ -566,14 +567,14 @@ class AutoSpec:
                 "continuous latent sites, NUTS warm-up, and to correction='imh'). Pass 0 or "
                 "leave it out to silence this.",
                 UserWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
         if self.nuts_kwargs:
             warnings.warn(
                 f"nuts_kwargs {sorted(self.nuts_kwargs)} are ignored: {model} model has no "
                 "continuous latent sites, so no NUTS runs.",
                 UserWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
 
     def _check_save_params(self, layout) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
@@ -52,7 +53,7 @@ SAMPLERS = ("auto", "engine", "ffbs")
 _MIN_DRAWS_FOR_KHAT = 5
 
 
-def warn_scales(layout: SiteLayout, stacklevel: int = 4) -> None:
+def warn_scales(layout: SiteLayout) -> None:
     """Warn once per run that scaled sites make the target the scaled density."""
     if not layout.scales:
         return
@@ -62,7 +63,7 @@ def warn_scales(layout: SiteLayout, stacklevel: int = 4) -> None:
         f"draws follow the scaled density exp(sum of scale * log p), as pyro.infer.MCMC does, "
         f"and the recorded lp includes the scales; the pointwise log likelihood does not.",
         UserWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 
@@ -136,11 +137,10 @@ class DiscreteRun(RunBase):
             with self.stage("compiling"):
                 oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
                 if self.guide is not None and source is self.guide:
-                    # a guide's oracle for other data (guide.oracle(*A)) answers for them;
-                    # stacklevel 5: the warning points at the user's run() line
-                    warn_other_data(source, args, kwargs, self.correction, stacklevel=5)
+                    # a guide's oracle for other data (guide.oracle(*A)) answers for them
+                    warn_other_data(source, args, kwargs, self.correction)
         self._args, self._kwargs, self._oracle = args, kwargs, oracle
-        exact = self.guide is None
+        exact = self.guide is None and self.correction is None  # else the draws are corrected
         custom = exact and not isinstance(self.oracle, str)
 
         def explain_nan() -> list[str]:
@@ -376,7 +376,7 @@ class DiscreteRun(RunBase):
     def _warn_weights(self) -> None:
         diag = self.guide_diagnostics()
         if diag is not None:
-            diag.warn(stacklevel=4)
+            diag.warn(stacklevel=user_stacklevel())
 
     # ------------------------------------------------------------------------- summaries
     def extras(self) -> Extras:

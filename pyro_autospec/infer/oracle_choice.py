@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
@@ -171,7 +172,7 @@ def check_guide_sites(guide: Any, model: Callable, layout: SiteLayout) -> None:
             "its own model (its potentials and factor graph come from it). If the two differ, "
             "build and train a guide for this model.",
             UserWarning,
-            stacklevel=5,
+            stacklevel=user_stacklevel(),
         )
 
 
@@ -207,9 +208,7 @@ def guide_for_call(guide: Any, args: tuple, kwargs: dict) -> Any:
     return guide.conditioned(current)
 
 
-def warn_other_data(
-    oracle: Any, args: tuple, kwargs: dict, correction: str | None, stacklevel: int = 2
-) -> None:
+def warn_other_data(oracle: Any, args: tuple, kwargs: dict, correction: str | None) -> None:
     """Warn (once per call) when ``oracle`` is a guide's oracle for other data than the run's.
 
     ``guide.oracle(*A)`` answers for data ``A`` whatever data a run is given (the conditioned
@@ -249,5 +248,5 @@ def warn_other_data(
         f"build the oracle for the data you run on: guide.oracle(*args, **kwargs) with run()'s "
         f"arguments, after any change to them.",
         UserWarning,
-        stacklevel=stacklevel + 1,
+        stacklevel=user_stacklevel(),
     )

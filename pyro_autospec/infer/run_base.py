@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from pyro.infer.mcmc.util import select_samples
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.arviz import to_inference_data
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.methods import is_count
@@ -153,7 +154,7 @@ def with_sites(sites: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
             "for the run; the sites keep them, the run's are under "
             f"{[f'run: {name}' for name in clash]}",
             UserWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
     moved = {(f"run: {name}" if name in sites else name): value for name, value in run.items()}
     return {**sites, **moved}

@@ -40,6 +40,7 @@ from pyro import poutine
 from pyro.ops.contract import contract_to_tensor
 from pyro.poutine.util import prune_subsample_sites
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.protocols import chain_rows
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.enum_contract import (
@@ -698,7 +699,7 @@ class EnumOracle:
                 f"({reason}), so EnumOracle traced it once per draw ({self._num_continuous} "
                 f"traces). " + batching_advice(self.model, self.args, self.kwargs),
                 UserWarning,
-                stacklevel=5,
+                stacklevel=user_stacklevel(),
             )
         return traces
 

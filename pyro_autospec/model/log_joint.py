@@ -34,6 +34,7 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import prune_subsample_sites
 
 from pyro_autospec._shapes import broadcast_shape
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.model.continuous import ContinuousLayout
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
@@ -345,7 +346,7 @@ def evaluate(
         f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
         f"one draw at a time ({num_draws} traces). " + batching_advice(model, args, kwargs or {}),
         UserWarning,
-        stacklevel=3,
+        stacklevel=user_stacklevel(),
     )
     parts = [
         _run_chunk(
