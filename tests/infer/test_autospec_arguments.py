@@ -166,3 +166,27 @@ def test_a_site_named_like_an_entry_of_the_run_keeps_its_diagnostics():
     assert set(diagnostics["sampler"]) == {"n_eff", "r_hat"}
     assert diagnostics["run: sampler"] in ("ffbs", "autospec")
     assert set(diagnostics["run: rounds"]) == {"chain 0", "chain 1"}
+
+
+@pytest.mark.parametrize("correction", ["importance", "imh"])
+def test_an_approximate_oracle_of_ones_own_is_corrected_as_a_guide_is(correction):
+    """``correction=`` is for a guide or an approximate oracle of one's own: passed as
+    ``oracle=`` it is corrected (no exactness self-check), with the draws of ``guide=``."""
+
+    def coupled(y):
+        z0 = pyro.sample("z0", dist.Bernoulli(0.5))
+        z1 = pyro.sample("z1", dist.Bernoulli(0.5))
+        pyro.factor("c", 1.5 * (2 * z0 - 1) * (2 * z1 - 1))
+        pyro.sample("y", dist.Normal(z0 + z1, 1.0), obs=y)
+
+    uniform = TabularOracle(probs=torch.full((2, 2), 0.25))  # not the posterior
+    fits = []
+    for role in ("oracle", "guide"):
+        fit = AutoSpec(
+            coupled, 300, correction=correction, seed=0, disable_progbar=True, **{role: uniform}
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # k-hat of four distinct weights
+            fits.append(fit.run(torch.tensor(1.0)).get_samples())
+    for name in ("z0", "z1"):
+        assert torch.equal(fits[0][name], fits[1][name])
