@@ -16,11 +16,15 @@ from __future__ import annotations
 import hashlib
 import numbers
 import pickle
+import re
 import struct
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
+
+from pyro_autospec._warnings import user_stacklevel
 
 __all__ = ["checksum", "load_plain", "match_dtypes", "not_a_guide", "plain", "save_plain"]
 
@@ -130,6 +134,24 @@ def _starts_as_zip(path: Any) -> bool | None:
     return head == b"PK\x03\x04"
 
 
+#: The first torch whose ``torch.load(weights_only=True)`` is not known to run code from a
+#: crafted file (CVE-2025-32434 concerns torch 2.5.1 and earlier).
+SAFE_TORCH = (2, 6)
+
+
+def _warn_old_torch(what: str) -> None:
+    """Warn that loading runs on a torch whose ``weights_only`` loading can run code."""
+    release = tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2])
+    if release < SAFE_TORCH:
+        warnings.warn(
+            f"{what}.load on torch {torch.__version__}: torch.load(weights_only=True), which "
+            f"guide files are loaded with, can run code from a crafted file before torch "
+            f"2.6 (CVE-2025-32434). Load only files you trust, or upgrade torch.",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
 def not_a_guide(what: str, path: Any) -> str:
     """The start of the messages that refuse a file (``what``: the guide class)."""
     return f"{what}.load: {path!r} is not a file written by {what}.save"
@@ -167,6 +189,7 @@ def load_plain(
     written before guide files carried it, is not checked.
     """
     refused = not_a_guide(what, path)
+    _warn_old_torch(what)
     if _starts_as_zip(path) is False:  # a text file, JSON, an old pickle: torch fails oddly
         raise ValueError(
             f"{refused}: it is not a file written by torch.save (which starts as a zip "
@@ -185,8 +208,20 @@ def load_plain(
         ) from None
     except (FileNotFoundError, PermissionError, IsADirectoryError):
         raise
-    except (EOFError, OSError, RuntimeError, ValueError, UnicodeDecodeError) as error:
-        # a truncated or changed file: torch's zip and pickle readers fail in many ways
+    except (
+        EOFError,
+        OSError,
+        RuntimeError,
+        ValueError,
+        UnicodeDecodeError,
+        IndexError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        struct.error,
+    ) as error:
+        # a truncated or changed file: torch's zip and pickle readers (weights_only's
+        # unpickler popping an empty stack on a changed opcode) fail in many ways
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise ValueError(
             f"{refused}, or it is damaged (truncated or changed since): torch.load failed "

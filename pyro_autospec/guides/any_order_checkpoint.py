@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pyro_autospec.guides._files import load_plain, match_dtypes, not_a_guide, plain, save_plain
+from pyro_autospec.model import SiteLayout, discover_sites
 
 #: The keys of a saved ``AnyOrderGuide.config``, and those a file must hold.
 CONFIG_KEYS = (
@@ -65,6 +66,7 @@ class GuideCheckpoint:
         }
         if self.layout is not None:  # the model's sites, checked when loaded for a model
             content["sites"] = model_sites(self.layout)
+            content["shapes"] = site_shapes(self.layout)
         save_plain(content, path)
 
     @classmethod
@@ -111,9 +113,10 @@ class GuideCheckpoint:
             ``"graph"`` guide, or an ``"mlp"`` or ``"transformer"`` guide whose saved
             potentials are not all zero (loaded without the model it would answer with none,
             that is for no data, silently); or when ``model`` has other sample sites than the
-            model the guide was saved for (a ``pyro.factor`` added, a site renamed: the
-            guide's factor graph and potentials belong to its own model). Files saved before
-            the site names were written are not checked.
+            model the guide was saved for (a ``pyro.factor`` added or removed, a site renamed:
+            the guide's factor graph and potentials belong to its own model), or sites of
+            other shapes (data with other plate sizes). Files saved before the site names, or
+            their shapes, were written are not checked for them.
         """
         saved = load_plain(path, map_location, "AnyOrderGuide", CONFIG_KEYS, CONFIG_REQUIRED)
         config = dict(saved["config"])
@@ -122,6 +125,14 @@ class GuideCheckpoint:
             _check_bare(path, config["architecture"], saved["state_dict"])
             guide = cls(num_coords=n, num_values=q, **config)
         else:
+            # the sites first: a guide built for other sites fails in odd places
+            layout = model
+            if callable(model) and not isinstance(model, SiteLayout):
+                nesting = config.get("max_plate_nesting")
+                layout = discover_sites(model, model_args, model_kwargs, max_plate_nesting=nesting)
+            if isinstance(layout, SiteLayout):
+                _check_sites(saved.get("sites"), layout, path)
+                _check_shapes(saved.get("shapes"), layout, path)
             edges = None
             if config["architecture"] == "graph":
                 edges = saved.get("edges")
@@ -136,7 +147,6 @@ class GuideCheckpoint:
                     f"the guide was saved for n={n}, q={q}; this model has "
                     f"n={guide.num_coords}, q={guide.num_values}"
                 )
-            _check_sites(saved.get("sites"), guide, path)
         # The saved dtypes (the context buffers' too), then the weights; the context buffers
         # belong to the data set: keep the ones just computed.
         match_dtypes(guide, saved["state_dict"], "AnyOrderGuide", path)
@@ -160,12 +170,38 @@ def model_sites(layout: Any) -> list[list]:
     return [[str(entry[0]), bool(entry[1])] for entry in layout.signature]
 
 
-def _check_sites(saved: Any, guide: Any, path: Any) -> None:
-    """Refuse a file saved for a model with other sample sites than ``guide``'s model (files
-    of earlier versions hold none, and are not checked)."""
-    if saved is None or guide.layout is None:
+def site_shapes(layout: Any) -> dict[str, list[list[int]]]:
+    """``{name: [batch shape, event shape]}`` of the model's discrete latent sites."""
+    return {site.name: [list(site.batch_shape), list(site.event_shape)] for site in layout.sites}
+
+
+def _check_shapes(saved: Any, layout: Any, path: Any) -> None:
+    """Refuse a file saved for sites of other shapes than ``layout``'s (the same names, other
+    plate sizes: the coordinates and the factor graph differ). Files of earlier versions hold
+    no shapes, and are not checked."""
+    if saved is None:
         return
-    ours = model_sites(guide.layout)
+    ours = site_shapes(layout)
+    for name, shapes in ours.items():
+        theirs = saved.get(name)
+        if theirs is None or [list(part) for part in theirs] == shapes:
+            continue
+        raise ValueError(
+            f"AnyOrderGuide.load: {path!r} holds a guide saved for discrete site '{name}' of "
+            f"batch shape {tuple(theirs[0])} and event shape {tuple(theirs[1])}; this model's "
+            f"'{name}' has batch shape {tuple(shapes[0])} and event shape {tuple(shapes[1])}. "
+            "A guide's coordinates and factor graph follow its sites' shapes (the data's plate "
+            "sizes), so it would answer for other coordinates. Load it with data of the saved "
+            "shapes, or build and train a guide for these: AnyOrderGuide(model, model_args)."
+        )
+
+
+def _check_sites(saved: Any, layout: Any, path: Any) -> None:
+    """Refuse a file saved for a model with other sample sites than ``layout``'s model
+    (files of earlier versions hold none, and are not checked)."""
+    if saved is None:
+        return
+    ours = model_sites(layout)
     if [list(site) for site in saved] == ours:
         return
     theirs = {name for name, _ in saved}

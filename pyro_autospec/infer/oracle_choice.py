@@ -150,10 +150,15 @@ def check_guide_sites(guide: Any, model: Callable, layout: SiteLayout) -> None:
     if theirs is None:
         return
     if list(theirs) != list(layout.coordinates):
+        same_names = [site.name for site in built.sites] == [site.name for site in layout.sites]
 
         def described(lay: Any) -> str:
             names = compact_names([site.name for site in lay.sites])
-            return f"{names} ({lay.num_coords} coordinates, {lay.num_values} values)"
+            text = f"{names} ({lay.num_coords} coordinates, {lay.num_values} values)"
+            if same_names:  # then their shapes differ: say so
+                shapes = ", ".join(f"'{s.name}' {tuple(s.batch_shape)}" for s in lay.sites)
+                text += f", batch shapes {shapes}"
+            return text
 
         raise ValueError(
             f"The guide was built for a model whose discrete latent sites are "

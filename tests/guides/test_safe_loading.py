@@ -6,6 +6,9 @@ from __future__ import annotations
 import ast
 import io
 import pickle
+import struct
+import warnings
+import zipfile
 from pathlib import Path
 
 import pyro
@@ -67,8 +70,9 @@ def test_the_library_files_load_with_weights_only(tmp_path):
     guide.fit_to_samples(torch.randint(0, 2, (16, 4)), num_steps=2, disable_progbar=True)
     guide.save(tmp_path / "guide.pt")
     saved = torch.load(tmp_path / "guide.pt", weights_only=True)
-    assert set(saved) == {"config", "edges", "state_dict", "loss", "sites", "checksum"}
+    assert set(saved) == {"config", "edges", "state_dict", "loss", "sites", "shapes", "checksum"}
     assert saved["sites"] == [["z", False], ["coupling", True], ["y", True]]
+    assert saved["shapes"] == {"z": [[4], []]}
     assert isinstance(saved["checksum"], str) and saved["checksum"].startswith("sha256:")
     assert all(isinstance(x, float) for x in saved["loss"])
     copy = AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (data,))
@@ -154,3 +158,53 @@ def test_a_file_that_is_not_a_torch_file_is_named(tmp_path, load):
 def test_a_chunk_size_below_one_is_refused():
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
         AnyOrderGuide(num_coords=3, num_values=2, chunk_size=0)
+
+
+def test_a_guide_file_loaded_for_sites_of_other_shapes_or_fewer_sites_is_refused(tmp_path):
+    """Saved for 4 coordinates of the chain, a guide loaded for 5 failed with 'edges must
+    index coordinates', and one for a model with fewer sites too; the same number of
+    coordinates in another shape loaded silently (found outside the project)."""
+    data = torch.tensor([1.0, -0.5, 0.2, 0.9])
+    guide = AnyOrderGuide(ising_chain, (data,), architecture="graph", hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+    with pytest.raises(ValueError, match=r"site 'z' of batch shape \(4,\).*has batch shape \(5,\)"):
+        AnyOrderGuide.load(tmp_path / "guide.pt", ising_chain, (torch.zeros(5),))
+
+    def without_coupling(data):
+        with pyro.plate("sites", len(data)):
+            z = pyro.sample("z", pyro.distributions.Bernoulli(0.5))
+        with pyro.plate("obs", len(data)):
+            pyro.sample("y", pyro.distributions.Normal(2.0 * z - 1.0, 1.0), obs=data)
+
+    with pytest.raises(ValueError, match=r"other sample sites.*the saved model had"):
+        AnyOrderGuide.load(tmp_path / "guide.pt", without_coupling, (data,))
+
+
+def test_a_file_with_a_changed_pickle_opcode_is_named_damaged(tmp_path):
+    """torch's weights-only unpickler raised a bare IndexError (pop from empty list) on a
+    file whose first pickle byte was changed (found outside the project)."""
+    guide = AnyOrderGuide(num_coords=3, num_values=2, hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+    raw = bytearray((tmp_path / "guide.pt").read_bytes())
+    with zipfile.ZipFile(tmp_path / "guide.pt") as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
+    name_length, extra_length = struct.unpack(
+        "<HH", raw[info.header_offset + 26 : info.header_offset + 30]
+    )
+    raw[info.header_offset + 30 + name_length + extra_length] ^= 0x01  # PROTO 0x80 -> 0x81
+    (tmp_path / "damaged.pt").write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="damaged"):
+        AnyOrderGuide.load(tmp_path / "damaged.pt")
+
+
+def test_loading_on_a_torch_with_the_known_weights_only_hole_warns(tmp_path, monkeypatch):
+    guide = AnyOrderGuide(num_coords=3, num_values=2, hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cpu")
+    with pytest.warns(UserWarning, match=r"torch 2.5.1\+cpu.*CVE-2025-32434") as caught:
+        AnyOrderGuide.load(tmp_path / "guide.pt")
+    assert caught[0].filename == __file__
+    monkeypatch.setattr(torch, "__version__", "2.6.0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AnyOrderGuide.load(tmp_path / "guide.pt")
