@@ -60,11 +60,24 @@ def check_drift_output(
             f"for t: Tensor[B], x: Tensor[B, d]"
         )
     if not out.dtype.is_floating_point:
+        if out.dtype.is_complex:
+            why = (
+                "a complex drift has no place in a real diffusion, and the engine does not "
+                f"drop its imaginary part. Return the real part (out.real) from the {name}"
+            )
+        elif out.dtype == torch.bool:
+            why = (
+                "a bool drift is a comparison, not a drift, and the engine does not cast it. "
+                f"Return the drift's values, not a test on them, from the {name}"
+            )
+        else:
+            why = (
+                "an integer drift has lost its fractional part, and the engine does not cast "
+                f"it. Remove the integer cast (or rounding) from the {name}"
+            )
         raise OracleError(
             f"{name} returned a tensor of dtype {out.dtype}; it must return floating point "
-            f"values (the dtype of its input x, {x.dtype}): an integer drift has lost its "
-            f"fractional part, and the engine does not cast it. Remove the integer cast (or "
-            f"rounding) from the {name}"
+            f"values (the dtype of its input x, {x.dtype}): {why}"
         )
     if out.shape != (rows, dim):
         raise OracleError(

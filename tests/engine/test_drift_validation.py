@@ -60,8 +60,10 @@ def test_integer_output_is_refused(run, method, engine):
     name = "drift" if run is _sde else "oracle"
     with pytest.raises(OracleError, match=rf"{name} returned a tensor of dtype torch.int64.*float"):
         run(integer_drift, method, engine)
-    with pytest.raises(OracleError, match="dtype torch.bool"):
+    with pytest.raises(OracleError, match="dtype torch.bool.*a bool drift is a comparison"):
         run(lambda t, x: x > 0, method, engine)
+    with pytest.raises(OracleError, match=r"dtype torch.complex64.*Return the real part"):
+        run(lambda t, x: torch.complex(x.float(), x.float()), method, engine)
 
 
 @pytest.mark.parametrize("method,engine", CASES)
