@@ -15,6 +15,7 @@ import pyro
 import pytest
 import torch
 
+from pyro_autospec import AutoSpec
 from pyro_autospec.guides import AnyOrderGuide, DiffusionGuide
 from tests.guides._models import ising_chain
 
@@ -208,3 +209,29 @@ def test_loading_on_a_torch_with_the_known_weights_only_hole_warns(tmp_path, mon
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         AnyOrderGuide.load(tmp_path / "guide.pt")
+
+
+def grid(y):
+    rows, columns = y.shape
+    with pyro.plate("c", columns, dim=-1), pyro.plate("r", rows, dim=-2):
+        s = 2 * pyro.sample("z", pyro.distributions.Bernoulli(0.5)) - 1
+        pyro.sample("y", pyro.distributions.Normal(s, 1.0), obs=y)
+    across = (s[..., :, 1:] * s[..., :, :-1]).sum((-1, -2), keepdim=True)
+    down = (s[..., 1:, :] * s[..., :-1, :]).sum((-1, -2), keepdim=True)
+    pyro.factor("h", 0.8 * (across + down))
+
+
+def test_a_guide_asked_for_data_of_a_transposed_shape_names_the_shapes(tmp_path):
+    """The same sites and coordinates in another shape: a saved guide loaded silently with
+    its old factor graph, guide.oracle blamed the model's batch dims, and AutoSpec printed
+    two identical descriptions (found outside the project)."""
+    wide, tall = torch.randn(2, 5), torch.randn(5, 2)
+    guide = AnyOrderGuide(grid, (wide,), hidden_dim=8)
+    guide.save(tmp_path / "guide.pt")
+    shapes = r"batch shape \(5, 2\).*batch shape \(2, 5\)"
+    with pytest.raises(ValueError, match=r"site 'z' of batch shape \(2, 5\).*has batch shape"):
+        AnyOrderGuide.load(tmp_path / "guide.pt", grid, (tall,))
+    with pytest.raises(ValueError, match=shapes):
+        guide.oracle(tall)
+    with pytest.raises(ValueError, match=r"batch shapes 'z' \(2, 5\).*batch shapes 'z' \(5, 2\)"):
+        AutoSpec(grid, 10, guide=guide, correction="imh", disable_progbar=True).run(tall)
