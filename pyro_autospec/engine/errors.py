@@ -43,15 +43,15 @@ def _children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
 
 def _class_members(name: str, value: object) -> list[tuple[str, object]]:
     """What the oracle's class holds and what its methods read: class attributes (a network
-    kept on the class) and the functions behind its methods, static and class methods and
-    properties (whose closures and globals are searched next), along its own classes (not
-    ``object``'s nor ``torch.nn.Module``'s)."""
+    kept on the class) and the functions behind its methods (``__call__``, a drift's, among
+    them), static and class methods and properties (whose closures and globals are searched
+    next), along its own classes (not ``object``'s nor ``torch.nn.Module``'s)."""
     found = []
     for klass in type(value).__mro__:
         if klass is object or klass.__module__.startswith(("torch.", "builtins")):
             continue
         for key, member in vars(klass).items():
-            if key.startswith("__"):
+            if key.startswith("__") and key != "__call__":  # a drift's method is __call__
                 continue
             if isinstance(member, (staticmethod, classmethod)):
                 member = member.__func__

@@ -8,6 +8,7 @@ import torch
 
 from pyro_autospec.engine import OracleError, sample_any_order
 from pyro_autospec.engine.diffusion import sample_sde
+from pyro_autospec.engine.errors import check_eval_mode
 from pyro_autospec.oracles import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
 
@@ -557,6 +558,24 @@ def test_networks_on_the_class_in_slots_and_read_by_methods_are_found():
     slotted.held.eval()
     for oracle in (OnTheClass(), slotted, ReadsAGlobal(), BehindAProperty()):
         assert sample_any_order(oracle, 2, seed=0).samples.shape == (2, 2)
+
+
+def test_a_network_a_drift_objects_call_reads_as_a_global_is_found():
+    """A drift written as a class whose ``__call__`` reads a module-level network in training
+    mode was not named (found outside the project): the search skipped dunder methods."""
+    global _GLOBAL_DRIFT_NET
+    _GLOBAL_DRIFT_NET = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Dropout(0.5))
+
+    class GlobalNet:
+        dim = 1
+
+        def __call__(self, t, x):
+            return _GLOBAL_DRIFT_NET(x)[..., :1]
+
+    with pytest.raises(OracleError, match=r"^_GLOBAL_DRIFT_NET\[1\] \(Dropout\) is in training"):
+        check_eval_mode(GlobalNet())
+    _GLOBAL_DRIFT_NET.eval()
+    check_eval_mode(GlobalNet())
 
 
 def test_a_random_oracle_is_told_about_eval_mode():
