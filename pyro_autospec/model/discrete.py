@@ -677,6 +677,7 @@ def discover_sites(
     observed_shapes: dict[str, torch.Size] = OrderedDict()
     deterministic: dict[str, torch.Size] = OrderedDict()
     offset, continuous_offset = 0, 0
+    unplated: AutoSpecModelError | None = None
     for name, site in trace.nodes.items():
         if site["type"] != "sample":
             continue
@@ -690,7 +691,10 @@ def discover_sites(
         if role == "data":
             _check_finite_data(name, site)
             _check_observed_shape(name, site)
-            _check_plates(name, site, max_plate_nesting, latent=False)
+            try:
+                _check_plates(name, site, max_plate_nesting, latent=False)
+            except AutoSpecModelError as error:  # raised once the latent sites are known:
+                unplated = unplated or error  # a model without discrete ones is told so first
             observed[name] = site["value"].detach()
             observed_shapes[name] = fn.batch_shape
             continue
@@ -738,6 +742,8 @@ def discover_sites(
         )
         offset += block.num_coords
         sites.append(block)
+    if unplated is not None and sites:
+        raise unplated
     if continuous_sites and sites:
         _check_continuous_parents(
             model, args, kwargs, max_plate_nesting, [c.name for c in continuous_sites]

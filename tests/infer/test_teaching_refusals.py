@@ -491,3 +491,23 @@ def test_a_site_after_a_markov_loop_reading_its_state_is_told_where_to_go():
 
     with pytest.raises(DynamicStructureError, match=r"after a pyro\.markov loop.*last step"):
         AutoSpec(after_loop, 10, seed=0, disable_progbar=True).run(torch.tensor([0.0, 1.0, 2.0]))
+
+
+def test_a_continuous_only_model_is_told_so_before_its_unplated_data():
+    """A model with continuous latent sites only and an unplated vector observation got the
+    advice to add a plate, not that AutoSpec has nothing to sample (found outside the
+    project); with a discrete site the plate message stays."""
+
+    def continuous_only(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        pyro.sample("y", dist.Normal(mu, 1.0).expand([3]), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="no unobserved discrete.*all continuous"):
+        run(continuous_only, torch.zeros(3))
+
+    def with_a_discrete_site(y):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0).expand([3]), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="that no `pyro.plate` declares"):
+        run(with_a_discrete_site, torch.zeros(3))
