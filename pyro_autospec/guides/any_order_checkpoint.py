@@ -171,8 +171,9 @@ def model_sites(layout: Any) -> list[list]:
 
 
 def site_shapes(layout: Any) -> dict[str, list[list[int]]]:
-    """``{name: [batch shape, event shape]}`` of the model's discrete latent sites."""
-    return {site.name: [list(site.batch_shape), list(site.event_shape)] for site in layout.sites}
+    """``{name: [batch shape, event shape]}`` of the model's latent sites
+    (:meth:`~pyro_autospec.model.SiteLayout.latent_shapes`, as plain lists)."""
+    return {name: [list(b), list(e)] for name, (b, e) in layout.latent_shapes().items()}
 
 
 def _check_shapes(saved: Any, layout: Any, path: Any) -> None:

@@ -57,15 +57,16 @@ class GuideTraining:
                 f"{layout.num_values} values in sites {layout.names}; the guide was built for "
                 f"{self.num_coords} and {self.num_values} in {self.layout.names}"
             )
-        for ours, built in zip(layout.sites, self.layout.sites):
-            if (ours.batch_shape, ours.event_shape) != (built.batch_shape, built.event_shape):
+        ours, built = layout.latent_shapes(), self.layout.latent_shapes()
+        for name, (batch, event) in ours.items():
+            if (batch, event) != built[name]:
                 raise ValueError(
-                    f"the model with these arguments has discrete site '{ours.name}' of batch "
-                    f"shape {tuple(ours.batch_shape)} and event shape {tuple(ours.event_shape)}; "
-                    f"the guide was built for batch shape {tuple(built.batch_shape)} and event "
-                    f"shape {tuple(built.event_shape)}. A guide's coordinates and factor graph "
-                    "follow its sites' shapes (the data's plate sizes): build and train a guide "
-                    "for data of these shapes."
+                    f"the model with these arguments has discrete site '{name}' of batch "
+                    f"shape {tuple(batch)} and event shape {tuple(event)}; the guide was built "
+                    f"for batch shape {tuple(built[name][0])} and event shape "
+                    f"{tuple(built[name][1])}. A guide's coordinates and factor graph follow "
+                    "its sites' shapes (the data's plate sizes): build and train a guide for "
+                    "data of these shapes."
                 )
 
     # ---------------------------------------------------------------------------------- losses
