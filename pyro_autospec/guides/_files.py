@@ -8,7 +8,7 @@ anything else before it is built.
 A file also carries a SHA-256 checksum of everything else in it (:func:`checksum`), written
 by :func:`save_plain` and checked by :func:`load_plain`: torch's zip reader does not check
 its own CRCs, so without it a byte changed inside the weights would load as another network.
-Files written before the checksum (no ``"checksum"`` entry) load as they did.
+A file without the entry is refused too: deleting it would otherwise turn the check off.
 """
 
 from __future__ import annotations
@@ -185,8 +185,7 @@ def load_plain(
 
     Notes
     -----
-    A file with a ``"checksum"`` entry must match it (:func:`checksum`); a file without one,
-    written before guide files carried it, is not checked.
+    The file's ``"checksum"`` entry must be there and match its contents (:func:`checksum`).
     """
     refused = not_a_guide(what, path)
     _warn_old_torch(what)
@@ -229,18 +228,26 @@ def load_plain(
         ) from None
     if not isinstance(saved, dict) or not {"state_dict", "config"} <= set(saved):
         raise ValueError(f"{refused} (expected a dict with 'config' and 'state_dict')")
-    if CHECKSUM_KEY in saved:
-        try:
-            found = checksum(saved)
-        except TypeError as error:
-            raise ValueError(f"{refused}: {error}") from None
-        if saved[CHECKSUM_KEY] != found:
-            raise ValueError(
-                f"{refused}, or it is damaged (changed since it was saved): its contents do "
-                f"not match the SHA-256 checksum {what}.save wrote into it, so the guide it "
-                f"would load is not the one saved. Save the guide again, or use an intact copy "
-                f"of the file"
-            )
+    if CHECKSUM_KEY not in saved:
+        raise ValueError(
+            f"{refused}, or it is damaged: it holds no {CHECKSUM_KEY!r} entry, which "
+            f"{what}.save writes so that a changed file is refused rather than loaded as "
+            f"another network. A file saved by pyro-autospec before guide files carried one "
+            f"(or weights you trust) can be saved again: build the guide with the same "
+            f"arguments, load the weights with guide.load_state_dict(torch.load(path, "
+            f"weights_only=True)['state_dict']), and call guide.save"
+        )
+    try:
+        found = checksum(saved)
+    except TypeError as error:
+        raise ValueError(f"{refused}: {error}") from None
+    if saved[CHECKSUM_KEY] != found:
+        raise ValueError(
+            f"{refused}, or it is damaged (changed since it was saved): its contents do "
+            f"not match the SHA-256 checksum {what}.save wrote into it, so the guide it "
+            f"would load is not the one saved. Save the guide again, or use an intact copy "
+            f"of the file"
+        )
     config, state = saved["config"], saved["state_dict"]
     if (
         not isinstance(config, dict)

@@ -69,14 +69,21 @@ def test_a_byte_changed_inside_the_weights_is_refused(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", GUIDES)
-def test_a_file_without_a_checksum_still_loads(kind, tmp_path):
-    """Files written before the checksum (no such entry) load as they did."""
+def test_a_file_without_a_checksum_is_refused_and_can_be_saved_again(kind, tmp_path):
+    """Such a file loaded unchecked: deleting the entry turned the check off. The way out the
+    message gives (the weights into a guide built alike, then save) gives the same guide."""
     guide, load = _guide(kind)
     path = tmp_path / "guide.pt"
     guide.save(path)
     saved = torch.load(path, weights_only=True)
     assert saved.pop("checksum") == checksum(saved)
-    torch.save(saved, path)  # the old writer: the same entries, no checksum
+    torch.save(saved, path)  # the same entries, no checksum
+    with pytest.raises(ValueError, match="damaged: it holds no 'checksum' entry.*guide.save"):
+        load(path)
+    twin, _ = _guide(kind)  # built with the same arguments (trained from another start)
+    twin.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    twin.loss_history = list(guide.loss_history)
+    twin.save(path)
     copy = load(path)
     _assert_same_state(copy, guide)
     assert copy.loss_history == guide.loss_history
@@ -154,12 +161,18 @@ def test_a_float64_guide_loads_in_float64(kind, tmp_path):
 
 
 def _saved_unchecked(guide, path) -> dict:
-    """What ``guide.save(path)`` writes, without its checksum (to change it by hand, as a file
-    written before guide files carried one)."""
+    """What ``guide.save(path)`` writes, without its checksum (to change by hand, then write
+    with :func:`_save_checked`, as a crafted file would be)."""
     guide.save(path)
     saved = torch.load(path, weights_only=True)
     saved.pop("checksum", None)
     return saved
+
+
+def _save_checked(content: dict, path) -> None:
+    """``content`` written with a checksum that matches it: a crafted file, whose other
+    checks must catch it."""
+    torch.save({**content, "checksum": checksum(content)}, path)
 
 
 def test_a_tensor_of_another_kind_is_refused(tmp_path):
@@ -167,7 +180,7 @@ def test_a_tensor_of_another_kind_is_refused(tmp_path):
     path = tmp_path / "guide.pt"
     saved = _saved_unchecked(guide, path)
     saved["state_dict"]["standardized"] = torch.tensor(0.5)  # a bool buffer, as a float
-    torch.save(saved, path)
+    _save_checked(saved, path)
     with pytest.raises(ValueError, match="its standardized is torch.float32"):
         load(path)
 
@@ -178,7 +191,7 @@ def test_a_graph_file_without_its_edges_is_named(tmp_path):
     path = tmp_path / "guide.pt"
     saved = _saved_unchecked(guide, path)
     del saved["edges"]
-    torch.save(saved, path)
+    _save_checked(saved, path)
     with pytest.raises(ValueError, match="not a file written by AnyOrderGuide.save.*edges"):
         load(path)
 
@@ -189,7 +202,7 @@ def test_a_diffusion_file_must_hold_every_config_key(tmp_path):
     path = tmp_path / "guide.pt"
     saved = _saved_unchecked(guide, path)
     del saved["config"]["num_steps"]
-    torch.save(saved, path)
+    _save_checked(saved, path)
     with pytest.raises(ValueError, match="its config holds"):
         DiffusionGuide.load(path, conjugate_model, (Y,))
 
@@ -199,6 +212,6 @@ def test_a_loss_history_that_is_not_numbers_is_refused(tmp_path):
     path = tmp_path / "guide.pt"
     saved = _saved_unchecked(guide, path)
     for loss in ("abc", [1.0, "x"], {"a": 1.0}):
-        torch.save({**saved, "loss": loss}, path)
+        _save_checked({**saved, "loss": loss}, path)
         with pytest.raises(ValueError, match="loss history"):
             load(path)

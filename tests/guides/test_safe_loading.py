@@ -17,6 +17,7 @@ import torch
 
 from pyro_autospec import AutoSpec
 from pyro_autospec.guides import AnyOrderGuide, DiffusionGuide
+from pyro_autospec.guides._files import checksum
 from tests.guides._models import ising_chain
 
 PAYLOAD_RAN = []
@@ -97,7 +98,8 @@ def test_a_damaged_file_or_a_foreign_config_is_named(tmp_path):
         with pytest.raises(ValueError, match="damaged"):
             AnyOrderGuide.load(tmp_path / name)
     for config in ({}, "x", {"num_coords": 3}, {**guide.config, "colour": "red"}):
-        torch.save({"config": config, "state_dict": {}}, tmp_path / "foreign.pt")
+        foreign = {"config": config, "state_dict": {}}
+        torch.save({**foreign, "checksum": checksum(foreign)}, tmp_path / "foreign.pt")
         with pytest.raises(ValueError, match="its config holds"):
             AnyOrderGuide.load(tmp_path / "foreign.pt")
     with pytest.raises(FileNotFoundError):
