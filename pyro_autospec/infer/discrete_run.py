@@ -38,7 +38,7 @@ from pyro_autospec.infer.oracle_choice import (
 )
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
-from pyro_autospec.infer.self_check import SelfCheck
+from pyro_autospec.infer.self_check import SelfCheck, reference_log_normalizer
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
@@ -163,8 +163,15 @@ class DiscreteRun(RunBase):
             extra["accepted"], extra["acceptance_rate"] = [], []
         all_weights = []
         self_check = None
+        self.self_check_reference = None
         if exact:
             log_z = None if plan is None else plan.log_normalizer
+            if custom and not hasattr(oracle, "log_normalizer"):
+                # draws compared only with each other pass for an oracle that is exact on
+                # part of the posterior's values: log Z by elimination, where it fits
+                with self.stage("self-check"):
+                    log_z = reference_log_normalizer(self.model, args, kwargs, layout, self.device)
+                self.self_check_reference = "none" if log_z is None else "enumeration"
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
         draws = DrawEvaluator(
             ModelCall(self.model, args, kwargs),
@@ -213,6 +220,16 @@ class DiscreteRun(RunBase):
                 extra["log_weight"].append(log_weight[keep])
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
+        if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
+            warnings.warn(
+                "the self-check compared nothing: the run made one draw from the oracle passed "
+                "as oracle=, which has no log_normalizer(), and the model's discrete sites "
+                "could not be eliminated exactly to give log Z (see "
+                "pyro_autospec.infer.self_check.reference_log_normalizer); with two or more "
+                "draws (num_samples or num_chains) they are compared with each other",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         if plan is not None:  # what the summary reports; the buckets' tables are let go
             self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
         self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
@@ -387,10 +404,34 @@ class DiscreteRun(RunBase):
     def self_check_summary(self) -> str:
         if self.max_self_check_error is None:
             return ""
+        total = self.num_chains * (self.num_samples + self.warmup_steps)
+        draws = "the run's one draw" if total == 1 else f"all {total} draws of the run"
+        deviation = f"largest deviation {self.max_self_check_error:.2g}"
+        if self.self_check_reference == "none":
+            if total == 1:
+                return (
+                    "Self-check: nothing compared (one draw of the oracle passed as oracle=, "
+                    "and no log Z: the model's discrete sites could not be eliminated exactly)."
+                )
+            return (
+                f"Self-check passed: log p(x, data) - log q(x) is constant across {draws} "
+                f"(every chain; {deviation}). No exact log Z to compare it with (the model's "
+                f"discrete sites could not be eliminated exactly): an oracle= exact on part "
+                f"of the posterior's values only would pass this check."
+            )
+        if self.self_check_reference == "enumeration":
+            return (
+                f"Self-check passed: log p(x, data) - log q(x) equals log Z, from an exact "
+                f"elimination of the model's discrete sites, for {draws} ({deviation})."
+            )
+        if total == 1:
+            return (
+                f"Self-check passed: log p(x, data) - log q(x) equals log Z for the run's one "
+                f"draw ({deviation})."
+            )
         return (
-            f"Self-check passed: log p(x, data) - log q(x) is constant across all "
-            f"{self.num_chains * (self.num_samples + self.warmup_steps)} draws of the run "
-            f"(every chain; largest deviation {self.max_self_check_error:.2g})."
+            f"Self-check passed: log p(x, data) - log q(x) is constant across {draws} "
+            f"(every chain; {deviation})."
         )
 
     def rounds_line(self, n: int, whole: dict) -> str:

@@ -19,7 +19,7 @@ from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.knobs import check_count, check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
-from pyro_autospec.infer.self_check import SelfCheck
+from pyro_autospec.infer.self_check import SelfCheck, reference_log_normalizer
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 
 __all__ = ["AutoSpecKernel"]
@@ -116,8 +116,11 @@ class AutoSpecKernel(MCMCKernel):
     at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
     (:class:`~pyro_autospec.infer.self_check.SelfCheck`): each engine run's draws are checked
     together with the first draws of the run (of every chain that ``MCMC`` runs in this
-    process with the same arguments), so that one draw per engine run is still compared. A
-    failure raises :class:`~pyro_autospec.infer.self_check.SelfCheckError` from ``mcmc.run``.
+    process with the same arguments), so that one draw per engine run is still compared. An
+    ``oracle=`` without ``log_normalizer()`` is compared with ``log Z`` from an exact
+    elimination of the model's discrete sites where it fits
+    (:func:`~pyro_autospec.infer.self_check.reference_log_normalizer`). A failure raises
+    :class:`~pyro_autospec.infer.self_check.SelfCheckError` from ``mcmc.run``.
 
     Parameters
     ----------
@@ -238,9 +241,18 @@ class AutoSpecKernel(MCMCKernel):
         )
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
         if self._self_check is None or not same_call(self._call, self._checked_call):
+            custom = not isinstance(self.oracle, str)
+            log_z = None
+            if custom and not hasattr(self._oracle, "log_normalizer"):
+                # an oracle= exact on part of the posterior's values only passes a
+                # comparison of draws with each other: log Z by elimination, where it fits
+                log_z = reference_log_normalizer(
+                    self.user_model, args, kwargs, self.layout, self.device
+                )
             self._self_check = SelfCheck(
                 self._oracle,
-                custom_oracle=not isinstance(self.oracle, str),
+                custom_oracle=custom,
+                log_normalizer=log_z,
                 keep=_SELF_CHECK_REFERENCE,
             )
             self.max_self_check_error = None

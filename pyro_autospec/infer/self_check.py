@@ -4,15 +4,25 @@ For an exact oracle ``q(x) = p(x, data) / Z``, so the difference is ``log Z`` fo
 a run. :func:`check_exact_draws` tests one batch within a rounding tolerance;
 :class:`SelfCheck` pools every draw of a run (all chains, or all engine runs of
 ``AutoSpecKernel``) before testing; :class:`SelfCheckError` is what a failure raises.
+
+Draws compared only with each other cannot show an oracle that leaves out part of the
+posterior: ``q(x) = p(x, data) / Z_S`` on a subset ``S`` of the values gives the one constant
+``log Z_S`` on every draw. Where the model's discrete sites can be eliminated exactly,
+:func:`reference_log_normalizer` gives ``log Z`` itself, and an oracle passed as ``oracle=`` is
+checked against it (so is a single draw).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-__all__ = ["SelfCheck", "SelfCheckError", "check_exact_draws"]
+from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.ffbs import plan_ffbs
+
+__all__ = ["SelfCheck", "SelfCheckError", "check_exact_draws", "reference_log_normalizer"]
 
 
 class SelfCheckError(RuntimeError):
@@ -88,8 +98,10 @@ def check_exact_draws(
     if custom_oracle:
         advice = (
             "The oracle passed as oracle= is not exact for this model (coordinates in another "
-            "order, an approximation, or a different density). Pass an approximate oracle as "
-            "guide= with correction='importance' or 'imh', which correct its draws."
+            "order, an approximation, a different density, or one that gives no mass to some "
+            "of the posterior's values: then log p(x, data) - log q(x) is below log Z on every "
+            "draw). Pass an approximate oracle as guide= with correction='importance' or "
+            "'imh', which correct its draws."
         )
     else:
         advice = (
@@ -220,3 +232,51 @@ class SelfCheck:
         if self.keep is not None and lp.numel() > self.keep:
             self._parts = [(lp[: self.keep], q[: self.keep], magnitude[: self.keep])]
         return self.max_error
+
+
+def reference_log_normalizer(
+    model: Any, args: tuple, kwargs: dict, layout: Any, device: Any = None
+) -> float | None:
+    """``log Z = log sum_x p(x, data)`` over the model's discrete sites, by exact elimination.
+
+    The reference for an oracle passed as ``oracle=``: draws compared only with each other
+    pass for an oracle exact on part of the posterior's values.
+
+    Parameters
+    ----------
+    model : callable
+        The Pyro model.
+    args, kwargs
+        Its arguments.
+    layout : SiteLayout
+        Its discrete sites (:func:`~pyro_autospec.model.discover_sites`).
+    device : optional
+        Where the elimination runs.
+
+    Returns
+    -------
+    float or None
+        ``None`` where Pyro's enumeration of the model fails, the elimination does not fit
+        (:func:`~pyro_autospec.model.ffbs.plan_ffbs`: buckets of at most 2^22 entries) or
+        ``log Z`` is not finite; then the draws are compared with each other only.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_autospec.model import discover_sites
+    >>> def model():
+    ...     z = pyro.sample("z", dist.Bernoulli(0.25))
+    ...     pyro.factor("f", 2.0 * z)
+    >>> log_z = reference_log_normalizer(model, (), {}, discover_sites(model))
+    >>> abs(log_z - math.log(0.75 + 0.25 * math.exp(2.0))) < 1e-6
+    True
+    """
+    try:
+        oracle = EnumOracle(model, args, kwargs, layout=layout, device=device, lazy=True)
+        plan = plan_ffbs(oracle)
+    except Exception:  # the reference is optional: the draws are still compared
+        return None
+    if plan is None:
+        return None
+    log_z = float(plan.log_normalizer)
+    return log_z if math.isfinite(log_z) else None

@@ -118,3 +118,68 @@ def test_kernel_starts_a_new_check_for_new_data():
         assert kernel.max_self_check_error < 1e-6
     MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True).run(y)
     assert kernel.max_self_check_error < 1e-6
+
+
+class Truncated:
+    """Exact for ``biased`` on the values with ``z[0] = 1`` only: ``log p - log q`` is the one
+    constant ``log 0.95`` on every draw, so draws compared with each other agree."""
+
+    num_coords, num_values = 2, 2
+
+    def log_marginals(self, values, mask):
+        rows = torch.tensor([[0.0, 1.0], [0.05, 0.95]], dtype=torch.float64).log()
+        return rows.expand(values.shape[0], 2, 2).clone()
+
+
+def test_an_oracle_exact_on_part_of_the_posterior_is_caught_against_log_z():
+    """It passed the check with 3000 draws (an outside test): ``log Z`` by elimination."""
+    for num_samples, num_chains in ((200, 2), (1, 1)):
+        fit = AutoSpec(
+            biased,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            oracle=Truncated(),
+            seed=0,
+            disable_progbar=True,
+        )
+        with pytest.raises(SelfCheckError, match="differs from the log normaliser.*no mass"):
+            fit.run()
+
+
+def test_the_kernel_checks_an_oracle_against_log_z():
+    kernel = AutoSpecKernel(biased, oracle=Truncated(), seed=0, draws_per_run=8)
+    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
+    with pytest.raises(SelfCheckError, match="differs from the log normaliser"):
+        mcmc.run()
+
+
+class Exact:
+    """``biased``'s posterior, without ``log_normalizer()``."""
+
+    num_coords, num_values = 2, 2
+
+    def log_marginals(self, values, mask):
+        rows = torch.tensor([0.05, 0.95], dtype=torch.float64).log()
+        return rows.expand(values.shape[0], 2, 2).clone()
+
+
+def test_a_user_oracle_is_checked_against_log_z_and_the_summary_says_so(capsys):
+    fit = AutoSpec(biased, num_samples=1, oracle=Exact(), seed=0, disable_progbar=True).run()
+    assert fit._run.max_self_check_error < 1e-5  # float32 model
+    fit.summary()
+    out = capsys.readouterr().out
+    assert "equals log Z, from an exact elimination" in out and "one draw" in out
+
+
+def test_without_log_z_one_draw_warns_that_nothing_was_compared(monkeypatch, capsys):
+    """Where the elimination does not fit, draws can only be compared with each other."""
+    import pyro_autospec.infer.discrete_run as discrete_run
+
+    monkeypatch.setattr(discrete_run, "reference_log_normalizer", lambda *args: None)
+    with pytest.warns(UserWarning, match="the self-check compared nothing"):
+        fit = AutoSpec(biased, 1, oracle=Truncated(), seed=0, disable_progbar=True).run()
+    fit.summary()
+    assert "Self-check: nothing compared" in capsys.readouterr().out
+    fit = AutoSpec(biased, 50, oracle=Truncated(), seed=0, disable_progbar=True).run()
+    fit.summary()  # the truncated oracle passes: the summary says what was not checked
+    assert "exact on part of the posterior's values only would pass" in capsys.readouterr().out
