@@ -33,6 +33,8 @@ __all__ = [
     "IMH_ACCEPTANCE_LOW",
     "KHAT_BAD",
     "KHAT_GOOD",
+    "LOW_WEIGHTS_ESS",
+    "MIN_TAIL_VALUES",
     "WeightDiagnostics",
     "imh_acceptance_estimate",
     "pareto_khat",
@@ -50,6 +52,13 @@ KHAT_BAD = 0.7
 FLAT_LOG_WEIGHTS = math.log(2.0)
 #: Below this acceptance rate independent Metropolis-Hastings chains stick.
 IMH_ACCEPTANCE_LOW = 0.1
+#: A tail (the largest weights a Pareto fit reads) holding fewer distinct values than this is
+#: not continuous: draws of a small discrete space revisit the same values, and the fit to
+#: them is noise (k-hat 1 to inf on weights whose ESS was 75%). Its k-hat is ``nan``.
+MIN_TAIL_VALUES = 20
+#: Where k-hat is unavailable for a tied tail, a weights' ESS below this share of the draws
+#: is what warns.
+LOW_WEIGHTS_ESS = 0.1
 
 
 def _as_numpy(log_weight) -> np.ndarray:
@@ -71,8 +80,10 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
     smoothed : ndarray float64[N]
         Smoothed log weights, normalised so that ``exp(smoothed).sum() == 1``.
     khat : float
-        The Pareto shape estimate (``nan`` if it cannot be estimated; ``-inf`` for weights
-        within a factor of 2 of each other, :data:`FLAT_LOG_WEIGHTS`: no tail to fit).
+        The Pareto shape estimate: ``nan`` where it cannot be estimated (fewer than 5 draws,
+        or a tail of fewer than :data:`MIN_TAIL_VALUES` distinct values: those weights are not
+        smoothed); ``-inf`` for weights within a factor of 2 of each other
+        (:data:`FLAT_LOG_WEIGHTS`: no tail to fit).
 
     Examples
     --------
@@ -98,11 +109,37 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
         # normalised as they are, without smoothing.
         out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
         return out, -math.inf
+    if tail_values(lw[finite]) < MIN_TAIL_VALUES:
+        # Ties in the tail: the draws revisit a few values (a small discrete space), whose
+        # weights are bounded; a Pareto fit to them is noise, and smoothing by it would move
+        # weight between the revisited values. They are normalised as they are.
+        out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
+        return out, math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         smoothed, khat = psislw(lw[finite] - lw[finite].max())
     out[finite] = smoothed
     return out, float(khat)
+
+
+def _tail_size(num: int) -> int:
+    """How many of ``num`` weights the Pareto fit reads (ArviZ's ``psislw``, ``r_eff = 1``)."""
+    return int(math.ceil(min(0.2 * num, 3.0 * math.sqrt(num))))
+
+
+def tail_values(log_weight) -> int:
+    """The number of distinct values among the largest finite weights, those a Pareto fit
+    reads; at most that tail's size (see :data:`MIN_TAIL_VALUES`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tail_values(np.arange(1000.0)), tail_values(np.arange(1000.0) % 3)
+    (95, 1)
+    """
+    lw = _as_numpy(log_weight).reshape(-1)
+    lw = np.sort(lw[np.isfinite(lw)])
+    return int(np.unique(lw[-_tail_size(lw.size) :]).size) if lw.size else 0
 
 
 def pareto_khat(log_weight) -> float:
@@ -210,6 +247,8 @@ class WeightDiagnostics:
         The correction the draws went through (``None``, ``"importance"``, ``"imh"``).
     khat_per_chain, weights_ess_per_chain : list of float
         The same per chain (one entry for a single set of draws).
+    khat_unavailable : str or None
+        Why the pooled k-hat is ``nan``, where it is.
     """
 
     khat: float
@@ -220,6 +259,7 @@ class WeightDiagnostics:
     correction: str | None = None
     khat_per_chain: list = field(default_factory=list)
     weights_ess_per_chain: list = field(default_factory=list)
+    khat_unavailable: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -243,6 +283,14 @@ class WeightDiagnostics:
                 f"{self.num_draws}); use correction='importance' or correction='imh'"
             )
         problems = []
+        share = self.weights_ess / max(self.num_draws, 1)
+        if math.isnan(self.khat) and self.num_draws >= 5 and share < LOW_WEIGHTS_ESS:
+            problems.append(
+                f"the weights' ESS is {self.weights_ess:.0f} of {self.num_draws} draws "
+                f"({share:.1%}; k-hat is unavailable: {self.khat_unavailable}): a few draws "
+                f"carry most of the weight and the '{self.correction}' correction cannot be "
+                f"trusted"
+            )
         if self.khat >= KHAT_BAD:  # NaN (too few draws for a k-hat) is no evidence
             problems.append(
                 f"Pareto k-hat of the importance weights is {self.khat:.2f} (>= {KHAT_BAD}; "
@@ -359,8 +407,20 @@ def weight_diagnostics(
     else:
         rate = imh_acceptance_estimate(pooled)
         source = "estimate"
+    khat = pareto_khat(pooled)
+    unavailable = None
+    if math.isnan(khat):
+        finite = int(np.isfinite(pooled).sum())
+        unavailable = f"fewer than 5 draws of nonzero weight ({finite})"
+        if finite >= 5:
+            unavailable = (
+                f"the {_tail_size(finite)} largest weights take {tail_values(pooled)} distinct "
+                f"values (draws of a small discrete space, revisited): no continuous tail to "
+                f"fit, and the weights are not smoothed"
+            )
     return WeightDiagnostics(
-        khat=pareto_khat(pooled),
+        khat=khat,
+        khat_unavailable=unavailable,
         weights_ess=weights_ess(pooled),
         num_draws=int(pooled.size),
         imh_acceptance=rate,

@@ -49,9 +49,6 @@ __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 #: Values of ``AutoSpec(sampler=...)``.
 SAMPLERS = ("auto", "engine", "ffbs")
 
-# Fewer guide draws than this give no Pareto k-hat.
-_MIN_DRAWS_FOR_KHAT = 5
-
 
 def warn_scales(layout: SiteLayout) -> None:
     """Warn once per run that scaled sites make the target the scaled density."""
@@ -357,7 +354,7 @@ class DiscreteRun(RunBase):
         )
         verdict = diag.verdict
         if verdict == "unavailable":
-            verdict = f"unavailable: fewer than {_MIN_DRAWS_FOR_KHAT} draws"
+            verdict = f"unavailable: {diag.khat_unavailable}"
         elif verdict == "usable with caution":
             verdict = "usable with caution (slow convergence)"
         elif verdict == "not reliable":
