@@ -36,7 +36,13 @@ from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
-from pyro_autospec.infer.knobs import CORRECTIONS, METHODS, check_count, check_schedule
+from pyro_autospec.infer.knobs import (
+    CORRECTIONS,
+    METHODS,
+    check_count,
+    check_model,
+    check_schedule,
+)
 from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import RunSettings
@@ -266,8 +272,7 @@ class AutoSpec:
         schedule: Schedule | Mapping | None = None,
         **knobs: Any,
     ):
-        if not callable(model):
-            raise TypeError(f"model must be callable; got {type(model).__name__}")
+        check_model(model, "AutoSpec")
         check_count("num_samples", num_samples, 1)
         check_count("num_chains", num_chains, 1)
         check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
@@ -385,6 +390,12 @@ class AutoSpec:
         A run that raises (a failed self-check, an oracle or model error, ``KeyboardInterrupt``)
         leaves no draws behind: the draws of any earlier run are discarded when a run starts,
         and :meth:`get_samples` and the other readers raise until a run succeeds.
+
+        With an int ``seed``, every ``run`` with the same arguments gives the same draws (the
+        draws are keyed by the seed, not taken from a stream): unlike ``pyro.infer.MCMC``,
+        calling ``run`` again does not give new draws. For more draws raise ``num_samples``
+        or ``num_chains``, or build with another seed; with ``seed=None`` each run takes a
+        fresh seed from Pyro's global generator (``pyro.set_rng_seed``).
         """
         # Forget the previous run first: a failure below must not leave its draws readable.
         self._run, self.run_kind, self._failure = None, None, None

@@ -54,7 +54,7 @@ def warn_scales(layout: SiteLayout) -> None:
     """Warn once per run that scaled sites make the target the scaled density."""
     if not layout.scales:
         return
-    sites = ", ".join(f"'{k}' (x{v:.3g})" for k, v in layout.scales.items())
+    sites = ", ".join(f"'{k}' (mean scale {v:.3g})" for k, v in layout.scales.items())
     warnings.warn(
         f"Sites {sites} are scaled (poutine.scale, or a plate with a fixed subsample): the "
         f"draws follow the scaled density exp(sum of scale * log p), as pyro.infer.MCMC does, "
@@ -120,9 +120,21 @@ class DiscreteRun(RunBase):
         source = self.oracle if self.guide is None else guide_for_call(self.guide, args, kwargs)
         plan = None
         if self._wants_ffbs():
+            too_large: list[str] = []
             with self.stage("compiling"):
                 oracle = self._ffbs_oracle(args, kwargs)
-                plan = plan_ffbs(oracle)
+                plan = plan_ffbs(oracle, too_large)
+            if plan is None and self.sampler == "auto" and too_large:
+                warnings.warn(
+                    f"forward filtering, backward sampling does not fit this model: "
+                    f"{too_large[0]}. The any-order engine runs instead, and each of its "
+                    f"oracle rows is a contraction of the model's factors of about that size, "
+                    f"so the run may be slow. A learned guide needs no enumeration: guide = "
+                    f"AnyOrderGuide(model, args); guide.fit_posterior(*args); AutoSpec(model, "
+                    f"guide=guide, correction='imh')",
+                    UserWarning,
+                    stacklevel=user_stacklevel(),
+                )
             if plan is None and self.sampler == "ffbs":
                 raise ValueError(
                     "sampler='ffbs' needs an elimination of the model's discrete sites that "

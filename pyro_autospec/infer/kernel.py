@@ -16,7 +16,7 @@ from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
-from pyro_autospec.infer.knobs import check_count, check_schedule
+from pyro_autospec.infer.knobs import check_count, check_model, check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
 from pyro_autospec.infer.self_check import SelfCheck, reference_log_normalizer
@@ -184,6 +184,7 @@ class AutoSpecKernel(MCMCKernel):
     ):
         check_count("draws_per_run", draws_per_run, 1)
         self.device = None if device is None else check_device(device)
+        check_model(model, "AutoSpecKernel")
         check_count("max_plate_nesting", max_plate_nesting, 0, optional=True)
         self.user_model = model
         self.model = _ModelWithNativeDtypes(model)

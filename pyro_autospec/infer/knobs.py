@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DISCRETE,
@@ -18,7 +20,14 @@ from pyro_autospec.engine.methods import (
     method_names,
 )
 
-__all__ = ["CORRECTIONS", "METHODS", "SCHEDULE_KNOBS", "check_count", "check_schedule"]
+__all__ = [
+    "CORRECTIONS",
+    "METHODS",
+    "SCHEDULE_KNOBS",
+    "check_count",
+    "check_model",
+    "check_schedule",
+]
 
 #: The engine's schedule knobs on ``[q]^n`` and on diffusions (each method accepts its own;
 #: the engine checks).
@@ -78,3 +87,30 @@ def check_count(name: str, value: Any, minimum: int, optional: bool = False) -> 
     if not is_count(value, minimum):
         none = " or None" if optional else ""
         raise ValueError(f"{name} must be an int >= {minimum}{none}; got {value!r}")
+
+
+def check_model(model: Any, what: str) -> None:
+    """Refuse anything but a Pyro model (a callable): an MCMC kernel such as ``NUTS(model)``,
+    which is callable too, failed deep inside Pyro's integrator.
+
+    Examples
+    --------
+    >>> check_model(print, "AutoSpec")
+    >>> check_model(3, "AutoSpec")
+    Traceback (most recent call last):
+    ...
+    TypeError: AutoSpec's model must be callable (a Pyro model); got int
+    """
+    if isinstance(model, MCMCKernel):
+        inner = getattr(model, "model", None)
+        name = getattr(inner, "__name__", "model")
+        raise TypeError(
+            f"{what} takes the Pyro model itself, not an MCMC kernel ({type(model).__name__}): "
+            f"{what}({name}, ...); to run the discrete sites inside pyro.infer.MCMC, use "
+            f"MCMC(AutoSpecKernel({name}), ...). A model with continuous sites gets NUTS from "
+            f"AutoSpec itself (options as nuts_kwargs={{...}})"
+        )
+    if not callable(model):
+        raise TypeError(
+            f"{what}'s model must be callable (a Pyro model); got {type(model).__name__}"
+        )

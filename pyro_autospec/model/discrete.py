@@ -585,8 +585,28 @@ def _check_continuous_parents(
                 f"before it and select with '{first}' (e.g. `with pyro.plate('{name}_per_value', "
                 f"K): values = pyro.sample('{name}', ...)`, then `Vindex(values)[..., {first}]`), "
                 f"as a mixture's component parameters are; or condition '{name}' on a value with "
-                f"poutine.condition."
+                f"poutine.condition.{_continuous_site_hints(name, node)}"
             )
+
+
+def _continuous_site_hints(name: str, node: dict) -> str:
+    """What else a continuous site that depends on a discrete one may have meant to be."""
+    hints = [
+        f" If '{name}' is an observation, it was given obs=None here (data=None, as in a "
+        f"prior-predictive call), which makes it a latent site: AutoSpec draws the posterior "
+        f"given data; for draws from the prior use pyro.infer.Predictive(model, "
+        f"num_samples=...)."
+    ]
+    fn = node["fn"]
+    while not isinstance(fn, dist.Delta) and hasattr(fn, "base_dist"):  # masked, expanded
+        fn = fn.base_dist
+    if isinstance(fn, dist.Delta):
+        hints.append(
+            f" A Delta site that is a function of discrete sites is a deterministic value: "
+            f"record it with pyro.deterministic('{name}', value), which AutoSpec returns with "
+            f"the draws."
+        )
+    return "".join(hints)
 
 
 def discover_sites(

@@ -201,13 +201,16 @@ def _elimination_order(scopes: list, has: list, support: list) -> list:
     return order
 
 
-def plan_ffbs(oracle) -> FFBSPlan | None:
+def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
     """Variable elimination over a compiled :class:`~pyro_autospec.model.enum.EnumOracle`.
 
     Parameters
     ----------
     oracle : EnumOracle
         Compiled for one target (not a family of continuous draws).
+    too_large : list, optional
+        Where the elimination is refused for its size, a sentence saying so is appended
+        (the other refusals add nothing: they are structural, not costly).
 
     Returns
     -------
@@ -296,6 +299,12 @@ def plan_ffbs(oracle) -> FFBSPlan | None:
         entries = math.prod(shape)
         total += entries
         if entries > MAX_BUCKET_ENTRIES or total > MAX_TOTAL_ENTRIES:
+            if too_large is not None:
+                too_large.append(
+                    f"eliminating site '{specs[site].name}' needs a table of {entries:,} "
+                    f"entries (at most {MAX_BUCKET_ENTRIES:,}; {total:,} in all, at most "
+                    f"{MAX_TOTAL_ENTRIES:,})"
+                )
             return None
         table = torch.zeros(shape, dtype=torch.float64, device=device)
         for t, ss in factors:

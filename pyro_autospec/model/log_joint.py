@@ -390,6 +390,16 @@ def _evaluate_batched(
         tolerance = 64 * torch.finfo(out.dtype).eps * (1.0 + float(out.magnitude[0]))
         a, b = float(alone.total[0]), float(out.total[0])
         if not (abs(a - b) <= tolerance or (math.isinf(a) and a == b)):
+            again = float(_run_chunk(job.only_latent(), one, 1).total[0])
+            if not (abs(again - a) <= tolerance or (math.isinf(a) and a == again)):
+                raise AutoSpecModelError(
+                    f"log p(x, data) of one draw is {a:.6g}, then {again:.6g} when the model "
+                    f"is run again on the same values: the model draws random numbers that no "
+                    f"pyro.sample site records (torch.randn, torch.rand, a distribution's "
+                    f".sample(), NumPy's random), so its density is not a function of its "
+                    f"sites and no sampler can be exact for it. Make each such number a "
+                    f"sample site of the model (pyro.sample), or pass it in as data."
+                )
             raise AutoSpecModelError(
                 f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "
                 + _MIXED_DRAWS

@@ -447,6 +447,14 @@ def structure_error(
             f"(torch.tensor(..., device=data.device)), or set torch.set_default_device(...) "
             f"before building and running the model."
         )
+    if "can't be cast to the desired output type" in reason or "two bool tensors" in reason:
+        return DynamicStructureError(
+            f"Running the model {what} failed{last}: {reason}. A site's value has a dtype its "
+            f"distribution cannot score (Pyro computes the log densities after the model has "
+            f"run, so this need not be the last site): Bernoulli and Binomial observations "
+            f"must be floating point, as in a plain Pyro run, whose log_prob_sum() fails the "
+            f"same way. Pass the data as floats (y.float())."
+        )
     if "within the support" in reason:
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason}. An observed value lies outside "

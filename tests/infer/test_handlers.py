@@ -118,7 +118,7 @@ def scaled(y):
 def test_scale_draws_follow_the_scaled_density_and_say_so():
     y = torch.tensor(0.4)
     with pytest.warns(
-        UserWarning, match=r"'y' \(x3\) are scaled.*lp includes the scales"
+        UserWarning, match=r"'y' \(mean scale 3\) are scaled.*lp includes the scales"
     ) as caught:
         fit = sample(scaled, y, num_samples=3000)
     assert caught[0].filename == __file__  # points at the line that called run()

@@ -511,3 +511,56 @@ def test_a_continuous_only_model_is_told_so_before_its_unplated_data():
 
     with pytest.raises(AutoSpecModelError, match="that no `pyro.plate` declares"):
         run(with_a_discrete_site, torch.zeros(3))
+
+
+def _bernoulli_data(y):
+    z = pyro.sample("z", dist.Bernoulli(0.4))
+    with pyro.plate("d", len(y)):
+        pyro.sample("y", dist.Bernoulli(0.2 + 0.6 * z), obs=y)
+
+
+@pytest.mark.parametrize("data", [torch.tensor([1, 0, 1]), torch.tensor([True, False, True])])
+def test_integer_or_bool_bernoulli_data_are_named_as_a_dtype_problem(data):
+    """An outside test: the message blamed Python branching and plate reductions."""
+    with pytest.raises(DynamicStructureError) as info:
+        run(_bernoulli_data, data)
+    text = str(info.value)
+    assert "dtype its distribution cannot score" in text and "y.float()" in text
+    assert "control flow" not in text
+    run(_bernoulli_data, data.float())
+
+
+def test_random_numbers_drawn_outside_sample_sites_are_named():
+    """It was reported as a plate reduction (.sum(-1)) that mixes draws."""
+
+    def noisy(y):
+        z = pyro.sample("z", dist.Bernoulli(0.4))
+        noise = torch.randn(())
+        pyro.sample("y", dist.Normal(z + noise, 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="random numbers that no pyro.sample site"):
+        run(noisy, torch.tensor(0.3), num_samples=20, seed=0)
+
+
+def test_a_kernel_passed_as_the_model_is_refused_with_the_way_out():
+    """AutoSpec(NUTS(model)) failed inside Pyro's integrator ('Tensor' has no 'items')."""
+    from pyro.infer import NUTS
+
+    from pyro_autospec.infer import AutoSpecKernel
+
+    for build in (lambda m: AutoSpec(m, 5), AutoSpecKernel):
+        with pytest.raises(TypeError, match=r"not an MCMC kernel \(NUTS\).*AutoSpecKernel"):
+            build(NUTS(_bernoulli_data))
+
+
+def test_a_prior_predictive_call_and_a_delta_site_are_given_their_way_out():
+    def model(data=None):
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+        with pyro.plate("p", 3):
+            pyro.sample("obs", dist.Normal(z, 1.0), obs=data)
+            pyro.sample("w", dist.Delta(2.0 * z))
+
+    with pytest.raises(UnsupportedSiteError, match="obs=None.*pyro.infer.Predictive"):
+        run(model, None)
+    with pytest.raises(UnsupportedSiteError, match=r"pyro.deterministic\('w', value\)"):
+        run(model, torch.zeros(3))
