@@ -755,7 +755,9 @@ class AutoSpec:
             ``"ffbs"`` or the engine's method (``results[0].method``; for a mixed model, the
             method that drew them given each continuous draw, while ``"continuous_sampler"``
             names NUTS; for a diffusion guide, the diffusion's method). With a guide or a
-            correction also ``"khat"`` and ``"weights_ess"`` (per chain and ``"all"``) and
+            correction also ``"khat"``, ``"weights_ess"`` and ``"weights_draws"`` (the guide
+            draws weighed, IMH's warm-up included: the ESS's denominator; per chain and
+            ``"all"``) and
             ``"imh_acceptance"`` (the IMH chains' mean acceptance probability, or its estimate
             from the weights), all from
             :func:`~pyro_autospec.diagnostics.weights.weight_diagnostics` (and for ``"imh"``

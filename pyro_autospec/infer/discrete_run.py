@@ -332,12 +332,15 @@ class DiscreteRun(RunBase):
         khat = dict(zip(chains, diag.khat_per_chain, strict=True))
         ess = dict(zip(chains, diag.weights_ess_per_chain, strict=True))
         khat["all"], ess["all"] = diag.khat, diag.weights_ess
-        return {"khat": khat, "weights_ess": ess, "num_draws": diag.num_draws // len(chains)}
+        per = diag.num_draws // len(chains)
+        draws = {**dict.fromkeys(chains, per), "all": diag.num_draws}
+        return {"khat": khat, "weights_ess": ess, "num_draws": per, "weights_draws": draws}
 
     def guide_report(self) -> Extras:
         """Everything the guide run adds to the summaries, from one place.
 
-        ``diagnostics()`` gets ``khat`` and ``weights_ess`` (per chain and ``"all"``),
+        ``diagnostics()`` gets ``khat``, ``weights_ess`` and ``weights_draws`` (the guide draws
+        weighed, warm-up included: the ESS's denominator; per chain and ``"all"``),
         ``imh_acceptance`` and (IMH) the per-chain ``acceptance rate``; ArviZ's ``sample_stats``
         gets ``log_weight`` (and, IMH, ``acceptance_rate``) per draw, and every group the
         attributes ``pareto_khat``, ``weights_ess``, ``imh_acceptance`` and ``correction``;
@@ -350,6 +353,8 @@ class DiscreteRun(RunBase):
         per_chain = self.weight_diagnostics()
         report.diagnostics["khat"] = per_chain["khat"]
         report.diagnostics["weights_ess"] = per_chain["weights_ess"]
+        # the ESS's denominator: every guide draw weighed (IMH's warm-up included)
+        report.diagnostics["weights_draws"] = per_chain["weights_draws"]
         report.diagnostics["imh_acceptance"] = diag.imh_acceptance
         if "log_weight" in self.extra:
             report.sample_stats["log_weight"] = self.extra["log_weight"]

@@ -140,6 +140,11 @@ def test_khat_ess_and_imh_acceptance_reach_summary_and_arviz(mediocre_guide, cor
     diag = autospec.diagnostics()
     lw = autospec.get_extra_fields(group_by_chain=True)["log_weight"]
     assert 0.0 < diag["imh_acceptance"] <= 1.0
+    # the ESS's denominator: every weighed guide draw (IMH: its warm-up too)
+    weighed = autospec._run.guide_log_weight.shape[-1]
+    assert diag["weights_draws"]["all"] == NUM_CHAINS * weighed
+    assert diag["weights_draws"]["chain 0"] == weighed
+    assert diag["weights_ess"]["all"] <= diag["weights_draws"]["all"]
     stats = autospec.to_inference_data().sample_stats
     assert stats.attrs["pareto_khat"] == diag["khat"]["all"] < 0.7
     assert stats.attrs["weights_ess"] == diag["weights_ess"]["all"]
