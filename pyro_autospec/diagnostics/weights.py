@@ -39,6 +39,8 @@ __all__ = [
     "imh_acceptance_estimate",
     "pareto_khat",
     "psis",
+    "tail_values",
+    "tied_tail",
     "weight_diagnostics",
     "weights_ess",
 ]
@@ -52,9 +54,10 @@ KHAT_BAD = 0.7
 FLAT_LOG_WEIGHTS = math.log(2.0)
 #: Below this acceptance rate independent Metropolis-Hastings chains stick.
 IMH_ACCEPTANCE_LOW = 0.1
-#: A tail (the largest weights a Pareto fit reads) holding fewer distinct values than this is
-#: not continuous: draws of a small discrete space revisit the same values, and the fit to
-#: them is noise (k-hat 1 to inf on weights whose ESS was 75%). Its k-hat is ``nan``.
+#: A tail (the largest weights a Pareto fit reads) holding fewer distinct values than this (and
+#: than half the tail) is not continuous: draws of a small discrete space revisit the same
+#: values, and the fit to them is noise (k-hat 1 to inf on weights whose ESS was 75%). Its
+#: k-hat is ``nan`` (:func:`tied_tail`).
 MIN_TAIL_VALUES = 20
 #: Where k-hat is unavailable for a tied tail, a weights' ESS below this share of the draws
 #: is what warns.
@@ -81,8 +84,8 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
         Smoothed log weights, normalised so that ``exp(smoothed).sum() == 1``.
     khat : float
         The Pareto shape estimate: ``nan`` where it cannot be estimated (fewer than 5 draws,
-        or a tail of fewer than :data:`MIN_TAIL_VALUES` distinct values: those weights are not
-        smoothed); ``-inf`` for weights within a factor of 2 of each other
+        or a tail of a few tied values, :func:`tied_tail`: those weights are not smoothed);
+        ``-inf`` for weights within a factor of 2 of each other
         (:data:`FLAT_LOG_WEIGHTS`: no tail to fit).
 
     Examples
@@ -109,7 +112,7 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
         # normalised as they are, without smoothing.
         out[finite] = lw[finite] - np.logaddexp.reduce(lw[finite])
         return out, -math.inf
-    if tail_values(lw[finite]) < MIN_TAIL_VALUES:
+    if tied_tail(lw[finite]):
         # Ties in the tail: the draws revisit a few values (a small discrete space), whose
         # weights are bounded; a Pareto fit to them is noise, and smoothing by it would move
         # weight between the revisited values. They are normalised as they are.
@@ -125,6 +128,22 @@ def psis(log_weight) -> tuple[np.ndarray, float]:
 def _tail_size(num: int) -> int:
     """How many of ``num`` weights the Pareto fit reads (ArviZ's ``psislw``, ``r_eff = 1``)."""
     return int(math.ceil(min(0.2 * num, 3.0 * math.sqrt(num))))
+
+
+def tied_tail(log_weight) -> bool:
+    """Whether the tail a Pareto fit reads is a few tied values: fewer distinct ones than
+    :data:`MIN_TAIL_VALUES` and than half the tail (a tail of 19 weights, that of 95 draws or
+    fewer, is fitted unless it repeats itself).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> tied_tail(np.arange(1000.0) % 3), tied_tail(np.arange(80.0)), tied_tail(np.arange(80.0) % 5)
+    (True, False, True)
+    """
+    lw = _as_numpy(log_weight).reshape(-1)
+    size = _tail_size(int(np.isfinite(lw).sum()))
+    return tail_values(lw) < min(MIN_TAIL_VALUES, size / 2)
 
 
 def tail_values(log_weight) -> int:
@@ -413,6 +432,8 @@ def weight_diagnostics(
         finite = int(np.isfinite(pooled).sum())
         unavailable = f"fewer than 5 draws of nonzero weight ({finite})"
         if finite >= 5:
+            unavailable = "the Pareto fit failed"
+        if finite >= 5 and tied_tail(pooled):
             unavailable = (
                 f"the {_tail_size(finite)} largest weights take {tail_values(pooled)} distinct "
                 f"values (draws of a small discrete space, revisited): no continuous tail to "

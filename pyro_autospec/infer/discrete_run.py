@@ -325,7 +325,9 @@ class DiscreteRun(RunBase):
     def weight_diagnostics(self) -> dict[str, Any]:
         """Pareto k-hat and ESS of the guide draws' importance weights, per chain and pooled.
 
-        With fewer than 5 draws per chain the k-hat is NaN (reported as unavailable).
+        With fewer than 5 draws per chain, or where the largest weights are a few tied values
+        (:func:`~pyro_autospec.diagnostics.weights.tied_tail`), the k-hat is NaN (reported as
+        unavailable, with the reason).
         """
         diag = self.guide_diagnostics()
         chains = [f"chain {i}" for i in range(len(diag.khat_per_chain))]

@@ -118,7 +118,7 @@ class AutoSpecKernel(MCMCKernel):
     together with the first draws of the run (of every chain that ``MCMC`` runs in this
     process with the same arguments), so that one draw per engine run is still compared. An
     ``oracle=`` without ``log_normalizer()`` is compared with ``log Z`` from an exact
-    elimination of the model's discrete sites where it fits
+    elimination of the model's discrete sites where it fits and is cheap
     (:func:`~pyro_autospec.infer.self_check.reference_log_normalizer`). A failure raises
     :class:`~pyro_autospec.infer.self_check.SelfCheckError` from ``mcmc.run``.
 

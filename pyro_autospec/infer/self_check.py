@@ -7,9 +7,9 @@ a run. :func:`check_exact_draws` tests one batch within a rounding tolerance;
 
 Draws compared only with each other cannot show an oracle that leaves out part of the
 posterior: ``q(x) = p(x, data) / Z_S`` on a subset ``S`` of the values gives the one constant
-``log Z_S`` on every draw. Where the model's discrete sites can be eliminated exactly,
-:func:`reference_log_normalizer` gives ``log Z`` itself, and an oracle passed as ``oracle=`` is
-checked against it (so is a single draw).
+``log Z_S`` on every draw. Where the model's discrete sites can be eliminated exactly and
+enumerating them is cheap, :func:`reference_log_normalizer` gives ``log Z`` itself, and an
+oracle passed as ``oracle=`` is checked against it (so is a single draw).
 """
 
 from __future__ import annotations
@@ -22,7 +22,14 @@ import torch
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.ffbs import plan_ffbs
 
-__all__ = ["SelfCheck", "SelfCheckError", "check_exact_draws", "reference_log_normalizer"]
+__all__ = [
+    "MAX_REFERENCE_ENTRIES",
+    "SelfCheck",
+    "SelfCheckError",
+    "check_exact_draws",
+    "enumeration_bound",
+    "reference_log_normalizer",
+]
 
 
 class SelfCheckError(RuntimeError):
@@ -234,6 +241,40 @@ class SelfCheck:
         return self.max_error
 
 
+#: The largest :func:`enumeration_bound` for which :func:`reference_log_normalizer` enumerates
+#: the model (2^24 entries: 64 MiB of float32 per table, well under a second per operation).
+MAX_REFERENCE_ENTRIES = 2**24
+
+
+def enumeration_bound(layout: Any) -> int:
+    """An upper bound on the entries of any table Pyro's parallel enumeration of the model builds.
+
+    Every discrete site is enumerated in its own dim (``support_size`` values); a table holds
+    at most all of them times every plate dim, each at its largest size over the latent and
+    observed sites (sites at one dim share a plate, or belong to plates that never meet in
+    one table). A chain written with ``pyro.markov`` builds far smaller tables than this.
+
+    Examples
+    --------
+    >>> import torch, pyro, pyro.distributions as dist
+    >>> from pyro_autospec.model import discover_sites
+    >>> def model(y):
+    ...     z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+    ...     w = pyro.sample("w", dist.Bernoulli(0.5))
+    ...     with pyro.plate("data", len(y)):
+    ...         pyro.sample("y", dist.Normal(z + w, 1.0), obs=y)
+    >>> enumeration_bound(discover_sites(model, (torch.zeros(10),)))
+    60
+    """
+    entries = math.prod(site.support_size for site in layout.sites)
+    shapes = [site.batch_shape for site in layout.sites]
+    shapes += [torch.Size(shape) for shape in layout.observed_batch_shapes.values()]
+    rank = max((len(shape) for shape in shapes), default=0)
+    for dim in range(1, rank + 1):
+        entries *= max(shape[-dim] if len(shape) >= dim else 1 for shape in shapes)
+    return entries
+
+
 def reference_log_normalizer(
     model: Any, args: tuple, kwargs: dict, layout: Any, device: Any = None
 ) -> float | None:
@@ -256,9 +297,12 @@ def reference_log_normalizer(
     Returns
     -------
     float or None
-        ``None`` where Pyro's enumeration of the model fails, the elimination does not fit
-        (:func:`~pyro_autospec.model.ffbs.plan_ffbs`: buckets of at most 2^22 entries) or
-        ``log Z`` is not finite; then the draws are compared with each other only.
+        ``None`` where enumerating the model could need tables larger than
+        :data:`MAX_REFERENCE_ENTRIES` (:func:`enumeration_bound`: checked before the model is
+        traced, since Pyro's enumeration builds them while the model runs, where no limit
+        applies), where Pyro's enumeration of the model fails, where the elimination does not
+        fit (:func:`~pyro_autospec.model.ffbs.plan_ffbs`) or ``log Z`` is not finite; then
+        the draws are compared with each other only.
 
     Examples
     --------
@@ -271,6 +315,8 @@ def reference_log_normalizer(
     >>> abs(log_z - math.log(0.75 + 0.25 * math.exp(2.0))) < 1e-6
     True
     """
+    if enumeration_bound(layout) > MAX_REFERENCE_ENTRIES:
+        return None
     try:
         oracle = EnumOracle(model, args, kwargs, layout=layout, device=device, lazy=True)
         plan = plan_ffbs(oracle)

@@ -147,3 +147,13 @@ def test_a_tied_tail_with_a_small_weights_ess_warns():
     diag = weight_diagnostics(lw, correction="importance")
     assert math.isnan(diag.khat) and diag.weights_ess < 0.1 * 4000
     assert "the weights' ESS is" in diag.warning() and "cannot be trusted" in diag.warning()
+
+
+def test_a_short_tail_without_ties_is_still_fitted():
+    """The tail of 95 draws or fewer holds at most 19 weights: without ties it is fitted (an
+    outside review: every run of 5 to 95 draws had lost its k-hat, and a heavy tail its
+    warning)."""
+    heavy = np.random.default_rng(3).standard_t(1.0, size=80) * 0.8
+    diag = weight_diagnostics(heavy, correction="importance")
+    assert diag.khat >= 0.7 and "cannot be trusted" in diag.warning()
+    assert not math.isnan(pareto_khat(np.random.default_rng(0).normal(size=30)))
