@@ -33,6 +33,17 @@ class Uniform:
         return torch.full((values.shape[0], 2, 2), -math.log(2.0), dtype=torch.float64)
 
 
+class Truncated:
+    """Exact for ``biased`` on the values with ``z[0] = 1`` only: ``log p - log q`` is the one
+    constant ``log 0.95`` on every draw, so draws compared with each other agree."""
+
+    num_coords, num_values = 2, 2
+
+    def log_marginals(self, values, mask):
+        rows = torch.tensor([[0.0, 1.0], [0.05, 0.95]], dtype=torch.float64).log()
+        return rows.expand(values.shape[0], 2, 2).clone()
+
+
 def _fit(num_samples, num_chains, seed=0):
     return AutoSpec(
         biased,
@@ -44,13 +55,24 @@ def _fit(num_samples, num_chains, seed=0):
     )
 
 
-def test_one_draw_per_chain_is_checked_across_chains():
+@pytest.fixture
+def without_log_z(monkeypatch):
+    """No reference ``log Z`` (as for a model too costly to enumerate): the draws are compared
+    with each other only, which is what pooling is for."""
+    import pyro_autospec.infer.discrete_run as discrete_run
+    import pyro_autospec.infer.kernel as kernel
+
+    for module in (discrete_run, kernel):
+        monkeypatch.setattr(module, "reference_log_normalizer", lambda *args: None)
+
+
+def test_one_draw_per_chain_is_checked_across_chains(without_log_z):
     """Four chains of one draw: the check must compare the four draws (it used to pass)."""
-    with pytest.raises(SelfCheckError, match="NOT exact"):
+    with pytest.raises(SelfCheckError, match="varies across draws.*NOT exact"):
         _fit(1, 4).run()
 
 
-def test_pooled_and_single_chain_agree():
+def test_pooled_and_single_chain_agree(without_log_z):
     """The same number of draws raises whether they come in one chain or in several."""
     with pytest.raises(SelfCheckError):
         _fit(4, 1).run()
@@ -64,19 +86,23 @@ def test_a_passing_run_reports_the_pooled_deviation(capsys):
     assert "Self-check passed" in capsys.readouterr().out
 
 
-def test_kernel_runs_the_self_check():
-    """AutoSpecKernel checks its draws like AutoSpec (it skipped the check)."""
-    kernel = AutoSpecKernel(biased, oracle=Uniform(), seed=0, draws_per_run=8)
+@pytest.mark.parametrize(
+    "oracle, draws_per_run, reference, match",
+    [
+        # AutoSpecKernel checks its draws like AutoSpec (it skipped the check)
+        (Uniform, 8, False, "varies across draws"),
+        # one draw per engine run: the check compares the draws of successive runs
+        (Uniform, 1, False, "varies across draws"),
+        # exact on part of the posterior: only log Z shows it
+        (Truncated, 8, True, "differs from the log normaliser"),
+    ],
+)
+def test_kernel_runs_the_self_check(oracle, draws_per_run, reference, match, request):
+    if not reference:
+        request.getfixturevalue("without_log_z")
+    kernel = AutoSpecKernel(biased, oracle=oracle(), seed=0, draws_per_run=draws_per_run)
     mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
-    with pytest.raises(SelfCheckError, match="NOT exact"):
-        mcmc.run()
-
-
-def test_kernel_pools_draws_across_engine_runs():
-    """One draw per engine run: the check compares the draws of successive runs."""
-    kernel = AutoSpecKernel(biased, oracle=Uniform(), seed=0, draws_per_run=1)
-    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
-    with pytest.raises(SelfCheckError, match="NOT exact"):
+    with pytest.raises(SelfCheckError, match=f"{match}.*NOT exact"):
         mcmc.run()
 
 
@@ -120,17 +146,6 @@ def test_kernel_starts_a_new_check_for_new_data():
     assert kernel.max_self_check_error < 1e-6
 
 
-class Truncated:
-    """Exact for ``biased`` on the values with ``z[0] = 1`` only: ``log p - log q`` is the one
-    constant ``log 0.95`` on every draw, so draws compared with each other agree."""
-
-    num_coords, num_values = 2, 2
-
-    def log_marginals(self, values, mask):
-        rows = torch.tensor([[0.0, 1.0], [0.05, 0.95]], dtype=torch.float64).log()
-        return rows.expand(values.shape[0], 2, 2).clone()
-
-
 def test_an_oracle_exact_on_part_of_the_posterior_is_caught_against_log_z():
     """It passed the check with 3000 draws (an outside test): ``log Z`` by elimination."""
     for num_samples, num_chains in ((200, 2), (1, 1)):
@@ -144,13 +159,6 @@ def test_an_oracle_exact_on_part_of_the_posterior_is_caught_against_log_z():
         )
         with pytest.raises(SelfCheckError, match="differs from the log normaliser.*no mass"):
             fit.run()
-
-
-def test_the_kernel_checks_an_oracle_against_log_z():
-    kernel = AutoSpecKernel(biased, oracle=Truncated(), seed=0, draws_per_run=8)
-    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, num_chains=1, disable_progbar=True)
-    with pytest.raises(SelfCheckError, match="differs from the log normaliser"):
-        mcmc.run()
 
 
 class Exact:
@@ -171,11 +179,8 @@ def test_a_user_oracle_is_checked_against_log_z_and_the_summary_says_so(capsys):
     assert "equals log Z, from an exact elimination" in out and "one draw" in out
 
 
-def test_without_log_z_one_draw_warns_that_nothing_was_compared(monkeypatch, capsys):
+def test_without_log_z_one_draw_warns_that_nothing_was_compared(without_log_z, capsys):
     """Where the elimination does not fit, draws can only be compared with each other."""
-    import pyro_autospec.infer.discrete_run as discrete_run
-
-    monkeypatch.setattr(discrete_run, "reference_log_normalizer", lambda *args: None)
     with pytest.warns(UserWarning, match="the self-check compared nothing"):
         fit = AutoSpec(biased, 1, oracle=Truncated(), seed=0, disable_progbar=True).run()
     fit.summary()
