@@ -37,6 +37,17 @@ from pyro_autospec.model.tracing import enumerated, trace_model
 
 __all__ = ["MixedRun"]
 
+#: Said under Pyro's error when NUTS finds no starting point for the continuous sites.
+_NUTS_START_NOTE = (
+    "AutoSpec ran Pyro's NUTS on the continuous sites with the discrete sites summed out, and "
+    "Pyro found no initial values where that log density and its gradient are finite. Common "
+    "causes: a rate or probability that is exactly 0 for some value of a discrete site (a "
+    "zero-inflated Poisson written as Poisson(rate * (1 - z)): add a small constant, or use "
+    "pyro.distributions.ZeroInflatedPoisson), or data outside a distribution's support. Other "
+    "initial values go in nuts_kwargs={'init_strategy': pyro.infer.autoguide.init_to_value("
+    "values=...)}."
+)
+
 
 class MixedRun(RunBase):
     """NUTS on the continuous sites, exact autospeculation on the discrete sites given them.
@@ -111,7 +122,15 @@ class MixedRun(RunBase):
             )
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)  # from chain_seeds: in [0, 2**62)
-                mcmc.run(*args, **kwargs)
+                try:
+                    mcmc.run(*args, **kwargs)
+                except ValueError as error:
+                    if "cannot find valid initial params" in str(error) and hasattr(
+                        error,
+                        "add_note",  # Python 3.11+
+                    ):
+                        error.add_note(_NUTS_START_NOTE)
+                    raise
             draws = mcmc.get_samples()
             for name in continuous:
                 continuous[name].append(draws[name].detach())

@@ -639,6 +639,32 @@ def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
                     for g in other_frames:
                         if g.dim == frame.dim and g.name != frame.name:
                             clashes.append((name, frame, other, g))
+    if not clashes and trace is not None:
+        # a continuous site in a plate that a discrete site is outside of (an HMM's transition
+        # rows in a plate, indexed by the chain's state): indexing consumes the plate's dim
+        discrete = [
+            name
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample"
+            and site_role(site) == "latent"
+            and site["fn"].support.is_discrete
+        ]
+        for name in continuous:
+            for frame in frames.get(name, ()):
+                outside = [d for d in discrete if frame not in frames.get(d, ())]
+                if outside:
+                    return (
+                        f"A likely cause: the continuous site '{name}' lives in plate "
+                        f"'{frame.name}' (dim {frame.dim}), outside of which the discrete site "
+                        f"'{outside[0]}' is sampled: indexing '{name}' by it consumes that "
+                        f"dim, so a batch of draws of '{name}' moves onto it. To batch it, "
+                        f"sample '{name}' as one site outside the plate, the plate's dim made "
+                        f"an event dim: pyro.sample('{name}', <its distribution>.expand("
+                        f"[{frame.size}]).to_event(1)) (for Dirichlet rows, "
+                        f"dist.Dirichlet(torch.ones({frame.size}, K)).to_event(1)), and index "
+                        f"it with Vindex({name})[..., {outside[0]}, :] or "
+                        f"Vindex({name})[..., {outside[0]}]."
+                    )
     if not clashes:
         return (
             "To batch it, index with Vindex (pyro.ops.indexing) or ellipses, e.g. "

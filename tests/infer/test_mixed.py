@@ -226,3 +226,21 @@ def test_mixed_models_refuse_guides_and_custom_oracles():
         AutoSpec(change_point, num_samples=2, oracle=Oracle(), disable_progbar=True).run(
             CHANGE_DATA
         )
+
+
+@pytest.mark.skipif(not hasattr(ValueError(), "add_note"), reason="notes need Python 3.11")
+def test_nuts_without_a_starting_point_says_why_under_pyros_error():
+    """An outside test: a zero-inflated Poisson written as Poisson(rate * (1 - z)) stopped
+    with Pyro's bare 'cannot find valid initial params'."""
+
+    def zero_inflated(y):
+        rate = pyro.sample("rate", dist.Gamma(2.0, 1.0))
+        with pyro.plate("data", len(y)):
+            z = pyro.sample("z", dist.Bernoulli(0.3))
+            pyro.sample("y", dist.Poisson(rate * (1 - z)), obs=y)
+
+    fit = AutoSpec(zero_inflated, 5, warmup_steps=5, seed=0, disable_progbar=True)
+    with pytest.raises(ValueError, match="cannot find valid initial params") as info:
+        fit.run(torch.tensor([0.0, 3.0, 0.0, 2.0]))
+    note = " ".join(info.value.__notes__)
+    assert "exactly 0" in note and "ZeroInflatedPoisson" in note and "init_strategy" in note

@@ -564,3 +564,37 @@ def test_a_prior_predictive_call_and_a_delta_site_are_given_their_way_out():
         run(model, None)
     with pytest.raises(UnsupportedSiteError, match=r"pyro.deterministic\('w', value\)"):
         run(model, torch.zeros(3))
+
+
+def plated_rows(y):
+    """An HMM whose transition rows are sampled in a plate, indexed by the chain's state."""
+    with pyro.plate("rows", 2):
+        trans = pyro.sample("trans", dist.Dirichlet(torch.ones(2)))
+    x = 0
+    for t in pyro.markov(range(len(y))):
+        x = pyro.sample(f"x_{t}", dist.Categorical(Vindex(trans)[..., x, :]))
+        pyro.sample(f"y_{t}", dist.Normal(Vindex(torch.tensor([-1.0, 1.0]))[..., x], 1.0), obs=y[t])
+
+
+def vector_rows(y):
+    trans = pyro.sample("trans", dist.Dirichlet(torch.ones(2, 2)).to_event(1))
+    x = 0
+    for t in pyro.markov(range(len(y))):
+        x = pyro.sample(f"x_{t}", dist.Categorical(Vindex(trans)[..., x, :]))
+        pyro.sample(f"y_{t}", dist.Normal(Vindex(torch.tensor([-1.0, 1.0]))[..., x], 1.0), obs=y[t])
+
+
+def test_a_plate_of_transition_rows_is_named_in_the_warning():
+    """An outside test: the warning advised Vindex, which the model already used; the cause
+    is the plate of rows, which the chain's sites are outside of."""
+    y = torch.tensor([0.3, -1.2, 0.8, 1.1])
+    draws = {"trans": torch.full((4, 2, 2), 0.5)}
+    with pytest.warns(UserWarning) as record:
+        EnumOracle(plated_rows, (y,), continuous_values=draws)
+    text = " ".join(str(w.message) for w in record)
+    assert "'trans' lives in plate 'rows' (dim -1)" in text and "'x_0'" in text
+    assert "dist.Dirichlet(torch.ones(2, K)).to_event(1)" in text
+    assert "index with Vindex (pyro.ops.indexing) or ellipses" not in text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the advised form batches: no warning
+        EnumOracle(vector_rows, (y,), continuous_values=draws)
