@@ -306,6 +306,7 @@ def _run(s: _Settings) -> SampleResult:
     start_time = time.perf_counter()
     root = keys.seed_key(s.seed) if s.root_key is None else s.root_key
     draw_ids = torch.arange(num) if s.draw_ids is None else s.draw_ids
+    grad_enabled = torch.is_grad_enabled()
     evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name)
     times = torch.as_tensor(s.grid, dtype=torch.float64)
     chain = Chain(times, s.scale, dim, s.device)
@@ -326,7 +327,8 @@ def _run(s: _Settings) -> SampleResult:
     wall_time = time.perf_counter() - start_time
     final, paths, log_prob = out.final, out.paths, out.log_prob
     if s.method == "picard":
-        with torch.no_grad():
+        # in the caller's grad mode, as every drift call (a drift may differentiate inside)
+        with torch.set_grad_enabled(grad_enabled):
             log_prob = euler_maruyama_log_prob(
                 s.drift,
                 s.grid,
@@ -335,7 +337,7 @@ def _run(s: _Settings) -> SampleResult:
                 device=s.device,
                 dtype=s.dtype,
                 max_rows_per_call=s.knobs["max_rows_per_call"] or 65536,
-            )
+            ).detach()
         reference = follow_noise(chain, evaluate, x0, out.noise)
         error = (final - reference.to(final)).norm(dim=-1)
     if s.divide_by_time:
@@ -462,9 +464,11 @@ def sample_sde(
     **knobs
         The schedule's knobs; none changes the output law.
 
-        * Every method: ``max_rows_per_round`` (a cap on the rows of one round; the oldest
-          requests go first), ``max_rows_per_call`` (cut each round into oracle calls of at
-          most this many rows, for memory; still one round) and ``max_concurrent_draws``
+        * Every method: ``max_rows_per_round`` (a cap on the rows of one round: draws go
+          oldest first while their windows fit, and a round takes at least one draw's whole
+          window, up to ``max_block + 1`` rows, whatever the cap), ``max_rows_per_call``
+          (cut each round into oracle calls of at most this many rows, for memory; still one
+          round) and ``max_concurrent_draws``
           (continuous batching: new draws start as earlier ones finish).
         * ``"autospec"``: ``rule`` (``"token"``, the default, or ``"block"``).
           ``"token"`` verifies windows of frozen-drift steps step by step and redraws the first

@@ -139,7 +139,9 @@ class DriftEvaluator:
         self.name = name
         self.wide = torch.float32 if device.type == "mps" else torch.float64
         self.seconds = 0.0  # host seconds inside the drift
-        self._call_mode = calling(drift)  # out of the engine's inference mode, unless safe
+        # out of the engine's inference mode unless safe, in the grad mode of the sampler's
+        # caller (a drift may differentiate a potential: -grad U(x))
+        self._call_mode = calling(drift, torch.is_grad_enabled())
 
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rows = t.shape[0]

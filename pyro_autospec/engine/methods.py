@@ -153,8 +153,10 @@ class Schedule(Mapping):
     Parameters
     ----------
     max_rows_per_round : int or None
-        Every method: a cap on the rows of one round (the oldest requests go first); ``None``:
-        no cap.
+        Every method: a cap on the rows of one round: draws are taken oldest first while
+        their requests fit, and a round takes at least one draw's whole request, so a cap
+        below one request (a window: up to ``max_block + 1`` rows) is exceeded by one draw;
+        ``None``: no cap.
     max_concurrent_draws : int or None
         Every method: continuous batching, at most this many draws in flight.
     max_elements : int

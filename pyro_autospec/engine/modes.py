@@ -32,6 +32,14 @@ def _foreign(grad_enabled: bool) -> Iterator[None]:
         try:
             yield
         except RuntimeError as error:
+            if "requires_grad=True on inference tensor" in str(error):
+                raise OracleError(
+                    "The oracle (or drift) set requires_grad on a tensor created under "
+                    "inference mode: usually one of its inputs (values, mask, or a time or "
+                    "state), which are read-only. To differentiate with respect to an input, "
+                    "differentiate a copy: x = x.clone().requires_grad_() (under "
+                    "torch.enable_grad() if the sampler is called with grad off)."
+                ) from error
             if "Inplace update to inference tensor" not in str(error):
                 raise
             raise OracleError(

@@ -13,6 +13,7 @@ import torch
 
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
+from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import DISCRETE, METHODS
 from pyro_autospec.engine.modes import calling, engine_mode, ordinary
 from pyro_autospec.engine.protocols import is_inference_safe
@@ -119,7 +120,10 @@ class RecordingDrift:
 def test_diffusion_runs_foreign_drifts_outside_inference_mode(method):
     drift = RecordingDrift()
     result = sample_diffusion(drift, 4, num_steps=8, method=method, seed=0, return_paths=True)
-    assert drift.modes == {(False, False)}
+    assert drift.modes == {(False, True)}  # the caller's grad mode, as for an oracle (it was off)
+    with torch.no_grad():
+        sample_diffusion(drift, 4, num_steps=8, method=method, seed=0)
+    assert (False, False) in drift.modes
     for name in ("samples", "log_prob", "paths", "times", "error"):
         tensor = getattr(result, name)
         if tensor is not None:
@@ -147,3 +151,36 @@ def test_calling_and_ordinary():
     plain = torch.ones(2)
     assert ordinary(plain) is plain
     assert ordinary(None) is None
+
+
+def _double_well(x):
+    return (x**4 / 4 - x**2 / 2).sum(-1)
+
+
+def _autograd_drift(t, x):
+    """-grad U(x), written as users write a Langevin drift."""
+    x = x.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(_double_well(x).sum(), x)
+    return -grad
+
+
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_a_drift_may_differentiate_a_potential(method):
+    """An outside test: such a drift failed ('element 0 of tensors does not require grad'),
+    since drifts were called with grad off whatever the caller's mode."""
+    times = torch.linspace(0.0, 1.0, 17)
+    x0 = torch.tensor([[0.5, -0.2]], dtype=torch.float64).expand(8, 2)
+    by_hand = sample_sde(lambda t, x: x - x**3, times, x0, 8, seed=0, method=method)
+    result = sample_sde(_autograd_drift, times, x0, 8, seed=0, method=method)
+    torch.testing.assert_close(result.samples, by_hand.samples)
+
+
+def test_setting_requires_grad_on_an_input_names_the_copy():
+    def in_place(t, x):
+        x.requires_grad_()
+        (grad,) = torch.autograd.grad(_double_well(x).sum(), x)
+        return -grad
+
+    times = torch.linspace(0.0, 1.0, 9)
+    with pytest.raises(OracleError, match=r"x = x.clone\(\).requires_grad_\(\)"):
+        sample_sde(in_place, times, torch.zeros(2), 4, seed=0)
