@@ -154,8 +154,8 @@ class Schedule(Mapping):
     ----------
     max_rows_per_round : int or None
         Every method: a cap on the rows of one round: draws are taken oldest first while
-        their requests fit, and a round takes at least one draw's whole request, so a cap
-        below one request (a window: up to ``max_block + 1`` rows) is exceeded by one draw;
+        their requests fit, and a round takes at least one draw's whole request (a window's
+        rows), so a cap below one request is exceeded by that draw;
         ``None``: no cap.
     max_concurrent_draws : int or None
         Every method: continuous batching, at most this many draws in flight.
