@@ -27,7 +27,7 @@ import torch
 
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.methods import default_max_elements
-from pyro_autospec.engine.modes import calling, engine_mode
+from pyro_autospec.engine.modes import calling, engine_mode, foreign_inputs
 from pyro_autospec.engine.protocols import Capabilities
 from pyro_autospec.engine.rows import _tolerance as row_tolerance
 from pyro_autospec.engine.rows import then_pair
@@ -284,9 +284,13 @@ def check_consistency(
     pyro_autospec.engine.errors.OracleError: The oracle answers one conditional two ways: ...
     """
     caps = Capabilities.of(oracle) if capabilities is None else capabilities
-    probe = _Probe(oracle, torch.device(device), torch.is_grad_enabled(), caps)
+    grad_enabled = torch.is_grad_enabled()
+    probe = _Probe(oracle, torch.device(device), grad_enabled, caps)
+    # the oracle is called as the engine calls it: its inputs made in inference mode, unless it
+    # needs ordinary ones (the engine makes those outside it)
+    ordinary_inputs = foreign_inputs(oracle, grad_enabled, caps.inference_safe)
     try:
-        with engine_mode():  # the oracle is called as the engine calls it
+        with engine_mode(not ordinary_inputs):
             _check(probe)
     except _LeftToTheEngine:
         pass

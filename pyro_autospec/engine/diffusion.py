@@ -69,6 +69,7 @@ from pyro_autospec.engine.methods import (
     is_real,
     resolve_knobs,
 )
+from pyro_autospec.engine.modes import ordinary
 from pyro_autospec.engine.protocols import declares_consistent_queries
 from pyro_autospec.engine.reference import run_euler
 from pyro_autospec.engine.result import SampleResult
@@ -332,7 +333,7 @@ def _run(s: _Settings) -> SampleResult:
             log_prob = euler_maruyama_log_prob(
                 s.drift,
                 s.grid,
-                paths,
+                ordinary(paths) if grad_enabled else paths,  # a network may save them
                 scale=s.scale,
                 device=s.device,
                 dtype=s.dtype,

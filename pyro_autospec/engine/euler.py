@@ -31,7 +31,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.modes import calling
+from pyro_autospec.engine.modes import calling, foreign_inputs, ordinary
 
 __all__ = [
     "Chain",
@@ -142,6 +142,8 @@ class DriftEvaluator:
         # out of the engine's inference mode unless safe, in the grad mode of the sampler's
         # caller (a drift may differentiate a potential: -grad U(x))
         self._call_mode = calling(drift, torch.is_grad_enabled())
+        # and with grad enabled, on ordinary copies: autograd may save them (a network's input)
+        self._ordinary = foreign_inputs(drift, torch.is_grad_enabled())
 
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         rows = t.shape[0]
@@ -150,6 +152,8 @@ class DriftEvaluator:
         for i in range(0, rows, chunk):
             tt = t[i : i + chunk].to(device=self.device, dtype=self.dtype)
             xx = x[i : i + chunk].to(device=self.device, dtype=self.dtype)
+            if self._ordinary:
+                tt, xx = ordinary(tt), ordinary(xx)
             start = time.perf_counter()
             with self._call_mode():
                 out = self.drift(tt, xx)

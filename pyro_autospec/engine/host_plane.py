@@ -812,6 +812,8 @@ class _HostLockstep(_Lockstep):
         self.inputs = []
         for lane in self.calls:  # per call: its rows, the targets of every step [n, R, 1],
             rows = slice(int(lane[0]), int(lane[-1]) + 1)  # and torch views of its inputs
+            # (inference tensors: an oracle that borrows them and writes into them is refused;
+            # one that needs ordinary inputs gets copies, HostRows._call)
             targets = torch.from_numpy(self.coords[:, rows, None].copy())
             views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
             self.inputs.append((rows, targets, sampler.host._extra(lane), views))
@@ -826,8 +828,10 @@ class _HostLockstep(_Lockstep):
         # fresh inputs: the oracle may keep them, or write into them
         begin = time.perf_counter()
         values, mask = values.numpy().copy(), mask.numpy().copy()
-        values, mask = torch.from_numpy(values), torch.from_numpy(mask)
-        target, extra = targets[t].clone(), host._extra(self.calls[i])
+        with self.sampler.rows.tensor_mode():
+            values, mask = torch.from_numpy(values), torch.from_numpy(mask)
+            target = targets[t].clone()
+        extra = host._extra(self.calls[i])
         self.sampler.rows.seconds["inputs"] += time.perf_counter() - begin
         return host.targeted_out(values, mask, target, extra)
 

@@ -113,8 +113,10 @@ class HostRows:
         return np.empty((rows, self.n), dtype=dtype)
 
     def _up(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        return tensor if self.on_cpu else tensor.to(self.device)
+        """``array`` (fresh: nothing else writes it) as the oracle gets it, on its device."""
+        with self.rows.tensor_mode():
+            tensor = torch.from_numpy(array)
+            return tensor if self.on_cpu else tensor.to(self.device)
 
     def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
@@ -142,9 +144,11 @@ class HostRows:
                     values[a:b] = frames[lane[a]]
             else:
                 torch.from_numpy(values).copy_(torch.from_numpy(frames[rows]))
-            up = torch.from_numpy(values), torch.from_numpy(mask)
+            with self.rows.tensor_mode():  # fresh arrays: ordinary tensors need no copy
+                up = torch.from_numpy(values), torch.from_numpy(mask)
         else:  # upload the narrow values, widen them on the device
-            up = torch.from_numpy(frames[rows]).to(self.device).long(), self._up(mask)
+            with self.rows.tensor_mode():
+                up = torch.from_numpy(frames[rows]).to(self.device).long(), self._up(mask)
         self.rows.seconds["inputs"] += time.perf_counter() - start
         return up
 
@@ -184,6 +188,8 @@ class HostRows:
         return normalise_rows(host, valid, tol)
 
     def _call(self, method: str, *args, **extra):
+        if self.rows.ordinary_inputs:  # what was not made ordinary is copied
+            *args, extra = self.rows.oracle_inputs(*args, extra)
         start = time.perf_counter()
         with self.rows._call_mode():
             out = getattr(self.oracle, method)(*args, **extra)

@@ -20,7 +20,7 @@ import torch
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.protocols import is_inference_safe
 
-__all__ = ["calling", "engine_mode", "ordinary"]
+__all__ = ["calling", "engine_mode", "foreign_inputs", "ordinary", "tensor_mode"]
 
 #: Decorator and context manager for the engine's own loops.
 engine_mode = torch.inference_mode
@@ -39,6 +39,14 @@ def _foreign(grad_enabled: bool) -> Iterator[None]:
                     "state), which are read-only. To differentiate with respect to an input, "
                     "differentiate a copy: x = x.clone().requires_grad_() (under "
                     "torch.enable_grad() if the sampler is called with grad off)."
+                ) from error
+            if "Inference tensors cannot be saved for backward" in str(error):
+                raise OracleError(
+                    "The oracle (or drift) used a tensor created under inference mode in "
+                    "computation that autograd records (it is called in the grad mode of the "
+                    "sampler's caller): usually a tensor of its own made inside "
+                    "torch.inference_mode(). Make it outside inference mode, or call the "
+                    "sampler under torch.no_grad() if the oracle needs no gradients."
                 ) from error
             if "Inplace update to inference tensor" not in str(error):
                 raise
@@ -93,3 +101,36 @@ def ordinary(tensor: torch.Tensor | None) -> torch.Tensor | None:
         with torch.inference_mode(False):
             return tensor.clone()
     return tensor
+
+
+def foreign_inputs(oracle: object, grad_enabled: bool, inference_safe: bool | None = None) -> bool:
+    """Whether ``oracle`` must get ordinary tensors as inputs: it runs out of inference mode
+    with grad enabled (:func:`calling`), where autograd may save its inputs for backward (an
+    embedding of the values, a linear layer on a drift's state), which PyTorch refuses for an
+    inference tensor. The engine then makes those inputs outside inference mode, or copies
+    them (:func:`ordinary`).
+
+    Examples
+    --------
+    >>> class Plain:
+    ...     pass
+    >>> foreign_inputs(Plain(), True), foreign_inputs(Plain(), False)
+    (True, False)
+    """
+    safe = is_inference_safe(oracle) if inference_safe is None else inference_safe
+    return bool(grad_enabled) and not safe
+
+
+def tensor_mode(ordinary_inputs: bool):
+    """The context in which the engine makes an oracle's inputs from host arrays: out of
+    inference mode where the oracle needs ordinary tensors (:func:`foreign_inputs`), so that
+    ``torch.from_numpy`` gives one without a copy; else a no-op.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> with engine_mode(), tensor_mode(True)():
+    ...     torch.from_numpy(np.zeros(2)).is_inference()
+    False
+    """
+    return (lambda: torch.inference_mode(False)) if ordinary_inputs else contextlib.nullcontext

@@ -40,7 +40,7 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.memory import check_output_size
-from pyro_autospec.engine.modes import calling
+from pyro_autospec.engine.modes import calling, foreign_inputs, ordinary, tensor_mode
 from pyro_autospec.engine.protocols import Capabilities
 
 __all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
@@ -319,6 +319,9 @@ class OracleRows:
         # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
         self._call_mode = calling(oracle, self.grad_enabled, caps.inference_safe)
+        # and with grad enabled, on ordinary tensors: autograd may save them for backward
+        self.ordinary_inputs = foreign_inputs(oracle, self.grad_enabled, caps.inference_safe)
+        self.tensor_mode = tensor_mode(self.ordinary_inputs)
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
         self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
 
@@ -562,6 +565,17 @@ class OracleRows:
         targets = self.coords(draw, pos)
         return self._call_at(vals, mask, targets, draw, offsets.unsqueeze(0) < width.unsqueeze(1))
 
+    def oracle_inputs(self, *inputs):
+        """``inputs`` (tensors, and a dict of keyword tensors last) as the oracle gets them:
+        ordinary tensors where it needs them (:func:`~pyro_autospec.engine.modes.
+        foreign_inputs`; inference tensors are copied), else unchanged."""
+        if not self.ordinary_inputs:
+            return inputs
+        return tuple(
+            {k: ordinary(v) for k, v in x.items()} if isinstance(x, dict) else ordinary(x)
+            for x in inputs
+        )
+
     def _call_at(self, vals, mask, targets, draw, valid) -> Answer:
         """One call for the marginals of ``targets`` [R, W] given ``vals``, ``mask`` [R, n] of
         draws ``draw`` [R]; ``valid`` [R, W] (broadcast) marks the entries that are asked."""
@@ -569,11 +583,13 @@ class OracleRows:
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
         start = time.perf_counter()
         if self.targeted:
+            vals, mask, targets, extra = self.oracle_inputs(vals, mask, targets, extra)
             with self._call_mode():
                 out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (vals.shape[0], max_width, self.q), "log_marginals_at")
         else:
+            vals, mask, extra = self.oracle_inputs(vals, mask, extra)
             with self._call_mode():
                 out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
@@ -623,6 +639,7 @@ class OracleRows:
             extra = {"draws": self.draw_ids[part_draw]} if self.family else {}
             start = time.perf_counter()
             if then_width is None:
+                vals, mask, chain, extra = self.oracle_inputs(vals, mask, chain, extra)
                 with self._call_mode():
                     out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             else:
@@ -634,6 +651,7 @@ class OracleRows:
                     part_then > 0, part_cut + part_length, part_cut + part_length - 1
                 ).unsqueeze(1)
                 then = self.coords(part_draw, pos + reach.clamp(min=0))
+                vals, mask, chain, then, extra = self.oracle_inputs(vals, mask, chain, then, extra)
                 with self._call_mode():
                     out, after = then_pair(
                         self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)

@@ -175,12 +175,60 @@ def test_a_drift_may_differentiate_a_potential(method):
     torch.testing.assert_close(result.samples, by_hand.samples)
 
 
-def test_setting_requires_grad_on_an_input_names_the_copy():
+def test_setting_requires_grad_on_an_input_needs_grad_or_names_the_copy():
+    """With grad enabled the inputs are the drift's own copies; under no_grad they are the
+    engine's inference tensors, and setting requires_grad on one names the copy to make."""
+
     def in_place(t, x):
-        x.requires_grad_()
-        (grad,) = torch.autograd.grad(_double_well(x).sum(), x)
+        with torch.enable_grad():
+            x.requires_grad_()
+            (grad,) = torch.autograd.grad(_double_well(x).sum(), x)
         return -grad
 
     times = torch.linspace(0.0, 1.0, 9)
-    with pytest.raises(OracleError, match=r"x = x.clone\(\).requires_grad_\(\)"):
-        sample_sde(in_place, times, torch.zeros(2), 4, seed=0)
+    x0 = torch.tensor([[0.5, -0.2]], dtype=torch.float64).expand(4, 2)
+    by_hand = sample_sde(lambda t, x: x - x**3, times, x0, 4, seed=0)
+    torch.testing.assert_close(sample_sde(in_place, times, x0, 4, seed=0).samples, by_hand.samples)
+    with torch.no_grad(), pytest.raises(OracleError, match=r"x = x.clone\(\).requires_grad_"):
+        sample_sde(in_place, times, x0, 4, seed=0)
+
+
+class _Embedding:
+    """A learned any-order network's usual first layer: an embedding of the values, whose
+    backward saves its indices (an outside review: 'Inference tensors cannot be saved for
+    backward', raw, under the default grad mode)."""
+
+    num_coords, num_values = 6, 2
+
+    def __init__(self):
+        self.table = torch.nn.Parameter(
+            torch.randn(2, 2, generator=torch.Generator().manual_seed(0))
+        )
+
+    def log_marginals(self, values, mask):
+        embedded = torch.nn.functional.embedding(values, self.table) * mask.unsqueeze(-1)
+        logits = embedded.sum(1, keepdim=True).expand(-1, self.num_coords, -1)
+        return torch.log_softmax(logits.double(), -1)
+
+
+@pytest.mark.parametrize("method", ["autospec", "sequential", "agr24"])
+@pytest.mark.parametrize("num_samples", [1, 16])
+def test_a_network_oracle_saving_its_inputs_runs_in_the_default_grad_mode(method, num_samples):
+    oracle = _Embedding()
+    result = sample_any_order(oracle, num_samples, seed=0, method=method)
+    with torch.no_grad():
+        again = sample_any_order(oracle, num_samples, seed=0, method=method)
+    assert torch.equal(result.samples, again.samples)
+    assert torch.equal(result.log_prob, again.log_prob)
+
+
+def test_a_network_drift_runs_in_the_default_grad_mode():
+    """nn.Linear saves its input for backward: the drift's state must be an ordinary tensor."""
+    net = torch.nn.Linear(2, 2)
+    times = torch.linspace(0.0, 1.0, 9)
+    for method in ("autospec", "sequential", "picard"):
+        result = sample_sde(lambda t, x: net(x), times, torch.zeros(2), 4, seed=0, method=method)
+        with torch.no_grad():
+            again = sample_sde(lambda t, x: net(x), times, torch.zeros(2), 4, seed=0, method=method)
+        assert torch.equal(result.samples, again.samples), method
+        assert torch.equal(result.log_prob, again.log_prob), method
