@@ -466,8 +466,9 @@ def sample_sde(
         The schedule's knobs; none changes the output law.
 
         * Every method: ``max_rows_per_round`` (a cap on the rows of one round: draws go
-          oldest first while their windows fit, and a round takes at least one draw's whole
-          window, up to ``max_block + 1`` rows, whatever the cap), ``max_rows_per_call``
+          oldest first while their requests fit, and a round takes at least one draw's whole
+          request whatever the cap: the token rule's window, up to ``max_block + 1`` rows;
+          Picard's ``window``), ``max_rows_per_call``
           (cut each round into oracle calls of at most this many rows, for memory; still one
           round) and ``max_concurrent_draws``
           (continuous batching: new draws start as earlier ones finish).

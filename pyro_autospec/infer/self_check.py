@@ -247,12 +247,15 @@ MAX_REFERENCE_ENTRIES = 2**24
 
 
 def enumeration_bound(layout: Any) -> int:
-    """An upper bound on the entries of any table Pyro's parallel enumeration of the model builds.
+    """A bound on the entries of the tables Pyro's parallel enumeration of the model builds.
 
-    Every discrete site is enumerated in its own dim (``support_size`` values); a table holds
-    at most all of them times every plate dim, each at its largest size over the latent and
-    observed sites (sites at one dim share a plate, or belong to plates that never meet in
-    one table). A chain written with ``pyro.markov`` builds far smaller tables than this.
+    Every discrete site is enumerated in its own dim (``support_size`` values); a site's
+    density, and what the model computes for it, holds at most all of them times the site's
+    own shape (its plates and event dims). The bound takes every sample site's shape (latent,
+    observed, ``pyro.factor``: batch and event dims, right-aligned) at its largest size per
+    dim. It bounds the sites' densities, not arbitrary code inside the model. A chain written
+    with ``pyro.markov`` builds far smaller tables than this, and is not checked against
+    ``log Z`` beyond the bound.
 
     Examples
     --------
@@ -267,8 +270,10 @@ def enumeration_bound(layout: Any) -> int:
     60
     """
     entries = math.prod(site.support_size for site in layout.sites)
-    shapes = [site.batch_shape for site in layout.sites]
+    shapes = [site.shape for site in layout.sites]
     shapes += [torch.Size(shape) for shape in layout.observed_batch_shapes.values()]
+    # every sample site, factors included: (name, observed, kind, batch shape, event shape)
+    shapes += [torch.Size(tuple(entry[3]) + tuple(entry[4])) for entry in layout.signature]
     rank = max((len(shape) for shape in shapes), default=0)
     for dim in range(1, rank + 1):
         entries *= max(shape[-dim] if len(shape) >= dim else 1 for shape in shapes)

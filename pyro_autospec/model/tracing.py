@@ -642,16 +642,22 @@ def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
     if not clashes and trace is not None:
         # a continuous site in a plate that a discrete site is outside of (an HMM's transition
         # rows in a plate, indexed by the chain's state): indexing consumes the plate's dim
-        discrete = [
-            name
+        discrete = {  # name -> number of values
+            name: _support_size(site["fn"])
             for name, site in trace.nodes.items()
             if site["type"] == "sample"
             and site_role(site) == "latent"
             and site["fn"].support.is_discrete
-        ]
+        }
         for name in continuous:
             for frame in frames.get(name, ()):
-                outside = [d for d in discrete if frame not in frames.get(d, ())]
+                # a discrete site outside the plate, with as many values as the plate has
+                # elements: the pattern of rows indexed by a state (no proof, hence "likely")
+                outside = [
+                    d
+                    for d, size in discrete.items()
+                    if frame not in frames.get(d, ()) and size == frame.size
+                ]
                 if outside:
                     return (
                         f"A likely cause: the continuous site '{name}' lives in plate "
@@ -679,6 +685,14 @@ def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
         f"pyro.sample('{name}', dist.Normal(0.0, 1.0).expand([{frame.size}]).to_event(1)), "
         f"and index it with Vindex({name})[..., z]."
     )
+
+
+def _support_size(fn) -> int | None:
+    """The number of values of a discrete distribution, where it enumerates them."""
+    try:
+        return int(fn.enumerate_support(expand=False).shape[0])
+    except Exception:  # noqa: BLE001 - only advice: no support, no match
+        return None
 
 
 def _library_file(filename: str) -> str | None:

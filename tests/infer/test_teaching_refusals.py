@@ -598,3 +598,22 @@ def test_a_plate_of_transition_rows_is_named_in_the_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the advised form batches: no warning
         EnumOracle(vector_rows, (y,), continuous_values=draws)
+
+
+def test_a_plate_of_continuous_effects_is_not_blamed_for_plain_indexing():
+    """An outside review: per-datum scales in a plate, a global switch outside it, and the
+    plain indexing mu[z] as the cause; the advice named the scales' plate instead."""
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+        with pyro.plate("data", len(y)):
+            s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+            pyro.sample("y", dist.Normal(mu[z], s), obs=y)
+
+    y = torch.tensor([0.3, -1.2, 0.8, 1.1, 0.2])
+    draws = {"mu": torch.randn(4, 3), "s": torch.ones(4, 5)}
+    with pytest.warns(UserWarning) as record:
+        EnumOracle(model, (y,), continuous_values=draws)
+    text = " ".join(str(w.message) for w in record)
+    assert "lives in plate" not in text and "Vindex(locs)[..., z]" in text
