@@ -116,8 +116,10 @@ class MarginalOracle(Protocol):
     :func:`torch.inference_mode`, as it runs its own bookkeeping, which takes about a fifth
     off PyTorch's cost per operation on a CPU. Every other oracle is called with inference
     mode off and in the grad mode of the caller of the sampler, so that a tensor it creates
-    (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. Its
-    inputs are then inference tensors: read them, never write into them. Every call gets
+    (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. With
+    grad enabled its inputs are ordinary tensors made for it (autograd may save them: an
+    embedding of the values); under ``torch.no_grad()`` they are inference tensors: read
+    them, never write into them. Every call gets
     fresh inputs, never written again, so an oracle may keep them (a cache of its last
     question). The built-in exact oracles are inference-safe.
 
