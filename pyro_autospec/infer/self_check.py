@@ -21,6 +21,7 @@ import torch
 
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.ffbs import plan_ffbs
+from pyro_autospec.model.tracing import trace_model
 
 __all__ = [
     "MAX_REFERENCE_ENTRIES",
@@ -247,21 +248,23 @@ class SelfCheck:
 MAX_REFERENCE_ENTRIES = 2**20
 
 
-def enumeration_bound(layout: Any) -> int:
+def enumeration_bound(layout: Any, trace: Any = None) -> int:
     """A bound on the entries of the tables Pyro's parallel enumeration of the model builds.
 
-    Every discrete site is enumerated in its own dim (``support_size`` values); a site's
-    density, and what the model computes for it, holds at most all of them times the site's
-    own shape (its plates and event dims). The bound takes every sample site's shape (latent,
+    Every discrete site is enumerated in its own dim (``support_size`` values). A site outside
+    any ``pyro.markov`` context keeps its dim for the whole run; a site inside one shares the
+    tables only of the sites in its markov scope (the steps its ``history`` reaches back to:
+    Pyro's ``_markov_scope``, read from ``trace``, a plain trace of the model), since Pyro
+    recycles the dims of the others. A table then holds at most the values of every global
+    site, times those of the largest markov scope, times every sample site's shape (latent,
     observed, ``pyro.factor``: batch and event dims, right-aligned) at its largest size per
-    dim. It bounds the sites' densities, not arbitrary code inside the model. A chain written
-    with ``pyro.markov`` builds far smaller tables than this, and is not checked against
-    ``log Z`` beyond the bound.
+    dim. It bounds the sites' densities, not arbitrary code inside the model. Without
+    ``trace`` every site counts as global.
 
     Examples
     --------
     >>> import torch, pyro, pyro.distributions as dist
-    >>> from pyro_autospec.model import discover_sites
+    >>> from pyro_autospec.model import discover_sites, trace_model
     >>> def model(y):
     ...     z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
     ...     w = pyro.sample("w", dist.Bernoulli(0.5))
@@ -269,8 +272,32 @@ def enumeration_bound(layout: Any) -> int:
     ...         pyro.sample("y", dist.Normal(z + w, 1.0), obs=y)
     >>> enumeration_bound(discover_sites(model, (torch.zeros(10),)))
     60
+    >>> def chain(y):  # 30 binary steps: 2^30 as if global, 2 * 2 in markov steps
+    ...     x = 0
+    ...     for t in pyro.markov(range(len(y))):
+    ...         x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3 + 0.4 * x))
+    ...         pyro.sample(f"y_{t}", dist.Normal(x, 1.0), obs=y[t])
+    >>> y = torch.zeros(30)
+    >>> enumeration_bound(discover_sites(chain, (y,)), trace_model(chain, (y,)))
+    4
     """
-    entries = math.prod(site.support_size for site in layout.sites)
+    support = {site.name: site.support_size for site in layout.sites}
+    scopes = {}  # markov site -> the markov sites its tables may share
+    if trace is not None:
+        for name, node in trace.nodes.items():
+            infer = node.get("infer") or {}
+            if name in support and infer.get("_markov_depth"):
+                scopes[name] = {
+                    other for other in infer.get("_markov_scope", ()) if other in support
+                }
+    entries = math.prod(q for name, q in support.items() if name not in scopes)
+    entries *= max(
+        (
+            math.prod(support[t] for t in ({name} | scope) if t in scopes)
+            for name, scope in scopes.items()
+        ),
+        default=1,
+    )
     shapes = [site.shape for site in layout.sites]
     shapes += [torch.Size(shape) for shape in layout.observed_batch_shapes.values()]
     # every sample site, factors included: (name, observed, kind, batch shape, event shape)
@@ -321,7 +348,11 @@ def reference_log_normalizer(
     >>> abs(log_z - math.log(0.75 + 0.25 * math.exp(2.0))) < 1e-6
     True
     """
-    if enumeration_bound(layout) > MAX_REFERENCE_ENTRIES:
+    try:
+        trace = trace_model(model, args, kwargs)  # a plain run: the markov scopes
+    except Exception:  # the reference is optional: the draws are still compared
+        return None
+    if enumeration_bound(layout, trace) > MAX_REFERENCE_ENTRIES:
         return None
     try:
         oracle = EnumOracle(model, args, kwargs, layout=layout, device=device, lazy=True)
