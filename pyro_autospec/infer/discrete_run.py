@@ -172,15 +172,19 @@ class DiscreteRun(RunBase):
             extra["accepted"], extra["acceptance_rate"] = [], []
         all_weights = []
         self_check = None
-        self.self_check_reference = None
+        self.self_check_reference, self.self_check_why_not = None, ""
         if exact:
             log_z = None if plan is None else plan.log_normalizer
             if custom and not hasattr(oracle, "log_normalizer"):
                 # draws compared only with each other pass for an oracle that is exact on
                 # part of the posterior's values: log Z by elimination, where it fits
+                why_not: list[str] = []
                 with self.stage("self-check"):
-                    log_z = reference_log_normalizer(self.model, args, kwargs, layout, self.device)
+                    log_z = reference_log_normalizer(
+                        self.model, args, kwargs, layout, self.device, why_not
+                    )
                 self.self_check_reference = "none" if log_z is None else "enumeration"
+                self.self_check_why_not = why_not[0] if why_not else ""
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
         draws = DrawEvaluator(
             ModelCall(self.model, args, kwargs),
@@ -230,12 +234,13 @@ class DiscreteRun(RunBase):
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
         if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
+            why = self.self_check_why_not or "the model's discrete sites were not eliminated"
             warnings.warn(
-                "the self-check compared nothing: the run made one draw from the oracle passed "
-                "as oracle=, which has no log_normalizer(), and the model's discrete sites "
-                "could not be eliminated exactly to give log Z (see "
-                "pyro_autospec.infer.self_check.reference_log_normalizer); with two or more "
-                "draws (num_samples or num_chains) they are compared with each other",
+                f"the self-check compared nothing: the run made one draw from the oracle passed "
+                f"as oracle=, which has no log_normalizer(), and there is no exact log Z to "
+                f"compare it with ({why}; see "
+                f"pyro_autospec.infer.self_check.reference_log_normalizer); with two or more "
+                f"draws (num_samples or num_chains) they are compared with each other",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )
@@ -424,16 +429,16 @@ class DiscreteRun(RunBase):
         draws = "the run's one draw" if total == 1 else f"all {total} draws of the run"
         deviation = f"largest deviation {self.max_self_check_error:.2g}"
         if self.self_check_reference == "none":
+            why = self.self_check_why_not or "the model's discrete sites were not eliminated"
             if total == 1:
                 return (
-                    "Self-check: nothing compared (one draw of the oracle passed as oracle=, "
-                    "and no log Z: the model's discrete sites could not be eliminated exactly)."
+                    f"Self-check: nothing compared (one draw of the oracle passed as oracle=, "
+                    f"and no exact log Z: {why})."
                 )
             return (
                 f"Self-check passed: log p(x, data) - log q(x) is constant across {draws} "
-                f"(every chain; {deviation}). No exact log Z to compare it with (the model's "
-                f"discrete sites could not be eliminated exactly): an oracle= exact on part "
-                f"of the posterior's values only would pass this check."
+                f"(every chain; {deviation}). No exact log Z to compare it with ({why}): an "
+                f"oracle= exact on part of the posterior's values only would pass this check."
             )
         if self.self_check_reference == "enumeration":
             return (

@@ -309,7 +309,12 @@ def enumeration_bound(layout: Any, trace: Any = None) -> int:
 
 
 def reference_log_normalizer(
-    model: Any, args: tuple, kwargs: dict, layout: Any, device: Any = None
+    model: Any,
+    args: tuple,
+    kwargs: dict,
+    layout: Any,
+    device: Any = None,
+    why_not: list | None = None,
 ) -> float | None:
     """``log Z = log sum_x p(x, data)`` over the model's discrete sites, by exact elimination.
 
@@ -326,6 +331,8 @@ def reference_log_normalizer(
         Its discrete sites (:func:`~pyro_autospec.model.discover_sites`).
     device : optional
         Where the elimination runs.
+    why_not : list, optional
+        Where there is no reference, a sentence saying why is appended.
 
     Returns
     -------
@@ -348,18 +355,41 @@ def reference_log_normalizer(
     >>> abs(log_z - math.log(0.75 + 0.25 * math.exp(2.0))) < 1e-6
     True
     """
+
+    def refuse(reason: str) -> None:
+        if why_not is not None:
+            why_not.append(reason)
+
     try:
         trace = trace_model(model, args, kwargs)  # a plain run: the markov scopes
-    except Exception:  # the reference is optional: the draws are still compared
+    except Exception as error:  # the reference is optional: the draws are still compared
+        refuse(f"the model failed in a plain run ({type(error).__name__})")
         return None
-    if enumeration_bound(layout, trace) > MAX_REFERENCE_ENTRIES:
+    bound = enumeration_bound(layout, trace)
+    if bound > MAX_REFERENCE_ENTRIES:
+        refuse(
+            f"enumerating the model could build tables of {bound:,} entries, more than "
+            f"{MAX_REFERENCE_ENTRIES:,}"
+        )
         return None
+    too_large: list[str] = []
     try:
         oracle = EnumOracle(model, args, kwargs, layout=layout, device=device, lazy=True)
-        plan = plan_ffbs(oracle)
-    except Exception:  # the reference is optional: the draws are still compared
+        plan = plan_ffbs(oracle, too_large)
+    except Exception as error:  # the reference is optional: the draws are still compared
+        first = str(error).split(". ")[0].splitlines()[0] if str(error) else ""
+        refuse(f"Pyro's enumeration of the model failed ({type(error).__name__}: {first})")
         return None
     if plan is None:
+        refuse(
+            too_large[0]
+            if too_large
+            else "the elimination does not fit the model's plates (sites outside a plate "
+            "coupled to sites inside it, eliminated after them)"
+        )
         return None
     log_z = float(plan.log_normalizer)
-    return log_z if math.isfinite(log_z) else None
+    if not math.isfinite(log_z):
+        refuse(f"log Z is {log_z}")
+        return None
+    return log_z

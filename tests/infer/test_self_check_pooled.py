@@ -262,3 +262,23 @@ def test_a_markov_chain_is_checked_against_log_z():
     fit = AutoSpec(_chain, 20, oracle=truncated, seed=0, disable_progbar=True)
     with pytest.raises(SelfCheckError, match="differs from the log normaliser"):
         fit.run(y)
+
+
+def test_the_summary_says_why_there_is_no_log_z(capsys):
+    """21 binary sites: tables of 2^21 entries at most, over the bound; an outside test asked
+    why the summary had no reference."""
+
+    def coins():
+        for i in range(21):
+            pyro.sample(f"c{i}", dist.Bernoulli(0.5))
+
+    class Fair:
+        num_coords, num_values = 21, 2
+
+        def log_marginals(self, values, mask):
+            return torch.full((values.shape[0], 21, 2), -math.log(2.0), dtype=torch.float64)
+
+    AutoSpec(coins, 4, oracle=Fair(), seed=0, disable_progbar=True).run().summary()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No exact log Z to compare it with (enumerating the model could build tables" in out
+    assert "2,097,152 entries, more than 1,048,576" in out
