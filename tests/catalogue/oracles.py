@@ -69,3 +69,16 @@ class DeclaredBorrowing:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+class RowsOnly:
+    """``oracle`` answering ``log_marginals`` alone: no ``log_normalizer()``, targeted rows or
+    chain queries (an exact oracle as a user would write it, whose self-check must find
+    ``log Z`` elsewhere)."""
+
+    def __init__(self, oracle):
+        self.inner = oracle
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+
+    def log_marginals(self, values, mask):
+        return self.inner.log_marginals(values, mask)

@@ -31,6 +31,7 @@ from pyro_autospec.infer import (
     SubsamplingError,
 )
 from pyro_autospec.model.enum import EnumOracle
+from tests.catalogue.oracles import RowsOnly
 from tests.infer._brute_force import (
     assert_draws_follow,
     enumerate_joint,
@@ -568,17 +569,6 @@ def unmasked():
         pyro.sample("z", dist.Bernoulli(0.9))
 
 
-class _NoNormaliser:
-    """An oracle for another density (the unmasked model), without log_normalizer."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.num_coords, self.num_values = inner.num_coords, inner.num_values
-
-    def log_marginals(self, values, mask):
-        return self.inner.log_marginals(values, mask)
-
-
 def test_self_check_catches_an_oracle_for_another_density(monkeypatch):
     """What the issue's masked model gave before: an oracle that ignores the mask. Without
     ``log_normalizer()`` it is compared with ``log Z`` by elimination, or else (where none
@@ -586,14 +576,14 @@ def test_self_check_catches_an_oracle_for_another_density(monkeypatch):
     wrong = EnumOracle(unmasked)
     match = "differs from the log normaliser.*NOT exact.*guide="
     with pytest.raises(SelfCheckError, match=match):
-        sample(masked, oracle=_NoNormaliser(wrong), num_samples=200)
+        sample(masked, oracle=RowsOnly(wrong), num_samples=200)
     with pytest.raises(SelfCheckError, match="log normaliser"):
         sample(masked, oracle=wrong, num_samples=200)
     import pyro_autospec.infer.discrete_run as discrete_run
 
     monkeypatch.setattr(discrete_run, "reference_log_normalizer", lambda *args: None)
     with pytest.raises(SelfCheckError, match="varies across draws.*NOT exact.*guide="):
-        sample(masked, oracle=_NoNormaliser(wrong), num_samples=200)
+        sample(masked, oracle=RowsOnly(wrong), num_samples=200)
 
 
 def test_self_check_passes_and_is_reported(capsys):

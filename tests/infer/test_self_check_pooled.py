@@ -16,6 +16,7 @@ import torch
 from pyro.infer import MCMC
 
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel, SelfCheckError
+from tests.catalogue.oracles import RowsOnly
 
 
 def biased():
@@ -240,25 +241,16 @@ def _chain(y, pinned=False):
         pyro.sample(f"y_{t}", dist.Normal(x, 1.0), obs=y[t])
 
 
-class _WithoutNormaliser:
-    def __init__(self, inner):
-        self.inner = inner
-        self.num_coords, self.num_values = inner.num_coords, inner.num_values
-
-    def log_marginals(self, values, mask):
-        return self.inner.log_marginals(values, mask)
-
-
 def test_a_markov_chain_is_checked_against_log_z():
     """30 binary steps: counted as global sites the bound was 2^30 and the chain went
     unchecked; in markov scopes it is 4 entries per table."""
     from pyro_autospec.model.enum import EnumOracle
 
     y = torch.linspace(-1.0, 2.0, 30)
-    exact = _WithoutNormaliser(EnumOracle(_chain, (y,)))
+    exact = RowsOnly(EnumOracle(_chain, (y,)))
     fit = AutoSpec(_chain, 20, oracle=exact, seed=0, disable_progbar=True).run(y)
     assert fit._run.self_check_reference == "enumeration"
-    truncated = _WithoutNormaliser(EnumOracle(_chain, (y,), {"pinned": True}))
+    truncated = RowsOnly(EnumOracle(_chain, (y,), {"pinned": True}))
     fit = AutoSpec(_chain, 20, oracle=truncated, seed=0, disable_progbar=True)
     with pytest.raises(SelfCheckError, match="differs from the log normaliser"):
         fit.run(y)
