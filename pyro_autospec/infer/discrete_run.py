@@ -38,7 +38,7 @@ from pyro_autospec.infer.oracle_choice import (
 )
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.seeds import correction_seed
-from pyro_autospec.infer.self_check import SelfCheck, reference_log_normalizer
+from pyro_autospec.infer.self_check import SelfCheck, reference_for
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
@@ -178,13 +178,11 @@ class DiscreteRun(RunBase):
             if custom and not hasattr(oracle, "log_normalizer"):
                 # draws compared only with each other pass for an oracle that is exact on
                 # part of the posterior's values: log Z by elimination, where it fits
-                why_not: list[str] = []
                 with self.stage("self-check"):
-                    log_z = reference_log_normalizer(
-                        self.model, args, kwargs, layout, self.device, why_not
+                    log_z, self.self_check_why_not = reference_for(
+                        oracle, custom, self.model, args, kwargs, layout, self.device
                     )
                 self.self_check_reference = "none" if log_z is None else "enumeration"
-                self.self_check_why_not = why_not[0] if why_not else ""
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
         draws = DrawEvaluator(
             ModelCall(self.model, args, kwargs),

@@ -19,7 +19,7 @@ from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.knobs import check_count, check_model, check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
-from pyro_autospec.infer.self_check import SelfCheck, reference_log_normalizer
+from pyro_autospec.infer.self_check import SelfCheck, reference_for
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 
 __all__ = ["AutoSpecKernel"]
@@ -243,13 +243,9 @@ class AutoSpecKernel(MCMCKernel):
         # chains of one MCMC run (same arguments) share the check; new arguments start afresh
         if self._self_check is None or not same_call(self._call, self._checked_call):
             custom = not isinstance(self.oracle, str)
-            log_z = None
-            if custom and not hasattr(self._oracle, "log_normalizer"):
-                # an oracle= exact on part of the posterior's values only passes a
-                # comparison of draws with each other: log Z by elimination, where it fits
-                log_z = reference_log_normalizer(
-                    self.user_model, args, kwargs, self.layout, self.device
-                )
+            log_z, _ = reference_for(
+                self._oracle, custom, self.user_model, args, kwargs, self.layout, self.device
+            )
             self._self_check = SelfCheck(
                 self._oracle,
                 custom_oracle=custom,

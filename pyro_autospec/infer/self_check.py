@@ -29,6 +29,7 @@ __all__ = [
     "SelfCheckError",
     "check_exact_draws",
     "enumeration_bound",
+    "reference_for",
     "reference_log_normalizer",
 ]
 
@@ -393,3 +394,22 @@ def reference_log_normalizer(
         refuse(f"log Z is {log_z}")
         return None
     return log_z
+
+
+def reference_for(
+    oracle: Any, custom: bool, model: Any, args: tuple, kwargs: dict, layout: Any, device: Any
+) -> tuple[float | None, str]:
+    """The reference ``log Z`` a run's self-check compares an oracle passed as ``oracle=``
+    with, and why there is none: ``(None, "")`` for the default oracle and for one with its
+    own ``log_normalizer()``, which need none (:func:`reference_log_normalizer`).
+
+    Examples
+    --------
+    >>> reference_for(object(), False, None, (), {}, None, None)
+    (None, '')
+    """
+    if not custom or hasattr(oracle, "log_normalizer"):
+        return None, ""
+    why_not: list[str] = []
+    log_z = reference_log_normalizer(model, args, kwargs, layout, device, why_not)
+    return log_z, (why_not[0] if why_not else "")
