@@ -812,8 +812,7 @@ class _HostLockstep(_Lockstep):
         self.inputs = []
         for lane in self.calls:  # per call: its rows, the targets of every step [n, R, 1],
             rows = slice(int(lane[0]), int(lane[-1]) + 1)  # and torch views of its inputs
-            # (inference tensors: an oracle that borrows them and writes into them is refused;
-            # one that needs ordinary inputs gets copies, HostRows._call)
+            # (inference tensors: an oracle that borrows them and writes into them is refused)
             targets = torch.from_numpy(self.coords[:, rows, None].copy())
             views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
             self.inputs.append((rows, targets, sampler.host._extra(lane), views))

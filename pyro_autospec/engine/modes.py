@@ -44,9 +44,12 @@ def _foreign(grad_enabled: bool) -> Iterator[None]:
                 raise OracleError(
                     "The oracle (or drift) used a tensor created under inference mode in "
                     "computation that autograd records (it is called in the grad mode of the "
-                    "sampler's caller): usually a tensor of its own made inside "
-                    "torch.inference_mode(). Make it outside inference mode, or call the "
-                    "sampler under torch.no_grad() if the oracle needs no gradients."
+                    "sampler's caller): a tensor of its own made inside "
+                    "torch.inference_mode(), or an input of an oracle that declares "
+                    "borrows_inputs (borrowed inputs are the engine's inference tensors; an "
+                    "oracle whose autograd saves its inputs must not declare it). Make it "
+                    "outside inference mode, or call the sampler under torch.no_grad() if the "
+                    "oracle needs no gradients."
                 ) from error
             if "Inplace update to inference tensor" not in str(error):
                 raise

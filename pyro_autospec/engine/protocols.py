@@ -118,7 +118,8 @@ class MarginalOracle(Protocol):
     mode off and in the grad mode of the caller of the sampler, so that a tensor it creates
     (a ``pyro.param`` first set during sampling, a cache) stays an ordinary tensor. With
     grad enabled its inputs are ordinary tensors made for it (autograd may save them: an
-    embedding of the values); under ``torch.no_grad()`` they are inference tensors: read
+    embedding of the values), unless it borrows them; under ``torch.no_grad()`` they are
+    inference tensors: read
     them, never write into them. Every call gets
     fresh inputs, never written again, so an oracle may keep them (a cache of its last
     question). The built-in exact oracles are inference-safe.

@@ -319,8 +319,12 @@ class OracleRows:
         # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
         self._call_mode = calling(oracle, self.grad_enabled, caps.inference_safe)
-        # and with grad enabled, on ordinary tensors: autograd may save them for backward
-        self.ordinary_inputs = foreign_inputs(oracle, self.grad_enabled, caps.inference_safe)
+        # and with grad enabled, on ordinary tensors: autograd may save them for backward;
+        # not for an oracle that borrows its inputs (it only reads them: no copies for it)
+        self.ordinary_inputs = (
+            foreign_inputs(oracle, self.grad_enabled, caps.inference_safe)
+            and not caps.borrows_inputs
+        )
         self.tensor_mode = tensor_mode(self.ordinary_inputs)
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows
         self._all_valid = torch.ones(1, 1, dtype=torch.bool, device=device)
