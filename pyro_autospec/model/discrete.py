@@ -374,6 +374,14 @@ def _check_discrete_site(name: str, site: dict) -> None:
                 "`.to_event()` makes its elements one joint event, which Pyro does not enumerate"
             )
             hint = " Declare its batch dimensions with `pyro.plate` instead of `.to_event()`."
+        elif "Inhomogeneous total count" in support_error:
+            hint = (
+                " Its elements have different total_count, so they have no common support: "
+                "sample the count as a Categorical over 0..max(total_count) with logits "
+                "dist.Binomial(total_count.unsqueeze(-1), p.unsqueeze(-1), "
+                "validate_args=False).log_prob(torch.arange(max_count + 1.0)), which are -inf "
+                "above each element's own count."
+            )
         raise UnsupportedSiteError(
             f"Site '{name}' is a discrete latent site ({kind}) that AutoSpec cannot enumerate: "
             f"{support_error.rstrip('.')}.{hint} Enumerable sites are Bernoulli, Categorical, "

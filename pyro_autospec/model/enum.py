@@ -118,6 +118,10 @@ _CHAIN_TARGETS_PER_COORD = 4
 _MAX_STEP_ENTRIES_PER_ROW = 2**26
 #: Contractions whose steps all have at most this many entries are measured by running them.
 _MEASURED_BY_RUNNING = 2**16
+#: Most enumerated sites for which a model with ``pyro.markov`` is traced once more with a
+#: tensor dim per site, to find a site that reads further back than its history keeps
+#: (:meth:`EnumOracle._check_reads_past_history`); a larger model keeps the self-check as guard.
+_MAX_SITES_TRACED_WIDE = 32
 
 
 @dataclass
@@ -749,6 +753,8 @@ class EnumOracle:
                 raise _hidden_read_error(hidden, str(error)) from error
         trace = traces[0]
         self._check_markov_history(trace)
+        if self._markov is True:
+            self._check_reads_past_history(trace, len(traces) > 1)
         layout = self.layout
         plate_to_symbol = trace.plate_to_symbol
         self._symbol_to_plate = {s: p for p, s in plate_to_symbol.items()}
@@ -916,6 +922,47 @@ class EnumOracle:
                     f"`for t in pyro.markov(range(T))` instead."
                 )
             holder[dim] = name
+
+    def _check_reads_past_history(self, trace, per_draw: bool) -> None:
+        """Refuse a site (an observation or a ``pyro.factor`` included) that reads a site
+        further back than its ``pyro.markov`` history keeps.
+
+        :meth:`_check_markov_history` sees such a read in a latent site's distribution; an
+        observed site's log density shows it in no shape (the read site's dim now holds a later
+        site, and the density is read on the diagonal), so the draws would silently follow
+        another law, and the self-check would catch it only on draws where the two laws
+        differ. Where the model has at most ``_MAX_SITES_TRACED_WIDE`` enumerated sites it is
+        traced once more with a dim per site (:class:`_WithoutMarkov`), whose log densities
+        show every site each one reads (:func:`_hidden_reads`).
+        """
+        enumerated = [
+            name
+            for name, node in trace.nodes.items()
+            if node["type"] == "sample"
+            and not node["is_observed"]
+            and (node.get("infer") or {}).get("_enumerate_dim") is not None
+        ]
+        if len(enumerated) > _MAX_SITES_TRACED_WIDE or next(_scoped_sites(trace), None) is None:
+            return
+        self._markov = False
+        try:
+            wide = self._trace(0 if per_draw else None)
+        except AutoSpecModelError:
+            return
+        finally:
+            self._markov = True
+        reads = _hidden_reads(trace, wide)
+        if reads:
+            name, read, holder = reads[0]
+            raise AutoSpecModelError(
+                f"Site '{name}' reads site '{read}', which lies further back than its "
+                f"pyro.markov history keeps: enumeration gave the tensor dim of '{read}' to "
+                f"'{holder}', so '{name}' would be scored with '{holder}' in place of "
+                f"'{read}' (Pyro's infer_discrete and TraceEnum_ELBO silently use that other "
+                f"law). Ways out: raise history in pyro.markov(..., history=h) to the longest "
+                f"lag the model reads (a factor closing a ring of T steps at the last step "
+                f"reads T - 1 steps back), or drop the dependence."
+            )
 
     def _check_dim_sizes(self, name, packed, dim_to_size, ordinal, site_plates) -> None:
         """Refuse a log density whose plate dim has another size than the plate's.

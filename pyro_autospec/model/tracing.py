@@ -511,7 +511,10 @@ def structure_error(
             f"broadcast from the right as it comes (in a plain run it has the site's own "
             f"shape, under enumeration extra dims on its left): write "
             f"dist.Poisson(x.float() + 0.5) rather than dist.Poisson(x.float().unsqueeze(-1) + "
-            f"0.5) inside a plate, and use Vindex to index with it."
+            f"0.5) inside a plate, and use Vindex to index with it. Another cause is a site "
+            f"after a pyro.markov loop that reads values sampled inside it (markov recycles the "
+            f"loop's enumeration dims): sample it inside the loop's last step, with a history "
+            f"that reaches back to every step it reads."
         )
     if "Inhomogeneous total count" in reason:
         who = (

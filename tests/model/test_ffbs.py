@@ -297,13 +297,17 @@ def test_ffbs_on_cuda():
     assert auto.results[0].method == "autospec"  # on a GPU "auto" keeps the engine
 
 
-def test_a_discrete_run_traces_the_model_four_times():
+@pytest.mark.parametrize("steps, traces", [(4, 5), (40, 4)])
+def test_a_discrete_run_traces_the_model_a_fixed_number_of_times(steps, traces):
     calls = []
 
     def counted(ys):
         calls.append(1)
         hmm(ys)
 
-    sample(counted, YS, num_samples=50, sampler="auto")
-    # two structure traces, the enumerated trace, the batched evaluation of the draws
-    assert len(calls) == 4
+    ys = torch.randn(steps, generator=torch.Generator().manual_seed(0))
+    sample(counted, ys, num_samples=50, sampler="auto")
+    # two structure traces, the enumerated trace, the batched evaluation of the draws; a
+    # markov model of at most 32 discrete sites once more, with a tensor dim per site, to
+    # find a site that reads further back than its history
+    assert len(calls) == traces
