@@ -18,6 +18,7 @@ and the summary say which ran.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from pyro_autospec.infer.oracle_choice import (
     warn_other_data,
 )
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
-from pyro_autospec.infer.seeds import correction_seed
+from pyro_autospec.infer.seeds import check_draws_seed, correction_seed
 from pyro_autospec.infer.self_check import SelfCheck, reference_for
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
@@ -48,6 +49,12 @@ __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
 #: Values of ``AutoSpec(sampler=...)``.
 SAMPLERS = ("auto", "engine", "ffbs")
+#: Fewest draws the self-check of a forward-filtering run compares: a shorter run makes extra
+#: draws for the check alone (:meth:`DiscreteRun._check_draws`).
+MIN_CHECKED_DRAWS = 64
+#: Most entries (latent coordinates and observed elements, per draw, times draws) that those
+#: extra draws may have the model evaluate.
+MAX_CHECK_ENTRIES = 2**22
 
 
 def warn_scales(layout: SiteLayout) -> None:
@@ -102,6 +109,7 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
+        self.check_draws = 0  # extra draws made for the self-check alone (_check_draws)
         self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
@@ -193,7 +201,8 @@ class DiscreteRun(RunBase):
         )
         num_draws = self.num_samples + self.warmup_steps
         self.results = []
-        for seed in self.settings.seeds(self.num_chains):
+        seeds = self.settings.seeds(self.num_chains)
+        for seed in seeds:
             if plan is not None:
                 result = self.record(sample_exact(plan, num_draws, seed))
             else:
@@ -229,6 +238,9 @@ class DiscreteRun(RunBase):
             extra["oracle_log_prob"].append(oracle_lp[keep])
             if "log_weight" in extra:
                 extra["log_weight"].append(log_weight[keep])
+        self.check_draws = 0
+        if plan is not None and self_check is not None:
+            self.check_draws = self._check_draws(plan, draws, seeds[0], num_draws)
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
         if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
@@ -251,6 +263,30 @@ class DiscreteRun(RunBase):
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
+
+    def _check_draws(self, plan, draws: DrawEvaluator, seed: int, num_draws: int) -> int:
+        """Make and evaluate extra draws for the self-check alone (never returned) when the
+        run holds fewer than ``MIN_CHECKED_DRAWS``; return how many.
+
+        A model that the enumeration does not reproduce (a handler or a read it cannot see)
+        gives draws of another law, and ``log p(x, data) - log q(x) = log Z`` fails only on
+        draws where the two laws differ: a run of one draw passes whenever its draw lies
+        where they agree. Forward filtering draws more at the cost of one vectorised pass,
+        and the model evaluates them in one batch (bounded by ``MAX_CHECK_ENTRIES``), so a
+        short run is checked as a run of ``MIN_CHECKED_DRAWS`` draws is.
+        """
+        want = MIN_CHECKED_DRAWS - self.num_chains * num_draws
+        layout = self.layout
+        per_draw = layout.num_coords + sum(
+            math.prod(shape) for shape in layout.observed_batch_shapes.values()
+        )
+        want = min(want, MAX_CHECK_ENTRIES // max(1, per_draw))
+        if want <= 0:
+            return 0
+        with self.stage("self-check"):
+            extra = sample_exact(plan, want, check_draws_seed(seed))
+        draws.evaluate(extra.samples, extra.log_prob)
+        return want
 
     def _wants_ffbs(self) -> bool:
         """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""
@@ -425,6 +461,8 @@ class DiscreteRun(RunBase):
             return ""
         total = self.num_chains * (self.num_samples + self.warmup_steps)
         draws = "the run's one draw" if total == 1 else f"all {total} draws of the run"
+        if self.check_draws:
+            draws += f" and {self.check_draws} more drawn for this check alone (not returned)"
         deviation = f"largest deviation {self.max_self_check_error:.2g}"
         if self.self_check_reference == "none":
             why = self.self_check_why_not or "the model's discrete sites were not eliminated"
@@ -445,8 +483,8 @@ class DiscreteRun(RunBase):
             )
         if total == 1:
             return (
-                f"Self-check passed: log p(x, data) - log q(x) equals log Z for the run's one "
-                f"draw ({deviation})."
+                f"Self-check passed: log p(x, data) - log q(x) equals log Z for {draws} "
+                f"({deviation})."
             )
         return (
             f"Self-check passed: log p(x, data) - log q(x) is constant across {draws} "

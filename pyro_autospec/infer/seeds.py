@@ -29,10 +29,13 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.parallel.groups import broadcast_seeds
 
-__all__ = ["ChainSeeds", "chain_seeds", "correction_seed"]
+__all__ = ["ChainSeeds", "chain_seeds", "check_draws_seed", "correction_seed"]
 
 #: The stream of a chain's seed that its correction reads (:func:`correction_seed`).
 CORRECTION_STREAM = 1
+#: The stream of the first chain's seed that a short run's check draws read
+#: (:func:`check_draws_seed`).
+CHECK_STREAM = 2
 
 
 class ChainSeeds:
@@ -121,3 +124,15 @@ def correction_seed(chain_seed: int) -> int:
     True
     """
     return derive_seed(int(chain_seed), CORRECTION_STREAM)
+
+
+def check_draws_seed(chain_seed: int) -> int:
+    """The seed of the extra draws a short run makes for its self-check only (never returned):
+    a stream of the first chain's seed beside the engine's and the correction's.
+
+    Examples
+    --------
+    >>> check_draws_seed(5) == check_draws_seed(5) != correction_seed(5)
+    True
+    """
+    return derive_seed(int(chain_seed), CHECK_STREAM)

@@ -272,3 +272,42 @@ def test_the_summary_says_why_there_is_no_log_z(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "No exact log Z to compare it with (enumerating the model could build tables" in out
     assert "2,097,152 entries, more than 1,048,576" in out
+
+
+LONG_RING_DATA = torch.randn(40, generator=torch.Generator().manual_seed(0))
+
+
+def long_ring():
+    """40 steps with ``history=1`` whose last step reads ``x_0`` (past the history): too many
+    sites for the wide trace that refuses it before drawing, so the self-check must catch it.
+    The enumeration scores the ring on the diagonal, and a draw passes the check whenever its
+    ``x_0`` equals its ``x_39``: about half of the posterior's draws."""
+    xs = []
+    for t in pyro.markov(range(40)):
+        x = pyro.sample(f"x_{t}", dist.Bernoulli(0.5))
+        pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
+        if t == 39:
+            pyro.factor("ring", 2.0 * (xs[0] == x).float())
+        xs.append(x)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_one_draw_run_is_checked_on_extra_draws(seed):
+    """A forward-filtering run of fewer than 64 draws makes the rest for the self-check
+    alone; before, about half of these one-draw runs returned their draw silently."""
+    with pytest.raises(SelfCheckError):
+        AutoSpec(long_ring, 1, seed=seed, disable_progbar=True).run()
+
+
+def test_the_extra_draws_of_the_check_leave_the_returned_draws_alone():
+    def chain():
+        for t in pyro.markov(range(6)):
+            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3))
+            pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
+
+    short = AutoSpec(chain, 3, seed=4, disable_progbar=True).run()
+    long = AutoSpec(chain, 80, seed=4, disable_progbar=True).run()
+    assert short._run.check_draws == 61 and long._run.check_draws == 0
+    for name, value in short.get_samples().items():
+        assert torch.equal(value, long.get_samples()[name][:3])
+    assert "61 more drawn for this check alone" in short._run.self_check_summary()
