@@ -869,11 +869,11 @@ class AutoSpec:
         computes ``r_hat`` instead of warning "Shape validation failed" (ArviZ needs 2 chains
         of 4 draws). The draws are independent, so the split changes no statistic's meaning;
         the groups' attribute ``chains_split_from = 1`` records it, and ``split_chains=False``
-        keeps one chain. Fewer than 8 draws, or a prime number of them, have no such split and
-        stay one chain (ArviZ then warns and gives ``r_hat`` NaN): take ``num_samples`` with a
-        divisor, 200 rather than 199. Dependent draws (NUTS for continuous sites,
-        ``correction="imh"`` or ``"importance"``) keep their chains: for those, run
-        ``num_chains=2`` or more, as with ``MCMC``.
+        keeps one chain. Fewer than 8 draws, or a number with no split into equal parts of 4 or
+        more (a prime, or 9), stay one chain (ArviZ then warns and gives ``r_hat`` NaN): take
+        ``num_samples`` with a divisor, 200 rather than 199. Dependent draws (NUTS for
+        continuous sites, ``correction="imh"`` or ``"importance"``) keep their chains: for
+        those, run ``num_chains=2`` or more, as with ``MCMC``.
 
         Parameters
         ----------
