@@ -151,7 +151,8 @@ def check_seed(seed: Any) -> int | None | torch.Generator | np.random.Generator:
     """The one check of a user's seed, shared by every entry point.
 
     ``AutoSpec``, ``AutoSpecKernel``, ``sample_any_order``, ``sample_diffusion`` and
-    ``sample_sde`` all accept the same seeds: ``None`` (fresh randomness), a
+    ``sample_sde`` all accept the same seeds: ``None`` (a fresh seed from torch's global
+    generator, so ``torch.manual_seed`` and ``pyro.set_rng_seed`` repeat the run), a
     :class:`torch.Generator`, a :class:`numpy.random.Generator`, or an int (Python or NumPy,
     not a bool) in ``[0, 2**64)``: every such int is its own 64-bit key, so two different
     seeds never give the same run. Anything else raises; nothing is reduced modulo ``2**64``.
@@ -210,7 +211,8 @@ def derive_seed(seed: int, index: int) -> int:
 
 
 def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
-    """The root key of a run from a seed (an int, ``None`` for fresh entropy, or a generator).
+    """The root key of a run from a seed (an int, ``None`` for a draw from torch's global
+    generator, or a generator).
 
     Examples
     --------
@@ -221,8 +223,8 @@ def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
         value = int(torch.randint(0, 2**62, (), generator=seed, device=seed.device).item())
     elif isinstance(seed, np.random.Generator):
         value = int(seed.integers(0, 2**62))
-    elif seed is None:
-        value = int(np.random.SeedSequence().generate_state(1, dtype=np.uint64)[0])
+    elif seed is None:  # as AutoSpec's seed=None: torch.manual_seed repeats the run
+        value = int(torch.randint(0, 2**62, (), device="cpu").item())
     else:
         value = check_seed(seed)
     return int(_fmix(torch.tensor(_signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())

@@ -13,8 +13,8 @@ The contract. Every rank of the group makes the same call with the same argument
 
 * an int or a generator in the same state on every rank: each rank derives the run's key and
   the ranks check, in one small collective, that they agree (a clear error otherwise);
-* ``None``: rank 0 draws fresh entropy and the other ranks use its key (documented, so that
-  ``seed=None`` does not silently give each rank a different run).
+* ``None``: rank 0 draws a key from its torch global generator and the other ranks use it
+  (documented, so that ``seed=None`` does not silently give each rank a different run).
 
 Counts. ``rounds`` of the gathered result is the largest number of rounds of any rank (ranks
 run at the same time, so that is the run's latency in rounds; without ``max_rows_per_round``

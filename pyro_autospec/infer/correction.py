@@ -27,7 +27,7 @@ __all__ = ["importance_resample", "independent_metropolis_hastings"]
 
 def _uniforms(seed, tag: int, num: int) -> np.ndarray:
     """``num`` keyed uniforms in (0, 1) of ``seed`` (an int, a generator drawn from once, or
-    ``None`` for fresh entropy), from the engine's keyed generator."""
+    ``None`` for a seed from torch's global generator), from the engine's keyed generator."""
     root = keys.seed_key(keys.check_seed(seed))
     return keys.host_uniform(np.int64(root), tag, np.arange(num, dtype=np.int64))
 
@@ -49,7 +49,7 @@ def importance_resample(
         Draws to return (default ``N``).
     seed : int, numpy or torch Generator, optional
         The root of the keyed uniforms (:mod:`~pyro_autospec.engine.keys`); a generator is
-        drawn from once. ``None``: fresh entropy.
+        drawn from once. ``None``: a seed from torch's global generator.
     smooth : bool
         Use PSIS-smoothed weights (default) rather than the raw ones.
 

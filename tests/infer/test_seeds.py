@@ -154,3 +154,42 @@ def test_every_entry_point_takes_its_seeds_from_chain_seeds(monkeypatch):
     for _ in range(3):
         kernel.sample({})
     assert calls == [3, 1, 1]
+
+
+def test_seed_none_follows_torch_global_generator():
+    """``seed=None`` takes its key from torch's global generator, as ``AutoSpec(seed=None)``
+    does: ``torch.manual_seed`` (or ``pyro.set_rng_seed``) repeats an engine run too."""
+    oracle = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.2, 0.8]]), 8)
+    state = torch.get_rng_state()
+    try:
+        torch.manual_seed(3)
+        first = sample_any_order(oracle, 20, seed=None).samples
+        again = sample_any_order(oracle, 20, seed=None).samples
+        torch.manual_seed(3)
+        repeated = sample_any_order(oracle, 20, seed=None).samples
+    finally:
+        torch.set_rng_state(state)
+    assert torch.equal(first, repeated) and not torch.equal(first, again)
+
+
+def test_a_seeded_run_leaves_torch_global_generator_as_it_was():
+    """Tracing a model with continuous sites draws them from torch's global generator; with an
+    int seed the run keys every number it uses, so the user's stream is left alone (it was
+    advanced by 28 draws)."""
+    from pyro.ops.indexing import Vindex
+
+    def mixture(data):
+        locs = pyro.sample("locs", dist.Normal(torch.tensor([-2.0, 2.0]), 1.0).to_event(1))
+        with pyro.plate("data", len(data)):
+            z = pyro.sample("z", dist.Categorical(torch.tensor([0.5, 0.5])))
+            pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+    data = torch.tensor([-2.1, -1.7, 2.2, 1.9, 2.5])
+    saved = torch.get_rng_state()
+    try:
+        torch.manual_seed(1)
+        before = torch.get_rng_state()
+        AutoSpec(mixture, 10, warmup_steps=10, seed=0, disable_progbar=True).run(data)
+        assert torch.equal(torch.get_rng_state(), before)
+    finally:
+        torch.set_rng_state(saved)
