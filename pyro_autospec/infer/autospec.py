@@ -23,11 +23,13 @@ import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from pyro import poutine
+from pyro.poutine.runtime import _PYRO_STACK
 
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.errors import check_device
@@ -188,7 +190,8 @@ class AutoSpec:
     **knobs
         The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
         ``max_elements``, ``max_concurrent_draws`` for continuous batching, ``rule`` for a
-        diffusion guide, ...), not both for one knob.
+        diffusion guide, ...), not both for one knob (a cap given as a keyword replaces the
+        schedule's).
 
     Attributes
     ----------
@@ -397,10 +400,16 @@ class AutoSpec:
         or ``num_chains``, or build with another seed; with ``seed=None`` each run takes a
         fresh seed from Pyro's global generator (``pyro.set_rng_seed``).
         """
+        _warn_outer_handlers()
         # Forget the previous run first: a failure below must not leave its draws readable.
         self._run, self.run_kind, self._failure = None, None, None
+        # An int seed keys every random number of the run, so tracing the model (whose
+        # continuous sites draw from torch's global generator) leaves the user's stream as
+        # it was; seed=None or a generator draws from a stream, as documented.
+        keep = isinstance(self.seed, int)
         try:
-            return self._run_model(args, kwargs)
+            with torch.random.fork_rng(devices=[]) if keep else nullcontext():
+                return self._run_model(args, kwargs)
         except BaseException as error:
             self._run, self.run_kind = None, None
             self._failure = f"{type(error).__name__}: {error}"
@@ -896,4 +905,22 @@ class AutoSpec:
         """
         return self._check_run().to_inference_data(
             coords, dims, log_likelihood, method=self.method, split_chains=split_chains
+        )
+
+
+def _warn_outer_handlers() -> None:
+    """Warn that Pyro handlers around :meth:`AutoSpec.run` do not reach the model.
+
+    ``run`` blocks them, as ``pyro.infer.MCMC.run`` does (its own ``poutine.block`` is the top
+    of the handler stack here), so a ``poutine.condition`` or ``poutine.scale`` written around
+    the call would silently change nothing.
+    """
+    outer = [type(handler).__name__ for handler in _PYRO_STACK[:-1]]
+    if outer:
+        warnings.warn(
+            f"AutoSpec.run was called inside Pyro handlers ({', '.join(outer)}); like "
+            f"pyro.infer.MCMC.run it blocks them, so they do not reach the model. Apply them "
+            f"to the model instead: AutoSpec(poutine.condition(model, data=...), ...).",
+            UserWarning,
+            stacklevel=user_stacklevel(),
         )

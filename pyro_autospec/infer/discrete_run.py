@@ -29,6 +29,7 @@ import torch
 
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.weights import weight_diagnostics
+from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.oracle_choice import (
@@ -200,6 +201,7 @@ class DiscreteRun(RunBase):
             stage=self.stage,
         )
         num_draws = self.num_samples + self.warmup_steps
+        self._check_memory(num_draws)
         self.results = []
         seeds = self.settings.seeds(self.num_chains)
         for seed in seeds:
@@ -263,6 +265,41 @@ class DiscreteRun(RunBase):
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
+
+    def _check_memory(self, num_draws: int) -> None:
+        """Refuse, before any draw, a run whose draws this machine cannot hold.
+
+        Per draw a run keeps its coordinates (int64), the sites' values, the log densities
+        and the pointwise log likelihood of its observed elements, and about a dozen
+        per-draw numbers; while drawing, forward filtering holds a few float64 tables of
+        each site's values per draw, and the evaluation the model's log densities. Counted
+        generously (8 bytes an entry), against the machine's memory
+        (:func:`~pyro_autospec.engine.memory.check_memory`).
+        """
+        layout = self.layout
+        n = layout.num_coords
+        observed = sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())
+        widest = max((site.num_coords * site.support_size for site in layout.sites), default=0)
+        held = 16 * n + 8 * observed + 96
+        drawing = max(56 * widest, 16 * (n + observed))
+        total = self.num_chains * num_draws
+        request = f"num_samples={self.num_samples}"
+        if self.warmup_steps:
+            request += f" (+ warmup_steps={self.warmup_steps})"
+        if self.num_chains > 1:
+            request += f" x num_chains={self.num_chains}"
+        check_memory(
+            Footprint(total, held + drawing, largest=num_draws * max(n, observed, widest)),
+            request=(
+                f"{request} draws of a model with {n} discrete coordinates and {observed} "
+                f"observed elements"
+            ),
+            holds=(
+                f"about {format_bytes(held + drawing)} per draw: its coordinates, site values, "
+                f"log densities and pointwise log likelihood, and the sampler's tables"
+            ),
+            exact=self.independent_draws,
+        )
 
     def _check_draws(self, plan, draws: DrawEvaluator, seed: int, num_draws: int) -> int:
         """Make and evaluate extra draws for the self-check alone (never returned) when the

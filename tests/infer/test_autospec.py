@@ -214,3 +214,26 @@ def test_a_run_under_no_grad_or_inference_mode_gives_the_same_draws(context, sam
     with mode:
         run = AutoSpec(model, 50, seed=0, disable_progbar=True, sampler=sampler).run(y)
     assert torch.equal(run.get_samples()["x"], base.get_samples()["x"])
+
+
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_a_run_too_large_for_the_machine_is_refused_before_any_draw(sampler):
+    """Forward filtering allocated until torch's raw error (after 55 s at 10**8 draws of a
+    4-site model); the run now names what a draw holds and how many fit."""
+    fit = AutoSpec(model, 10**10, seed=0, sampler=sampler, disable_progbar=True)
+    with pytest.raises(MemoryError) as info:
+        fit.run(DATA)
+    text = str(info.value)
+    assert "num_samples=10000000000 draws" in text and "per draw" in text
+    assert "fit in half of this machine's memory" in text
+
+
+def test_handlers_around_run_are_blocked_with_a_warning():
+    """``run`` blocks outer handlers as ``MCMC.run`` does; a condition written around the
+    call changed nothing, silently."""
+    z = {"z": torch.tensor(1)}
+    with pytest.warns(UserWarning, match=r"inside Pyro handlers \(ConditionMessenger\)"):
+        with poutine.condition(data=z):
+            fit = AutoSpec(model, 20, seed=0, disable_progbar=True).run(DATA)
+    plain = AutoSpec(model, 20, seed=0, disable_progbar=True).run(DATA)
+    assert torch.equal(fit.get_samples()["z"], plain.get_samples()["z"])
