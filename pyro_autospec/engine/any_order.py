@@ -154,7 +154,9 @@ def sample_any_order(
         (the batch growth of residual tries) changes only the rows and rounds spent, not the
         draws. ``log_prob``, a sum over the rows drawn from, may differ in its last bits
         (about 1e-14 at n = 200) between batch compositions, as the order of that sum and the
-        batching of the oracle's calls change; the samples do not. An int must lie in ``[0, 2**64)``
+        batching of the oracle's calls change; the samples do not. An oracle whose own output
+        moves with the size of its batch (a float32 network) moves ``log_prob`` by its own
+        rounding too (about 1e-6). An int must lie in ``[0, 2**64)``
         (:func:`~pyro_autospec.engine.keys.check_seed`).
     order : "random" or permutation of ``range(n)``
         ``"random"`` draws a fresh uniform order per draw (needed for the ``sqrt(n)`` bound);
@@ -177,7 +179,8 @@ def sample_any_order(
     schedule : Schedule or dict, optional
         The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
         result's ``schedule`` passed back gives the same draws); they may also be given as
-        keywords (``**knobs``), but not both for one knob.
+        keywords (``**knobs``), but not both for one knob (a cap given as a keyword, such as
+        ``max_concurrent_draws``, replaces the schedule's: caps never change the draws).
     **knobs
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;

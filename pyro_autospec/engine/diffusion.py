@@ -461,7 +461,8 @@ def sample_sde(
     schedule : Schedule or dict, optional
         The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
         result's ``schedule`` passed back gives the same draws), or as keywords
-        (``**knobs``), not both for one knob.
+        (``**knobs``), not both for one knob (a cap given as a keyword, such as
+        ``max_concurrent_draws``, replaces the schedule's).
     **knobs
         The schedule's knobs; none changes the output law.
 

@@ -160,7 +160,9 @@ class Schedule(Mapping):
     max_concurrent_draws : int or None
         Every method: continuous batching, at most this many draws in flight.
     max_elements : int
-        ``[q]^n``: the largest oracle call, in ``rows x n`` elements (memory; by default
+        ``[q]^n``: the largest oracle call, in entries of its inputs and outputs: each row
+        (or chain) counts its ``n`` input values and ``q`` output entries per coordinate it
+        answers, ``n (q + 1)`` for a whole row of ``log_marginals`` (memory; by default
         ``2**20`` on a CPU, ``2**24`` elsewhere, :func:`default_max_elements`).
     max_rows_per_call : int or None
         Diffusions: cut a round into drift calls of at most this many rows (memory).
@@ -269,17 +271,23 @@ _FIELDS = tuple(f.name for f in fields(Schedule))
 
 def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
     """The knobs a caller gave: those of ``schedule=`` (a :class:`Schedule` or a dict) and the
-    keyword ones, which may not repeat a knob of ``schedule``.
+    keyword ones. A keyword may not repeat a window knob of ``schedule``; a cap
+    (:data:`COMMON_KNOBS`: rows per round or call, elements per call, draws in flight), which
+    never changes the draws, given as a keyword replaces the schedule's, so that a result's
+    schedule runs again with other caps (``schedule=result.schedule, max_concurrent_draws=8``).
 
     Examples
     --------
     >>> given_knobs(Schedule(max_block=8), {"rho": 2.0})
     {'max_block': 8, 'rho': 2.0}
+    >>> given_knobs(Schedule(max_block=8, max_concurrent_draws=None), {"max_concurrent_draws": 4})
+    {'max_concurrent_draws': 4, 'max_block': 8}
     """
     if schedule is None:
         return dict(knobs)
     given = dict(Schedule.of(schedule)) if not isinstance(schedule, Schedule) else dict(schedule)
-    twice = sorted(set(given) & set(knobs))
+    caps = set().union(*COMMON_KNOBS.values())
+    twice = sorted((set(given) & set(knobs)) - caps)
     if twice:
         change = ", ".join(f"{name}={knobs[name]!r}" for name in twice)
         raise TypeError(
@@ -290,8 +298,8 @@ def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
 
 
 def default_max_elements(device) -> int:
-    """The default size of one oracle call on ``[q]^n`` (``max_elements``, in ``rows x n``
-    entries), by device: ``2**20`` on a CPU, ``2**24`` elsewhere.
+    """The default size of one oracle call on ``[q]^n`` (``max_elements``, in entries of its
+    inputs and outputs), by device: ``2**20`` on a CPU, ``2**24`` elsewhere.
 
     A preset by hardware that never changes the draws (a call's size only cuts a round into
     calls). On a CPU, large calls make an oracle's own temporaries tens of megabytes, which

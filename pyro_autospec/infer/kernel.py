@@ -150,7 +150,8 @@ class AutoSpecKernel(MCMCKernel):
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`).
     **knobs
         The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
-        ``max_elements``, ``max_concurrent_draws``), not both for one knob.
+        ``max_elements``, ``max_concurrent_draws``), not both for one knob (a cap given as a
+        keyword replaces the schedule's).
 
     Examples
     --------

@@ -215,14 +215,17 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
     assert torch.equal(one.samples, sample_any_order(oracle, 6, seed=4, **one.schedule).samples)
     with pytest.raises(TypeError, match="given both in schedule= and as keywords"):
         sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
-    # a result's schedule run again with fewer draws in flight: the message says how
-    hint = r"pass schedule=schedule\.replace\(max_concurrent_draws=2\)"
+    hint = r"pass schedule=schedule\.replace\(max_block=4\)"  # the message says how
     with pytest.raises(TypeError, match=hint):
-        sample_any_order(oracle, 6, seed=4, schedule=first.schedule, max_concurrent_draws=2)
+        sample_any_order(oracle, 6, seed=4, schedule=first.schedule, max_block=4)
+    # a result's schedule run again with fewer draws in flight: a cap given as a keyword
+    # replaces the schedule's (caps never change the draws)
     fewer = sample_any_order(
         oracle, 6, seed=4, schedule=first.schedule.replace(max_concurrent_draws=2)
     )
-    assert torch.equal(fewer.samples, first.samples)
+    capped = sample_any_order(oracle, 6, seed=4, schedule=first.schedule, max_concurrent_draws=2)
+    assert torch.equal(fewer.samples, first.samples) and torch.equal(capped.samples, first.samples)
+    assert capped.schedule["max_concurrent_draws"] == 2
     with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
         sample_any_order(oracle, 2, seed=0, schedule=Schedule(tolerance=0.2))
 
