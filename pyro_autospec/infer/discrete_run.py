@@ -271,8 +271,9 @@ class DiscreteRun(RunBase):
 
         Per draw a run keeps its coordinates (int64), the sites' values, the log densities
         and the pointwise log likelihood of its observed elements, and about a dozen
-        per-draw numbers; while drawing, forward filtering holds a few float64 tables of
-        each site's values per draw, and the evaluation the model's log densities. Counted
+        per-draw numbers; while drawing a chain, forward filtering holds a few float64
+        tables of each site's values per draw, and the evaluation the model's log densities
+        (one chain at a time: a share of them per draw of the run). Counted
         generously (8 bytes an entry), against the machine's memory
         (:func:`~pyro_autospec.engine.memory.check_memory`).
         """
@@ -281,7 +282,8 @@ class DiscreteRun(RunBase):
         observed = sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())
         widest = max((site.num_coords * site.support_size for site in layout.sites), default=0)
         held = 16 * n + 8 * observed + 96
-        drawing = max(56 * widest, 16 * (n + observed))
+        # the tables of one chain's draws at a time (chains are drawn one after the other)
+        drawing = max(56 * widest, 16 * (n + observed)) // self.num_chains
         total = self.num_chains * num_draws
         request = f"num_samples={self.num_samples}"
         if self.warmup_steps:
