@@ -241,8 +241,8 @@ class DiscreteRun(RunBase):
             if "log_weight" in extra:
                 extra["log_weight"].append(log_weight[keep])
         self.check_draws = 0
-        if plan is not None and self_check is not None:
-            self.check_draws = self._check_draws(plan, draws, seeds[0], num_draws)
+        if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
+            self.check_draws = self._check_draws(plan, oracle, draws, seeds[0], num_draws)
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
         if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
@@ -303,16 +303,18 @@ class DiscreteRun(RunBase):
             exact=self.independent_draws,
         )
 
-    def _check_draws(self, plan, draws: DrawEvaluator, seed: int, num_draws: int) -> int:
+    def _check_draws(self, plan, oracle, draws: DrawEvaluator, seed: int, num_draws: int) -> int:
         """Make and evaluate extra draws for the self-check alone (never returned) when the
         run holds fewer than ``MIN_CHECKED_DRAWS``; return how many.
 
         A model that the enumeration does not reproduce (a handler or a read it cannot see)
         gives draws of another law, and ``log p(x, data) - log q(x) = log Z`` fails only on
         draws where the two laws differ: a run of one draw passes whenever its draw lies
-        where they agree. Forward filtering draws more at the cost of one vectorised pass,
-        and the model evaluates them in one batch (bounded by ``MAX_CHECK_ENTRIES``), so a
-        short run is checked as a run of ``MIN_CHECKED_DRAWS`` draws is.
+        where they agree. Forward filtering draws more at the cost of one vectorised pass
+        (for a run of the engine on the enumeration oracle, from the same factors where
+        their elimination fits), and the model evaluates them in one batch (bounded by
+        ``MAX_CHECK_ENTRIES``), so a short run is checked as a run of
+        ``MIN_CHECKED_DRAWS`` draws is.
         """
         want = MIN_CHECKED_DRAWS - self.num_chains * num_draws
         layout = self.layout
@@ -323,6 +325,9 @@ class DiscreteRun(RunBase):
         if want <= 0:
             return 0
         with self.stage("self-check"):
+            plan = plan_ffbs(oracle) if plan is None else plan
+            if plan is None:  # the elimination does not fit: the engine's draws alone
+                return 0
             extra = sample_exact(plan, want, check_draws_seed(seed))
         draws.evaluate(extra.samples, extra.log_prob)
         return want
