@@ -30,6 +30,7 @@ import torch
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.weights import weight_diagnostics
 from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
+from pyro_autospec.engine.stepping import progress_bar
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.oracle_choice import (
@@ -204,6 +205,9 @@ class DiscreteRun(RunBase):
         self._check_memory(num_draws)
         self.results = []
         seeds = self.settings.seeds(self.num_chains)
+        # forward filtering draws a chain in one pass, so its bar counts chains' draws (the
+        # engine shows its own, round by round)
+        bar = progress_bar(self.progress and plan is not None, len(seeds) * num_draws, "ffbs")
         for seed in seeds:
             if plan is not None:
                 result = self.record(sample_exact(plan, num_draws, seed))
@@ -240,6 +244,10 @@ class DiscreteRun(RunBase):
             extra["oracle_log_prob"].append(oracle_lp[keep])
             if "log_weight" in extra:
                 extra["log_weight"].append(log_weight[keep])
+            if bar is not None:
+                bar.update(num_draws)
+        if bar is not None:
+            bar.close()
         self.check_draws = 0
         if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
             self.check_draws = self._check_draws(plan, oracle, draws, seeds[0], num_draws)
