@@ -180,7 +180,8 @@ def sample_any_order(
         The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
         result's ``schedule`` passed back gives the same draws); they may also be given as
         keywords (``**knobs``), but not both for one knob (a cap given as a keyword, such as
-        ``max_concurrent_draws``, replaces the schedule's: caps never change the draws).
+        ``max_concurrent_draws``, replaces the schedule's: with the schedule's window knobs
+        fixed, as in ``result.schedule``, caps do not change the draws).
     **knobs
         ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
         (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;

@@ -272,9 +272,10 @@ _FIELDS = tuple(f.name for f in fields(Schedule))
 def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
     """The knobs a caller gave: those of ``schedule=`` (a :class:`Schedule` or a dict) and the
     keyword ones. A keyword may not repeat a window knob of ``schedule``; a cap
-    (:data:`COMMON_KNOBS`: rows per round or call, elements per call, draws in flight), which
-    never changes the draws, given as a keyword replaces the schedule's, so that a result's
-    schedule runs again with other caps (``schedule=result.schedule, max_concurrent_draws=8``).
+    (:data:`COMMON_KNOBS`: rows per round or call, elements per call, draws in flight) given
+    as a keyword replaces the schedule's, so that a result's schedule runs again with other
+    caps (``schedule=result.schedule, max_concurrent_draws=8``): with the window knobs fixed,
+    caps do not change the draws.
 
     Examples
     --------

@@ -400,15 +400,15 @@ class AutoSpec:
         or ``num_chains``, or build with another seed; with ``seed=None`` each run takes a
         fresh seed from Pyro's global generator (``pyro.set_rng_seed``).
         """
-        _warn_outer_handlers()
+        _warn_outer_handlers("run")
         # Forget the previous run first: a failure below must not leave its draws readable.
         self._run, self.run_kind, self._failure = None, None, None
         # An int seed keys every random number of the run, so tracing the model (whose
-        # continuous sites draw from torch's global generator) leaves the user's stream as
-        # it was; seed=None or a generator draws from a stream, as documented.
-        keep = isinstance(self.seed, int)
+        # continuous sites draw from torch's global generator) leaves the user's CPU stream
+        # as it was; seed=None or a generator draws from a stream, as documented.
+        keyed = isinstance(self.seed, int)
         try:
-            with torch.random.fork_rng(devices=[]) if keep else nullcontext():
+            with torch.random.fork_rng(devices=[]) if keyed else nullcontext():
                 return self._run_model(args, kwargs)
         except BaseException as error:
             self._run, self.run_kind = None, None
@@ -518,6 +518,7 @@ class AutoSpec:
         >>> [int(path[f"x_{t}"]) for t in range(4)]
         [0, 1, 1, 1]
         """
+        _warn_outer_handlers("map")
         layout = discover_sites(
             self.model,
             args,
@@ -908,17 +909,22 @@ class AutoSpec:
         )
 
 
-def _warn_outer_handlers() -> None:
-    """Warn that Pyro handlers around :meth:`AutoSpec.run` do not reach the model.
+def _warn_outer_handlers(method: str) -> None:
+    """Warn that Pyro handlers around :meth:`AutoSpec.run` (or ``map``) do not reach the model.
 
-    ``run`` blocks them, as ``pyro.infer.MCMC.run`` does (its own ``poutine.block`` is the top
-    of the handler stack here), so a ``poutine.condition`` or ``poutine.scale`` written around
-    the call would silently change nothing.
+    ``run`` and ``map`` block them, as ``pyro.infer.MCMC.run`` does (their own
+    ``poutine.block`` is the top of the handler stack here), so a ``poutine.condition`` or
+    ``poutine.scale`` written around the call would silently change nothing.
     """
-    outer = [type(handler).__name__ for handler in _PYRO_STACK[:-1]]
+    # an outer poutine.block changes nothing that run's own does not
+    outer = [
+        type(handler).__name__
+        for handler in _PYRO_STACK[:-1]
+        if not isinstance(handler, poutine.block_messenger.BlockMessenger)
+    ]
     if outer:
         warnings.warn(
-            f"AutoSpec.run was called inside Pyro handlers ({', '.join(outer)}); like "
+            f"AutoSpec.{method} was called inside Pyro handlers ({', '.join(outer)}); like "
             f"pyro.infer.MCMC.run it blocks them, so they do not reach the model. Apply them "
             f"to the model instead: AutoSpec(poutine.condition(model, data=...), ...).",
             UserWarning,

@@ -29,6 +29,8 @@ import torch
 
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.weights import weight_diagnostics
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
 from pyro_autospec.engine.stepping import progress_bar
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
@@ -51,11 +53,14 @@ __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
 #: Values of ``AutoSpec(sampler=...)``.
 SAMPLERS = ("auto", "engine", "ffbs")
-#: Fewest draws the self-check of a forward-filtering run compares: a shorter run makes extra
-#: draws for the check alone (:meth:`DiscreteRun._check_draws`).
+#: Fewest draws the self-check compares: a shorter run makes extra draws for the check alone
+#: (:meth:`DiscreteRun._draw_for_check`).
 MIN_CHECKED_DRAWS = 64
-#: Most entries (latent coordinates and observed elements, per draw, times draws) that those
-#: extra draws may have the model evaluate.
+#: Assignments drawn uniformly from the sites' supports at which every run compares the
+#: model's log density with the law it drew from.
+NUM_PROBES = 64
+#: Most entries (latent coordinates and observed elements, per draw, times draws) that each
+#: set of those extra assignments may have the model evaluate.
 MAX_CHECK_ENTRIES = 2**22
 
 
@@ -111,7 +116,8 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
-        self.check_draws = 0  # extra draws made for the self-check alone (_check_draws)
+        # extra draws and uniform probes the self-check compared (_draw_for_check)
+        self.num_check_draws = self.num_probes = 0
         self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
@@ -202,7 +208,7 @@ class DiscreteRun(RunBase):
             stage=self.stage,
         )
         num_draws = self.num_samples + self.warmup_steps
-        self._check_memory(num_draws)
+        self._check_memory(num_draws, ffbs=plan is not None)
         self.results = []
         seeds = self.settings.seeds(self.num_chains)
         # forward filtering draws a chain in one pass, so its bar counts chains' draws (the
@@ -248,9 +254,11 @@ class DiscreteRun(RunBase):
                 bar.update(num_draws)
         if bar is not None:
             bar.close()
-        self.check_draws = 0
+        self.num_check_draws = self.num_probes = 0
         if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
-            self.check_draws = self._check_draws(plan, oracle, draws, seeds[0], num_draws)
+            self.num_check_draws, self.num_probes = self._draw_for_check(
+                plan, oracle, draws, seeds[0], num_draws
+            )
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
         if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
@@ -274,24 +282,21 @@ class DiscreteRun(RunBase):
         self._warn_weights()
         return self
 
-    def _check_memory(self, num_draws: int) -> None:
-        """Refuse, before any draw, a run whose draws this machine cannot hold.
+    def _check_memory(self, num_draws: int, ffbs: bool) -> None:
+        """Refuse, before any draw, a run whose draws this machine certainly cannot hold.
 
-        Per draw a run keeps its coordinates (int64), the sites' values, the log densities
-        and the pointwise log likelihood of its observed elements, and about a dozen
-        per-draw numbers; while drawing a chain, forward filtering holds a few float64
-        tables of each site's values per draw, and the evaluation the model's log densities
-        (one chain at a time: a share of them per draw of the run). Counted
-        generously (8 bytes an entry), against the machine's memory
-        (:func:`~pyro_autospec.engine.memory.check_memory`).
+        Counted is what a run must hold whatever its model: per draw its coordinates (int64),
+        the sites' values (8 bytes an entry at most) and about a dozen per-draw numbers, and,
+        for forward filtering, two float64 tables of each site's values per draw of a chain
+        (chains are drawn one after the other). The log densities and the pointwise log
+        likelihood are left out (they are kept once per distinct assignment), so this is a
+        lower bound: a run near the machine's memory may still fail in torch's allocator.
         """
         layout = self.layout
         n = layout.num_coords
-        observed = sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())
         widest = max((site.num_coords * site.support_size for site in layout.sites), default=0)
-        held = 16 * n + 8 * observed + 96
-        # the tables of one chain's draws at a time (chains are drawn one after the other)
-        drawing = max(56 * widest, 16 * (n + observed)) // self.num_chains
+        held = 16 * n + 96
+        tables = 16 * widest // self.num_chains if ffbs else 0
         total = self.num_chains * num_draws
         request = f"num_samples={self.num_samples}"
         if self.warmup_steps:
@@ -299,46 +304,61 @@ class DiscreteRun(RunBase):
         if self.num_chains > 1:
             request += f" x num_chains={self.num_chains}"
         check_memory(
-            Footprint(total, held + drawing, largest=num_draws * max(n, observed, widest)),
-            request=(
-                f"{request} draws of a model with {n} discrete coordinates and {observed} "
-                f"observed elements"
-            ),
+            Footprint(total, held + tables, largest=num_draws * max(n, widest)),
+            request=f"{request} draws of a model with {n} discrete coordinates",
             holds=(
-                f"about {format_bytes(held + drawing)} per draw: its coordinates, site values, "
-                f"log densities and pointwise log likelihood, and the sampler's tables"
+                f"at least {format_bytes(held + tables)} per draw: its coordinates and site "
+                f"values" + (", and forward filtering's tables" if ffbs else "")
             ),
             exact=self.independent_draws,
         )
 
-    def _check_draws(self, plan, oracle, draws: DrawEvaluator, seed: int, num_draws: int) -> int:
-        """Make and evaluate extra draws for the self-check alone (never returned) when the
-        run holds fewer than ``MIN_CHECKED_DRAWS``; return how many.
+    def _draw_for_check(
+        self, plan, oracle, draws: DrawEvaluator, seed: int, num_draws: int
+    ) -> tuple[int, int]:
+        """Add to the self-check what a run's own draws cannot show; return how many extra
+        draws and how many uniform probes it compared.
 
-        A model that the enumeration does not reproduce (a handler or a read it cannot see)
-        gives draws of another law, and ``log p(x, data) - log q(x) = log Z`` fails only on
-        draws where the two laws differ: a run of one draw passes whenever its draw lies
-        where they agree. Forward filtering draws more at the cost of one vectorised pass
-        (for a run of the engine on the enumeration oracle, from the same factors where
-        their elimination fits), and the model evaluates them in one batch (bounded by
-        ``MAX_CHECK_ENTRIES``), so a short run is checked as a run of
-        ``MIN_CHECKED_DRAWS`` draws is.
+        A model that the enumeration does not reproduce (a read past a ``pyro.markov``
+        history, a handler it cannot see) has its draws drawn from another law ``q``, and
+        ``log p(x, data) - log q(x) = log Z`` fails only on assignments where the two laws
+        differ. The run's draws, from ``q``, may never land there: one draw lands where they
+        agree about half the time, and a ``q`` that gives the region no mass never lands
+        there at all, whatever the number of draws. So forward filtering's law is also read
+        at ``NUM_PROBES`` assignments drawn uniformly from the sites' supports
+        (:meth:`~pyro_autospec.model.ffbs.FFBSPlan.log_prob`), and a run of fewer than
+        ``MIN_CHECKED_DRAWS`` draws is joined by more draws from ``q``. None of them is
+        returned; they read a seed stream of their own (:func:`check_draws_seed`), and the
+        model evaluates each set in one batch, bounded by ``MAX_CHECK_ENTRIES``. Where the
+        engine drew the run on the enumeration oracle, forward filtering reads the same
+        factors, where their elimination fits; where it does not, the run's draws are all.
         """
-        want = MIN_CHECKED_DRAWS - self.num_chains * num_draws
         layout = self.layout
-        per_draw = layout.num_coords + sum(
-            math.prod(shape) for shape in layout.observed_batch_shapes.values()
-        )
-        want = min(want, MAX_CHECK_ENTRIES // max(1, per_draw))
-        if want <= 0:
-            return 0
+        per_draw = layout.num_coords + _observed_elements(layout)
+        budget = MAX_CHECK_ENTRIES // max(1, per_draw)
+        short = min(MIN_CHECKED_DRAWS - self.num_chains * num_draws, budget)
+        probes = min(NUM_PROBES, budget)
+        if short <= 0 and probes <= 0:
+            return 0, 0
         with self.stage("self-check"):
             plan = plan_ffbs(oracle) if plan is None else plan
             if plan is None:  # the elimination does not fit: the engine's draws alone
-                return 0
-            extra = sample_exact(plan, want, check_draws_seed(seed))
-        draws.evaluate(extra.samples, extra.log_prob)
-        return want
+                return 0, 0
+            seed = check_draws_seed(seed)
+            extra = sample_exact(plan, short, seed) if short > 0 else None
+            if probes > 0:
+                sizes = torch.tensor(
+                    [site.support_size for site in layout.sites for _ in range(site.num_coords)],
+                    dtype=torch.float64,
+                )
+                root = torch.tensor(keys.seed_key(derive_seed(seed, 1)), dtype=torch.long)
+                u = keys.uniform(root, keys.Tag.DRAFT, torch.arange(probes * len(sizes)))
+                uniform = (u.reshape(probes, -1) * sizes).long()
+                probe_log_q = plan.log_prob(uniform)
+        if extra is not None:
+            draws.evaluate(extra.samples, extra.log_prob)
+        compared = draws.probe(uniform, probe_log_q) if probes > 0 else 0
+        return max(short, 0), compared
 
     def _wants_ffbs(self) -> bool:
         """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""
@@ -513,8 +533,10 @@ class DiscreteRun(RunBase):
             return ""
         total = self.num_chains * (self.num_samples + self.warmup_steps)
         draws = "the run's one draw" if total == 1 else f"all {total} draws of the run"
-        if self.check_draws:
-            draws += f" and {self.check_draws} more drawn for this check alone (not returned)"
+        if self.num_check_draws:
+            draws += f" and {self.num_check_draws} more drawn for this check alone"
+        if self.num_probes:
+            draws += f", and at {self.num_probes} uniformly drawn assignments"
         deviation = f"largest deviation {self.max_self_check_error:.2g}"
         if self.self_check_reference == "none":
             why = self.self_check_why_not or "the model's discrete sites were not eliminated"
@@ -561,3 +583,8 @@ class DiscreteRun(RunBase):
             if self.ffbs_plan is not None
             else super().faster_method(rounds, seq_rounds, rows_per_draw, n)
         )
+
+
+def _observed_elements(layout: SiteLayout) -> int:
+    """Entries of the model's observed sites (their batch shapes)."""
+    return sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())

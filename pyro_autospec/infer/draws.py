@@ -22,6 +22,7 @@ the engine's coordinates into results the same way, through :class:`DrawEvaluato
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 
 from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
 from pyro_autospec.model.discrete import SiteLayout
+from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import LogJoint, evaluate
 
 __all__ = ["DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
@@ -194,6 +196,44 @@ class DrawEvaluator:
                 self.self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
             self._last = values
         return EvaluatedDraws(values, joint, oracle_lp, rows)
+
+    def probe(self, samples: torch.Tensor, oracle_log_prob: torch.Tensor) -> int:
+        """Compare the model with the oracle's law at assignments that were not drawn from it
+        (uniform probes), each distinct one once; return how many joined the self-check.
+
+        An assignment of probability zero under both (``log p = log q = -inf``) says nothing
+        and is left out; one that has mass under one law only fails the check. The model
+        may not be written for assignments its draws never reach (a count above its total,
+        an index out of range): if it raises on them, the probes are dropped and the run's
+        own draws stay the check.
+
+        Parameters
+        ----------
+        samples : LongTensor[N, n]
+            The assignments, as coordinates of :attr:`layout`.
+        oracle_log_prob : DoubleTensor[N]
+            ``log q(x)`` of each, under the law the run's draws come from.
+        """
+        if self.self_check is None:
+            return 0
+        # each distinct assignment once (a few sites: the probes repeat)
+        samples, inverse = torch.unique(samples, dim=0, return_inverse=True)
+        first = torch.empty(samples.shape[0], dtype=torch.long)
+        first.scatter_(0, inverse.cpu(), torch.arange(inverse.numel()))
+        oracle_log_prob = oracle_log_prob[first.to(oracle_log_prob.device)]
+        try:
+            with self.stage("self-check"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                values = self._values(samples, None)
+                joint = self._evaluate(values, check_mixing=False)
+        except (AutoSpecModelError, ValueError, RuntimeError, IndexError, TypeError):
+            return 0
+        lp = joint.total
+        q = oracle_log_prob.double().to(lp.device)
+        keep = ~(torch.isneginf(lp) & torch.isneginf(q))
+        magnitude = joint.magnitude if joint.magnitude is not None else lp.abs()
+        self.self_check.add(lp[keep], q[keep], magnitude[keep], joint.dtype)
+        return int(keep.sum())
 
     def _values(self, samples: torch.Tensor, continuous: Mapping | None) -> dict:
         values = self.layout.from_coords(samples)

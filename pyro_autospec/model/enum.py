@@ -118,10 +118,12 @@ _CHAIN_TARGETS_PER_COORD = 4
 _MAX_STEP_ENTRIES_PER_ROW = 2**26
 #: Contractions whose steps all have at most this many entries are measured by running them.
 _MEASURED_BY_RUNNING = 2**16
-#: Most enumerated sites for which a model with ``pyro.markov`` is traced once more with a
-#: tensor dim per site, to find a site that reads further back than its history keeps
-#: (:meth:`EnumOracle._check_reads_past_history`); a larger model keeps the self-check as guard.
-_MAX_SITES_TRACED_WIDE = 32
+#: Largest product of the discrete sites' support sizes and the plates' sizes for which a model
+#: with ``pyro.markov`` is traced once more with a tensor dim per site, to find a site that
+#: reads further back than its history keeps (:meth:`EnumOracle._check_reads_past_history`):
+#: there a value that every site feeds (a running count) broadcasts to that many entries. A
+#: larger model keeps the self-check as guard.
+_MAX_OWN_DIMS_ENTRIES = 2**20
 
 
 @dataclass
@@ -266,8 +268,9 @@ def _partly_hidden(trace) -> bool:
 def _hidden_reads(trace, wide) -> list[tuple[str, str, str]]:
     """Sites that read a site whose enumeration dim ``pyro.markov`` gave to another.
 
-    ``wide`` is the model traced under :class:`_KeepOuterScope` (every site keeps the dims of the
-    sites its markov contexts partly see), where a site's log density shows what it reads.
+    ``wide`` is the model traced where a site's log density shows what it reads: under
+    :class:`_KeepOuterScope` (every site keeps the dims of the sites its markov contexts partly
+    see) or under :class:`_WithoutMarkov` (a dim per site).
     In ``trace`` (Pyro's own dims) each site interprets each dim of its log density as one
     site's (``_dim_to_id``); a read whose dim it takes for another site's cannot be expressed.
     Returns ``(site, read, holder)``: ``site`` reads ``read``, whose dim ``holder`` took.
@@ -930,19 +933,22 @@ class EnumOracle:
         :meth:`_check_markov_history` sees such a read in a latent site's distribution; an
         observed site's log density shows it in no shape (the read site's dim now holds a later
         site, and the density is read on the diagonal), so the draws would silently follow
-        another law, and the self-check would catch it only on draws where the two laws
-        differ. Where the model has at most ``_MAX_SITES_TRACED_WIDE`` enumerated sites it is
-        traced once more with a dim per site (:class:`_WithoutMarkov`), whose log densities
-        show every site each one reads (:func:`_hidden_reads`).
+        another law. Where the sites' supports times the plates' sizes stay within
+        ``_MAX_OWN_DIMS_ENTRIES`` the model is traced once more with a dim per site
+        (:class:`_WithoutMarkov`), whose log densities show every site each one reads
+        (:func:`_hidden_reads`); elsewhere the self-check's uniform probes catch the other
+        law after sampling.
         """
-        enumerated = [
-            name
-            for name, node in trace.nodes.items()
-            if node["type"] == "sample"
-            and not node["is_observed"]
-            and (node.get("infer") or {}).get("_enumerate_dim") is not None
-        ]
-        if len(enumerated) > _MAX_SITES_TRACED_WIDE or next(_scoped_sites(trace), None) is None:
+        if next(_scoped_sites(trace), None) is None:
+            return
+        plates = {
+            frame.name: frame.size
+            for node in trace.nodes.values()
+            for frame in node.get("cond_indep_stack", ())
+            if frame.vectorized and frame.name != DRAWS_PLATE
+        }
+        sizes = [site.support_size for site in self.layout.sites] + list(plates.values())
+        if math.prod(sizes) > _MAX_OWN_DIMS_ENTRIES:
             return
         self._markov = False
         try:

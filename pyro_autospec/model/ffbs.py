@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -97,6 +98,67 @@ class FFBSPlan:
         device = self.device
         # keyed uniforms (the engine's generator): site bucket b reads child(root, NOISE, b)
         root = torch.tensor(keys.seed_key(int(seed)), dtype=torch.long, device=device)
+
+        def draw(number: int, shape: tuple, log_probs: torch.Tensor) -> torch.Tensor:
+            k = log_probs.shape[-1]
+            cdf = log_probs.exp().cumsum(-1)
+            counter = torch.arange(math.prod(shape), device=device).reshape(shape)
+            u = keys.uniform(keys.child(root, keys.Tag.NOISE, number), keys.Tag.DRAFT, counter)
+            u = u * cdf[..., -1]
+            x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
+            # a rounding edge may land on an impossible value: take the most likely one there
+            bad = ~torch.isfinite(log_probs.gather(-1, x))
+            if bool(bad.any()):
+                x = torch.where(bad, log_probs.argmax(-1, keepdim=True), x)
+            return x
+
+        values, log_q = self._backward(num_draws, draw)
+        samples = torch.empty(num_draws, self.num_coords, dtype=torch.long, device=device)
+        for site, coords in enumerate(self.site_coords):
+            x = values[site].permute(self._batch_order(site))
+            samples[:, coords] = x.reshape(num_draws, -1)
+        steps = self.num_steps
+        return SampleResult(
+            samples=samples,
+            log_prob=log_q,
+            rounds=steps,
+            sample_rounds=torch.full((num_draws,), steps, dtype=torch.long, device=device),
+            oracle_rows=0,
+            method="ffbs",
+            wall_time=time.perf_counter() - start,
+            timing={"forward": self.forward_seconds},
+        )
+
+    def log_prob(self, samples: torch.Tensor) -> torch.Tensor:
+        """``log q(x)`` of any assignments ``x`` under the law :meth:`sample` draws from: the
+        backward pass's conditionals read at ``x`` instead of drawn (``-inf`` where ``q`` has
+        no mass).
+
+        Parameters
+        ----------
+        samples : LongTensor[N, n]
+            Assignments as coordinates, in the layout of :meth:`sample`'s output.
+
+        Returns
+        -------
+        DoubleTensor[N]
+        """
+        num_draws = samples.shape[0]
+        samples = samples.to(self.device)
+        given = {}
+        for site, coords in enumerate(self.site_coords):
+            order = self._batch_order(site)
+            shape = self._site_shape(site, num_draws)
+            x = samples[:, coords].reshape([shape[d] for d in order])
+            given[site] = x.permute(sorted(range(len(order)), key=order.__getitem__))
+        return self._backward(num_draws, None, given)[1]
+
+    def _backward(self, num_draws: int, draw, given: dict | None = None) -> tuple[dict, Any]:
+        """The backward pass: each site's conditional given the later sites' values, from
+        which ``draw(number, shape, log_probs)`` picks the site's values (``[*shape, 1]``),
+        or which reads the ``given`` values. Returns every site's values (site -> ``shape``)
+        and ``log q`` of each draw."""
+        device = self.device
         num_plates = len(self.plate_sizes)
         values: dict[int, torch.Tensor] = {}
         log_q = torch.zeros(num_draws, dtype=torch.float64, device=device)
@@ -121,42 +183,22 @@ class FFBSPlan:
             else:
                 logits = table.unsqueeze(0)
             shape = self._site_shape(bucket.site, num_draws)
-            logits = logits.expand(shape + (k,))
-            log_probs = torch.log_softmax(logits, dim=-1)
-            cdf = log_probs.exp().cumsum(-1)
-            counter = torch.arange(math.prod(shape), device=device).reshape(shape)
-            u = keys.uniform(keys.child(root, keys.Tag.NOISE, number), keys.Tag.DRAFT, counter)
-            u = u * cdf[..., -1]
-            x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
-            picked = log_probs.gather(-1, x)
-            # a rounding edge may land on an impossible value: take the most likely one there
-            bad = ~torch.isfinite(picked)
-            if bool(bad.any()):
-                best = log_probs.argmax(-1, keepdim=True)
-                x = torch.where(bad, best, x)
-                picked = log_probs.gather(-1, x)
-            x = x.squeeze(-1)
-            log_q += picked.squeeze(-1).reshape(num_draws, -1).sum(1)
-            values[bucket.site] = x
-        samples = torch.empty(num_draws, self.num_coords, dtype=torch.long, device=device)
-        for site, (coords, plates) in enumerate(
-            zip(self.site_coords, self.site_plates, strict=True)
-        ):
-            # the site's plates in its own batch order first, the unit dims after: C order
-            rest = [d for d in range(1, num_plates + 1) if d - 1 not in plates]
-            x = values[site].permute([0] + [p + 1 for p in plates] + rest)
-            samples[:, coords] = x.reshape(num_draws, -1)
-        steps = self.num_steps
-        return SampleResult(
-            samples=samples,
-            log_prob=log_q,
-            rounds=steps,
-            sample_rounds=torch.full((num_draws,), steps, dtype=torch.long, device=device),
-            oracle_rows=0,
-            method="ffbs",
-            wall_time=time.perf_counter() - start,
-            timing={"forward": self.forward_seconds},
-        )
+            log_probs = torch.log_softmax(logits.expand(shape + (k,)), dim=-1)
+            if given is None:
+                x = draw(number, shape, log_probs)
+            else:
+                x = given[bucket.site].unsqueeze(-1)
+            log_q += log_probs.gather(-1, x).squeeze(-1).reshape(num_draws, -1).sum(1)
+            values[bucket.site] = x.squeeze(-1)
+        return values, log_q
+
+    def _batch_order(self, site: int) -> list:
+        """The dims of a site's values (``[N, *plates]``, :meth:`_site_shape`) in the order of
+        its coordinates: the draws, the site's plates in its own batch order, then the unit
+        dims (C order)."""
+        plates = self.site_plates[site]
+        rest = [d for d in range(1, len(self.plate_sizes) + 1) if d - 1 not in plates]
+        return [0] + [p + 1 for p in plates] + rest
 
     def _site_shape(self, site: int, num_draws: int) -> tuple:
         shape = [num_draws] + [1] * len(self.plate_sizes)

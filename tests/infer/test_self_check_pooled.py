@@ -309,7 +309,63 @@ def test_the_extra_draws_of_the_check_leave_the_returned_draws_alone():
 
     short = AutoSpec(chain, 3, seed=4, disable_progbar=True).run()
     long = AutoSpec(chain, 80, seed=4, disable_progbar=True).run()
-    assert short._run.check_draws == 61 and long._run.check_draws == 0
+    assert short._run.num_check_draws == 61 and long._run.num_check_draws == 0
     for name, value in short.get_samples().items():
         assert torch.equal(value, long.get_samples()[name][:3])
     assert "61 more drawn for this check alone" in short._run.self_check_summary()
+
+
+def hidden_ring(steps):
+    """A ``history=1`` chain whose last step reads ``z_0``, weighted so that the enumerated
+    law (which reads ``z_{T-2}`` for ``z_0``: its prior is 1e-9 where ``z_0``'s is 0.999) gives
+    ``z_{T-1} = 1`` a mass of about 1.5e-6, where the model gives it 0.998: the run's draws
+    do not land where the two laws differ, however many a run holds. After an outside
+    test."""
+
+    def prior(t):
+        return 0.999 if t == 0 else (1e-9 if t == steps - 2 else (1e-6 if t == steps - 1 else 0.5))
+
+    def model():
+        zs = []
+        for t in pyro.markov(range(steps)):
+            z = pyro.sample(f"z_{t}", dist.Bernoulli(prior(t)))
+            if t == steps - 1:
+                pyro.factor("ring", 20.0 * z * zs[0])
+            zs.append(z)
+
+    return model
+
+
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_uniform_probes_catch_a_law_the_draws_never_visit(sampler):
+    fit = AutoSpec(hidden_ring(40), 500, seed=0, sampler=sampler, disable_progbar=True)
+    with pytest.raises(SelfCheckError, match="further back than its pyro.markov history"):
+        fit.run()
+
+
+def test_uniform_probes_pass_an_exact_model_and_are_counted():
+    def chain():
+        for t in pyro.markov(range(6)):
+            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3))
+            pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
+
+    fit = AutoSpec(chain, 100, seed=1, disable_progbar=True).run()
+    probes = fit._run.num_probes  # the distinct ones among 64 of 2^6 assignments
+    assert 30 < probes <= 64 and fit._run.num_check_draws == 0
+    assert f"at {probes} uniformly drawn assignments" in fit._run.self_check_summary()
+
+
+def test_probes_a_model_cannot_score_are_dropped():
+    """A model need not run at assignments its draws never reach (here ``z = 2``, which has
+    no prior mass): if evaluating the probes raises, they are dropped and the run's own draws
+    stay the check."""
+
+    def model():
+        z = pyro.sample("z", dist.Categorical(torch.tensor([0.5, 0.5, 0.0])))
+        if z.dim() == 1 and bool((z == 2).any()):  # a batch of draws that holds z = 2
+            raise ValueError("not written for z = 2")
+        pyro.sample("y", dist.Normal(z.float(), 1.0), obs=torch.tensor(0.3))
+
+    fit = AutoSpec(model, 50, seed=0, disable_progbar=True).run()
+    assert fit._run.num_probes == 0 and fit._run.num_check_draws == 14
+    assert fit._run.max_self_check_error is not None

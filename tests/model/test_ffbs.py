@@ -297,7 +297,7 @@ def test_ffbs_on_cuda():
     assert auto.results[0].method == "autospec"  # on a GPU "auto" keeps the engine
 
 
-@pytest.mark.parametrize("steps, num_samples, traces", [(4, 64, 5), (40, 64, 4), (40, 1, 5)])
+@pytest.mark.parametrize("steps, num_samples, traces", [(4, 64, 6), (40, 64, 5), (40, 1, 6)])
 def test_a_discrete_run_traces_the_model_a_fixed_number_of_times(steps, num_samples, traces):
     calls = []
 
@@ -307,9 +307,10 @@ def test_a_discrete_run_traces_the_model_a_fixed_number_of_times(steps, num_samp
 
     ys = torch.randn(steps, generator=torch.Generator().manual_seed(0))
     fit = sample(counted, ys, num_samples=num_samples, sampler="auto")
-    # two structure traces, the enumerated trace, the batched evaluation of the draws; a
-    # markov model of at most 32 discrete sites once more, with a tensor dim per site, to
-    # find a site that reads further back than its history; a run of fewer than 64 draws
-    # evaluates the extra draws of its self-check in one more batch
+    # two structure traces, the enumerated trace, the batched evaluation of the draws, and
+    # of the self-check's 64 uniform probes; a small markov model (supports' product at most
+    # 2^20) once more, with a tensor dim per site, to find a site that reads further back
+    # than its history; a run of fewer than 64 draws evaluates the extra draws of its
+    # self-check in one more batch
     assert len(calls) == traces
-    assert fit._run.check_draws == 64 - num_samples
+    assert fit._run.num_check_draws == 64 - num_samples and 0 < fit._run.num_probes <= 64
