@@ -314,3 +314,22 @@ def test_a_discrete_run_traces_the_model_a_fixed_number_of_times(steps, num_samp
     # self-check in one more batch
     assert len(calls) == traces
     assert fit._run.num_check_draws == 64 - num_samples and 0 < fit._run.num_probes <= 64
+
+
+def test_log_prob_reads_the_sampled_law_at_any_assignment():
+    """``FFBSPlan.log_prob`` is the law ``sample`` draws from, read at given assignments: the
+    draws' own ``log_prob`` bit for bit, and ``log p(x, data) - log Z`` by brute force at
+    every assignment of a two-chain model (the self-check's uniform probes read it)."""
+    from pyro_autospec.model.enum import EnumOracle
+
+    ys = torch.tensor([0.4, 2.2, 1.1])
+    plan = ffbs.plan_ffbs(EnumOracle(dbn, (ys,)))
+    drawn = plan.sample(40, seed=3)
+    assert torch.equal(plan.log_prob(drawn.samples), drawn.log_prob)
+    states = torch.tensor(list(np.ndindex(*([2] * 6))))  # coordinates a_0, b_0, a_1, ...
+    log_joint = torch.tensor(
+        [dbn_joint(tuple(s.tolist()), ys) for s in states], dtype=torch.float64
+    )
+    log_z = torch.logsumexp(log_joint, 0)
+    expected = log_joint - log_z
+    assert torch.allclose(plan.log_prob(states), expected, atol=1e-5, rtol=0)
