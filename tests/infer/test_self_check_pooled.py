@@ -291,6 +291,13 @@ def long_ring():
         xs.append(x)
 
 
+def short_chain():
+    """An exact six-step chain the self-check passes."""
+    for t in pyro.markov(range(6)):
+        x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3))
+        pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
+
+
 @pytest.mark.parametrize("sampler", ["auto", "engine"])
 @pytest.mark.parametrize("seed", range(6))
 def test_a_one_draw_run_is_checked_on_extra_draws(seed, sampler):
@@ -302,13 +309,8 @@ def test_a_one_draw_run_is_checked_on_extra_draws(seed, sampler):
 
 
 def test_the_extra_draws_of_the_check_leave_the_returned_draws_alone():
-    def chain():
-        for t in pyro.markov(range(6)):
-            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3))
-            pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
-
-    short = AutoSpec(chain, 3, seed=4, disable_progbar=True).run()
-    long = AutoSpec(chain, 80, seed=4, disable_progbar=True).run()
+    short = AutoSpec(short_chain, 3, seed=4, disable_progbar=True).run()
+    long = AutoSpec(short_chain, 80, seed=4, disable_progbar=True).run()
     assert short._run.num_check_draws == 61 and long._run.num_check_draws == 0
     for name, value in short.get_samples().items():
         assert torch.equal(value, long.get_samples()[name][:3])
@@ -344,12 +346,7 @@ def test_uniform_probes_catch_a_law_the_draws_never_visit(sampler):
 
 
 def test_uniform_probes_pass_an_exact_model_and_are_counted():
-    def chain():
-        for t in pyro.markov(range(6)):
-            x = pyro.sample(f"x_{t}", dist.Bernoulli(0.3))
-            pyro.sample(f"y_{t}", dist.Normal(x, 0.7), obs=LONG_RING_DATA[t])
-
-    fit = AutoSpec(chain, 100, seed=1, disable_progbar=True).run()
+    fit = AutoSpec(short_chain, 100, seed=1, disable_progbar=True).run()
     probes = fit._run.num_probes  # the distinct ones among 64 of 2^6 assignments
     assert 30 < probes <= 64 and fit._run.num_check_draws == 0
     assert f"at {probes} uniformly drawn assignments" in fit._run.self_check_summary()
