@@ -59,8 +59,8 @@ MIN_CHECKED_DRAWS = 64
 #: Assignments drawn uniformly from the sites' supports at which every run compares the
 #: model's log density with the law it drew from.
 NUM_PROBES = 64
-#: Most entries (latent coordinates and observed elements, per draw, times draws) that each
-#: set of those extra assignments may have the model evaluate.
+#: Most entries (latent coordinates and observed elements, per draw, times draws) that those
+#: extra assignments may have the model evaluate.
 MAX_CHECK_ENTRIES = 2**22
 
 
@@ -329,23 +329,28 @@ class DiscreteRun(RunBase):
         (:meth:`~pyro_autospec.model.ffbs.FFBSPlan.log_prob`), and a run of fewer than
         ``MIN_CHECKED_DRAWS`` draws is joined by more draws from ``q``. None of them is
         returned; they read a seed stream of their own (:func:`check_draws_seed`), and the
-        model evaluates each set in one batch, bounded by ``MAX_CHECK_ENTRIES``. Where the
+        model evaluates them together in one batch, bounded by ``MAX_CHECK_ENTRIES`` (if the
+        model raises on the probes, the extra draws are evaluated alone). Where the
         engine drew the run on the enumeration oracle, forward filtering reads the same
         factors, where their elimination fits; where it does not, the run's draws are all.
         """
         layout = self.layout
         per_draw = layout.num_coords + _observed_elements(layout)
         budget = MAX_CHECK_ENTRIES // max(1, per_draw)
-        short = min(MIN_CHECKED_DRAWS - self.num_chains * num_draws, budget)
-        probes = min(NUM_PROBES, budget)
-        if short <= 0 and probes <= 0:
+        short = max(0, min(MIN_CHECKED_DRAWS - self.num_chains * num_draws, budget // 2))
+        probes = min(NUM_PROBES, budget // 2)
+        if short + probes <= 0:
             return 0, 0
         with self.stage("self-check"):
             plan = plan_ffbs(oracle) if plan is None else plan
             if plan is None:  # the elimination does not fit: the engine's draws alone
                 return 0, 0
             seed = check_draws_seed(seed)
-            extra = sample_exact(plan, short, seed) if short > 0 else None
+            parts, log_q = [], []
+            if short > 0:
+                extra = sample_exact(plan, short, seed)
+                parts.append(extra.samples)
+                log_q.append(extra.log_prob)
             if probes > 0:
                 sizes = torch.tensor(
                     [site.support_size for site in layout.sites for _ in range(site.num_coords)],
@@ -353,12 +358,16 @@ class DiscreteRun(RunBase):
                 )
                 root = torch.tensor(keys.seed_key(derive_seed(seed, 1)), dtype=torch.long)
                 u = keys.uniform(root, keys.Tag.DRAFT, torch.arange(probes * len(sizes)))
-                uniform = (u.reshape(probes, -1) * sizes).long()
-                probe_log_q = plan.log_prob(uniform)
-        if extra is not None:
-            draws.evaluate(extra.samples, extra.log_prob)
-        compared = draws.probe(uniform, probe_log_q) if probes > 0 else 0
-        return max(short, 0), compared
+                uniform = (u.reshape(probes, -1) * sizes).long().to(plan.device)
+                parts.append(uniform)
+                log_q.append(plan.log_prob(uniform))
+        # one batch of the model for both
+        if draws.probe(torch.cat(parts), torch.cat(log_q)):
+            return short, probes
+        if short > 0:  # the model cannot score the probes: the extra draws alone
+            if draws.probe(parts[0], log_q[0]):
+                return short, 0
+        return 0, 0
 
     def _wants_ffbs(self) -> bool:
         """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""

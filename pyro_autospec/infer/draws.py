@@ -197,15 +197,15 @@ class DrawEvaluator:
             self._last = values
         return EvaluatedDraws(values, joint, oracle_lp, rows)
 
-    def probe(self, samples: torch.Tensor, oracle_log_prob: torch.Tensor) -> int:
-        """Compare the model with the oracle's law at assignments that were not drawn from it
-        (uniform probes), each distinct one once; return how many joined the self-check.
+    def probe(self, samples: torch.Tensor, oracle_log_prob: torch.Tensor) -> bool:
+        """Compare the model with the oracle's law at assignments made for the self-check alone
+        (extra draws, or uniform probes that were not drawn from it), each distinct one once,
+        in one batch; return whether they joined the check.
 
         An assignment of probability zero under both (``log p = log q = -inf``) says nothing
         and is left out; one that has mass under one law only fails the check. The model
         may not be written for assignments its draws never reach (a count above its total,
-        an index out of range): if it raises on them, the probes are dropped and the run's
-        own draws stay the check.
+        an index out of range): if it raises on them, nothing joins the check.
 
         Parameters
         ----------
@@ -215,7 +215,7 @@ class DrawEvaluator:
             ``log q(x)`` of each, under the law the run's draws come from.
         """
         if self.self_check is None:
-            return 0
+            return False
         # each distinct assignment once (a few sites: the probes repeat)
         samples, inverse = torch.unique(samples, dim=0, return_inverse=True)
         first = torch.empty(samples.shape[0], dtype=torch.long)
@@ -227,13 +227,13 @@ class DrawEvaluator:
                 values = self._values(samples, None)
                 joint = self._evaluate(values, check_mixing=False)
         except (AutoSpecModelError, ValueError, RuntimeError, IndexError, TypeError):
-            return 0
+            return False
         lp = joint.total
         q = oracle_log_prob.double().to(lp.device)
         keep = ~(torch.isneginf(lp) & torch.isneginf(q))
         magnitude = joint.magnitude if joint.magnitude is not None else lp.abs()
-        self.self_check.add(lp[keep], q[keep], magnitude[keep], joint.dtype)
-        return int(keep.sum())
+        self.self_check.add(lp[keep], q[keep], magnitude[keep], joint.dtype, returned=False)
+        return True
 
     def _values(self, samples: torch.Tensor, continuous: Mapping | None) -> dict:
         values = self.layout.from_coords(samples)

@@ -50,6 +50,7 @@ def check_exact_draws(
     *,
     log_normalizer: torch.Tensor | None = None,
     custom_oracle: bool = False,
+    returned: torch.Tensor | None = None,
 ) -> float:
     """The runtime self-check: ``log p(x, data) - log q(x)`` must not vary across draws.
 
@@ -69,6 +70,9 @@ def check_exact_draws(
         Each draw's ``log Z``; without it the differences must agree with each other.
     custom_oracle : bool
         Word the error for an oracle the user passed.
+    returned : BoolTensor[N], optional
+        Which rows are the run's draws; the others are assignments made for the check alone
+        (the error says which the failing row is).
 
     Returns
     -------
@@ -104,6 +108,9 @@ def check_exact_draws(
         return float(deviation.abs().max()) if deviation.numel() else 0.0
     i = int(bad.nonzero()[0, 0])
     spread = float(deviation[bad].abs().max())
+    row = f"Draw {i}"
+    if returned is not None and not bool(returned[i]):
+        row = f"Row {i} (an assignment made for this check alone, not a returned draw)"
     if custom_oracle:
         advice = (
             "The oracle passed as oracle= is not exact for this model (coordinates in another "
@@ -130,7 +137,7 @@ def check_exact_draws(
     raise SelfCheckError(
         f"Self-check failed: log p(x, data) - log q(x) {what} by up to {spread:.3g} "
         f"(tolerance {float(tolerance[i]):.2g} from {dtype} precision), so the draws are NOT "
-        f"exact draws of the model's posterior. Draw {i}: log p(x, data) = "
+        f"exact draws of the model's posterior. {row}: log p(x, data) = "
         f"{float(log_joint[i]):.6g}, log q(x) = {float(oracle_log_prob[i]):.6g}. {advice}"
     )
 
@@ -198,14 +205,18 @@ class SelfCheck:
         oracle_log_prob: torch.Tensor,
         magnitude: torch.Tensor,
         dtype: torch.dtype,
+        *,
+        returned: bool = True,
     ) -> None:
-        """Add a batch of draws (DoubleTensors[N]; ``dtype`` as in :func:`check_exact_draws`)."""
+        """Add a batch of draws (DoubleTensors[N]; ``dtype`` as in :func:`check_exact_draws`);
+        ``returned=False`` for assignments made for the check alone."""
         device = log_joint.device
         self._parts.append(
             (
                 log_joint.detach().double(),
                 oracle_log_prob.detach().double().to(device),
                 magnitude.detach().double().to(device),
+                torch.full(log_joint.shape, returned, dtype=torch.bool, device=device),
             )
         )
         if self._dtype is None or _eps(dtype) > _eps(self._dtype):
@@ -222,7 +233,9 @@ class SelfCheck:
         if not self._parts:
             return 0.0
         device = self._parts[0][0].device
-        lp, q, magnitude = (torch.cat([p[k].to(device) for p in self._parts]) for k in range(3))
+        lp, q, magnitude, returned = (
+            torch.cat([p[k].to(device) for p in self._parts]) for k in range(4)
+        )
         normalizer = getattr(self.oracle, "log_normalizer", None)
         if self.log_normalizer is not None:
             normalizer = torch.tensor(float(self.log_normalizer), dtype=torch.float64)
@@ -238,10 +251,12 @@ class SelfCheck:
             self._dtype,
             log_normalizer=normalizer,
             custom_oracle=self.custom_oracle,
+            returned=returned,
         )
         self.max_error = error if self.max_error is None else max(self.max_error, error)
         if self.keep is not None and lp.numel() > self.keep:
-            self._parts = [(lp[: self.keep], q[: self.keep], magnitude[: self.keep])]
+            keep = slice(None, self.keep)
+            self._parts = [(lp[keep], q[keep], magnitude[keep], returned[keep])]
         return self.max_error
 
 

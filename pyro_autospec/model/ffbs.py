@@ -186,9 +186,13 @@ class FFBSPlan:
             log_probs = torch.log_softmax(logits.expand(shape + (k,)), dim=-1)
             if given is None:
                 x = draw(number, shape, log_probs)
+                picked = log_probs.gather(-1, x)
             else:
                 x = given[bucket.site].unsqueeze(-1)
-            log_q += log_probs.gather(-1, x).squeeze(-1).reshape(num_draws, -1).sum(1)
+                # given later values that no value of this site completes (every logit -inf),
+                # log_softmax is NaN: the assignment has no mass
+                picked = log_probs.gather(-1, x).nan_to_num(nan=-math.inf)
+            log_q += picked.squeeze(-1).reshape(num_draws, -1).sum(1)
             values[bucket.site] = x.squeeze(-1)
         return values, log_q
 

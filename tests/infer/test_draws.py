@@ -60,9 +60,9 @@ def test_autospec_discrete_takes_the_one_path(calls, sampler):
         discrete, num_samples=5, num_chains=3, seed=0, sampler=sampler, disable_progbar=True
     ).run(DATA)
     # a batch per chain, one pooled check; the 15 draws are joined by 49 more for the check
-    # alone (fewer than 64), in one more batch, and by 64 uniform probes (DrawEvaluator.probe)
-    assert calls == {"evaluate": 4, "check": 1}
-    assert fit._run.num_check_draws == 49 and 0 < fit._run.num_probes <= 64
+    # alone (fewer than 64) and by 64 uniform probes, in one more batch (DrawEvaluator.probe)
+    assert calls == {"evaluate": 3, "check": 1}
+    assert fit._run.num_check_draws == 49 and fit._run.num_probes == 64
     assert fit.diagnostics()["sampler"] == ("ffbs" if sampler == "ffbs" else "autospec")
     assert fit._run.max_self_check_error is not None
 
