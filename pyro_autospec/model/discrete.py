@@ -746,6 +746,13 @@ def discover_sites(
         _check_plates(name, site, max_plate_nesting, latent=True)
         support = fn.enumerate_support(expand=False)
         k = support.shape[0]
+        batch_dims = tuple(range(1, 1 + len(fn.batch_shape)))
+        if support.shape[1 : 1 + len(fn.batch_shape)].numel() != 1 and bool(
+            (support == support[(slice(None),) + (slice(0, 1),) * len(batch_dims)]).all()
+        ):
+            # a distribution that expands its support whatever expand= says, with one
+            # support for every batch element: its first element's
+            support = support[(slice(None),) + (0,) * len(batch_dims)]
         if support.shape[1 : 1 + len(fn.batch_shape)].numel() != 1:
             raise UnsupportedSiteError(
                 f"Site '{name}' ({type(fn).__name__}) has a support that differs between its batch "

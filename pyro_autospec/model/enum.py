@@ -360,9 +360,10 @@ def _too_many_dims_error(layout: SiteLayout, seen: list) -> IntractableEnumerati
 
 
 def nan_sites(model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int) -> list[str]:
-    """The sample sites whose log density is NaN for some value of the discrete latent sites
-    (each enumerated at a dim of its own), in trace order; ``[]`` when the model cannot be
-    traced so (the later stages name that fault)."""
+    """The sample sites whose log density is NaN or +inf for some value of the discrete latent
+    sites (each enumerated at a dim of its own), in trace order; ``[]`` when the model cannot
+    be traced so (the later stages name that fault). A +inf term makes the normaliser NaN or
+    +inf as well."""
     trace = enumerated_trace(model, args, kwargs, max_plate_nesting, log_prob=True)
     if trace is None:
         return []
@@ -371,7 +372,7 @@ def nan_sites(model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int
         for name, node in trace.nodes.items()
         if node["type"] == "sample"
         and not name.startswith("_autospec")
-        and bool(torch.isnan(node["log_prob"]).any())
+        and bool((torch.isnan(node["log_prob"]) | torch.isposinf(node["log_prob"])).any())
     ]
 
 
@@ -379,7 +380,7 @@ def check_evidence(
     log_normalizer: torch.Tensor | float, explain_nan: Callable[[], list[str]] | None = None
 ) -> None:
     """Refuse data of probability zero under every assignment of the discrete sites, and a
-    model whose log density is NaN.
+    model whose log density is NaN or +inf.
 
     Parameters
     ----------
@@ -392,20 +393,32 @@ def check_evidence(
     Raises
     ------
     AutoSpecModelError
-        Where it is ``-inf``: there is no posterior to sample; where it is NaN and
-        ``explain_nan`` names a site: the site's log density is not a number.
+        Where it is ``-inf``: there is no posterior to sample; ``+inf``: the density is
+        infinite somewhere; where it is NaN and ``explain_nan`` names a site: the site's log
+        density is not a number.
     """
     log_normalizer = torch.as_tensor(log_normalizer, dtype=torch.float64)
-    if explain_nan is not None and bool(torch.isnan(log_normalizer).any()):
+    not_finite = torch.isnan(log_normalizer) | torch.isposinf(log_normalizer)
+    if explain_nan is not None and bool(not_finite.any()):
         names = explain_nan()
         if names:
             listed = ", ".join(f"'{name}'" for name in names)
             raise AutoSpecModelError(
-                f"The log density of site(s) {listed} is NaN for some value of the discrete "
-                "latent sites, so the posterior is not defined. Common causes: logits of "
-                "+inf or -inf (torch's Bernoulli gives NaN there; use probs=, or clamp the "
-                "logits), probabilities outside [0, 1], or NaN parameters."
+                f"The log density of site(s) {listed} is NaN or +inf for some value of the "
+                "discrete latent sites, so the posterior is not defined. Common causes: logits "
+                "of +inf or -inf (torch's Bernoulli gives NaN there; use probs=, or clamp the "
+                "logits), probabilities outside [0, 1], NaN parameters, or an observation "
+                "where its density is infinite (y = 0 at a Beta(0.5, b) site, a Normal of "
+                "scale 0)."
             )
+    if bool((log_normalizer == float("inf")).any()):
+        raise AutoSpecModelError(
+            "The log density of the data is +inf for some value of the discrete latent sites "
+            "(log p(data) = +inf), so the posterior is not defined: an observation sits where "
+            "its density is infinite (e.g. y = 0 at a Beta(0.5, b) or Gamma(0.5, r) site, or a "
+            "Normal whose scale is 0). Check the data and the parameters that the discrete "
+            "sites select."
+        )
     if bool((log_normalizer == -float("inf")).any()):  # NaN is left to the row checks
         raise AutoSpecModelError(
             "The data have probability zero under every assignment of the discrete latent "

@@ -378,6 +378,21 @@ def test_a_nan_log_density_names_the_site(sampler):
             run(model, torch.tensor([0.3, 1.2, -0.5]), sampler=sampler)
 
 
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_an_infinite_density_names_the_site(sampler):
+    """An observation where its density is +inf for one value of a discrete site (y = 0 at a
+    Beta(0.5, 1)): the run blamed an oracle the user never wrote (an outside test)."""
+
+    def model(y):
+        z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+        pyro.sample("y", dist.Beta(torch.tensor([0.5, 1.0, 2.0])[z], 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="site\\(s\\) 'y' is NaN or \\+inf .* Beta"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run(model, torch.tensor(0.0), sampler=sampler)
+
+
 def test_sites_named_like_arviz_dimensions_are_refused_by_to_inference_data():
     """ArviZ drops a variable named ``chain`` or ``draw`` without a word (outside user)."""
 

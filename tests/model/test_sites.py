@@ -205,3 +205,55 @@ def test_a_model_that_mixes_devices_is_told_so():
 
     with pytest.raises(DynamicStructureError, match=r"mixes devices.*device=data\.device"):
         AutoSpec(on_two_devices, num_samples=2, disable_progbar=True).run()
+
+
+class ExpandsItsSupport(dist.TorchDistribution):
+    """Three values with its own logits; ``enumerate_support`` expands whatever ``expand=``
+    says, as many hand-written distributions do (every batch element has the same support)."""
+
+    arg_constraints = {}
+    support = dist.constraints.integer_interval(0, 2)
+    has_enumerate_support = True
+
+    def __init__(self, logits):
+        self.logits = logits - logits.logsumexp(-1, keepdim=True)
+        super().__init__(logits.shape[:-1], torch.Size(), validate_args=False)
+
+    def expand(self, batch_shape, _instance=None):
+        return ExpandsItsSupport(self.logits.expand(tuple(batch_shape) + (3,)))
+
+    def sample(self, sample_shape=()):
+        return torch.distributions.Categorical(logits=self.logits).sample(torch.Size(sample_shape))
+
+    def log_prob(self, value):
+        logits, value = torch.broadcast_tensors(self.logits, value.long().unsqueeze(-1))
+        return logits.gather(-1, value[..., :1]).squeeze(-1)
+
+    def enumerate_support(self, expand=True):
+        shape = (-1,) + (1,) * len(self.batch_shape)
+        return torch.arange(3).view(shape).expand((-1,) + self.batch_shape)
+
+
+def test_a_support_expanded_whatever_expand_says_is_one_support():
+    """It was refused as "a support that differs between its batch elements" (an outside
+    test; Pyro's infer_discrete samples it); its draws follow the exact law."""
+    from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws
+
+    logits = torch.tensor([0.3, -0.2, 0.5])
+    y = torch.tensor([2.0, 0.2])
+
+    def model():
+        with pyro.plate("d", 2):
+            z = pyro.sample("z", ExpandsItsSupport(logits))
+            pyro.sample("y", dist.Normal(z.float(), 1.0), obs=y)
+
+    def log_joint(s):
+        prior = logits.log_softmax(-1)
+        return sum(
+            float(prior[k]) + float(dist.Normal(float(k), 1.0).log_prob(y[i]))
+            for i, k in enumerate(s)
+        )
+
+    fit = AutoSpec(model, 3000, seed=0, disable_progbar=True).run()
+    states, probs = enumerate_joint([3, 3], log_joint)
+    assert_draws_follow(flatten_draws(fit.get_samples(), ["z"]), states, probs)
