@@ -689,7 +689,12 @@ class EnumOracle:
             if "up to 64 dims" in str(e):
                 raise _too_many_dims_error(self.layout, recorder.names) from e
             raise structure_error(
-                e, recorder.names, "under enumeration", recorder.plated, recorder.current
+                e,
+                recorder.names,
+                "under enumeration",
+                recorder.plated,
+                recorder.current,
+                recorder.markov,
             ) from e
         except AssertionError as e:
             raise assertion_error(e, recorder.names, "under enumeration", mpn) from e

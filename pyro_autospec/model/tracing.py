@@ -365,6 +365,7 @@ class SiteRecorder(poutine.messenger.Messenger):
         self.plated: dict[str, list[str]] = {}
         self.latent = None if latent is None else set(latent)
         self.current: str | None = None
+        self.markov: set[str] = set()  # sites inside a pyro.markov context
 
     def _pyro_sample(self, msg):
         if not msg["name"].startswith("_autospec"):
@@ -374,6 +375,8 @@ class SiteRecorder(poutine.messenger.Messenger):
         if msg["name"].startswith("_autospec") or isinstance(msg["fn"], _Subsample):
             return
         self.names.append(msg["name"])
+        if (msg.get("infer") or {}).get("_markov_scope") is not None:
+            self.markov.add(msg["name"])
         observed = msg["is_observed"] if self.latent is None else msg["name"] not in self.latent
         if observed or not getattr(msg["fn"], "has_enumerate_support", False):
             return
@@ -416,6 +419,7 @@ def structure_error(
     what: str,
     plated: dict[str, list[str]] | None = None,
     current: str | None = None,
+    markov: set[str] | None = None,
 ) -> DynamicStructureError:
     """A :class:`DynamicStructureError` naming the last site reached before ``error``.
 
@@ -433,6 +437,10 @@ def structure_error(
     current : str, optional
         The site being sampled when the error came (:attr:`SiteRecorder.current` of a
         recorder inside ``poutine.enum``), named when enumeration refused it.
+    markov : set of str, optional
+        The sites seen inside a ``pyro.markov`` context (:attr:`SiteRecorder.markov`): a
+        tensor that does not pack at a site outside them, after them, is read as a site after
+        a markov loop that reads values sampled inside it.
     """
     last = f" (after site '{seen[-1]}')" if seen else ""
     reason = error_reason(error)
@@ -501,6 +509,18 @@ def structure_error(
     )
     if packing:
         site, allowed, shape = (part.strip() for part in packing.groups())
+        if markov and site not in markov:
+            return DynamicStructureError(
+                f"Running the model {what} failed{last}: {reason} Site '{site}' has a tensor "
+                f"of shape {shape}, where only dims {allowed} may have a size other than 1. "
+                f"'{site}' comes after a pyro.markov loop: most likely it reads values sampled "
+                f"inside the loop, whose enumeration dims markov recycles (Pyro's "
+                f"TraceEnum_ELBO and infer_discrete fail here too). Sample it inside the loop's "
+                f"last step, with a history that reaches back to every step it reads (a factor "
+                f"closing a ring of T steps reads T - 1 steps back). Otherwise a value of a "
+                f"discrete site was given a new dim (x.unsqueeze(-1), x[..., None], view, "
+                f"reshape): let it broadcast from the right as it comes."
+            )
         return DynamicStructureError(
             f"Running the model {what} failed{last}: {reason} Site '{site}' has a tensor of "
             f"shape {shape}, where only dims {allowed} may have a size other than 1 (the "
@@ -511,10 +531,7 @@ def structure_error(
             f"broadcast from the right as it comes (in a plain run it has the site's own "
             f"shape, under enumeration extra dims on its left): write "
             f"dist.Poisson(x.float() + 0.5) rather than dist.Poisson(x.float().unsqueeze(-1) + "
-            f"0.5) inside a plate, and use Vindex to index with it. Another cause is a site "
-            f"after a pyro.markov loop that reads values sampled inside it (markov recycles the "
-            f"loop's enumeration dims): sample it inside the loop's last step, with a history "
-            f"that reaches back to every step it reads."
+            f"0.5) inside a plate, and use Vindex to index with it."
         )
     if "Inhomogeneous total count" in reason:
         who = (

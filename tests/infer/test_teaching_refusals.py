@@ -130,6 +130,23 @@ def test_a_factor_reading_past_the_markov_history_is_refused_before_any_draw(num
     assert "Please report" not in text
 
 
+def test_a_factor_after_the_markov_loop_reading_inside_it_is_named_as_such():
+    """Its tensor does not pack; the message led with unsqueeze and Poisson, which the model
+    does not use (an outside test)."""
+
+    def model():
+        xs = []
+        for t in pyro.markov(range(4)):
+            xs.append(pyro.sample(f"x_{t}", dist.Bernoulli(0.5)))
+        pyro.factor("ring", 2.0 * (xs[0] == xs[-1]).float())
+
+    with pytest.raises(DynamicStructureError) as info:
+        AutoSpec(model, 10, seed=0, disable_progbar=True).run()
+    text = str(info.value)
+    assert "'ring' comes after a pyro.markov loop" in text and "history" in text
+    assert "Poisson" not in text
+
+
 def test_a_factor_within_the_markov_history_samples_the_ring_exactly():
     fit = AutoSpec(ring(history=4), 3000, seed=0, disable_progbar=True).run()
     states, probs = enumerate_joint([2] * 5, ring_log_joint)
