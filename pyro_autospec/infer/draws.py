@@ -205,7 +205,9 @@ class DrawEvaluator:
         An assignment of probability zero under both (``log p = log q = -inf``) says nothing
         and is left out; one that has mass under one law only fails the check. The model
         may not be written for assignments its draws never reach (a count above its total,
-        an index out of range): if it raises on them, nothing joins the check.
+        an index out of range): if it raises a ``ValueError`` or an ``IndexError`` on them
+        (also when wrapped in the library's own model error), nothing joins the check; any
+        other error is raised.
 
         Parameters
         ----------
@@ -226,7 +228,9 @@ class DrawEvaluator:
                 warnings.simplefilter("ignore")
                 values = self._values(samples, None)
                 joint = self._evaluate(values, check_mixing=False)
-        except (AutoSpecModelError, ValueError, RuntimeError, IndexError, TypeError):
+        except (AutoSpecModelError, ValueError, IndexError) as error:
+            if not _cannot_score(error):
+                raise
             return False
         lp = joint.total
         q = oracle_log_prob.double().to(lp.device)
@@ -262,6 +266,16 @@ class DrawEvaluator:
                 if self._last is not None:
                     self._evaluate(self._last, check_mixing=True)  # raises if it mixed draws
                 raise
+
+
+def _cannot_score(error: BaseException) -> bool:
+    """Whether ``error`` (or the first error in its chain of causes) says the model cannot
+    score an assignment (a ``ValueError`` of validation, an ``IndexError``), rather than a
+    fault of its own."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return isinstance(root, (ValueError, IndexError))
 
 
 def _distinct(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
