@@ -34,7 +34,7 @@ from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
 from pyro_autospec.engine.stepping import progress_bar
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
-from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise
+from pyro_autospec.infer.draws import CheckAssignments, DrawEvaluator, ModelCall, Pointwise
 from pyro_autospec.infer.oracle_choice import (
     build_oracle,
     check_guide_sites,
@@ -54,7 +54,7 @@ __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 #: Values of ``AutoSpec(sampler=...)``.
 SAMPLERS = ("auto", "engine", "ffbs")
 #: Fewest draws the self-check compares: a shorter run makes extra draws for the check alone
-#: (:meth:`DiscreteRun._draw_for_check`).
+#: (:meth:`DiscreteRun._assignments_for_check`).
 MIN_CHECKED_DRAWS = 64
 #: Assignments drawn uniformly from the sites' supports at which every run compares the
 #: model's log density with the law it drew from.
@@ -116,7 +116,7 @@ class DiscreteRun(RunBase):
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
         self.max_self_check_error: float | None = None
-        # extra draws and uniform probes the self-check compared (_draw_for_check)
+        # extra draws and uniform probes the self-check compared (_assignments_for_check)
         self.num_check_draws = self.num_probes = 0
         self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
@@ -211,15 +211,21 @@ class DiscreteRun(RunBase):
         self._check_memory(num_draws, ffbs=plan is not None)
         self.results = []
         seeds = self.settings.seeds(self.num_chains)
+        checks = None
+        if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
+            checks = self._assignments_for_check(plan, oracle, seeds[0], num_draws)
         # forward filtering draws a chain in one pass, so its bar counts chains' draws (the
         # engine shows its own, round by round)
         bar = progress_bar(self.progress and plan is not None, len(seeds) * num_draws, "ffbs")
-        for seed in seeds:
+        for chain, seed in enumerate(seeds):
             if plan is not None:
                 result = self.record(sample_exact(plan, num_draws, seed))
             else:
                 result = self.engine_run(oracle, num_draws, seed, device)
-            evaluated = draws.evaluate(result.samples, result.log_prob)
+            # the check's assignments in the first chain's batch: one trace of the model
+            evaluated = draws.evaluate(
+                result.samples, result.log_prob, checks=checks if chain == 0 else None
+            )
             values, joint = evaluated.values, evaluated.joint
             lp, oracle_lp = evaluated.lp, evaluated.oracle_log_prob
             log_weight = evaluated.log_weight
@@ -254,11 +260,8 @@ class DiscreteRun(RunBase):
                 bar.update(num_draws)
         if bar is not None:
             bar.close()
-        self.num_check_draws = self.num_probes = 0
-        if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
-            self.num_check_draws, self.num_probes = self._draw_for_check(
-                plan, oracle, draws, seeds[0], num_draws
-            )
+        self.num_check_draws, self.num_probes = draws.compared
+        self.order_timing()
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
         if self.self_check_reference == "none" and self.num_chains * num_draws < 2:
@@ -313,11 +316,11 @@ class DiscreteRun(RunBase):
             exact=self.independent_draws,
         )
 
-    def _draw_for_check(
-        self, plan, oracle, draws: DrawEvaluator, seed: int, num_draws: int
-    ) -> tuple[int, int]:
-        """Add to the self-check what a run's own draws cannot show; return how many extra
-        draws and how many uniform probes it compared.
+    def _assignments_for_check(
+        self, plan, oracle, seed: int, num_draws: int
+    ) -> CheckAssignments | None:
+        """What the self-check compares beside the run's own draws, never returned (``None``
+        where forward filtering's elimination does not fit).
 
         A model that the enumeration does not reproduce (a read past a ``pyro.markov``
         history, a handler it cannot see) has its draws drawn from another law ``q``, and
@@ -327,12 +330,11 @@ class DiscreteRun(RunBase):
         there at all, whatever the number of draws. So forward filtering's law is also read
         at ``NUM_PROBES`` assignments drawn uniformly from the sites' supports
         (:meth:`~pyro_autospec.model.ffbs.FFBSPlan.log_prob`), and a run of fewer than
-        ``MIN_CHECKED_DRAWS`` draws is joined by more draws from ``q``. None of them is
-        returned; they read a seed stream of their own (:func:`check_draws_seed`), and the
-        model evaluates them together in one batch, bounded by ``MAX_CHECK_ENTRIES`` (if the
-        model raises on the probes, the extra draws are evaluated alone). Where the
-        engine drew the run on the enumeration oracle, forward filtering reads the same
-        factors, where their elimination fits; where it does not, the run's draws are all.
+        ``MIN_CHECKED_DRAWS`` draws is joined by more draws from ``q``. They read a seed
+        stream of their own (:func:`check_draws_seed`), and the model evaluates them in the
+        batch of the first chain's draws (:meth:`DrawEvaluator.evaluate`), at most
+        ``MAX_CHECK_ENTRIES`` entries of them. Where the engine draws the run on the
+        enumeration oracle, forward filtering reads the same factors.
         """
         layout = self.layout
         per_draw = layout.num_coords + _observed_elements(layout)
@@ -340,11 +342,11 @@ class DiscreteRun(RunBase):
         short = max(0, min(MIN_CHECKED_DRAWS - self.num_chains * num_draws, budget // 2))
         probes = min(NUM_PROBES, budget // 2)
         if short + probes <= 0:
-            return 0, 0
+            return None
         with self.stage("self-check"):
             plan = plan_ffbs(oracle) if plan is None else plan
             if plan is None:  # the elimination does not fit: the engine's draws alone
-                return 0, 0
+                return None
             seed = check_draws_seed(seed)
             parts, log_q = [], []
             if short > 0:
@@ -361,13 +363,7 @@ class DiscreteRun(RunBase):
                 uniform = (u.reshape(probes, -1) * sizes).long().to(plan.device)
                 parts.append(uniform)
                 log_q.append(plan.log_prob(uniform))
-        # one batch of the model for both
-        if draws.probe(torch.cat(parts), torch.cat(log_q)):
-            return short, probes
-        if short > 0:  # the model cannot score the probes: the extra draws alone
-            if draws.probe(parts[0], log_q[0]):
-                return short, 0
-        return 0, 0
+        return CheckAssignments(torch.cat(parts), torch.cat(log_q), short, probes)
 
     def _wants_ffbs(self) -> bool:
         """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""

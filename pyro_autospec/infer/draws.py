@@ -34,7 +34,7 @@ from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import LogJoint, evaluate
 
-__all__ = ["DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
+__all__ = ["CheckAssignments", "DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,28 @@ class EvaluatedDraws:
         return self.joint.total - self.oracle_log_prob
 
 
+@dataclass(frozen=True)
+class CheckAssignments:
+    """Assignments made for the self-check alone, never returned: extra draws of the run's
+    law (the first ``num_draws`` rows) and assignments drawn uniformly from the sites'
+    supports (the ``num_probes`` after them).
+
+    Attributes
+    ----------
+    samples : LongTensor[M, n]
+        The assignments, as coordinates of the run's layout.
+    log_prob : DoubleTensor[M]
+        ``log q(x)`` of each under the law the run's draws come from (``-inf`` where it has
+        no mass).
+    num_draws, num_probes : int
+    """
+
+    samples: torch.Tensor
+    log_prob: torch.Tensor
+    num_draws: int
+    num_probes: int
+
+
 def _no_stage(name: str) -> AbstractContextManager:
     return nullcontext()
 
@@ -140,6 +162,8 @@ class DrawEvaluator:
         self.per_draw_fallback = per_draw_fallback
         self.stage = _no_stage if stage is None else stage
         self._last: dict | None = None
+        #: (extra draws, uniform probes) of :class:`CheckAssignments` that joined the check
+        self.compared = (0, 0)
 
     def _evaluate(self, values: Mapping[str, torch.Tensor], check_mixing: bool) -> LogJoint:
         layout = self.layout
@@ -167,6 +191,7 @@ class DrawEvaluator:
         samples: torch.Tensor,
         oracle_log_prob: torch.Tensor,
         continuous: Mapping[str, torch.Tensor] | None = None,
+        checks: CheckAssignments | None = None,
     ) -> EvaluatedDraws:
         """Site values, log joint (and outputs) of one batch of draws; exact draws join the
         self-check (tested by :meth:`check`).
@@ -179,7 +204,26 @@ class DrawEvaluator:
             ``log q(x)`` of each draw.
         continuous : dict, optional
             ``name -> Tensor[N, *shape]``: the draws' values of continuous sites.
+        checks : CheckAssignments, optional
+            Assignments for the self-check alone, evaluated in the same batch as the draws (one
+            trace of the model for both) and compared as :meth:`probe` says; where the model
+            cannot score them, the draws are evaluated alone and the extra draws of the law
+            are compared by themselves. :attr:`compared` says what joined the check.
         """
+        if checks is not None and continuous is None and self.self_check is not None:
+            try:
+                return self._evaluate_with(samples, oracle_log_prob, checks)
+            except (AutoSpecModelError, ValueError, IndexError) as error:
+                if not _cannot_score(error):
+                    raise
+            self.compared = (0, 0)
+            if checks.num_draws:
+                rows = slice(0, checks.num_draws)
+                if self.probe(checks.samples[rows], checks.log_prob[rows]):
+                    self.compared = (checks.num_draws, 0)
+        return self._evaluate_alone(samples, oracle_log_prob, continuous)
+
+    def _evaluate_alone(self, samples, oracle_log_prob, continuous, *, join: bool = True):
         with self.stage("evaluation"):
             values = self._values(samples, continuous)
             check_mixing = self.self_check is None or self.per_draw_fallback
@@ -191,11 +235,36 @@ class DrawEvaluator:
                 unique, rows = distinct
                 joint = _take(self._evaluate(self._values(unique, None), check_mixing), rows)
         oracle_lp = oracle_log_prob.double().to(joint.total.device)
-        if self.self_check is not None:
+        if self.self_check is not None and join:
             with self.stage("self-check"):
                 self.self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
             self._last = values
         return EvaluatedDraws(values, joint, oracle_lp, rows)
+
+    def _evaluate_with(
+        self, samples: torch.Tensor, oracle_log_prob: torch.Tensor, checks: CheckAssignments
+    ) -> EvaluatedDraws:
+        """The draws and the check's assignments in one batch, split after evaluation."""
+        num = samples.shape[0]
+        everything = torch.cat([samples, checks.samples.to(samples.device)])
+        log_q = torch.cat(
+            [oracle_log_prob.double(), checks.log_prob.double().to(oracle_log_prob.device)]
+        )
+        with warnings.catch_warnings():  # the model's warnings on the check's assignments
+            warnings.simplefilter("ignore")
+            evaluated = self._evaluate_alone(everything, log_q, None, join=False)
+        own, rest = _rows(evaluated, slice(0, num)), _rows(evaluated, slice(num, None))
+        with self.stage("self-check"):
+            self.self_check.add(own.lp, own.oracle_log_prob, own.joint.magnitude, own.joint.dtype)
+            keep = ~(torch.isneginf(rest.lp) & torch.isneginf(rest.oracle_log_prob))
+            magnitude = rest.joint.magnitude[keep]
+            self.self_check.add(
+                rest.lp[keep], rest.oracle_log_prob[keep], magnitude, rest.joint.dtype,
+                returned=False,
+            )  # fmt: skip
+        self._last = own.values
+        self.compared = (checks.num_draws, checks.num_probes)
+        return own
 
     def probe(self, samples: torch.Tensor, oracle_log_prob: torch.Tensor) -> bool:
         """Compare the model with the oracle's law at assignments made for the self-check alone
@@ -266,6 +335,27 @@ class DrawEvaluator:
                 if self._last is not None:
                     self._evaluate(self._last, check_mixing=True)  # raises if it mixed draws
                 raise
+
+
+def _rows(evaluated: EvaluatedDraws, rows: slice) -> EvaluatedDraws:
+    """The draws ``rows`` of an evaluated batch (the pointwise tables of distinct
+    assignments are kept whole; their index is sliced)."""
+    joint = evaluated.joint
+    per_row = evaluated.rows is None
+    return EvaluatedDraws(
+        values={k: v[rows] for k, v in evaluated.values.items()},
+        joint=LogJoint(
+            total=joint.total[rows],
+            pointwise={k: v[rows] for k, v in joint.pointwise.items()}
+            if per_row
+            else dict(joint.pointwise),
+            deterministic={k: v[rows] for k, v in joint.deterministic.items()},
+            magnitude=None if joint.magnitude is None else joint.magnitude[rows],
+            dtype=joint.dtype,
+        ),
+        oracle_log_prob=evaluated.oracle_log_prob[rows],
+        rows=None if per_row else evaluated.rows[rows],
+    )
 
 
 def _cannot_score(error: BaseException) -> bool:

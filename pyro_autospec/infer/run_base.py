@@ -205,6 +205,17 @@ class RunBase:
         finally:
             self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
 
+    def order_timing(self) -> None:
+        """Put :attr:`timing` in the run order of :data:`STAGES` (a stage may first be timed
+        out of that order: the self-check's assignments are made before the draws)."""
+        order = list(STAGES)
+        self.timing = OrderedDict(
+            sorted(
+                self.timing.items(),
+                key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order),
+            )
+        )
+
     def engine_run(self, oracle: Any, num_draws: int, seed: int, device: Any) -> Any:
         """One run of the any-order engine with this run's method, knobs and progress bar
         (the engine's), recorded (:meth:`record`); every run kind's engine call is this one."""

@@ -60,7 +60,7 @@ def test_autospec_discrete_takes_the_one_path(calls, sampler):
         discrete, num_samples=5, num_chains=3, seed=0, sampler=sampler, disable_progbar=True
     ).run(DATA)
     # a batch per chain, one pooled check; the 15 draws are joined by 49 more for the check
-    # alone (fewer than 64) and by 64 uniform probes, in one more batch (DrawEvaluator.probe)
+    # alone (fewer than 64) and by 64 uniform probes, in the first chain's batch
     assert calls == {"evaluate": 3, "check": 1}
     assert fit._run.num_check_draws == 49 and fit._run.num_probes == 64
     assert fit.diagnostics()["sampler"] == ("ffbs" if sampler == "ffbs" else "autospec")
