@@ -257,11 +257,9 @@ class DrawEvaluator:
         with self.stage("self-check"):
             self.self_check.add(own.lp, own.oracle_log_prob, own.joint.magnitude, own.joint.dtype)
             keep = ~(torch.isneginf(rest.lp) & torch.isneginf(rest.oracle_log_prob))
+            lp, log_q = rest.lp[keep], rest.oracle_log_prob[keep]
             magnitude = rest.joint.magnitude[keep]
-            self.self_check.add(
-                rest.lp[keep], rest.oracle_log_prob[keep], magnitude, rest.joint.dtype,
-                returned=False,
-            )  # fmt: skip
+            self.self_check.add(lp, log_q, magnitude, rest.joint.dtype, returned=False)
         self._last = own.values
         self.compared = (checks.num_draws, checks.num_probes)
         return own
