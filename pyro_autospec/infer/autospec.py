@@ -23,7 +23,6 @@ import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,7 @@ from pyro_autospec.infer.knobs import (
 from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.oracle_choice import build_oracle
 from pyro_autospec.infer.run_base import RunSettings
-from pyro_autospec.infer.seeds import chain_seeds
+from pyro_autospec.infer.seeds import chain_seeds, run_seed
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.model.map_decode import most_probable
@@ -320,6 +319,7 @@ class AutoSpec:
         self._warmup_steps = None if warmup_steps is None else int(warmup_steps)
         self.max_plate_nesting = max_plate_nesting
         self.seed = check_seed(seed)
+        self.seed_used: int | None = None  # the int seed of the last run (run_seed)
         self.disable_progbar = disable_progbar
         self.save_params = None if save_params is None else list(save_params)
         self.nuts_kwargs = dict(nuts_kwargs or {})
@@ -398,17 +398,22 @@ class AutoSpec:
         draws are keyed by the seed, not taken from a stream): unlike ``pyro.infer.MCMC``,
         calling ``run`` again does not give new draws. For more draws raise ``num_samples``
         or ``num_chains``, or build with another seed; with ``seed=None`` each run takes a
-        fresh seed from Pyro's global generator (``pyro.set_rng_seed``).
+        fresh seed from Pyro's global generator (``pyro.set_rng_seed``), and a generator gives
+        one. The int seed a run used is ``diagnostics()["seed"]`` and ArviZ's ``seed``
+        attribute: ``seed=`` that int repeats the run.
         """
         _warn_outer_handlers("run")
         # Forget the previous run first: a failure below must not leave its draws readable.
         self._run, self.run_kind, self._failure = None, None, None
-        # An int seed keys every random number of the run, so tracing the model (whose
-        # continuous sites draw from torch's global generator) leaves the user's CPU stream
-        # as it was; seed=None or a generator draws from a stream, as documented.
-        keyed = isinstance(self.seed, int)
         try:
-            with torch.random.fork_rng(devices=[]) if keyed else nullcontext():
+            if self.distributed:
+                require_process_group("AutoSpec(distributed=True)")
+            # the run's int seed (seed=None draws it from torch's global generator, which it
+            # advances once), recorded so that seed= that int repeats the run
+            self.seed_used = run_seed(self.seed, distributed=self.distributed)
+            # it keys every random number of the run, so tracing the model (whose continuous
+            # sites draw from torch's global generator) leaves the user's CPU stream alone
+            with torch.random.fork_rng(devices=[]):
                 return self._run_model(args, kwargs)
         except BaseException as error:
             self._run, self.run_kind = None, None
@@ -569,7 +574,7 @@ class AutoSpec:
             method=self.method,
             num_samples=self.num_samples,
             num_chains=self.num_chains,
-            seed=self.seed,
+            seed=self.seed_used,
             progress=progress,
             save_params=self.save_params,
             schedule=self.schedule,
@@ -761,7 +766,8 @@ class AutoSpec:
             model NUTS's), ``"rounds"``, ``"oracle_rows"``, ``"mean rounds per draw"`` and
             ``"wall_time"`` per chain; ``"seconds"`` (measured, per stage and ``"total"``, as
             :attr:`timing`), ``"whole run"`` (``rounds``, ``oracle_rows``, ``draws`` and
-            ``seconds`` of the whole run) and ``"sampler"``: what drew the discrete sites,
+            ``seconds`` of the whole run), ``"seed"`` (the int seed the run used: ``seed=``
+            it repeats the run) and ``"sampler"``: what drew the discrete sites,
             ``"ffbs"`` or the engine's method (``results[0].method``; for a mixed model, the
             method that drew them given each continuous draw, while ``"continuous_sampler"``
             names NUTS; for a diffusion guide, the diffusion's method). With a guide or a

@@ -454,6 +454,8 @@ class RunBase:
             diag["mean rounds per draw"] = {
                 c: float(r.mean()) for c, r in zip(chains, rounds, strict=True)
             }
+        if isinstance(self.settings.seed, int):  # the run's int seed: seed= it repeats the run
+            diag["seed"] = self.settings.seed
         diag["seconds"] = dict(self.timing)
         if self.wall_time is not None:
             diag["seconds"]["total"] = self.wall_time
@@ -550,6 +552,9 @@ class RunBase:
         sample_stats["diverging"] = torch.zeros(extra["lp"].shape, dtype=torch.bool)
         sample_stats.update(extras.sample_stats)
         attrs = {"inference_library": "pyro_autospec", "method": method}
+        seed = self.settings.seed
+        if isinstance(seed, int):  # netCDF holds int64: a larger seed as text
+            attrs["seed"] = seed if seed < 2**63 else str(seed)
         if self.wall_time is not None:
             attrs["wall_time"] = float(self.wall_time)
         if self.results:

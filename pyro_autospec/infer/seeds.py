@@ -29,7 +29,7 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.keys import check_seed, derive_seed
 from pyro_autospec.parallel.groups import broadcast_seeds
 
-__all__ = ["ChainSeeds", "chain_seeds", "check_draws_seed", "correction_seed"]
+__all__ = ["ChainSeeds", "chain_seeds", "check_draws_seed", "correction_seed", "run_seed"]
 
 #: The stream of a chain's seed that its correction reads (:func:`correction_seed`).
 CORRECTION_STREAM = 1
@@ -136,3 +136,31 @@ def check_draws_seed(chain_seed: int) -> int:
     True
     """
     return derive_seed(int(chain_seed), CHECK_STREAM)
+
+
+def run_seed(
+    seed: int | torch.Generator | np.random.Generator | None, *, distributed: bool = False
+) -> int:
+    """The int seed a run uses: ``seed`` itself, or one drawn from it (a generator) or from
+    torch's global generator (``None``), so that the run can record it and be repeated with
+    ``seed=`` that int.
+
+    With ``distributed=True`` every rank gets rank 0's
+    (:func:`~pyro_autospec.parallel.groups.broadcast_seeds`).
+
+    Examples
+    --------
+    >>> run_seed(5)
+    5
+    >>> run_seed(torch.Generator().manual_seed(0)) == run_seed(torch.Generator().manual_seed(0))
+    True
+    """
+    seed = check_seed(seed)
+    if isinstance(seed, int):
+        return seed
+    if isinstance(seed, np.random.Generator):
+        drawn = int(seed.integers(0, 2**62))
+    else:  # a torch generator, or torch's global one (the CPU's: what manual_seed sets)
+        device = "cpu" if seed is None else seed.device
+        drawn = int(torch.randint(0, 2**62, (), generator=seed, device=device).item())
+    return broadcast_seeds([drawn])[0] if distributed else drawn
