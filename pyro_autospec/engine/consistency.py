@@ -288,9 +288,7 @@ def check_consistency(
     probe = _Probe(oracle, torch.device(device), grad_enabled, caps)
     # the oracle is called as the engine calls it: its inputs made in inference mode, unless it
     # needs ordinary ones (the engine makes those outside it)
-    ordinary_inputs = (
-        foreign_inputs(oracle, grad_enabled, caps.inference_safe) and not caps.borrows_inputs
-    )
+    ordinary_inputs = foreign_inputs(oracle, grad_enabled, caps.inference_safe, caps.borrows_inputs)
     try:
         with engine_mode(not ordinary_inputs):
             _check(probe)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from pyro_autospec.engine.errors import OracleError
-from pyro_autospec.engine.protocols import is_inference_safe
+from pyro_autospec.engine.protocols import borrows_inputs, is_inference_safe
 
 __all__ = ["calling", "engine_mode", "foreign_inputs", "ordinary", "tensor_mode"]
 
@@ -106,12 +106,19 @@ def ordinary(tensor: torch.Tensor | None) -> torch.Tensor | None:
     return tensor
 
 
-def foreign_inputs(oracle: object, grad_enabled: bool, inference_safe: bool | None = None) -> bool:
+def foreign_inputs(
+    oracle: object,
+    grad_enabled: bool,
+    inference_safe: bool | None = None,
+    borrows: bool | None = None,
+) -> bool:
     """Whether ``oracle`` must get ordinary tensors as inputs: it runs out of inference mode
     with grad enabled (:func:`calling`), where autograd may save its inputs for backward (an
     embedding of the values, a linear layer on a drift's state), which PyTorch refuses for an
     inference tensor. The engine then makes those inputs outside inference mode, or copies
-    them (:func:`ordinary`).
+    them (:func:`ordinary`). An oracle that borrows its inputs
+    (:func:`~pyro_autospec.engine.protocols.borrows_inputs`) only reads them: it gets the
+    engine's own, never copies.
 
     Examples
     --------
@@ -121,7 +128,8 @@ def foreign_inputs(oracle: object, grad_enabled: bool, inference_safe: bool | No
     (True, False)
     """
     safe = is_inference_safe(oracle) if inference_safe is None else inference_safe
-    return bool(grad_enabled) and not safe
+    borrows = borrows_inputs(oracle) if borrows is None else borrows
+    return bool(grad_enabled) and not safe and not borrows
 
 
 def tensor_mode(ordinary_inputs: bool):

@@ -321,9 +321,8 @@ class OracleRows:
         self._call_mode = calling(oracle, self.grad_enabled, caps.inference_safe)
         # and with grad enabled, on ordinary tensors: autograd may save them for backward;
         # not for an oracle that borrows its inputs (it only reads them: no copies for it)
-        self.ordinary_inputs = (
-            foreign_inputs(oracle, self.grad_enabled, caps.inference_safe)
-            and not caps.borrows_inputs
+        self.ordinary_inputs = foreign_inputs(
+            oracle, self.grad_enabled, caps.inference_safe, caps.borrows_inputs
         )
         self.tensor_mode = tensor_mode(self.ordinary_inputs)
         self._lanes = torch.zeros(0, dtype=torch.long, device=device)  # see next_rows

@@ -424,8 +424,6 @@ class AutoSpec:
         self._data = (args, kwargs)
         progress = not self.disable_progbar
         start = time.perf_counter()
-        if self.distributed:
-            require_process_group("AutoSpec(distributed=True)")
         if _is_diffusion_guide(self.guide):
             if self.correction is not None:
                 raise ValueError(

@@ -206,21 +206,31 @@ class DrawEvaluator:
             ``name -> Tensor[N, *shape]``: the draws' values of continuous sites.
         checks : CheckAssignments, optional
             Assignments for the self-check alone, evaluated in the same batch as the draws (one
-            trace of the model for both) and compared as :meth:`probe` says; where the model
-            cannot score them, the draws are evaluated alone and the extra draws of the law
-            are compared by themselves. :attr:`compared` says what joined the check.
+            trace of the model for both). An assignment of probability zero under both laws
+            (``log p = log q = -inf``) says nothing and is left out; one that has mass under
+            one law only fails the check. The model need not be written for assignments its
+            draws never reach (a count above its total, an index out of range): where it
+            raises a ``ValueError`` or an ``IndexError`` (also wrapped in the library's own
+            model error), the batch is evaluated again with the extra draws of the law only,
+            then with none; any other error is raised. :attr:`compared` says what joined the
+            check.
         """
         if checks is not None and continuous is None and self.self_check is not None:
-            try:
-                return self._evaluate_with(samples, oracle_log_prob, checks)
-            except (AutoSpecModelError, ValueError, IndexError) as error:
-                if not _cannot_score(error):
-                    raise
             self.compared = (0, 0)
-            if checks.num_draws:
+            tries = [checks]
+            if checks.num_draws and checks.num_probes:  # the extra draws alone, if need be
                 rows = slice(0, checks.num_draws)
-                if self.probe(checks.samples[rows], checks.log_prob[rows]):
-                    self.compared = (checks.num_draws, 0)
+                tries.append(
+                    CheckAssignments(
+                        checks.samples[rows], checks.log_prob[rows], checks.num_draws, 0
+                    )
+                )
+            for attempt in tries:
+                try:
+                    return self._evaluate_with(samples, oracle_log_prob, attempt)
+                except (AutoSpecModelError, ValueError, IndexError) as error:
+                    if not _cannot_score(error):
+                        raise
         return self._evaluate_alone(samples, oracle_log_prob, continuous)
 
     def _evaluate_alone(self, samples, oracle_log_prob, continuous, *, join: bool = True):
@@ -263,48 +273,6 @@ class DrawEvaluator:
         self._last = own.values
         self.compared = (checks.num_draws, checks.num_probes)
         return own
-
-    def probe(self, samples: torch.Tensor, oracle_log_prob: torch.Tensor) -> bool:
-        """Compare the model with the oracle's law at assignments made for the self-check alone
-        (extra draws, or uniform probes that were not drawn from it), each distinct one once,
-        in one batch; return whether they joined the check.
-
-        An assignment of probability zero under both (``log p = log q = -inf``) says nothing
-        and is left out; one that has mass under one law only fails the check. The model
-        may not be written for assignments its draws never reach (a count above its total,
-        an index out of range): if it raises a ``ValueError`` or an ``IndexError`` on them
-        (also when wrapped in the library's own model error), nothing joins the check; any
-        other error is raised.
-
-        Parameters
-        ----------
-        samples : LongTensor[N, n]
-            The assignments, as coordinates of :attr:`layout`.
-        oracle_log_prob : DoubleTensor[N]
-            ``log q(x)`` of each, under the law the run's draws come from.
-        """
-        if self.self_check is None:
-            return False
-        # each distinct assignment once (a few sites: the probes repeat)
-        samples, inverse = torch.unique(samples, dim=0, return_inverse=True)
-        first = torch.empty(samples.shape[0], dtype=torch.long)
-        first.scatter_(0, inverse.cpu(), torch.arange(inverse.numel()))
-        oracle_log_prob = oracle_log_prob[first.to(oracle_log_prob.device)]
-        try:
-            with self.stage("self-check"), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                values = self._values(samples, None)
-                joint = self._evaluate(values, check_mixing=False)
-        except (AutoSpecModelError, ValueError, IndexError) as error:
-            if not _cannot_score(error):
-                raise
-            return False
-        lp = joint.total
-        q = oracle_log_prob.double().to(lp.device)
-        keep = ~(torch.isneginf(lp) & torch.isneginf(q))
-        magnitude = joint.magnitude if joint.magnitude is not None else lp.abs()
-        self.self_check.add(lp[keep], q[keep], magnitude[keep], joint.dtype, returned=False)
-        return True
 
     def _values(self, samples: torch.Tensor, continuous: Mapping | None) -> dict:
         values = self.layout.from_coords(samples)

@@ -903,14 +903,20 @@ class EnumOracle:
         """
         if not _partly_hidden(trace):
             return []
-        self._markov = "wide"
+        wide = self._trace_once_more("wide", per_draw)
+        return [] if wide is None else _hidden_reads(trace, wide)
+
+    def _trace_once_more(self, markov: str | bool, per_draw: bool):
+        """The model traced with ``pyro.markov`` handled as ``markov`` says (``"wide"``:
+        :class:`_KeepOuterScope`; ``False``: :class:`_WithoutMarkov`), for a check; ``None``
+        where that trace fails (the self-check after sampling stays the guard)."""
+        self._markov = markov
         try:
-            wide = self._trace(0 if per_draw else None)
+            return self._trace(0 if per_draw else None)
         except AutoSpecModelError:
-            return []
+            return None
         finally:
             self._markov = True
-        return _hidden_reads(trace, wide)
 
     @staticmethod
     def _check_markov_history(trace) -> None:
@@ -968,14 +974,8 @@ class EnumOracle:
         sizes = [site.support_size for site in self.layout.sites] + list(plates.values())
         if math.prod(sizes) > _MAX_OWN_DIMS_ENTRIES:
             return
-        self._markov = False
-        try:
-            wide = self._trace(0 if per_draw else None)
-        except AutoSpecModelError:
-            return
-        finally:
-            self._markov = True
-        reads = _hidden_reads(trace, wide)
+        wide = self._trace_once_more(False, per_draw)
+        reads = [] if wide is None else _hidden_reads(trace, wide)
         if reads:
             name, read, holder = reads[0]
             raise AutoSpecModelError(
