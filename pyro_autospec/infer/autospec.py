@@ -110,7 +110,8 @@ class AutoSpec:
         separately); with continuous sites: NUTS chains, run one after the other.
     oracle : "enum" or MarginalOracle
         ``"enum"``: exact conditional marginals by enumeration, compiled once. Or any object
-        with ``num_coords``, ``num_values`` and ``log_marginals(values, mask)`` that follows
+        with ``num_coords``, ``num_values`` and ``log_marginals(values, mask)`` (or only
+        ``log_marginals_at(values, mask, targets)``, as the engine accepts) that follows
         the coordinate mapping of :mod:`pyro_autospec.model.discrete` (discrete-only models):
         sites in trace order, each site's values flattened in C order over its batch shape
         (``OneHotCategorical``: one coordinate per event), values as indices into

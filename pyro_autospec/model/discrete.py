@@ -266,15 +266,25 @@ class SiteLayout:
     def check_oracle(self, oracle: object) -> None:
         """Check that a user oracle's ``num_coords`` / ``num_values`` fit this layout.
 
-        Also makes one unconditioned query (two rows, see Pyro issue 3102) and checks that the
-        output has shape ``[2, n, q]`` and no mass outside each coordinate's support.
+        Also makes one unconditioned query (two rows, see Pyro issue 3102; through
+        ``log_marginals_at`` with every coordinate as a target where the oracle has only that)
+        and checks that the output has shape ``[2, n, q]`` and no mass outside each
+        coordinate's support.
         """
-        for attr in ("num_coords", "num_values", "log_marginals"):
+        for attr in ("num_coords", "num_values"):
             if not hasattr(oracle, attr):
                 raise TypeError(
                     f"oracle must be 'enum' or a MarginalOracle (with num_coords, num_values and "
-                    f"log_marginals); {type(oracle).__name__} has no '{attr}'"
+                    f"log_marginals or log_marginals_at); {type(oracle).__name__} has no "
+                    f"'{attr}'"
                 )
+        whole_rows = callable(getattr(oracle, "log_marginals", None))
+        if not whole_rows and not callable(getattr(oracle, "log_marginals_at", None)):
+            raise TypeError(
+                f"oracle must be 'enum' or a MarginalOracle (with num_coords, num_values and "
+                f"log_marginals or log_marginals_at); {type(oracle).__name__} has neither "
+                f"method"
+            )
         expected = ", ".join(
             f"'{s.name}': {s.num_coords} coords x {s.support_size} values" for s in self.sites
         )
@@ -291,10 +301,15 @@ class SiteLayout:
         extra = {}
         if oracle_num_draws(oracle) is not None:  # a family: ask about draw 0
             extra["draws"] = torch.zeros(2, dtype=torch.long, device=device)
-        out = oracle.log_marginals(values, mask, **extra)
+        if whole_rows:
+            method, out = "log_marginals", oracle.log_marginals(values, mask, **extra)
+        else:  # every coordinate as a target: the same [2, n, q] rows
+            targets = torch.arange(self.num_coords, device=device).expand(2, -1)
+            method = "log_marginals_at"
+            out = oracle.log_marginals_at(values, mask, targets, **extra)
         if tuple(out.shape) != (2, self.num_coords, self.num_values):
             raise ValueError(
-                f"oracle.log_marginals returned shape {tuple(out.shape)}, expected "
+                f"oracle.{method} returned shape {tuple(out.shape)}, expected "
                 f"(B, {self.num_coords}, {self.num_values})"
             )
         sizes = self.support_sizes.to(out.device)

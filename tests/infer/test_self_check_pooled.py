@@ -404,3 +404,35 @@ def test_hard_constraints_pass_the_probes_and_sample_exactly(sampler):
     states, probs = enumerate_joint([3] * 5, left_to_right_log_joint)
     names = [f"x_{t}" for t in range(5)]
     assert_draws_follow(flatten_draws(fit.get_samples(), names), states, probs)
+
+
+class TargetedOnly:
+    """A user oracle with only ``log_marginals_at`` (exact: it reads the enumeration's rows),
+    as the engine accepts; ``AutoSpec(oracle=...)`` refused it for lacking ``log_marginals``."""
+
+    def __init__(self, model):
+        from pyro_autospec.model.enum import EnumOracle
+
+        self.inner = EnumOracle(model)
+        self.num_coords, self.num_values = self.inner.num_coords, self.inner.num_values
+
+    def log_marginals_at(self, values, mask, targets):
+        rows = self.inner.log_marginals(values, mask)
+        return rows.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.num_values))
+
+
+def test_an_oracle_with_only_log_marginals_at_runs_exactly_under_autospec():
+    oracle = TargetedOnly(short_chain)
+    fit = AutoSpec(short_chain, 3000, oracle=oracle, seed=0, disable_progbar=True).run()
+    assert fit._run.self_check_reference == "enumeration"
+
+    def log_joint(x):
+        return sum(
+            math.log(0.3 if v else 0.7)
+            + float(dist.Normal(float(v), 0.7).log_prob(LONG_RING_DATA[t]))
+            for t, v in enumerate(x)
+        )
+
+    states, probs = enumerate_joint([2] * 6, log_joint)
+    names = [f"x_{t}" for t in range(6)]
+    assert_draws_follow(flatten_draws(fit.get_samples(), names), states, probs)
