@@ -105,6 +105,12 @@ class AutoSpec:
         and fixed plate subsamples are supported.
     num_samples : int
         Draws per chain.
+    warmup_steps : int, optional
+        NUTS warm-up steps per chain for models with continuous sites (default
+        ``num_samples``, as ``MCMC``), or discarded steps of each ``"imh"`` chain (default
+        ``num_samples // 10``). Exact draws of a discrete model need none: a value given
+        there is ignored, with a warning (code written for ``MCMC`` runs unchanged). The
+        third positional argument, as in ``MCMC(kernel, num_samples, warmup_steps)``.
     num_chains : int
         Chains. For exact draws: independent batches (one engine run each, seeded
         separately); with continuous sites: NUTS chains, run one after the other.
@@ -140,11 +146,6 @@ class AutoSpec:
         ``"importance"``: resample ``num_samples`` draws per chain by PSIS-smoothed importance
         weights (consistent, not exact at finite size). ``"imh"``: each chain is an
         independent Metropolis-Hastings chain with the guide as proposal (exact MCMC).
-    warmup_steps : int, optional
-        NUTS warm-up steps per chain for models with continuous sites (default
-        ``num_samples``, as ``MCMC``), or discarded steps of each ``"imh"`` chain (default
-        ``num_samples // 10``). Exact draws of a discrete model need none: a value given
-        there is ignored, with a warning (code written for ``MCMC`` runs unchanged).
     max_plate_nesting : int, optional
         Found from the model when ``None``.
     seed : int, torch.Generator, numpy.random.Generator or None
@@ -257,13 +258,13 @@ class AutoSpec:
         self,
         model: Callable,
         num_samples: int,
+        warmup_steps: int | None = None,
         *,
         num_chains: int = 1,
         oracle: Any = "enum",
         method: str = "autospec",
         guide: Any = None,
         correction: str | None = None,
-        warmup_steps: int | None = None,
         max_plate_nesting: int | None = None,
         seed: int | torch.Generator | None = None,
         disable_progbar: bool = False,

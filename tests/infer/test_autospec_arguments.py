@@ -40,6 +40,15 @@ def test_warmup_and_nuts_kwargs_of_a_discrete_model_are_ignored_with_a_warning()
     assert imh.warmup_steps == 5
 
 
+def test_warmup_steps_is_the_third_positional_argument_as_in_mcmc():
+    """``MCMC(kernel, num_samples, warmup_steps)`` is written positionally: the same call with
+    AutoSpec gives warmup_steps, as to MCMC, rather than Python's generic TypeError."""
+    imh = AutoSpec(model, 10, 3, correction="imh", guide=TabularOracle(logits=torch.zeros(2)))
+    assert imh.warmup_steps == 3
+    with pytest.raises(TypeError, match="positional"):
+        AutoSpec(model, 10, 3, None)  # MCMC's initial_params is not an argument of AutoSpec
+
+
 @pytest.mark.parametrize("correction", ["importance", "imh"])
 def test_a_correction_of_the_exact_default_oracle_is_refused(correction):
     """Without a guide or an oracle of one's own there is nothing to correct: the likely
