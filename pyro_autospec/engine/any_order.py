@@ -274,7 +274,10 @@ def sample_any_order(
             signature=(n, q, method, engine, knobs, run.order),
             oracle=oracle,
         )
-    return run_any_order(run, torch.arange(num_samples), keys.seed_key(seed), device)
+    value = keys.seed_value(seed)
+    result = run_any_order(run, torch.arange(num_samples), keys.seed_key(value), device)
+    result.seed = value
+    return result
 
 
 @dataclass(frozen=True, eq=False)

@@ -108,7 +108,7 @@ class _Settings:
     name: str
     divide_by_time: bool
     draw_ids: torch.Tensor | None = None  # global numbers of the draws (default 0 .. N - 1)
-    root_key: int | None = None  # the run's key (default: from ``seed``)
+    root_key: int | None = None  # the run's key, set by _dispatch from ``seed``
 
 
 def _oracle_placement(drift, device, dtype, like: torch.Tensor | None, name: str = "oracle"):
@@ -305,7 +305,7 @@ def _check_memory(
 def _run(s: _Settings) -> SampleResult:
     num, dim = s.x0.shape
     start_time = time.perf_counter()
-    root = keys.seed_key(s.seed) if s.root_key is None else s.root_key
+    root = s.root_key
     draw_ids = torch.arange(num) if s.draw_ids is None else s.draw_ids
     grad_enabled = torch.is_grad_enabled()
     evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name)
@@ -381,7 +381,10 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
         x0 = torch.as_tensor(s.x0[:4], dtype=evaluate.wide, device=s.device)
         check_drift_consistency(evaluate, times, x0)
     if not distributed:
-        return _run(s)
+        value = keys.seed_value(s.seed)
+        result = _run(replace(s, root_key=keys.seed_key(value)))
+        result.seed = value
+        return result
     return spread_draws(
         s.x0.shape[0],
         s.seed,

@@ -53,6 +53,8 @@ __all__ = [
     "log",
     "normal",
     "seed_key",
+    "seed_value",
+    "signed",
     "stream",
     "tag_tensor",
     "uniform",
@@ -120,14 +122,15 @@ def _fmix(x: torch.Tensor) -> torch.Tensor:
     return _fmix_torch(x)
 
 
-def _signed(value: int) -> int:
+def signed(value: int) -> int:
+    """``value`` modulo ``2**64`` as a signed 64-bit int (what an int64 tensor holds)."""
     value &= (1 << 64) - 1
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
 def stream(key: torch.Tensor, tag: int | torch.Tensor) -> torch.Tensor:
     """The key of purpose ``tag`` (an int, or a LongTensor of tags) under ``key`` (broadcast)."""
-    return key ^ (tag if isinstance(tag, torch.Tensor) else _signed(tag))
+    return key ^ (tag if isinstance(tag, torch.Tensor) else signed(tag))
 
 
 def bits(key: torch.Tensor, counter: torch.Tensor | int) -> torch.Tensor:
@@ -207,32 +210,48 @@ def derive_seed(seed: int, index: int) -> int:
     True
     """
     key = torch.tensor(seed_key(seed), dtype=torch.int64)
-    return int(bits(key, _signed(check_seed(int(index)))).item()) & ((1 << 63) - 1)
+    return int(bits(key, signed(check_seed(int(index)))).item()) & ((1 << 63) - 1)
+
+
+def seed_value(seed: int | None | torch.Generator | np.random.Generator) -> int:
+    """The int seed a run uses: ``seed`` itself (checked), or an int in ``[0, 2**62)`` drawn
+    from a generator, or from torch's global generator for ``None`` (advanced once, so
+    ``torch.manual_seed`` repeats the run). A run records it: ``seed=`` that int repeats the
+    run.
+
+    Examples
+    --------
+    >>> seed_value(7)
+    7
+    >>> generator = torch.Generator().manual_seed(0)
+    >>> seed_value(generator) == seed_value(torch.Generator().manual_seed(0))
+    True
+    """
+    seed = check_seed(seed)
+    if isinstance(seed, int):
+        return seed
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(0, 2**62))
+    device = "cpu" if seed is None else seed.device  # None: the CPU's, what manual_seed sets
+    return int(torch.randint(0, 2**62, (), generator=seed, device=device).item())
 
 
 def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
-    """The root key of a run from a seed (an int, ``None`` for a draw from torch's global
-    generator, or a generator).
+    """The root key of a run from a seed: the key of :func:`seed_value`'s int (so a run's
+    recorded seed gives its key again).
 
     Examples
     --------
     >>> seed_key(0) == seed_key(0) != seed_key(1)
     True
     """
-    if isinstance(seed, torch.Generator):
-        value = int(torch.randint(0, 2**62, (), generator=seed, device=seed.device).item())
-    elif isinstance(seed, np.random.Generator):
-        value = int(seed.integers(0, 2**62))
-    elif seed is None:  # as AutoSpec's seed=None: torch.manual_seed repeats the run
-        value = int(torch.randint(0, 2**62, (), device="cpu").item())
-    else:
-        value = check_seed(seed)
-    return int(_fmix(torch.tensor(_signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())
+    value = seed_value(seed)
+    return int(_fmix(torch.tensor(signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())
 
 
 def tag_tensor(tag: int, like: torch.Tensor) -> torch.Tensor:
     """``tag`` as an int64 scalar tensor on ``like``'s device (to pick tags with ``where``)."""
-    return torch.tensor(_signed(tag), dtype=torch.long, device=like.device)
+    return torch.tensor(signed(tag), dtype=torch.long, device=like.device)
 
 
 def draw_keys(root: int, draw_ids: torch.Tensor) -> torch.Tensor:
@@ -304,29 +323,29 @@ def int_bits(key: int, counter: int) -> int:
     u = (key + (counter + 1) * _GAMMA) & _MASK64
     u = ((u ^ (u >> 30)) * _M1) & _MASK64
     u = ((u ^ (u >> 27)) * _M2) & _MASK64
-    return _signed(u ^ (u >> 31))
+    return signed(u ^ (u >> 31))
 
 
 def int_child(key: int, tag: int, index: int) -> int:
     """:func:`child` of one key in Python integers."""
-    return int_bits(key ^ _signed(tag), index)
+    return int_bits(key ^ signed(tag), index)
 
 
 def int_uniform(key: int, tag: int, counter: int) -> float:
     """:func:`uniform` of one ``(key, counter)`` pair: the same float64 (the conversion
     ``((bits >> 11) + 0.5) / 2^53`` is exact in any float64 arithmetic)."""
-    b = int_bits(key ^ _signed(tag), counter) & _MASK64
+    b = int_bits(key ^ signed(tag), counter) & _MASK64
     return ((b >> 11) + 0.5) * (1.0 / (1 << 53))
 
 
 def host_child(key: np.ndarray, tag: int, index: np.ndarray | int) -> np.ndarray:
     """:func:`child` on NumPy int64 arrays (broadcast)."""
-    return host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(_signed(tag)), index)
+    return host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(signed(tag)), index)
 
 
 def host_uniform(key: np.ndarray, tag: int, counter: np.ndarray | int) -> np.ndarray:
     """:func:`uniform` on NumPy int64 arrays: float64 uniforms in (0, 1)."""
-    b = host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(_signed(tag)), counter)
+    b = host_bits(np.asarray(key, dtype=np.int64) ^ np.int64(signed(tag)), counter)
     u = ((b.view(np.uint64) >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
     return np.asarray(u)
 

@@ -64,6 +64,12 @@ class SampleResult:
         The method's resolved knobs (the schedule used, defaults included; a read-only mapping
         too). Passing it back, ``sample_any_order(oracle, N, method=result.method, seed=seed,
         schedule=result.schedule)``, reproduces the draws on any device and batch.
+    seed : int or None
+        The int seed of the run: the ``seed`` given, or the one drawn from a generator or (for
+        ``seed=None``) from torch's global generator
+        (:func:`~pyro_autospec.engine.keys.seed_value`). Passing it back as ``seed=`` with the
+        same schedule repeats the draws. ``None`` where a caller made the result from a root
+        key of its own.
     timing : dict
         Host seconds of the run's parts: ``"oracle"`` (inside the oracle's methods) and, on
         ``[q]^n``, ``"inputs"`` (building the protocol's dense ``values`` and ``mask``). The
@@ -86,6 +92,7 @@ class SampleResult:
     timing: dict = field(default_factory=dict)
     schedule: Schedule = field(default_factory=Schedule)
     per_rank: dict | None = None
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         # The samplers run in inference mode; hand back tensors a caller may write or train on.

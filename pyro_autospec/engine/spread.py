@@ -75,12 +75,13 @@ def _canonical(value):
     return type(value).__name__
 
 
-def _agreed_root_key(seed, num_draws: int, signature, rank: int) -> int:
-    """The run's root key, checked (or, for ``seed=None``, taken from rank 0) across ranks."""
+def _agreed_seed(seed, num_draws: int, signature, rank: int) -> int:
+    """The run's int seed (:func:`~pyro_autospec.engine.keys.seed_value`), checked (or, for
+    ``seed=None``, taken from rank 0) across ranks."""
     fresh = seed is None
-    key = keys.seed_key(seed)
+    value = keys.seed_value(seed)
     check = zlib.crc32(repr(_canonical(signature)).encode())
-    mine = torch.tensor([int(fresh), key, int(num_draws), check], dtype=torch.long)
+    mine = torch.tensor([int(fresh), keys.signed(value), int(num_draws), check], dtype=torch.long)
     world = dist.get_world_size()
     table = torch.stack([t.cpu() for t in all_gather(mine, communication_device())])  # [W, 4]
     first = table[0]
@@ -99,7 +100,7 @@ def _agreed_root_key(seed, num_draws: int, signature, rank: int) -> int:
             f"same call: {'; '.join(problems)}. Every rank must run the same sampling call "
             "with the same arguments and seed; each then samples its share of the draws."
         )
-    return int(first[1])
+    return int(first[1]) & ((1 << 64) - 1)  # rank 0's seed, as the int it was
 
 
 def spread_draws(
@@ -175,7 +176,8 @@ def spread_draws(
             "with distributed=False (one large oracle, e.g. for one draw's latency)."
         )
     where = local_device(device)
-    root = _agreed_root_key(seed, num_draws, signature, rank)
+    run_seed = _agreed_seed(seed, num_draws, signature, rank)
+    root = keys.seed_key(run_seed)
     shares = draw_shares(num_draws, world)
     first, stop = shares[rank]
     local = None
@@ -220,6 +222,7 @@ def spread_draws(
         wall_time=time.perf_counter() - start,
         engine=schema["engine"],
         schedule=Schedule.of(schema["schedule"]),
+        seed=run_seed,
         times=times,
         **{name: fields.get(name) for name in _PER_DRAW},
     )

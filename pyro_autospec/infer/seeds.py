@@ -155,12 +155,7 @@ def run_seed(
     >>> run_seed(torch.Generator().manual_seed(0)) == run_seed(torch.Generator().manual_seed(0))
     True
     """
-    seed = check_seed(seed)
-    if isinstance(seed, int):
-        return seed
-    if isinstance(seed, np.random.Generator):
-        drawn = int(seed.integers(0, 2**62))
-    else:  # a torch generator, or torch's global one (the CPU's: what manual_seed sets)
-        device = "cpu" if seed is None else seed.device
-        drawn = int(torch.randint(0, 2**62, (), generator=seed, device=device).item())
-    return broadcast_seeds([drawn])[0] if distributed else drawn
+    value = keys.seed_value(seed)
+    if isinstance(seed, (int, np.integer)):
+        return value
+    return broadcast_seeds([value])[0] if distributed else value

@@ -127,6 +127,7 @@ class FFBSPlan:
             method="ffbs",
             wall_time=time.perf_counter() - start,
             timing={"forward": self.forward_seconds},
+            seed=int(seed),
         )
 
     def log_prob(self, samples: torch.Tensor) -> torch.Tensor:

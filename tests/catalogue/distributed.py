@@ -94,6 +94,7 @@ def as_dict(result) -> dict:
         oracle_rows=result.oracle_rows,
         method=result.method,
         engine=result.engine,
+        seed=result.seed,
         per_rank=getattr(result, "per_rank", None),
     )
     return out
@@ -108,6 +109,7 @@ def assert_same(got: dict, want: dict) -> None:
             assert a.dtype == b.dtype and a.shape == b.shape, name
             assert torch.equal(a, b), f"{name} differs from the single-process run"
     assert got["method"] == want["method"] and got["engine"] == want["engine"]
+    assert got["seed"] == want["seed"]
 
 
 class FamilyOracle:

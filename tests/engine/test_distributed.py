@@ -164,6 +164,8 @@ def test_seed_none_takes_rank_zero_key(ranks):
     a, b = ranks[0]["seed_none"], ranks[1]["seed_none"]
     assert "raised" not in a and "raised" not in b, a.get("tb", b.get("tb"))
     assert torch.equal(a["samples"], b["samples"])
+    assert a["seed"] == b["seed"]  # rank 0's, recorded: it repeats the run in one process
+    assert torch.equal(sample_any_order(chain(), 3, seed=a["seed"]).samples, a["samples"])
 
 
 @pytest.mark.parametrize(

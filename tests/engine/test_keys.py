@@ -44,7 +44,7 @@ def test_host_numbers_match_the_device_arithmetic():
     key = torch.randint(-(2**63), 2**63 - 1, (300, 1), generator=gen, dtype=torch.long)
     counter = torch.arange(7)
     device_bits = keys._fmix_torch(keys.stream(key, keys.Tag.DRAFT) + (counter + 1) * keys._GAMMA)
-    host = keys.host_bits(key.numpy() ^ np.int64(keys._signed(keys.Tag.DRAFT)), counter.numpy())
+    host = keys.host_bits(key.numpy() ^ np.int64(keys.signed(keys.Tag.DRAFT)), counter.numpy())
     assert np.array_equal(host, device_bits.numpy())
     assert np.array_equal(
         keys.host_child(key.numpy(), keys.Tag.LEAF, counter.numpy()),
@@ -101,3 +101,25 @@ def test_seed_keys_and_draw_keys():
     all_keys = keys.draw_keys(keys.seed_key(0), torch.arange(10))
     assert torch.equal(keys.draw_keys(keys.seed_key(0), torch.tensor([7, 2])), all_keys[[7, 2]])
     assert all_keys.unique().numel() == 10
+
+
+def test_a_run_records_the_seed_that_repeats_it():
+    """``seed=None`` or a generator: the run draws an int seed and records it
+    (``result.seed``); ``seed=`` that int gives the same draws, on ``[q]^n`` and for a
+    diffusion (before, such a run could not be repeated)."""
+    from pyro_autospec import sample_any_order, sample_sde
+    from pyro_autospec.oracles import MarkovChainOracle
+
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.2, 0.8]]), 12)
+    torch.manual_seed(3)
+    fresh = sample_any_order(chain, 6)
+    assert torch.equal(sample_any_order(chain, 6, seed=fresh.seed).samples, fresh.samples)
+    torch.manual_seed(3)  # the global generator advanced once: manual_seed repeats the run
+    assert sample_any_order(chain, 6).seed == fresh.seed
+    drawn = sample_any_order(chain, 6, seed=np.random.default_rng(0))
+    assert torch.equal(sample_any_order(chain, 6, seed=drawn.seed).samples, drawn.samples)
+    assert sample_any_order(chain, 6, seed=2**64 - 1).seed == 2**64 - 1
+    times = torch.linspace(0.0, 1.0, 9)
+    path = sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=torch.Generator())
+    again = sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=path.seed)
+    assert torch.equal(again.samples, path.samples)
