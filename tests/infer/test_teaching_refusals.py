@@ -3,11 +3,14 @@
 import math
 import warnings
 
+import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
 from pyro.ops.indexing import Vindex
+from torch.distributions import constraints
 
 from pyro_autospec.infer import (
     AutoSpec,
@@ -661,8 +664,56 @@ def test_random_numbers_drawn_outside_sample_sites_are_named():
         noise = torch.randn(())
         pyro.sample("y", dist.Normal(z + noise, 1.0), obs=y)
 
-    with pytest.raises(AutoSpecModelError, match="random numbers that no pyro.sample site"):
+    with pytest.raises(AutoSpecModelError, match="random numbers that no visible pyro.sample"):
         run(noisy, torch.tensor(0.3), num_samples=20, seed=0)
+
+
+def test_numpy_random_numbers_in_the_model_are_named():
+    """NumPy's global generator is watched as torch's is: noise from it is hidden randomness."""
+
+    def noisy(y):
+        z = pyro.sample("z", dist.Bernoulli(0.4))
+        pyro.sample("y", dist.Normal(z + float(np.random.normal()), 1.0), obs=y)
+
+    with pytest.raises(AutoSpecModelError, match="NumPy's or Python's random"):
+        run(noisy, torch.tensor(0.3), num_samples=20, seed=0)
+
+
+def test_random_numbers_no_scored_site_reads_are_allowed():
+    """False alarms the watch must not raise: ``pyro.param(name, torch.rand(...))`` draws an
+    initial value on every run and ignores it once the parameter exists (Pyro's own HMM
+    examples), and a number drawn after the last statement reaches no scored site."""
+
+    def model(y):
+        probs = pyro.param("probs_ignored_init", torch.rand(2), constraint=constraints.simplex)
+        z = pyro.sample("z", dist.Categorical(probs))
+        pyro.sample("y", dist.Normal(z.double(), 1.0), obs=y)
+        return torch.randn(())
+
+    pyro.clear_param_store()
+    pyro.param("probs_ignored_init", torch.tensor([0.3, 0.7]), constraint=constraints.simplex)
+    fit = run(model, torch.tensor(0.5, dtype=torch.float64), num_samples=200, seed=0)
+    assert fit.get_samples()["z"].shape == (200,)
+    pyro.clear_param_store()
+
+
+def _hidden_latent(y):
+    with poutine.block(hide=["z"]):
+        z = pyro.sample("z", dist.Bernoulli(0.9))
+    w = pyro.sample("w", dist.Bernoulli(0.2 + 0.6 * z))
+    pyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+def test_a_latent_site_hidden_by_poutine_block_is_refused_whatever_it_draws(sampler, seed):
+    """An outside test: ``z`` is drawn afresh on each run of the model, so the draws followed
+    p(w | y, z = whatever the first run drew) and came back silently in 19 of 20 seeds; only
+    two runs that happened to draw different values of ``z`` showed it. Now the model is run
+    on given values with torch's generator watched: a hidden site draws from it."""
+    pyro.set_rng_seed(seed)
+    with pytest.raises(AutoSpecModelError, match="latent site inside poutine.block"):
+        run(_hidden_latent, torch.tensor(1.0), num_samples=50, seed=seed, sampler=sampler)
 
 
 def test_a_kernel_passed_as_the_model_is_refused_with_the_way_out():
