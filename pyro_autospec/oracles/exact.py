@@ -212,7 +212,9 @@ class ExactOracle:
             row_mask.view(-1).index_fill_(0, flat, True)
             targets = coords.gather(1, cuts.unsqueeze(1))
             answer = self._log_marginals_at(values.index_select(0, rows), row_mask, targets)
-            out[rows, cuts] = answer[:, 0]
+            if s == 0 and answer.dtype != out.dtype:  # a subclass may answer in float32:
+                out = out.to(answer.dtype)  # the point masses are exact in its dtype, and its
+            out[rows, cuts] = answer[:, 0].to(out.dtype)  # rows keep that dtype's tolerance
         return out
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from pyro_autospec import sample_any_order
 from pyro_autospec.engine.protocols import has_chain_marginals
 from pyro_autospec.oracles import (
     CurieWeissOracle,
@@ -15,6 +16,7 @@ from pyro_autospec.oracles import (
     TreePottsOracle,
 )
 from pyro_autospec.oracles._util import chain_repeats
+from tests.stats import assert_samples_match
 
 
 def small_oracles():
@@ -78,3 +80,28 @@ def test_chain_query_errors():
         oracle.log_marginals_chain(values, mask, torch.tensor([[0], [3]]))
     with pytest.raises(ValueError, match="values must have shape"):
         oracle.log_marginals_chain(values[:, :2], mask[:, :2], torch.zeros(2, 1, dtype=torch.long))
+
+
+class _Float32Table(ExactOracle):
+    """A user's subclass of ExactOracle answering its rows in float32."""
+
+    def __init__(self, table: TabularOracle):
+        self.table, self.num_coords, self.num_values = table, table.num_coords, table.num_values
+
+    def _log_marginals_at(self, values, mask, targets):
+        return self.table.log_marginals_at(values, mask, targets).float()
+
+
+def test_a_subclass_answering_in_float32_gets_generic_chain_queries_in_float32():
+    """An outside test: the generic chain queries wrote the subclass's float32 rows into a
+    float64 table, a raw index_put error under the default autospec (sequential ran). The
+    chain is now in the rows' dtype (point masses are exact in it), and the draws are exact."""
+    probs = torch.tensor([0.30, 0.05, 0.10, 0.15, 0.02, 0.08, 0.12, 0.18]).reshape(2, 2, 2)
+    oracle = _Float32Table(TabularOracle(probs=probs))
+    values, mask = torch.tensor([[1, 0, 0]]), torch.tensor([[True, False, False]])
+    chain = oracle.log_marginals_chain(values, mask, torch.tensor([[1, 2]]))
+    assert chain.dtype == torch.float32
+    rows = oracle.table.log_marginals_chain(values, mask, torch.tensor([[1, 2]]))
+    torch.testing.assert_close(chain.double(), rows, atol=1e-6, rtol=0)
+    result = sample_any_order(oracle, 6000, seed=0)
+    assert_samples_match(result.samples, probs.double().log(), 2)
