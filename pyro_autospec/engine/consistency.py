@@ -12,7 +12,7 @@ reason, not the sampler's.
 :func:`check_consistency` asks a handful of small questions every way the oracle offers and
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and fixed values), so the
-draws that follow do not change; it costs at most ``L + 10`` oracle calls of at most ``L``
+draws that follow do not change; it costs at most ``2 L + 14`` oracle calls of at most ``L``
 rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
 oracle consistent, only catch the common slips (differences of a hundredth in probability
 or more), and an oracle with random answers (one question asked twice, word for word, may
@@ -62,7 +62,14 @@ class _Probe:
     """The questions and the oracle's answers, on one device, for the last target of a family
     (not target 0, so that a method that forgets its ``draws`` answers another question)."""
 
-    def __init__(self, oracle, device: torch.device, grad_enabled: bool, caps: Capabilities):
+    def __init__(
+        self,
+        oracle,
+        device: torch.device,
+        grad_enabled: bool,
+        caps: Capabilities,
+        reverse: bool = False,
+    ):
         self.oracle = oracle
         self.device = device
         self.n, self.q = int(oracle.num_coords), int(oracle.num_values)
@@ -74,6 +81,8 @@ class _Probe:
         self.rounding = 0.0  # the rows' rounding allowance, of the widest dtype returned
         generator = torch.Generator().manual_seed(0)
         self.order = torch.randperm(self.n, generator=generator)[: min(self.n, PROBE_LENGTH)]
+        if reverse:  # the same coordinates the other way: each pair is asked both ways round
+            self.order = self.order.flip(0)
 
     def _extra(self, rows: int) -> dict:
         if not self.family:
@@ -245,7 +254,9 @@ def check_consistency(
     else full rows; and two targets per row, the larger coordinate first), and as chain
     queries from two cuts (0, and 2, after a pin at 0 where 0 has that mass), one chain per
     call and two in one call, with the row after the chain where the
-    oracle answers it (``log_marginals_chain_then``). The answers must agree within
+    oracle answers it (``log_marginals_chain_then``). Then the rows alone and in the batches
+    again along the reverse order, so that each pair of probed coordinates is asked with either
+    one unpinned. The answers must agree within
     :data:`TOLERANCE` in probability (more for outputs narrower than float32). Rows with NaN or
     that do not sum to one are left to the engine's row checks, which name them.
 
@@ -285,13 +296,16 @@ def check_consistency(
     """
     caps = Capabilities.of(oracle) if capabilities is None else capabilities
     grad_enabled = torch.is_grad_enabled()
-    probe = _Probe(oracle, torch.device(device), grad_enabled, caps)
     # the oracle is called as the engine calls it: its inputs made in inference mode, unless it
     # needs ordinary ones (the engine makes those outside it)
     ordinary_inputs = foreign_inputs(oracle, grad_enabled, caps.inference_safe, caps.borrows_inputs)
     try:
         with engine_mode(not ordinary_inputs):
-            _check(probe)
+            _check(_Probe(oracle, torch.device(device), grad_enabled, caps))
+            # a row reads an unpinned coordinate only if that coordinate comes after it in the
+            # probe's order: the rows again in the reverse order, so that every pair of probed
+            # coordinates is asked with the other one unpinned
+            _check(_Probe(oracle, torch.device(device), grad_enabled, caps, reverse=True), True)
     except _LeftToTheEngine:
         pass
 
@@ -337,7 +351,9 @@ def _scrambled(
     return batches
 
 
-def _check(probe: _Probe) -> None:
+def _check(probe: _Probe, rows_only: bool = False) -> None:
+    """Ask ``probe``'s questions; with ``rows_only``, only the rows alone and in the batches
+    with other values at the unpinned coordinates (the other ways were asked already)."""
     length = len(probe.order)
     targeted = probe.caps.targeted
     values = torch.zeros(probe.n, dtype=torch.long)
@@ -364,6 +380,8 @@ def _check(probe: _Probe) -> None:
     for fill, scrambled in batches:
         how = f"{way} with other values at the unpinned coordinates ({fill}), in one batch"
         probe.compare(probe.rows(scrambled, pinned, targeted), expected, how, base)
+    if rows_only:
+        return
     if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
         out = probe.paired_rows(batches[0][1], pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"

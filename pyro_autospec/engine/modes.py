@@ -20,7 +20,14 @@ import torch
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.protocols import borrows_inputs, is_inference_safe
 
-__all__ = ["calling", "engine_mode", "foreign_inputs", "ordinary", "tensor_mode"]
+__all__ = [
+    "BorrowedInputsCheck",
+    "calling",
+    "engine_mode",
+    "foreign_inputs",
+    "ordinary",
+    "tensor_mode",
+]
 
 #: Decorator and context manager for the engine's own loops.
 engine_mode = torch.inference_mode
@@ -95,6 +102,72 @@ def calling(oracle: object, grad_enabled: bool = False, inference_safe: bool | N
     if is_inference_safe(oracle) if inference_safe is None else inference_safe:
         return contextlib.nullcontext
     return lambda: _foreign(grad_enabled)
+
+
+class BorrowedInputsCheck:
+    """The context of an oracle's calls, with a check that an oracle that borrows its inputs
+    and is called in inference mode leaves them as they were.
+
+    Outside inference mode a write into the engine's inputs (inference tensors) raises, and
+    :func:`calling` turns that into an :class:`OracleError`. In inference mode (an
+    ``inference_safe`` oracle, every subclass of ``ExactOracle`` among them) PyTorch allows it,
+    and an oracle that also borrows its inputs would change tensors the engine reads again:
+    the draws would follow another law. So its first :attr:`CALLS` calls of a run compare
+    their inputs with a copy made before the call (a sample of the calls, as the consistency
+    check is a sample of questions: a write on every call, or on most, is caught).
+
+    Parameters
+    ----------
+    context : callable
+        ``calling(oracle, ...)``: the context of one call.
+    checked : bool
+        Whether the oracle borrows its inputs and is called in inference mode.
+
+    Examples
+    --------
+    >>> import contextlib, torch
+    >>> check = BorrowedInputsCheck(contextlib.nullcontext, checked=True)
+    >>> values = torch.zeros(2, dtype=torch.long)
+    >>> with check(values):
+    ...     values.add_(1)
+    Traceback (most recent call last):
+    ...
+    pyro_autospec.engine.errors.OracleError: The oracle wrote into the inputs it borrows ...
+    """
+
+    #: The calls of a run whose inputs are compared with a copy.
+    CALLS = 8
+
+    def __init__(self, context, checked: bool):
+        self.context = context
+        self.left = self.CALLS if checked else 0
+
+    @contextlib.contextmanager
+    def __call__(self, *inputs) -> Iterator[None]:
+        """The context of one call on ``inputs`` (tensors, and dicts of them)."""
+        if self.left <= 0:
+            with self.context():
+                yield
+            return
+        self.left -= 1
+        tensors = [
+            x
+            for item in inputs
+            for x in (item.values() if isinstance(item, dict) else (item,))
+            if isinstance(x, torch.Tensor)
+        ]
+        copies = [t.clone() for t in tensors]
+        with self.context():
+            yield
+        if any(not torch.equal(a, b) for a, b in zip(copies, tensors)):
+            raise OracleError(
+                "The oracle wrote into the inputs it borrows (borrows_inputs = True; every "
+                "subclass of ExactOracle inherits it): the engine hands successive calls the "
+                "same tensors and reads them again, so the draws would follow another law. "
+                "Copy before writing (values = values.clone()), use an out-of-place operation "
+                "(torch.where(mask, values, 0) in place of values[~mask] = 0), or set the class "
+                "attribute borrows_inputs = False."
+            )
 
 
 def ordinary(tensor: torch.Tensor | None) -> torch.Tensor | None:

@@ -40,7 +40,13 @@ import torch
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.errors import OracleError
 from pyro_autospec.engine.memory import check_output_size
-from pyro_autospec.engine.modes import calling, foreign_inputs, ordinary, tensor_mode
+from pyro_autospec.engine.modes import (
+    BorrowedInputsCheck,
+    calling,
+    foreign_inputs,
+    ordinary,
+    tensor_mode,
+)
 from pyro_autospec.engine.protocols import Capabilities
 
 __all__ = ["OracleRows", "Answer", "VisitOrders", "draw_orders"]
@@ -318,7 +324,10 @@ class OracleRows:
         # it, in the grad mode of the caller of the sampler (an oracle may differentiate
         # internally, e.g. the compiled EnumOracle).
         self.grad_enabled = torch.is_grad_enabled()
-        self._call_mode = calling(oracle, self.grad_enabled, caps.inference_safe)
+        self._call_mode = BorrowedInputsCheck(
+            calling(oracle, self.grad_enabled, caps.inference_safe),
+            checked=caps.borrows_inputs and caps.inference_safe,
+        )
         # and with grad enabled, on ordinary tensors: autograd may save them for backward;
         # not for an oracle that borrows its inputs (it only reads them: no copies for it)
         self.ordinary_inputs = foreign_inputs(
@@ -587,13 +596,13 @@ class OracleRows:
         start = time.perf_counter()
         if self.targeted:
             vals, mask, targets, extra = self.oracle_inputs(vals, mask, targets, extra)
-            with self._call_mode():
+            with self._call_mode(vals, mask, targets, extra):
                 out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (vals.shape[0], max_width, self.q), "log_marginals_at")
         else:
             vals, mask, extra = self.oracle_inputs(vals, mask, extra)
-            with self._call_mode():
+            with self._call_mode(vals, mask, extra):
                 out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (vals.shape[0], self.n, self.q), "log_marginals")
@@ -643,7 +652,7 @@ class OracleRows:
             start = time.perf_counter()
             if then_width is None:
                 vals, mask, chain, extra = self.oracle_inputs(vals, mask, chain, extra)
-                with self._call_mode():
+                with self._call_mode(vals, mask, chain, extra):
                     out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             else:
                 # the row after the chain reads on from its end; without one, a dummy: the
@@ -655,7 +664,7 @@ class OracleRows:
                 ).unsqueeze(1)
                 then = self.coords(part_draw, pos + reach.clamp(min=0))
                 vals, mask, chain, then, extra = self.oracle_inputs(vals, mask, chain, then, extra)
-                with self._call_mode():
+                with self._call_mode(vals, mask, chain, then, extra):
                     out, after = then_pair(
                         self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)
                     )

@@ -234,3 +234,24 @@ def test_an_oracle_that_writes_into_borrowed_inputs_is_told_so():
     for grad in (False, True):
         with torch.set_grad_enabled(grad), pytest.raises(OracleError, match="wrote in place"):
             sample_any_order(Borrows(chain, True, writes=True), 4, seed=0, method="sequential")
+
+
+class SafeBorrows(Borrows):
+    inference_safe = True  # as every subclass of ExactOracle
+
+
+@pytest.mark.parametrize("method", ["sequential", "autospec", "agr24"])
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_an_inference_safe_oracle_that_writes_into_borrowed_inputs_is_refused(method, engine):
+    """An outside test: in inference mode PyTorch lets an oracle write into the engine's
+    inputs, so an oracle both inference-safe and borrowing (an ExactOracle subclass that
+    scribbled on its mask) sampled another law silently in lock step. Its first calls now
+    compare their inputs with a copy; one that leaves them alone samples as before."""
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 8)
+    with pytest.raises(OracleError, match="wrote into the inputs it borrows"):
+        sample_any_order(
+            SafeBorrows(chain, True, writes=True), 20, seed=0, method=method, engine=engine
+        )
+    kept = sample_any_order(SafeBorrows(chain, True), 20, seed=0, method=method, engine=engine)
+    plain = sample_any_order(Borrows(chain, True), 20, seed=0, method=method, engine=engine)
+    assert torch.equal(kept.samples, plain.samples)

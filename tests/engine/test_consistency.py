@@ -178,11 +178,34 @@ def test_the_check_is_small_and_leaves_the_draws_alone():
     randomness, and is not counted in the run's rows."""
     oracle = Counting()
     check_consistency(oracle)
-    assert 0 < oracle.rows <= 3 * 8 + 1  # and the last row asked again
+    assert 0 < oracle.rows <= 2 * (3 * 8 + 1)  # each way round, and the last row again
     first = sample_any_order(Counting(), 6, seed=3)
     again = sample_any_order(CHAIN, 6, seed=3)
     assert torch.equal(first.samples, again.samples)
     assert first.oracle_rows == again.oracle_rows
+
+
+@pytest.mark.parametrize("reader", range(4))
+@pytest.mark.parametrize("read", range(4))
+def test_a_row_reading_any_unpinned_coordinate_is_caught(read, reader):
+    """An outside test: a row that reads whether an unpinned coordinate holds 0 passed for
+    the pairs whose reader came after the read coordinate in the probe's one order (7 of 12),
+    and the samplers then disagreed; the rows are now asked along the reverse order too."""
+    if read == reader:
+        pytest.skip("a row reads its own coordinate only as the value it asks for")
+
+    small = MarkovChainOracle(torch.ones(3) / 3, torch.full((3, 3), 0.2) + 0.4 * torch.eye(3), 4)
+
+    class ReadsZero:
+        num_coords, num_values = 4, 3
+
+        def log_marginals(self, values, mask):
+            out = small.log_marginals(values, mask).clone()
+            out[:, reader, 0] += 2.0 * ((~mask[:, read]) & (values[:, read] == 0)).double()
+            return torch.log_softmax(out, -1)
+
+    with pytest.raises(OracleError, match="other values at the unpinned coordinates"):
+        check_consistency(ReadsZero())
 
 
 def test_a_float32_network_passes_within_its_rounding():
