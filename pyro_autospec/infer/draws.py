@@ -33,6 +33,7 @@ from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import LogJoint, evaluate
+from pyro_autospec.model.randomness import HiddenRandomnessError
 
 __all__ = ["CheckAssignments", "DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
 
@@ -328,6 +329,8 @@ def _cannot_score(error: BaseException) -> bool:
     """Whether ``error`` (or the first error in its chain of causes) says the model cannot
     score an assignment (a ``ValueError`` of validation, an ``IndexError``), rather than a
     fault of its own."""
+    if isinstance(error, HiddenRandomnessError):  # the model's own fault, on any values
+        return False
     root = error
     while root.__cause__ is not None:
         root = root.__cause__

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
@@ -41,6 +39,7 @@ from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.model.continuous import ContinuousLayout
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
 from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
+from pyro_autospec.model.randomness import HIDDEN_RANDOMNESS, HiddenRandomnessError, RandomUse
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
@@ -62,17 +61,6 @@ __all__ = [
     "evaluate",
     "log_joint",
 ]
-
-#: Why a model whose density is not a function of its sites is refused (the end of the
-#: message; its start says how it was found).
-_HIDDEN_RANDOMNESS = (
-    "the model draws random numbers that no visible pyro.sample site records (a latent site "
-    "inside poutine.block, torch.randn or torch.rand, a distribution's .sample(), dropout of "
-    "a network in training mode, NumPy's or Python's random), so its density is not a "
-    "function of its sites and no sampler can be exact for it. Make each such number a visible "
-    "sample site of the model (pyro.sample), pass it in as data, or draw it from a "
-    "torch.Generator of its own"
-)
 
 _MIXED_DRAWS = (
     "The model cannot be evaluated on a batch of draws: a site's value loses the batch "
@@ -183,72 +171,13 @@ class _Evaluation:
     max_plate_nesting: int
     observed_shapes: Mapping[str, torch.Size]
     deterministic_shapes: Mapping[str, torch.Size]
-    #: ``{"explained": True}`` once a run found where the model advances a global random
-    #: generator, and that no scored site can read what it drew (:class:`_RandomWatch`):
-    #: later runs skip the search (one dict, shared by :meth:`only_latent`'s copies).
-    random_use: dict = field(default_factory=dict, compare=False)
+    #: The watch of the runs for random numbers no visible site records (shared by
+    #: :meth:`only_latent`'s copies)
+    random_use: RandomUse = field(default_factory=RandomUse, compare=False)
 
     def only_latent(self) -> _Evaluation:
         """The same evaluation returning no pointwise or deterministic values."""
         return replace(self, observed_shapes={}, deterministic_shapes={})
-
-
-class _RandomState:
-    """The global random generators that a model run on given values could advance: torch's
-    on the CPU, and on the GPU where the values live there (a sample site that no handler sees
-    draws from them), NumPy's and Python's."""
-
-    def __init__(self, values: Mapping[str, torch.Tensor]):
-        self.cuda = sorted(
-            {v.device.index or 0 for v in values.values() if v.device.type == "cuda"}
-        )
-        self.before = self._now()
-
-    def reset(self) -> None:
-        """Take the generators' present state as the one to compare with."""
-        self.before = self._now()
-
-    def _now(self) -> tuple:
-        numpy_state = np.random.get_state()
-        return (
-            [torch.get_rng_state()] + [torch.cuda.get_rng_state(i) for i in self.cuda],
-            (numpy_state[1].tobytes(), numpy_state[2:]),
-            random.getstate(),
-        )
-
-    def advanced(self) -> bool:
-        """Whether any of the generators moved since this object was made."""
-        (torch_before, *others_before), (torch_now, *others_now) = self.before, self._now()
-        moved = any(not torch.equal(a, b) for a, b in zip(torch_before, torch_now))
-        return moved or others_before != others_now
-
-
-class _RandomWatch(poutine.messenger.Messenger):
-    """Where a model run advances the global random generators: at each sample or param
-    statement that reaches it, whether they moved since the statement before.
-
-    A move just before a ``pyro.param`` statement is the idiom ``pyro.param(name,
-    torch.rand(...))``, whose initial value is drawn on every run and ignored once the
-    parameter exists; a move after the last statement reaches no scored site. Any other move
-    (before a sample statement) may reach a scored site: ``unexplained`` lists those, as
-    ``(the statement before, the statement after)``.
-    """
-
-    def __init__(self, values: Mapping[str, torch.Tensor]):
-        super().__init__()
-        self.state = _RandomState(values)
-        self.previous = "the start of the model"
-        self.unexplained: list[tuple[str, str]] = []
-
-    def _process_message(self, msg):
-        here = f"{msg['type']} site '{msg['name']}'"
-        if self.state.advanced():
-            if msg["type"] != "param":
-                self.unexplained.append((self.previous, here))
-            self.state.reset()
-        if not msg["name"].startswith("_autospec"):  # not the plate over draws
-            self.previous = here
-        return super()._process_message(msg)
 
 
 def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> LogJoint:
@@ -276,7 +205,7 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
         recorder = SiteRecorder(latent=data)
         try:
             with poutine.block(), recorder, quiet_warnings(), contextlib.ExitStack() as more:
-                for handler in handlers:
+                for handler in handlers:  # inside the block: they see the model's messages
                     more.enter_context(handler)
                 run_trace = poutine.trace(poutine.condition(batched, data=data))
                 run_trace = prune_subsample_sites(run_trace.get_trace(*args, **kwargs))
@@ -287,20 +216,8 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
             raise assertion_error(e, recorder.names, "on a batch of draws", mpn) from e
         return run_trace, recorder
 
-    generators = _RandomState(data)
-    trace, recorder = run()
-    # every site was given its value, so nothing had to be drawn: find where the model drew
-    if not job.random_use.get("explained") and generators.advanced():
-        watch = _RandomWatch(data)
-        run(watch)
-        if watch.unexplained:
-            before, after = watch.unexplained[0]
-            raise AutoSpecModelError(
-                "A global random number generator (torch's, NumPy's or Python's) advanced "
-                f"between the {before} and the {after} while the model was run with every one "
-                f"of its sites given a value: {_HIDDEN_RANDOMNESS}."
-            )
-        job.random_use["explained"] = True
+    with job.random_use.watching(data, lambda *handlers: run(*handlers)[0]):
+        trace, recorder = run()
 
     device = None
     total = magnitude = None
@@ -435,8 +352,8 @@ def evaluate(
     try:
         return _evaluate_batched(job, values, chunk_size, check_mixing, num_draws)
     except AutoSpecModelError as error:
-        if not per_draw_fallback:
-            raise
+        if not per_draw_fallback or isinstance(error, HiddenRandomnessError):
+            raise  # no evaluation one draw at a time can help
         reason = str(error).split(". ")[0]
     warnings.warn(
         f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
@@ -488,9 +405,9 @@ def _evaluate_batched(
         if not (abs(a - b) <= tolerance or (math.isinf(a) and a == b)):
             again = float(_run_chunk(job.only_latent(), one, 1).total[0])
             if not (abs(again - a) <= tolerance or (math.isinf(a) and a == again)):
-                raise AutoSpecModelError(
+                raise HiddenRandomnessError(
                     f"log p(x, data) of one draw is {a:.6g}, then {again:.6g} when the model "
-                    f"is run again on the same values: {_HIDDEN_RANDOMNESS}."
+                    f"is run again on the same values: {HIDDEN_RANDOMNESS}."
                 )
             raise AutoSpecModelError(
                 f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "

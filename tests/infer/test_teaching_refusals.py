@@ -1,6 +1,7 @@
 """Refusals that teach: each names the site or plate, the cause and a way out (issue 32)."""
 
 import math
+import random
 import warnings
 
 import numpy as np
@@ -20,6 +21,8 @@ from pyro_autospec.infer import (
 )
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.log_joint import evaluate
+from pyro_autospec.model.randomness import HiddenRandomnessError
 from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
 
@@ -668,32 +671,65 @@ def test_random_numbers_drawn_outside_sample_sites_are_named():
         run(noisy, torch.tensor(0.3), num_samples=20, seed=0)
 
 
-def test_numpy_random_numbers_in_the_model_are_named():
-    """NumPy's global generator is watched as torch's is: noise from it is hidden randomness."""
+def _numpy_coin(y):
+    z = pyro.sample("z", dist.Bernoulli(0.4))
+    coin = float(np.random.binomial(1, 0.999))  # almost always 1: two runs rarely differ
+    pyro.sample("y", dist.Normal(z * coin, 1.0), obs=y)
 
-    def noisy(y):
+
+def _python_coin(y):
+    z = pyro.sample("z", dist.Bernoulli(0.4))
+    coin = float(random.random() < 0.999)
+    pyro.sample("y", dist.Normal(z * coin, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("model", [_numpy_coin, _python_coin])
+def test_numpy_and_python_random_numbers_reaching_a_site_are_refused(model):
+    """NumPy's and Python's global generators are watched as torch's is: a number of low
+    entropy from them, which two runs of the model (or two reseeded ones) almost never tell
+    apart, is found by its generator moving just before a scored site's statement."""
+    with pytest.raises(HiddenRandomnessError, match="just before the sample site .y."):
+        run(model, torch.tensor(0.3), num_samples=20, seed=0)
+
+
+def test_noise_drawn_before_a_param_statement_and_read_by_a_site_is_refused():
+    """A move of the generator just before a param statement is excused (the initial-value
+    idiom), so the model is run again with the generators seeded afresh: the noise moves the
+    observed site's density, and the model is refused."""
+
+    def model(y):
+        noise = torch.randn(())
+        scale = pyro.param("scale_after_noise", torch.tensor(1.0))
         z = pyro.sample("z", dist.Bernoulli(0.4))
-        pyro.sample("y", dist.Normal(z + float(np.random.normal()), 1.0), obs=y)
+        pyro.sample("y", dist.Normal(z + noise, scale), obs=y)
 
-    with pytest.raises(AutoSpecModelError, match="NumPy's or Python's random"):
-        run(noisy, torch.tensor(0.3), num_samples=20, seed=0)
+    with pytest.raises(HiddenRandomnessError, match="densities of its sites changed"):
+        run(model, torch.tensor(0.3), num_samples=20, seed=0)
+    pyro.clear_param_store()
 
 
 def test_random_numbers_no_scored_site_reads_are_allowed():
     """False alarms the watch must not raise: ``pyro.param(name, torch.rand(...))`` draws an
     initial value on every run and ignores it once the parameter exists (Pyro's own HMM
-    examples), and a number drawn after the last statement reaches no scored site."""
+    examples; here computed before the plate it is declared in), noise in a
+    ``pyro.deterministic`` site (its log density is 0), and a number drawn after the last
+    statement: no scored site reads them."""
 
     def model(y):
-        probs = pyro.param("probs_ignored_init", torch.rand(2), constraint=constraints.simplex)
-        z = pyro.sample("z", dist.Categorical(probs))
+        init = torch.rand(2)
+        with pyro.plate("k", 2):
+            weights = pyro.param("weights_ignored_init", init, constraint=constraints.positive)
+        z = pyro.sample("z", dist.Categorical(weights / weights.sum()))
         pyro.sample("y", dist.Normal(z.double(), 1.0), obs=y)
+        pyro.deterministic("y_rep", z.double() + torch.randn((), dtype=torch.float64))
         return torch.randn(())
 
     pyro.clear_param_store()
-    pyro.param("probs_ignored_init", torch.tensor([0.3, 0.7]), constraint=constraints.simplex)
+    pyro.param("weights_ignored_init", torch.tensor([0.3, 0.7]), constraint=constraints.positive)
+    before = torch.get_rng_state()
     fit = run(model, torch.tensor(0.5, dtype=torch.float64), num_samples=200, seed=0)
     assert fit.get_samples()["z"].shape == (200,)
+    assert torch.equal(torch.get_rng_state(), before)  # the user's stream is left alone
     pyro.clear_param_store()
 
 
@@ -704,16 +740,41 @@ def _hidden_latent(y):
     pyro.sample("y", dist.Normal(w, 1.0), obs=y)
 
 
+def _hidden_latent_then_param(y):
+    _hidden_latent(y)
+    pyro.param("p_after_hidden", torch.tensor(0.6))
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("sampler", ["auto", "engine"])
-def test_a_latent_site_hidden_by_poutine_block_is_refused_whatever_it_draws(sampler, seed):
+@pytest.mark.parametrize("model", [_hidden_latent, _hidden_latent_then_param])
+def test_a_latent_site_hidden_by_poutine_block_is_refused_whatever_it_draws(model, sampler, seed):
     """An outside test: ``z`` is drawn afresh on each run of the model, so the draws followed
     p(w | y, z = whatever the first run drew) and came back silently in 19 of 20 seeds; only
     two runs that happened to draw different values of ``z`` showed it. Now the model is run
-    on given values with torch's generator watched: a hidden site draws from it."""
+    on given values with the global generators watched, and the site that drew is named
+    (also where a param statement follows it, which a review found slipped through a watch
+    that excused every draw before a param statement)."""
     pyro.set_rng_seed(seed)
-    with pytest.raises(AutoSpecModelError, match="latent site inside poutine.block"):
-        run(_hidden_latent, torch.tensor(1.0), num_samples=50, seed=seed, sampler=sampler)
+    with pytest.raises(HiddenRandomnessError, match="The sample site 'z' drew a random value"):
+        run(model, torch.tensor(1.0), num_samples=50, seed=seed, sampler=sampler)
+
+
+def test_hidden_random_numbers_are_refused_before_the_one_draw_at_a_time_fallback():
+    """A review: evaluated one draw at a time where a batch fails (mixed models), the refusal
+    was first taken for a batching failure, with a warning of batching advice."""
+
+    def model(y):
+        loc = pyro.sample("loc", dist.Normal(0.0, 1.0))
+        z = pyro.sample("z", dist.Bernoulli(0.4))
+        pyro.sample("y", dist.Normal(loc + z + torch.randn(()), 1.0), obs=y)
+
+    values = {"loc": torch.randn(5), "z": torch.ones(5)}
+    shapes = {"loc": ((), ()), "z": ((), ())}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(HiddenRandomnessError):
+            evaluate(model, (torch.tensor(0.3),), {}, values, shapes, 0, per_draw_fallback=True)
 
 
 def test_a_kernel_passed_as_the_model_is_refused_with_the_way_out():
