@@ -39,19 +39,27 @@ __all__ = [
     "EulerOutput",
     "check_drift_output",
     "check_log_ratio",
+    "raise_not_finite",
     "paths_from_increments",
 ]
 
 
 def check_drift_output(
-    out, t: torch.Tensor, x: torch.Tensor, dim: int, name: str, offset: int = 0
+    out,
+    t: torch.Tensor,
+    x: torch.Tensor,
+    dim: int,
+    name: str,
+    offset: int = 0,
+    finite: bool = True,
 ) -> None:
     """Raise :class:`OracleError` unless ``out`` is a finite floating Tensor[B, d].
 
     The checks of a discrete oracle's rows, for a drift (or a mean oracle): the type, a
     floating dtype (an integer or bool output is refused, never cast: its values were
     truncated before the engine saw them), the shape, and finite entries (the first bad row is
-    named, ``offset`` being the call's first row within its round).
+    named, ``offset`` being the call's first row within its round; with ``finite=False`` the
+    caller checks the rows it uses, by :func:`raise_not_finite`).
     """
     rows = t.shape[0]
     if not isinstance(out, torch.Tensor):
@@ -85,15 +93,22 @@ def check_drift_output(
             f"d = {dim}; it must map t: Tensor[B], x: Tensor[B, d] to Tensor[B, d]. "
             f"Check that it is batched over rows and that its `dim` matches x0 / the target"
         )
-    finite = torch.isfinite(out.detach()).all(dim=1)
-    if not bool(finite.all()):
-        i = int(torch.nonzero(~finite)[0, 0])
-        raise OracleError(
-            f"{name} returned NaN or inf in row {offset + i} of a call "
-            f"(t = {float(t[i]):.6g}, |x| = {float(x[i].double().norm()):.6g}); the exact sampler "
-            f"cannot continue. Compute it in log space (logsumexp) / float64, or check the "
-            f"{name} at this time and state"
-        )
+    if not finite:
+        return
+    rows_finite = torch.isfinite(out.detach()).all(dim=1)
+    if not bool(rows_finite.all()):
+        i = int(torch.nonzero(~rows_finite)[0, 0])
+        raise_not_finite(name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm())
+
+
+def raise_not_finite(name: str, where: str, t: float, norm: float) -> None:
+    """Raise the :class:`OracleError` of a drift that returned NaN or inf at time ``t`` and a
+    state of norm ``norm`` (``where``: which row)."""
+    raise OracleError(
+        f"{name} returned NaN or inf in {where} (t = {t:.6g}, |x| = {float(norm):.6g}), "
+        f"a state the chain reached; the exact sampler cannot continue. Compute it in log "
+        f"space (logsumexp) / float64, or check the {name} at this time and state"
+    )
 
 
 def check_log_ratio(log_ratio, log_mu, name: str) -> None:
@@ -131,6 +146,10 @@ class DriftEvaluator:
     """
 
     def __init__(self, drift, dim: int, device, dtype, max_rows_per_call, name: str):
+        #: Refuse NaN or inf in any row (else the sampler checks the rows of states its
+        #: chain reaches: autospeculation asks the drift at drafted states that a rejection
+        #: may leave unvisited)
+        self.finite = True
         self.drift = drift
         self.dim = dim
         self.device = device
@@ -158,7 +177,7 @@ class DriftEvaluator:
             with self._call_mode():
                 out = self.drift(tt, xx)
             self.seconds += time.perf_counter() - start
-            check_drift_output(out, tt, xx, self.dim, self.name, i)
+            check_drift_output(out, tt, xx, self.dim, self.name, i, self.finite)
             # a copy: a drift may answer in a buffer of its own that its next call overwrites
             pieces.append(out.detach().to(self.wide, copy=True))
         if not pieces:

@@ -55,6 +55,7 @@ from pyro_autospec.engine.euler import (
     EulerOutput,
     check_log_ratio,
     paths_from_increments,
+    raise_not_finite,
 )
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.schedule import BlockPolicy
@@ -280,7 +281,9 @@ class Verdict:
     drift: np.ndarray
 
 
-def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdict:
+def verify_windows(
+    chain: HostChain, draft: Draft, drifts: np.ndarray, name: str = "drift"
+) -> Verdict:
     """Accept the drafted steps of windows one by one; redraw the first that fails.
 
     Parameters
@@ -290,6 +293,9 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
         What :func:`draft_windows` returned.
     drifts : ndarray[L, W + 1, d]
         The drift at each state of ``draft.states`` (at least at ``j <= w``, ``j < N - k``).
+        NaN or inf is an error only at a state the chain reaches.
+    name : str
+        ``"drift"`` or ``"oracle"``, for messages.
 
     Returns
     -------
@@ -310,9 +316,19 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
         ) / chain.var
     step_keys = keys.host_child(draw_keys[:, None], keys.Tag.LEAF, step)
     log_u = keys.host_log_uniform(step_keys, keys.Tag.ACCEPT, 0)
-    failed = valid & ~(log_u < np.minimum(log_ratio, 0.0))
+    failed = valid & ~(log_u < np.minimum(log_ratio, 0.0))  # a NaN ratio fails
     missed = failed.any(1)
     first = np.where(missed, failed.argmax(1) if width else 0, w)
+    # the chain reaches the states up to ``first`` (the redrawn step's start, or the window's
+    # end, which drafts the next window): their drifts are the sequential chain's, and one
+    # that is not finite is an error; a drafted state past a rejection is never visited
+    bad = ~np.isfinite(drifts[rows, first]).all(-1)
+    if bad.any():
+        lane = int(np.flatnonzero(bad)[0])
+        at = min(int(k[lane] + first[lane]), chain.num_steps - 1)
+        norm = np.linalg.norm(states[lane, first[lane]])
+        raise_not_finite(name, f"row {lane} of a round", float(chain.times[at]), norm)
+    reached = valid & (j <= first[:, None])
     kept = np.where((j < first[:, None])[..., None], increments, 0.0)
     if missed.any():
         lanes = np.flatnonzero(missed)
@@ -329,7 +345,7 @@ def verify_windows(chain: HostChain, draft: Draft, drifts: np.ndarray) -> Verdic
     with np.errstate(over="ignore", invalid="ignore"):
         resid = kept - f * h[..., None]
         terms = chain.step_log_norm[step] - 0.5 * (resid * resid).sum(-1) / (chain.var * h)
-    check_log_ratio(log_ratio[valid], terms[j < count[:, None]], "drift or mean oracle")
+    check_log_ratio(log_ratio[reached], terms[j < count[:, None]], "drift or mean oracle")
     # a running sum along the window: the same bits whatever the other windows' lengths
     running = np.cumsum(np.where(j < count[:, None], terms, 0.0), 1)
     log_density = np.zeros(num)
@@ -447,7 +463,7 @@ class EulerTokens:
             self.rounds += 1
             self.oracle_rows += count
             self.sample_rounds[self.draw[lanes[mask.any(1)]]] += 1
-        verdict = verify_windows(host, draft, drifts)
+        verdict = verify_windows(host, draft, drifts, self.evaluate.name)
         self.log_mu[lanes] += verdict.log_density
         self.x[lanes] = verdict.state
         self.frozen[lanes] = verdict.drift

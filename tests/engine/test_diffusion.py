@@ -28,6 +28,7 @@ from pyro_autospec.oracles.denoisers import (
     GaussianDenoiser,
     GaussianMixtureDenoiser,
 )
+from tests.stats import P_THRESHOLD
 
 ALPHA = 2e-5
 K_SIGMA = 5.0
@@ -378,6 +379,31 @@ def test_errors_for_bad_oracle_outputs(method):
         sample_sde(WrongShapeOracle(), times, torch.zeros(2), 3, method=method, seed=0)
     with pytest.raises(OracleError, match="returned list"):
         sample_sde(lambda t, x: [0.0], times, torch.zeros(2), 3, method=method, seed=0)
+
+
+def _steep(t, x):
+    return -x * torch.exp(x * x / 2)  # overflows beyond |x| of about 37.7 in float64
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_a_drift_not_finite_only_at_drafted_states_the_chain_never_visits(engine):
+    """An outside test: autospeculation drafts a window with the drift frozen, and a steep
+    drift overflowed at drafted states far past a rejection, which the chain never visits:
+    the run raised where sequential sampling ran. Only the drifts at states the chain reaches
+    are checked now, and the draws follow the sequential chain's law (KS test); a drift that
+    is NaN where the chain goes still raises."""
+    times = torch.linspace(0.0, 1.0, 101, dtype=torch.float64)
+    x0 = torch.full((1, 1), 2.7, dtype=torch.float64)
+    kw = {"dtype": torch.float64, "engine": engine}
+    fast = sample_sde(_steep, times, x0.expand(3000, 1), 3000, seed=1, **kw)
+    sequential = sample_sde(_steep, times, x0.expand(3000, 1), 3000, method="sequential", seed=2)
+    p = stats.ks_2samp(fast.samples[:, 0].numpy(), sequential.samples[:, 0].numpy()).pvalue
+    assert p > P_THRESHOLD, p
+    if engine == "reference":
+        same = sample_sde(_steep, times, x0.expand(3000, 1), 3000, seed=1, dtype=torch.float64)
+        assert torch.equal(same.samples, fast.samples)
+    with pytest.raises(OracleError, match=r"NaN or inf in row \d+ .*a state the chain reached"):
+        sample_sde(NaNOracle(), times, torch.zeros(2), 3, seed=0, engine=engine)
 
 
 def test_errors_for_dimension_mismatch_and_options():
