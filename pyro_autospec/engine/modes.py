@@ -162,8 +162,9 @@ class BorrowedInputsCheck:
         if any(not torch.equal(a, b) for a, b in zip(copies, tensors)):
             raise OracleError(
                 "The oracle wrote into the inputs it borrows (borrows_inputs = True; every "
-                "subclass of ExactOracle inherits it): the engine hands successive calls the "
-                "same tensors and reads them again, so the draws would follow another law. "
+                "subclass of ExactOracle inherits it), which it promises only to read: the "
+                "engine may hand successive calls, or other rows of a round, the same values "
+                "and mask and read them again, so the draws would follow another law. "
                 "Copy before writing (values = values.clone()), use an out-of-place operation "
                 "(torch.where(mask, values, 0) in place of values[~mask] = 0), or set the class "
                 "attribute borrows_inputs = False."
