@@ -80,7 +80,10 @@ def _check_oracle(oracle, caps: Capabilities) -> tuple[int, int]:
                 "attributes num_coords (n) and num_values (q) and a method log_marginals."
             )
     if not callable(getattr(oracle, "log_marginals", None)) and not caps.targeted:
-        raise TypeError("oracle must define log_marginals(values, mask) (see MarginalOracle)")
+        raise TypeError(
+            "oracle must define log_marginals(values, mask), or log_marginals_at(values, mask, "
+            "targets) (see MarginalOracle); chain queries alone are not enough"
+        )
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:
         raise ValueError(f"oracle.num_coords and oracle.num_values must be >= 1; got n={n}, q={q}")

@@ -112,9 +112,12 @@ class BorrowedInputsCheck:
     :func:`calling` turns that into an :class:`OracleError`. In inference mode (an
     ``inference_safe`` oracle, every subclass of ``ExactOracle`` among them) PyTorch allows it,
     and an oracle that also borrows its inputs would change tensors the engine reads again:
-    the draws would follow another law. So its first :attr:`CALLS` calls of a run compare
-    their inputs with a copy made before the call (a sample of the calls, as the consistency
-    check is a sample of questions: a write on every call, or on most, is caught).
+    the draws would follow another law. So some of its calls compare their inputs with a copy
+    made before the call: the first :attr:`FIRST` of a run, then every call whose number is a
+    power of two (a sample of the calls spread over the run, about ``log2`` of their number,
+    as the consistency check is a sample of questions: a write on every call, or on most, is
+    caught, also one that changes nothing in the first calls, as zeroing a mask that holds no
+    pin yet).
 
     Parameters
     ----------
@@ -135,21 +138,22 @@ class BorrowedInputsCheck:
     pyro_autospec.engine.errors.OracleError: The oracle wrote into the inputs it borrows ...
     """
 
-    #: The calls of a run whose inputs are compared with a copy.
-    CALLS = 8
+    #: The first calls of a run whose inputs are all compared with a copy.
+    FIRST = 4
 
     def __init__(self, context, checked: bool):
         self.context = context
-        self.left = self.CALLS if checked else 0
+        self.checked = checked
+        self.calls = 0
 
     @contextlib.contextmanager
     def __call__(self, *inputs) -> Iterator[None]:
         """The context of one call on ``inputs`` (tensors, and dicts of them)."""
-        if self.left <= 0:
+        number, self.calls = self.calls, self.calls + 1
+        if not self.checked or (number >= self.FIRST and number & (number - 1)):
             with self.context():
                 yield
             return
-        self.left -= 1
         tensors = [
             x
             for item in inputs
