@@ -245,6 +245,10 @@ class DrawEvaluator:
             else:  # each distinct assignment once: the model is deterministic given it
                 unique, rows = distinct
                 joint = _take(self._evaluate(self._values(unique, None), check_mixing), rows)
+                if joint.random and joint.deterministic:
+                    # unless it draws random numbers no scored site reads: its deterministic
+                    # sites (a posterior predictive's noise) differ from draw to draw
+                    joint, rows = self._evaluate(values, check_mixing), None
         oracle_lp = oracle_log_prob.double().to(joint.total.device)
         if self.self_check is not None and join:
             with self.stage("self-check"):
@@ -359,6 +363,7 @@ def _take(joint: LogJoint, inverse: torch.Tensor) -> LogJoint:
         deterministic={k: v[index.to(v.device)] for k, v in joint.deterministic.items()},
         magnitude=None if joint.magnitude is None else joint.magnitude[index],
         dtype=joint.dtype,
+        random=joint.random,
     )
 
 

@@ -22,7 +22,6 @@ thin wrappers; :func:`enumerate_posterior` is the brute-force reference of the t
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 from collections import OrderedDict
@@ -86,6 +85,10 @@ class LogJoint:
         Sum of the absolute values of every term of ``total`` (for float tolerances).
     dtype : torch.dtype
         The lowest floating precision among the model's log densities.
+    random : bool
+        Whether the model drew from a global random generator while it was run on the given
+        values (numbers no scored site reads, :mod:`~pyro_autospec.model.randomness`: its
+        deterministic sites may then differ between two draws of one assignment).
     """
 
     total: torch.Tensor
@@ -93,6 +96,7 @@ class LogJoint:
     deterministic: dict = field(default_factory=dict)
     magnitude: torch.Tensor | None = None
     dtype: torch.dtype = torch.float64
+    random: bool = False
 
 
 def _draw_shape(batch_shape, event_shape, num_draws: int, mpn: int) -> tuple[int, ...]:
@@ -201,12 +205,10 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
 
     batched = over_draws(model, n, mpn)
 
-    def run(*handlers):
+    def run():
         recorder = SiteRecorder(latent=data)
         try:
-            with poutine.block(), recorder, quiet_warnings(), contextlib.ExitStack() as more:
-                for handler in handlers:  # inside the block: they see the model's messages
-                    more.enter_context(handler)
+            with poutine.block(), recorder, quiet_warnings():
                 run_trace = poutine.trace(poutine.condition(batched, data=data))
                 run_trace = prune_subsample_sites(run_trace.get_trace(*args, **kwargs))
                 compute_log_prob(run_trace, "on a batch of draws")
@@ -216,7 +218,7 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
             raise assertion_error(e, recorder.names, "on a batch of draws", mpn) from e
         return run_trace, recorder
 
-    with job.random_use.watching(data, lambda *handlers: run(*handlers)[0]):
+    with job.random_use.watching(data, lambda: run()[0]):
         trace, recorder = run()
 
     device = None
@@ -370,7 +372,7 @@ def evaluate(
         )
         for i in range(num_draws)
     ]
-    return _concatenate(parts)
+    return replace(_concatenate(parts), random=job.random_use.moved)
 
 
 def _concatenate(parts: list) -> LogJoint:
@@ -412,8 +414,11 @@ def _evaluate_batched(
             raise AutoSpecModelError(
                 f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "
                 + _MIXED_DRAWS
+                + " If no value is reduced so, the model may draw random numbers shaped like "
+                "its batch, the same on every run (under poutine.seed, or from a generator of "
+                f"its own): {HIDDEN_RANDOMNESS}."
             )
-    return out
+    return replace(out, random=job.random_use.moved)
 
 
 def data_device(args: tuple, kwargs: Mapping | None = None) -> torch.device:

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 from pyro.distributions.util import is_identically_zero
 from pyro.poutine import runtime
-from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 
 from pyro_autospec.model.errors import AutoSpecModelError
@@ -97,53 +96,47 @@ class _Generators:
         random.seed(seed)
 
 
-@contextlib.contextmanager
-def _hidden_draws(generators: _Generators, found: list[str]) -> Iterator[None]:
-    """Record in ``found`` the latent sample sites that reached Pyro's default behaviour with
-    no value (no handler of the evaluation saw them) and drew random numbers there."""
-    original = runtime.default_process_message
+class _Statements:
+    """Pyro's default behaviour for every statement of a run, watched. Every sample and param
+    statement reaches it, also one that a handler of the model hides from the evaluation's
+    own (``poutine.block``); it records
 
-    def process(msg) -> None:
-        unvalued = not (msg["done"] or msg["is_observed"] or msg["value"] is not None)
-        if msg["type"] != "sample" or not unvalued or isinstance(msg["fn"], _Subsample):
-            original(msg)
-            return
-        before = _Generators(generators.cuda)
-        original(msg)
-        if before.moved():
-            found.append(msg["name"])
-
-    runtime.default_process_message = process  # apply_stack reads it from its module
-    try:
-        yield
-    finally:
-        runtime.default_process_message = original
-
-
-class _MovesBefore(Messenger):
-    """Which statements of a run the global generators moved just before: at each sample or
-    param statement that reaches it, whether they moved since the statement before. A move
-    before a param statement (``pyro.param(name, torch.rand(...))``), a plate or a
-    ``pyro.deterministic`` site is excused (what it draws may reach no scored site: the
-    densities on reseeded runs decide); a move before any other sample statement is not."""
+    * ``hidden``: the latent sample sites that reached it with no value (no handler of the
+      evaluation saw them) and drew random numbers there;
+    * ``unexcused``: the sample sites the generators moved just before. A move before a param
+      statement (``pyro.param(name, torch.rand(...))``), a plate or a ``pyro.deterministic``
+      site is excused: what it draws may reach no scored site, which the densities on
+      reseeded runs decide.
+    """
 
     def __init__(self, generators: _Generators):
-        super().__init__()
         self.cuda = generators.cuda
         self.state = _Generators(self.cuda)
+        self.hidden: list[str] = []
         self.unexcused: list[str] = []
 
-    def _process_message(self, msg):
-        if self.state.moved():
-            excused = (
-                msg["type"] != "sample"
-                or isinstance(msg["fn"], _Subsample)
-                or site_role(msg) == "deterministic"
-            )
-            if not excused and not msg["name"].startswith("_autospec"):
+    def process(self, original: Callable, msg) -> None:
+        sample = msg["type"] == "sample"
+        ours = msg["name"].startswith("_autospec")  # the plate over draws
+        if self.state.moved() and sample and not ours:
+            if not (isinstance(msg["fn"], _Subsample) or site_role(msg) == "deterministic"):
                 self.unexcused.append(msg["name"])
-            self.state = _Generators(self.cuda)
-        return super()._process_message(msg)
+        unvalued = not (msg["done"] or msg["is_observed"] or msg["value"] is not None)
+        drawing = _Generators(self.cuda)
+        original(msg)
+        if sample and unvalued and not isinstance(msg["fn"], _Subsample) and drawing.moved():
+            self.hidden.append(msg["name"])
+        self.state = _Generators(self.cuda)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """Watch the statements of the runs in the body."""
+        original = runtime.default_process_message
+        runtime.default_process_message = lambda msg: self.process(original, msg)
+        try:  # apply_stack reads it from its module at every statement
+            yield
+        finally:
+            runtime.default_process_message = original
 
 
 def _densities(trace) -> list[tuple[str, torch.Tensor]]:
@@ -174,7 +167,7 @@ class RandomUse:
     ...     z = pyro.sample("z", dist.Bernoulli(0.5))
     ...     pyro.sample("y", dist.Normal(z + torch.randn(()), 1.0), obs=torch.tensor(0.0))
     >>> values = {"z": torch.tensor(1.0)}
-    >>> def run(*handlers):
+    >>> def run():
     ...     trace = pyro.poutine.trace(pyro.condition(model, data=values)).get_trace()
     ...     trace.compute_log_prob()
     ...     return trace
@@ -191,15 +184,15 @@ class RandomUse:
 
     def __init__(self):
         self.runs = 0
+        self.moved = False  # a watched run moved a generator
         self.settled = False  # the numbers the model draws were found harmless
 
     @contextlib.contextmanager
     def watching(
-        self, values: Mapping[str, torch.Tensor], run: Callable[..., object]
+        self, values: Mapping[str, torch.Tensor], run: Callable[[], object]
     ) -> Iterator[None]:
-        """Watch the run in the body, on ``values`` (every site given one); ``run(*handlers)``
-        runs the model the same way again, with ``handlers`` (Pyro messengers) inside the
-        evaluation's own, and returns its trace (log densities computed)."""
+        """Watch the run in the body, on ``values`` (every site given one); ``run()`` runs the
+        model the same way again and returns its trace (log densities computed)."""
         if self.settled or self.runs >= self.WATCHED_RUNS:
             yield
             return
@@ -208,14 +201,15 @@ class RandomUse:
         generators = _Generators(cuda)
         yield
         if generators.moved():
+            self.moved = True
             self._explain(generators, run)
 
-    def _explain(self, generators: _Generators, run: Callable[..., object]) -> None:
-        hidden: list[str] = []
-        moves = _MovesBefore(generators)
+    def _explain(self, generators: _Generators, run: Callable[[], object]) -> None:
+        statements = _Statements(generators)
         with generators.restored():
-            with _hidden_draws(generators, hidden):
-                densities = _densities(run(moves))
+            with statements.watching():
+                densities = _densities(run())
+            hidden, unexcused = statements.hidden, statements.unexcused
             if hidden:
                 raise HiddenRandomnessError(
                     f"The sample site '{hidden[0]}' drew a random value while the model was "
@@ -223,11 +217,13 @@ class RandomUse:
                     "poutine.block around it, or a handler of the model's own that stops its "
                     f"message), so it is drawn afresh on every run: {HIDDEN_RANDOMNESS}."
                 )
-            if moves.unexcused:
+            if unexcused:
                 raise HiddenRandomnessError(
                     "A global random number generator (torch's, NumPy's or Python's) advanced "
-                    f"just before the sample site '{moves.unexcused[0]}' while the model was "
-                    f"run with every one of its sites given a value: {HIDDEN_RANDOMNESS}."
+                    f"just before the sample site '{unexcused[0]}' while the model was run "
+                    f"with every one of its sites given a value: {HIDDEN_RANDOMNESS}. Numbers "
+                    "that only a pyro.deterministic site or a parameter's initial value reads "
+                    "are allowed where they are drawn just before that statement."
                 )
             for seed in (1, 2):  # the numbers seeded afresh: do the densities move?
                 generators.seed(seed)

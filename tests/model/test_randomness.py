@@ -1,0 +1,58 @@
+"""Random numbers a model draws while it is evaluated on given values: what is allowed, and
+what the draws' evaluation does with it (the refusals: tests/infer/test_teaching_refusals.py)."""
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+from torch.distributions import constraints
+
+from pyro_autospec import AutoSpec
+from pyro_autospec.model.log_joint import evaluate
+
+
+def test_a_deterministic_sites_noise_is_drawn_for_every_draw():
+    """An outside test: the draws' evaluation scores each distinct assignment once, since the
+    model is deterministic given it; a posterior predictive whose noise sits in a
+    ``pyro.deterministic`` site (allowed: no scored site reads it) got one noise value per
+    distinct assignment, shared by every draw of it. Such a model is evaluated draw by draw."""
+
+    def model(y):
+        with pyro.plate("d", 3):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            mu = 2.0 * z
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+            pyro.deterministic("y_rep", dist.Normal(mu, 1.0).sample())
+
+    fit = AutoSpec(model, 2000, seed=0, disable_progbar=True).run(torch.tensor([0.0, 2.0, 1.0]))
+    samples = fit.get_samples()
+    assert samples["z"].unique(dim=0).shape[0] <= 8  # few assignments, many draws
+    assert samples["y_rep"].unique(dim=0).shape[0] == 2000  # noise of its own in every draw
+    noise = samples["y_rep"] - 2.0 * samples["z"]
+    assert torch.allclose(noise.std(0), torch.ones(3), atol=0.1)
+
+
+def test_an_initial_value_hidden_with_the_param_statement_is_allowed():
+    """An outside test: ``pyro.param(name, torch.rand(...))`` inside
+    ``poutine.block(hide_types=["param"])`` hid the param statement from the watch, which then
+    blamed the next sample site for the number drawn. Every statement reaches Pyro's default
+    behaviour, hidden or not, and the watch reads them there."""
+
+    def model(y):
+        with poutine.block(hide_types=["param"]):
+            probs = pyro.param("probs_blocked", torch.rand(2), constraint=constraints.simplex)
+        z = pyro.sample("z", dist.Categorical(probs))
+        pyro.sample("y", dist.Normal(z.double(), 1.0), obs=y)
+
+    pyro.clear_param_store()
+    pyro.param("probs_blocked", torch.tensor([0.25, 0.75]), constraint=constraints.simplex)
+    try:
+        y = torch.tensor(0.4, dtype=torch.float64)
+        values = {"z": torch.tensor([0, 1, 1])}
+        joint = evaluate(model, (y,), {}, values, {"z": ((), ())}, 0)
+        assert joint.random  # the initial value was drawn, and is harmless
+        want = torch.tensor([0.25, 0.75, 0.75]).log().double()
+        want += dist.Normal(values["z"].double(), 1.0).log_prob(y)
+        torch.testing.assert_close(joint.total, want)
+    finally:
+        pyro.clear_param_store()
