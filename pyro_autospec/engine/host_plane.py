@@ -882,7 +882,12 @@ class _HostLockstep(_Lockstep):
             self._noise(t)
             self.noises = [self.noise[view[0]] for view in self.views]
         column, to_host, kernel = t % self.window, self.sampler.host.to_host, self.kernel
-        outs = [to_host(self._out(i, t)) for i in range(len(self.calls))]
+        outs, last = [], len(self.calls) - 1
+        for i in range(len(self.calls)):
+            out, tol = to_host(self._out(i, t))
+            # every call is asked before any row is read, and to_host may give a view: an
+            # oracle may answer in a buffer of its own that its next call overwrites
+            outs.append((out if i == last else out.copy(), tol))
         for (out, tol), noise, view in zip(outs, self.noises, self.views):
             rows, values, mask, coords, log_mu = view
             bad = kernel(out, noise, column, values, mask, coords[t], log_mu, tol)

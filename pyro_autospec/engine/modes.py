@@ -106,13 +106,15 @@ def calling(oracle: object, grad_enabled: bool = False, inference_safe: bool | N
 
 class BorrowedInputsCheck:
     """The context of an oracle's calls, with a check that an oracle that borrows its inputs
-    and is called in inference mode leaves them as they were.
+    leaves them as they were.
 
-    Outside inference mode a write into the engine's inputs (inference tensors) raises, and
-    :func:`calling` turns that into an :class:`OracleError`. In inference mode (an
-    ``inference_safe`` oracle, every subclass of ``ExactOracle`` among them) PyTorch allows it,
-    and an oracle that also borrows its inputs would change tensors the engine reads again:
-    the draws would follow another law. So some of its calls compare their inputs with a copy
+    Outside inference mode a write into the engine's inputs (inference tensors) by a torch
+    operation raises, and :func:`calling` turns that into an :class:`OracleError`. In
+    inference mode (an ``inference_safe`` oracle, every subclass of ``ExactOracle`` among them,
+    or an oracle's own ``torch.inference_mode()`` block) PyTorch allows it, and nothing stops a
+    write through NumPy (``values.numpy()[...] = 0``): an oracle that borrows its inputs would
+    change tensors the engine reads again, and the draws would follow another law. So some of
+    its calls compare their inputs with a copy
     made before the call: the first :attr:`FIRST` of a run, then every call whose number is a
     power of two (a sample of the calls spread over the run, about ``log2`` of their number,
     as the consistency check is a sample of questions: a write on every call, or on most, is
@@ -124,7 +126,7 @@ class BorrowedInputsCheck:
     context : callable
         ``calling(oracle, ...)``: the context of one call.
     checked : bool
-        Whether the oracle borrows its inputs and is called in inference mode.
+        Whether the oracle borrows its inputs.
 
     Examples
     --------

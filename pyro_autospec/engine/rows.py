@@ -326,7 +326,7 @@ class OracleRows:
         self.grad_enabled = torch.is_grad_enabled()
         self._call_mode = BorrowedInputsCheck(
             calling(oracle, self.grad_enabled, caps.inference_safe),
-            checked=caps.borrows_inputs and caps.inference_safe,
+            checked=caps.borrows_inputs,
         )
         # and with grad enabled, on ordinary tensors: autograd may save them for backward;
         # not for an oracle that borrows its inputs (it only reads them: no copies for it)

@@ -240,6 +240,23 @@ class SafeBorrows(Borrows):
     inference_safe = True  # as every subclass of ExactOracle
 
 
+class WritesThroughNumPy(Borrows):
+    """Not inference-safe, so called out of inference mode, where PyTorch refuses a torch
+    operation's write into an inference tensor, but not one through NumPy."""
+
+    def _seen(self, values, mask):
+        mask.numpy()[:] = False
+
+
+def test_a_write_through_numpy_into_borrowed_inputs_is_refused():
+    """An outside test: a plain oracle (not inference-safe) that borrows its inputs and wrote
+    into them through NumPy was never refused, and lock step sampled another law."""
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 8)
+    for method in ("sequential", "autospec"):
+        with pytest.raises(OracleError, match="wrote into the inputs it borrows"):
+            sample_any_order(WritesThroughNumPy(chain, True), 20, seed=0, method=method)
+
+
 class ZeroesItsMask(SafeBorrows):
     """Clears its mask after reading it (changes nothing where nothing is pinned yet)."""
 
