@@ -13,12 +13,13 @@ reason, not the sampler's.
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and fixed values), so the
 draws that follow do not change; it costs at most ``2 L + 14`` oracle calls of at most ``L``
-rows, ``L = min(n, 8)``, and asks only the methods the engine would ask. It cannot prove an
-oracle consistent, only catch the common slips (differences of a hundredth in probability
-or more), and an oracle with random answers (one question asked twice, word for word, may
-differ by no more than the rounding of the output's dtype). A row that reads an unpinned
-coordinate only when it holds a value other than those asked (the values 0, 1, 2 and
-``q - 1``, and the three most probable of a probed coordinate) passes it.
+rows, ``L = min(n, 8)``, and for ``n <= 5`` six more of ``n 2^(n - 1)`` rows (every
+conditional, :func:`_every_question`), and asks only the methods the engine would ask. It
+cannot prove an oracle consistent, only catch the common slips (differences of a hundredth
+in probability or more), and an oracle with random answers (one question asked twice, word
+for word, may differ by no more than the rounding of the output's dtype). A row that reads
+an unpinned coordinate only when it holds a value other than those asked (the values 0, 1, 2
+and ``q - 1``, and the three most probable of a probed coordinate) passes it.
 """
 
 from __future__ import annotations
@@ -122,23 +123,28 @@ class _Probe:
     def rows(self, values: torch.Tensor, pinned: list[int], targeted: bool) -> torch.Tensor:
         """Row ``b``: the conditional of ``order[pinned[b]]`` given ``order[:pinned[b]]``."""
         values, mask = self.inputs(values, pinned)
-        coords = self.order[pinned]
+        return self.ask(values, mask, self.order[pinned], targeted)
+
+    def ask(
+        self, values: torch.Tensor, mask: torch.Tensor, coords: torch.Tensor, targeted: bool
+    ) -> torch.Tensor:
+        """Row ``b`` ([B, q], normalised): the conditional of coordinate ``coords[b]`` given
+        ``values[b]`` where ``mask[b]`` (``values``, ``mask`` [B, n] on the device)."""
+        rows = len(coords)
         with self.call():
             if targeted:
                 targets = coords.view(-1, 1).to(self.device, copy=True)
-                out = self.oracle.log_marginals_at(
-                    values, mask, targets, **self._extra(len(pinned))
-                )
-                return self._normalised(out, "log_marginals_at", (len(pinned), 1, self.q))[:, 0]
+                out = self.oracle.log_marginals_at(values, mask, targets, **self._extra(rows))
+                return self._normalised(out, "log_marginals_at", (rows, 1, self.q))[:, 0]
             # full rows in calls no larger than the engine's own on this device
             per_call = max(1, default_max_elements(self.device) // (self.n * self.q))
             pieces = []
-            for lo in range(0, len(pinned), per_call):
+            for lo in range(0, rows, per_call):
                 part = slice(lo, lo + per_call)
-                rows = len(pinned[part])
-                extra = self._extra(rows)
+                size = len(coords[part])
+                extra = self._extra(size)
                 out = self.oracle.log_marginals(values[part], mask[part], **extra)
-                shape = (rows, self.n, self.q)
+                shape = (size, self.n, self.q)
                 pieces.append(self._normalised(out, "log_marginals", shape, coords[part]))
         return torch.cat(pieces)
 
@@ -301,11 +307,14 @@ def check_consistency(
     ordinary_inputs = foreign_inputs(oracle, grad_enabled, caps.inference_safe, caps.borrows_inputs)
     try:
         with engine_mode(not ordinary_inputs):
-            _check(_Probe(oracle, torch.device(device), grad_enabled, caps))
+            forward = _Probe(oracle, torch.device(device), grad_enabled, caps)
+            asked = _check(forward)
             # a row reads an unpinned coordinate only if that coordinate comes after it in the
             # probe's order: the rows again in the reverse order, so that every pair of probed
             # coordinates is asked with the other one unpinned
             _check(_Probe(oracle, torch.device(device), grad_enabled, caps, reverse=True), True)
+            if asked is not None and forward.n <= EVERY_QUESTION_SIZE:
+                _every_question(forward, *asked)
     except _LeftToTheEngine:
         pass
 
@@ -351,9 +360,73 @@ def _scrambled(
     return batches
 
 
-def _check(probe: _Probe, rows_only: bool = False) -> None:
+def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor) -> None:
+    """Ask every conditional of one coordinate given any set of the others (``n 2^(n - 1)``
+    rows), pinned at ``values``, with zeros and with other values at the unpinned coordinates,
+    and raise where a row moves: a row may read unpinned coordinates only in a way the
+    probes along two orders do not ask (whether two of them differ; a coordinate pinned out of
+    order). For an oracle of at most :data:`EVERY_QUESTION_SIZE` coordinates, all of them
+    probed (``expected`` [n, q]: each coordinate's row along the probe's order)."""
+    n, q, targeted = probe.n, probe.q, probe.caps.targeted
+    coords, masks = [], []
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        for bits in range(1 << (n - 1)):
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[[j for b, j in enumerate(others) if bits >> b & 1]] = True
+            coords.append(i)
+            masks.append(mask)
+    coords, mask = torch.tensor(coords), torch.stack(masks)
+    ranked = expected.clone()
+    ranked[:, 0] = -float("inf")  # values other than 0 at each coordinate, most probable first
+    ranked = torch.sort(ranked, dim=-1, descending=True, stable=True).indices
+    by_coord = torch.empty_like(ranked)
+    by_coord[probe.order] = ranked
+    finite = torch.isfinite(expected.gather(1, ranked))
+    finite_by_coord = torch.empty_like(finite)
+    finite_by_coord[probe.order] = finite
+    # [n] values at the unpinned coordinates instead of zeros, each in its coordinate's
+    # support: its most probable value but 0 (its second, its third), and the most probable
+    # at every other coordinate, so that two unpinned coordinates differ
+    ranks = [by_coord[:, r].where(finite_by_coord[:, r], 0) for r in range(min(3, q - 1))]
+    names = ["the most probable value but 0", "the second", "the third"]
+    fills = list(zip(names, ranks))
+    if ranks:
+        parity = torch.arange(n) % 2
+        for side in (0, 1):
+            fill = ranks[0].where(parity == side, 0)
+            fills.append(("values that differ from one coordinate to the next", fill))
+    device = probe.device
+    base_values = torch.where(mask, values, 0)
+    base = probe.ask(base_values.to(device), mask.to(device), coords, targeted)
+    for name, fill in fills:
+        scrambled = torch.where(mask, values, fill)
+        answer = probe.ask(scrambled.to(device), mask.to(device), coords, targeted)
+        gap = torch.nan_to_num((answer.exp() - base.exp()).abs().amax(-1), nan=0.0)
+        worst = int(gap.argmax())
+        if float(gap[worst]) > probe.tolerance:
+            given = torch.nonzero(mask[worst]).flatten().tolist()
+            raise OracleError(
+                f"The oracle answers one conditional two ways: the conditional of coordinate "
+                f"{int(coords[worst])} given coordinates {given} changes by "
+                f"{float(gap[worst]):.3g} in probability (more than {probe.tolerance:.3g}) "
+                f"when the coordinates not pinned hold {name} instead of 0. A row must "
+                "ignore the values at unpinned coordinates (read values only where mask is "
+                "True). If the difference is rounding only, set consistent_queries = True on "
+                "the oracle to skip this check."
+            )
+
+
+#: Oracles of at most this many coordinates are asked every conditional
+#: (:func:`_every_question`, ``n 2^(n - 1)`` rows: 80 at 5).
+EVERY_QUESTION_SIZE = 5
+
+
+def _check(probe: _Probe, rows_only: bool = False):
     """Ask ``probe``'s questions; with ``rows_only``, only the rows alone and in the batches
-    with other values at the unpinned coordinates (the other ways were asked already)."""
+    with other values at the unpinned coordinates (the other ways were asked already).
+    Returns the values pinned along the probe's order ([n]) and the rows asked alone
+    ([L, q]), or ``None`` where a row has no mass (the engine's row checks report it)."""
     length = len(probe.order)
     targeted = probe.caps.targeted
     values = torch.zeros(probe.n, dtype=torch.long)
@@ -363,7 +436,7 @@ def _check(probe: _Probe, rows_only: bool = False) -> None:
     for k in range(length):  # one row at a time, each coordinate pinned in its support
         row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
         if not bool(torch.isfinite(row).any()):
-            return  # no mass: the engine's row checks report it
+            return None  # no mass: the engine's row checks report it
         if k == length - 1:  # the same question again, word for word
             again = probe.rows(values.unsqueeze(0), [k], targeted)
             probe.compare_again(again, row.unsqueeze(0), k)
@@ -381,7 +454,7 @@ def _check(probe: _Probe, rows_only: bool = False) -> None:
         how = f"{way} with other values at the unpinned coordinates ({fill}), in one batch"
         probe.compare(probe.rows(scrambled, pinned, targeted), expected, how, base)
     if rows_only:
-        return
+        return values, expected
     if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
         out = probe.paired_rows(batches[0][1], pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"
@@ -411,6 +484,7 @@ def _check(probe: _Probe, rows_only: bool = False) -> None:
             probe.compare(out[1], expected[then_cut : then_cut + size], how, base, first=then_cut)
             probe.compare(after[:1], expected[size : size + 1], how, base, first=size)
             probe.compare(after[1:], expected[then_cut + size :], how, base, first=then_cut + size)
+    return values, expected
 
 
 def check_drift_consistency(evaluate, times: torch.Tensor, x0: torch.Tensor) -> None:

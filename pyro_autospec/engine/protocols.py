@@ -286,10 +286,49 @@ def is_inference_safe(oracle: object) -> bool:
     return getattr(oracle, "inference_safe", False) is True
 
 
+#: The methods that answer an oracle's questions (public, and the private ones that an
+#: ``ExactOracle`` subclass implements).
+QUERY_METHODS = tuple(
+    prefix + name
+    for prefix in ("", "_")
+    for name in (
+        "log_marginals",
+        "log_marginals_at",
+        "log_marginals_chain",
+        "log_marginals_chain_then",
+    )
+)
+
+
 def declares_consistent_queries(oracle: object) -> bool:
     """Whether ``oracle`` declares its query methods consistent
-    (``oracle.consistent_queries``; see :class:`MarginalOracle`)."""
-    return getattr(oracle, "consistent_queries", False) is True
+    (``oracle.consistent_queries``; see :class:`MarginalOracle`).
+
+    A declaration covers the query methods (:data:`QUERY_METHODS`) of the class that makes it
+    and of the classes it inherits from, not those of a subclass: a subclass that defines a
+    query method of its own (a user's subclass of ``ExactOracle`` implementing
+    ``_log_marginals_at``) is checked unless it declares ``consistent_queries = True`` itself.
+
+    Examples
+    --------
+    >>> class Declared:
+    ...     consistent_queries = True
+    ...     def log_marginals(self, values, mask): ...
+    >>> class Overrides(Declared):
+    ...     def log_marginals(self, values, mask): ...
+    >>> declares_consistent_queries(Declared()), declares_consistent_queries(Overrides())
+    (True, False)
+    """
+    if getattr(oracle, "consistent_queries", False) is not True:
+        return False
+    if "consistent_queries" in getattr(oracle, "__dict__", {}):
+        return True  # set on the object itself
+    for klass in type(oracle).__mro__:
+        if "consistent_queries" in vars(klass):
+            return True  # the declaring class, reached before any query method below it
+        if any(name in vars(klass) for name in QUERY_METHODS):
+            return False  # a query method the declaration does not cover
+    return True
 
 
 def borrows_inputs(oracle: object) -> bool:

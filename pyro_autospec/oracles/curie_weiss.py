@@ -75,6 +75,8 @@ class CurieWeissOracle(ExactOracle):
     True
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def __init__(
         self,
         n: int,

@@ -218,6 +218,8 @@ class DPPOracle(ChainThen, ExactOracle):
     tensor([0., 0.], dtype=torch.float64)
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def __init__(
         self,
         kernel: Any = None,

@@ -37,9 +37,11 @@ class ExactOracle:
     Subclasses inherit ``inference_safe = True``: the engine calls them under
     :func:`torch.inference_mode` (see :class:`~pyro_autospec.engine.protocols.MarginalOracle`). A
     subclass whose methods create parameters or change state sets it to ``False``. They also
-    inherit ``consistent_queries = True`` (the engine skips its consistency check; the
-    conformance tests run it on every shipped oracle): a subclass that overrides a query
-    method without a conformance test sets it to ``False``. And they inherit
+    inherit ``consistent_queries = True`` only for the query methods they inherit: a subclass
+    that implements a query method (``_log_marginals_at`` and the others) is checked by the
+    engine before sampling (:func:`~pyro_autospec.engine.consistency.check_consistency`)
+    unless it sets ``consistent_queries = True`` itself (every shipped oracle does; the
+    conformance tests run the check on each of them). And they inherit
     ``borrows_inputs = True`` (they read their inputs only during a call, so the engine may
     reuse them): a subclass that keeps its inputs (a cache of its last question) sets it to
     ``False``.

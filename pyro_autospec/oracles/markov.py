@@ -351,6 +351,8 @@ class SeparatorOracle(ChainThen, ExactOracle):
     own.
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def _log_marginals(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         left, right = nearest_pins(mask)
         batch, n = values.shape

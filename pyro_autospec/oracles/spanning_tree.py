@@ -102,6 +102,8 @@ class SpanningTreeOracle(ExactOracle):
     tensor([0.6667, 0.6667, 0.6667], dtype=torch.float64)
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def __init__(
         self,
         num_nodes: int,

@@ -75,6 +75,8 @@ class TabularOracle(ExactOracle):
     tensor([0.4404, 0.0596, 0.0596, 0.4404], dtype=torch.float64)
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def __init__(
         self,
         table: Any = None,

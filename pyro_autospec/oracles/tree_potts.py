@@ -143,6 +143,8 @@ class TreePottsOracle(ChainThen, ExactOracle):
     tensor([0.2119, 0.2119, 0.5761], dtype=torch.float64)
     """
 
+    consistent_queries = True  # its query methods (the conformance tests check them)
+
     def __init__(
         self,
         edges: Any,

@@ -208,6 +208,59 @@ def test_a_row_reading_any_unpinned_coordinate_is_caught(read, reader):
         check_consistency(ReadsZero())
 
 
+def _small_chain(n: int, q: int = 2) -> MarkovChainOracle:
+    stay = torch.full((q, q), 0.2 / max(q - 1, 1)) + (0.8 - 0.2 / max(q - 1, 1)) * torch.eye(q)
+    return MarkovChainOracle(torch.ones(q) / q, stay, n)
+
+
+class ReadsWhetherTwoUnpinnedDiffer:
+    """Row ``reader`` leans towards 0 when unpinned coordinates ``a`` and ``b`` differ: with
+    zeros, or one value, at every unpinned coordinate they never do."""
+
+    def __init__(self, n, reader, a, b):
+        self.chain, self.reader, self.a, self.b = _small_chain(n), reader, a, b
+        self.num_coords, self.num_values = n, 2
+
+    def log_marginals(self, values, mask):
+        out = self.chain.log_marginals(values, mask).clone()
+        free = ~mask[:, self.a] & ~mask[:, self.b]
+        out[:, self.reader, 0] += 2.0 * (free & (values[:, self.a] != values[:, self.b])).double()
+        return torch.log_softmax(out, -1)
+
+
+class TrustsTheNextWhenThePreviousIsPinned:
+    """An off-by-one: row ``i`` reads coordinate ``i + 1`` whenever ``i - 1`` is pinned."""
+
+    def __init__(self, n):
+        self.chain = _small_chain(n)
+        self.num_coords, self.num_values = n, 2
+
+    def log_marginals(self, values, mask):
+        shifted = mask.clone()
+        shifted[:, 2:] |= mask[:, :-2]  # row i sees i + 1 as pinned when i - 1 is
+        return self.chain.log_marginals(values, mask | shifted)
+
+
+@pytest.mark.parametrize(
+    "oracle",
+    [
+        ReadsWhetherTwoUnpinnedDiffer(4, 0, 2, 3),
+        ReadsWhetherTwoUnpinnedDiffer(5, 1, 3, 4),
+        TrustsTheNextWhenThePreviousIsPinned(3),
+        TrustsTheNextWhenThePreviousIsPinned(5),
+    ],
+    ids=lambda o: f"{type(o).__name__}-{o.num_coords}",
+)
+def test_small_oracles_are_asked_every_conditional(oracle):
+    """An outside test: rows that read whether two unpinned coordinates differ, and an
+    off-by-one that the two probe orders never ask at n = 3, passed, and the samplers then
+    disagreed. An oracle of at most 5 coordinates is asked every conditional given any set
+    of the others, with zeros and with values that differ at the unpinned coordinates."""
+    with pytest.raises(OracleError, match="changes by .* when the coordinates not pinned"):
+        check_consistency(oracle)
+    check_consistency(oracle.chain)  # the chain itself passes
+
+
 def test_a_float32_network_passes_within_its_rounding():
     """Answers computed in float32 by different routes (one pass over a chain, or row by row)
     differ in their last bits: within the float32 tolerance."""
