@@ -13,8 +13,9 @@ reason, not the sampler's.
 raises :class:`~pyro_autospec.engine.errors.OracleError` where two answers differ. It draws
 no random numbers (the questions follow a fixed order and fixed values), so the
 draws that follow do not change; it costs at most ``2 L + 14`` oracle calls of at most ``L``
-rows, ``L = min(n, 8)``, and for ``n <= 5`` six more of ``n 2^(n - 1)`` rows (every
-conditional, :func:`_every_question`), and asks only the methods the engine would ask. It
+rows, ``L = min(n, 8)``, one of :data:`LARGE_CALL` rows, and for ``n <= 5`` seven more of
+``n 2^(n - 1)`` rows (every conditional, :func:`_every_question`), and asks only the methods
+the engine would ask. It
 cannot prove an oracle consistent, only catch the common slips (differences of a hundredth
 in probability or more), and an oracle with random answers (one question asked twice, word
 for word, may differ by no more than the rounding of the output's dtype). A row that reads
@@ -216,6 +217,17 @@ class _Probe:
             "consistent_queries = True on the oracle to skip this check."
         )
 
+    def compare_rows(
+        self, answer: torch.Tensor, expected: torch.Tensor, rows: torch.Tensor, how: str, base: str
+    ) -> None:
+        """As :meth:`compare`, for rows ``b`` that ask the conditional of coordinate
+        ``order[rows[b]]`` given ``order[:rows[b]]``."""
+        gap = torch.nan_to_num((answer.exp() - expected.exp()).abs().amax(-1), nan=0.0)
+        worst = int(gap.argmax())
+        if float(gap[worst]) > self.tolerance:
+            first = int(rows[worst])
+            self.compare(answer[worst : worst + 1], expected[worst : worst + 1], how, base, first)
+
     def compare(
         self, answer: torch.Tensor, expected: torch.Tensor, how: str, base: str, first: int = 0
     ) -> None:
@@ -399,9 +411,16 @@ def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor)
     device = probe.device
     base_values = torch.where(mask, values, 0)
     base = probe.ask(base_values.to(device), mask.to(device), coords, targeted)
+    back = torch.arange(len(coords)).flip(0)  # the same call in reverse order
+    fills.append(("zeros, in the call's reverse order", None))
     for name, fill in fills:
-        scrambled = torch.where(mask, values, fill)
-        answer = probe.ask(scrambled.to(device), mask.to(device), coords, targeted)
+        if fill is None:
+            answer = probe.ask(
+                base_values[back].to(device), mask[back].to(device), coords[back], targeted
+            )[back]
+        else:
+            scrambled = torch.where(mask, values, fill)
+            answer = probe.ask(scrambled.to(device), mask.to(device), coords, targeted)
         gap = torch.nan_to_num((answer.exp() - base.exp()).abs().amax(-1), nan=0.0)
         worst = int(gap.argmax())
         if float(gap[worst]) > probe.tolerance:
@@ -416,6 +435,9 @@ def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor)
                 "the oracle to skip this check."
             )
 
+
+#: The rows of the call that asks the probe's rows again, repeated and in reverse order.
+LARGE_CALL = 64
 
 #: Oracles of at most this many coordinates are asked every conditional
 #: (:func:`_every_question`, ``n 2^(n - 1)`` rows: 80 at 5).
@@ -455,6 +477,13 @@ def _check(probe: _Probe, rows_only: bool = False):
         probe.compare(probe.rows(scrambled, pinned, targeted), expected, how, base)
     if rows_only:
         return values, expected
+    # the same rows repeated to a call of LARGE_CALL rows, in reverse order: a row that
+    # depends on its place or on the size of its call (a chunk of rows reading the first
+    # chunk's mask; another path past a size) shows
+    rows = torch.arange(length).repeat(max(1, LARGE_CALL // length)).flip(0)
+    answer = probe.rows(values.expand(len(rows), -1), rows.tolist(), targeted)
+    how = f"{way} asked again in a call of {len(rows)} rows, in reverse order"
+    probe.compare_rows(answer, expected[rows], rows, how, base)
     if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
         out = probe.paired_rows(batches[0][1], pinned)
         how = "log_marginals_at with two targets per row, the larger coordinate first"
