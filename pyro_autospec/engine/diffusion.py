@@ -308,17 +308,20 @@ def _run(s: _Settings) -> SampleResult:
     root = s.root_key
     draw_ids = torch.arange(num) if s.draw_ids is None else s.draw_ids
     grad_enabled = torch.is_grad_enabled()
-    evaluate = DriftEvaluator(s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name)
+    engine = s.engine
+    if s.method == "autospec" and s.knobs["rule"] == "block":
+        engine = "reference"  # the block rule's residual races run on the generator recursion
+    # the token rule checks the drifts at the states its chain reaches (its drafts may go
+    # where the chain never does)
+    token_rule = s.method == "autospec" and s.knobs["rule"] != "block"
+    evaluate = DriftEvaluator(
+        s.drift, dim, s.device, s.dtype, s.knobs["max_rows_per_call"], s.name, not token_rule
+    )
     times = torch.as_tensor(s.grid, dtype=torch.float64)
     chain = Chain(times, s.scale, dim, s.device)
     x0 = torch.as_tensor(s.x0, dtype=chain.wide, device=s.device)
     draw_keys = keys.draw_keys(root, draw_ids.to(s.device))
     error = None
-    engine = s.engine
-    if s.method == "autospec" and s.knobs["rule"] == "block":
-        engine = "reference"  # the block rule's residual races run on the generator recursion
-    elif s.method == "autospec":  # the token rule checks the drifts at the states reached
-        evaluate.finite = False
     if engine == "reference":
         out = run_euler(chain, evaluate, x0, draw_keys, s.method, s.knobs, s.progress)
     elif s.method == "autospec":

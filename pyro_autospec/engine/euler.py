@@ -143,13 +143,17 @@ class DriftEvaluator:
         Cut a round into calls of at most this many rows (memory); still one round.
     name : str
         ``"oracle"`` or ``"drift"``, for messages.
+    finite : bool
+        Refuse NaN or inf in any row (``False``: the sampler checks the rows it uses).
     """
 
-    def __init__(self, drift, dim: int, device, dtype, max_rows_per_call, name: str):
+    def __init__(
+        self, drift, dim: int, device, dtype, max_rows_per_call, name: str, finite: bool = True
+    ):
         #: Refuse NaN or inf in any row (else the sampler checks the rows of states its
         #: chain reaches: autospeculation asks the drift at drafted states that a rejection
         #: may leave unvisited)
-        self.finite = True
+        self.finite = finite
         self.drift = drift
         self.dim = dim
         self.device = device

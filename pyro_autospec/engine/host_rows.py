@@ -191,7 +191,7 @@ class HostRows:
         if self.rows.ordinary_inputs:  # what was not made ordinary is copied
             *args, extra = self.rows.oracle_inputs(*args, extra)
         start = time.perf_counter()
-        with self.rows._call_mode(*args, extra):
+        with self.rows._call_mode(*args[:2]):  # values and mask first
             out = getattr(self.oracle, method)(*args, **extra)
         self.rows.seconds["oracle"] += time.perf_counter() - start
         return out

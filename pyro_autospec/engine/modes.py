@@ -132,8 +132,8 @@ class BorrowedInputsCheck:
     --------
     >>> import contextlib, torch
     >>> check = BorrowedInputsCheck(contextlib.nullcontext, checked=True)
-    >>> values = torch.zeros(2, dtype=torch.long)
-    >>> with check(values):
+    >>> values, mask = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.bool)
+    >>> with check(values, mask):
     ...     values.add_(1)
     Traceback (most recent call last):
     ...
@@ -149,23 +149,18 @@ class BorrowedInputsCheck:
         self.calls = 0
 
     @contextlib.contextmanager
-    def __call__(self, *inputs) -> Iterator[None]:
-        """The context of one call on ``inputs`` (tensors, and dicts of them)."""
+    def __call__(self, values: torch.Tensor, mask: torch.Tensor) -> Iterator[None]:
+        """The context of one call on ``values`` and ``mask`` (the inputs the engine may hand
+        again; its other inputs are made for each call)."""
         number, self.calls = self.calls, self.calls + 1
         if not self.checked or (number >= self.FIRST and number & (number - 1)):
             with self.context():
                 yield
             return
-        tensors = [
-            x
-            for item in inputs
-            for x in (item.values() if isinstance(item, dict) else (item,))
-            if isinstance(x, torch.Tensor)
-        ]
-        copies = [t.clone() for t in tensors]
+        copies = values.clone(), mask.clone()
         with self.context():
             yield
-        if any(not torch.equal(a, b) for a, b in zip(copies, tensors)):
+        if not (torch.equal(copies[0], values) and torch.equal(copies[1], mask)):
             raise OracleError(
                 "The oracle wrote into the inputs it borrows (borrows_inputs = True; every "
                 "subclass of ExactOracle inherits it), which it promises only to read: the "

@@ -596,13 +596,13 @@ class OracleRows:
         start = time.perf_counter()
         if self.targeted:
             vals, mask, targets, extra = self.oracle_inputs(vals, mask, targets, extra)
-            with self._call_mode(vals, mask, targets, extra):
+            with self._call_mode(vals, mask):
                 out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (vals.shape[0], max_width, self.q), "log_marginals_at")
         else:
             vals, mask, extra = self.oracle_inputs(vals, mask, extra)
-            with self._call_mode(vals, mask, extra):
+            with self._call_mode(vals, mask):
                 out = self.oracle.log_marginals(vals, mask, **extra)
             self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (vals.shape[0], self.n, self.q), "log_marginals")
@@ -652,7 +652,7 @@ class OracleRows:
             start = time.perf_counter()
             if then_width is None:
                 vals, mask, chain, extra = self.oracle_inputs(vals, mask, chain, extra)
-                with self._call_mode(vals, mask, chain, extra):
+                with self._call_mode(vals, mask):
                     out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
             else:
                 # the row after the chain reads on from its end; without one, a dummy: the
@@ -664,7 +664,7 @@ class OracleRows:
                 ).unsqueeze(1)
                 then = self.coords(part_draw, pos + reach.clamp(min=0))
                 vals, mask, chain, then, extra = self.oracle_inputs(vals, mask, chain, then, extra)
-                with self._call_mode(vals, mask, chain, then, extra):
+                with self._call_mode(vals, mask):
                     out, after = then_pair(
                         self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)
                     )

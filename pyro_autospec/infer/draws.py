@@ -25,7 +25,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -315,14 +315,14 @@ def _rows(evaluated: EvaluatedDraws, rows: slice) -> EvaluatedDraws:
     per_row = evaluated.rows is None
     return EvaluatedDraws(
         values={k: v[rows] for k, v in evaluated.values.items()},
-        joint=LogJoint(
+        joint=replace(
+            joint,
             total=joint.total[rows],
             pointwise={k: v[rows] for k, v in joint.pointwise.items()}
             if per_row
             else dict(joint.pointwise),
             deterministic={k: v[rows] for k, v in joint.deterministic.items()},
             magnitude=None if joint.magnitude is None else joint.magnitude[rows],
-            dtype=joint.dtype,
         ),
         oracle_log_prob=evaluated.oracle_log_prob[rows],
         rows=None if per_row else evaluated.rows[rows],
@@ -357,13 +357,12 @@ def _take(joint: LogJoint, inverse: torch.Tensor) -> LogJoint:
     """The log joint of distinct draws, spread back to every draw (``inverse`` [N]); the
     pointwise log likelihood stays one row per distinct draw."""
     index = inverse.to(joint.total.device)
-    return LogJoint(
+    return replace(
+        joint,
         total=joint.total[index],
         pointwise=dict(joint.pointwise),
         deterministic={k: v[index.to(v.device)] for k, v in joint.deterministic.items()},
         magnitude=None if joint.magnitude is None else joint.magnitude[index],
-        dtype=joint.dtype,
-        random=joint.random,
     )
 
 
