@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import OracleError, sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.oracles import (
     CurieWeissOracle,
@@ -202,3 +202,30 @@ def test_cuda_reference_engine_reproduces_cpu(method):
     b = sample_any_order(gpu, 4, seed=5, method=method, engine="reference")
     assert torch.equal(a.samples, b.samples.cpu())
     assert torch.equal(a.sample_rounds, b.sample_rounds.cpu()) and a.oracle_rows == b.oracle_rows
+
+
+class _WritesIntoItsMask:
+    """Answers rows only, borrows its inputs and clears the coordinates it was shown as pinned
+    (a bug a user's oracle can have): the engine must refuse it on the device as on the host."""
+
+    borrows_inputs = True
+    inference_safe = True  # called in inference mode, where PyTorch lets the write through
+
+    def __init__(self, oracle):
+        self.inner = oracle
+        self.num_coords, self.num_values = oracle.num_coords, oracle.num_values
+
+    def log_marginals(self, values, mask):
+        rows = self.inner.log_marginals(values, mask)
+        mask.zero_()
+        return rows
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("method", ["sequential", "autospec"])
+def test_writes_into_borrowed_inputs_are_refused_on_the_device(device, method):
+    """The borrowed-inputs check compares the inputs of a call with a copy taken on the
+    oracle's device (the mask of an inference-safe oracle is writable there too)."""
+    oracle = _WritesIntoItsMask(_oracles(device)["markov"])
+    with pytest.raises(OracleError, match="wrote into the inputs it borrows"):
+        sample_any_order(oracle, 16, seed=0, method=method)

@@ -7,11 +7,13 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
 from pyro.infer import MCMC
 
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.randomness import HiddenRandomnessError
 
 
 def model(y):
@@ -110,3 +112,36 @@ def test_the_kernel_in_mcmc_on_the_device(device):
     assert z.shape == (20, 3) and z.device.type == "cpu"  # MCMC stores draws on the CPU
     assert kernel._oracle.device.type == device
     assert kernel.max_self_check_error is not None
+
+
+def hidden_on_the_device(y):
+    with poutine.block(hide=["z"]):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor(0.9, device=y.device)))
+    w = pyro.sample("w", dist.Bernoulli(0.2 + 0.6 * z))
+    pyro.sample("y", dist.Normal(w, 1.0), obs=y)
+
+
+def noise_on_the_device(y):
+    z = pyro.sample("z", dist.Bernoulli(torch.tensor(0.4, device=y.device)))
+    noise = torch.randn((), device=y.device)
+    pyro.sample("y", dist.Normal(z + noise, 1.0), obs=y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hidden_randomness_on_the_device_is_refused(device):
+    """The device's own generator is watched too: a latent site hidden by ``poutine.block``
+    draws from it, and so does noise made on the device just before a scored site."""
+    y = torch.tensor(1.0, device=device)
+    with pytest.raises(HiddenRandomnessError, match="The sample site 'z' drew a random value"):
+        AutoSpec(hidden_on_the_device, 50, seed=0, device=device, disable_progbar=True).run(y)
+    with pytest.raises(HiddenRandomnessError, match="just before the sample site .y."):
+        AutoSpec(noise_on_the_device, 50, seed=0, device=device, disable_progbar=True).run(y)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_model_without_hidden_randomness_leaves_the_device_generator_alone(device):
+    y = torch.tensor([0.3, -0.9, 1.4], device=device)
+    before = torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
+    AutoSpec(model, 50, seed=0, device=device, disable_progbar=True).run(y)
+    after = torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
+    assert torch.equal(before, after)
