@@ -51,6 +51,7 @@ from pyro_autospec.infer.seeds import chain_seeds, run_seed
 from pyro_autospec.model.discrete import discover_sites
 from pyro_autospec.model.errors import UnsupportedSiteError
 from pyro_autospec.model.map_decode import most_probable
+from pyro_autospec.model.tracing import users_generators_kept
 from pyro_autospec.parallel.groups import require_process_group
 
 __all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
@@ -415,7 +416,7 @@ class AutoSpec:
             self.seed_used = run_seed(self.seed, distributed=self.distributed)
             # it keys every random number of the run, so tracing the model (whose continuous
             # sites draw from torch's global generator) leaves the user's CPU stream alone
-            with torch.random.fork_rng(devices=[]):
+            with users_generators_kept():
                 return self._run_model(args, kwargs)
         except BaseException as error:
             self._run, self.run_kind = None, None

@@ -25,7 +25,13 @@ from pyro import poutine
 from torch.distributions import biject_to
 
 from pyro_autospec.model.errors import AutoSpecModelError, UnsupportedSiteError
-from pyro_autospec.model.tracing import plate_nesting, simulate_trace, site_role, trace_model
+from pyro_autospec.model.tracing import (
+    plate_nesting,
+    simulate_trace,
+    site_role,
+    trace_model,
+    users_generators_kept,
+)
 
 __all__ = [
     "ContinuousLayout",
@@ -325,7 +331,7 @@ def check_layout(expected: ContinuousLayout, actual: ContinuousLayout) -> None:
 def _fork_rng(seed: int | None):
     if seed is None:
         return _NullContext()
-    context = torch.random.fork_rng(devices=[])
+    context = users_generators_kept()
     return _SeededContext(context, int(seed))
 
 

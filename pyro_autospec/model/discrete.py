@@ -44,6 +44,7 @@ from pyro_autospec.model.tracing import (
     scaled_sites,
     site_role,
     trace_model,
+    users_generators_kept,
 )
 
 __all__ = ["DiscreteSite", "SiteLayout", "discover_sites"]
@@ -689,7 +690,7 @@ def discover_sites(
     if continuous not in ("error", "allow"):
         raise ValueError(f"continuous must be 'error' or 'allow'; got {continuous!r}")
     kwargs = {} if kwargs is None else kwargs
-    with torch.random.fork_rng(devices=[]):
+    with users_generators_kept():
         torch.manual_seed(20260101)
         raw = [trace_model(model, args, kwargs, prune=False)]
         checks = (

@@ -27,7 +27,7 @@ from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import data_device, log_joint
-from pyro_autospec.model.tracing import over_draws, simulate_trace
+from pyro_autospec.model.tracing import over_draws, simulate_trace, users_generators_kept
 
 __all__ = ["factor_sites", "joint_log_prob", "simulate_discrete"]
 
@@ -193,7 +193,7 @@ def simulate_discrete(
         raise ValueError(f"num_simulations must be a positive int; got {num_simulations!r}")
     num = num_simulations
     mpn = layout.max_plate_nesting
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
+    with users_generators_kept(), torch.no_grad():
         if seed is not None:
             torch.manual_seed(seed)
         trace = simulate_trace(model, args, kwargs, num, mpn)

@@ -9,7 +9,8 @@
 * :func:`plate_nesting`: the model's plate and batch depth (``max_plate_nesting``);
 * :func:`scaled_sites`: sites under ``poutine.scale`` (or a subsampled plate's scale);
 * :class:`SiteRecorder` and :func:`structure_error`: name the site where a batched or
-  enumerated run of the model failed.
+  enumerated run of the model failed;
+* :func:`users_generators_kept`: the global torch generators put back after a run.
 """
 
 from __future__ import annotations
@@ -49,10 +50,24 @@ __all__ = [
     "plated_reduction_advice",
     "structure_error",
     "trace_model",
+    "users_generators_kept",
 ]
 
 #: Name of the plate over draws that batched runs of a model use (left of every model plate).
 DRAWS_PLATE = "_autospec_draws"
+
+
+def users_generators_kept():
+    """A context in which the library may seed and draw from torch's global generators: on
+    leaving it, torch's CPU generator and the generator of every CUDA device already in use
+    are as they were on entering it, so a run leaves the user's random streams alone.
+
+    ``torch.manual_seed`` seeds the CUDA generators too, and a model on a GPU draws from its
+    device's generator, so forking the CPU's alone (``fork_rng(devices=[])``) would reset the
+    user's CUDA stream.
+    """
+    in_use = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=in_use)
 
 
 def over_draws(model: Callable, num_draws: int, max_plate_nesting: int) -> Callable:

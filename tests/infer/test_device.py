@@ -139,9 +139,20 @@ def test_hidden_randomness_on_the_device_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_model_without_hidden_randomness_leaves_the_device_generator_alone(device):
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_run_leaves_the_users_generators_alone(device, mixed):
+    """A run seeds torch's generators for its traces and its NUTS chains (``torch.manual_seed``
+    seeds the GPUs' too) and draws from the device's: a CUDA test found the user's CUDA stream
+    reseeded after a run, where only the CPU's was put back."""
     y = torch.tensor([0.3, -0.9, 1.4], device=device)
-    before = torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
-    AutoSpec(model, 50, seed=0, device=device, disable_progbar=True).run(y)
-    after = torch.cuda.get_rng_state() if device == "cuda" else torch.get_rng_state()
-    assert torch.equal(before, after)
+    state = torch.cuda.get_rng_state if device == "cuda" else torch.get_rng_state
+    before = state()
+    AutoSpec(
+        mixed_model if mixed else model,
+        20,
+        10 if mixed else 0,
+        seed=0,
+        device=device,
+        disable_progbar=True,
+    ).run(y)
+    assert torch.equal(before, state())
