@@ -18,7 +18,6 @@ and the summary say which ran.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,12 +28,10 @@ import torch
 
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.diagnostics.weights import weight_diagnostics
-from pyro_autospec.engine import keys
-from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.engine.memory import Footprint, check_memory, format_bytes
 from pyro_autospec.engine.stepping import progress_bar
 from pyro_autospec.infer.correction import importance_resample, independent_metropolis_hastings
-from pyro_autospec.infer.draws import CheckAssignments, DrawEvaluator, ModelCall, Pointwise
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, Pointwise, check_assignments
 from pyro_autospec.infer.oracle_choice import (
     build_oracle,
     check_guide_sites,
@@ -42,8 +39,8 @@ from pyro_autospec.infer.oracle_choice import (
     warn_other_data,
 )
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
-from pyro_autospec.infer.seeds import check_draws_seed, correction_seed
-from pyro_autospec.infer.self_check import SelfCheck, reference_for
+from pyro_autospec.infer.seeds import correction_seed
+from pyro_autospec.infer.self_check import SelfCheck, reference_for, reference_log_normalizer
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
@@ -53,15 +50,6 @@ __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
 #: Values of ``AutoSpec(sampler=...)``.
 SAMPLERS = ("auto", "engine", "ffbs")
-#: Fewest draws the self-check compares: a shorter run makes extra draws for the check alone
-#: (:meth:`DiscreteRun._assignments_for_check`).
-MIN_CHECKED_DRAWS = 64
-#: Assignments drawn uniformly from the sites' supports at which every run compares the
-#: model's log density with the law it drew from.
-NUM_PROBES = 64
-#: Most entries (latent coordinates and observed elements, per draw, times draws) that those
-#: extra assignments may have the model evaluate.
-MAX_CHECK_ENTRIES = 2**22
 
 
 def warn_scales(layout: SiteLayout) -> None:
@@ -115,8 +103,9 @@ class DiscreteRun(RunBase):
         self.correction = correction
         self.discrete_names = list(layout.names)
         self.guide_log_weight: torch.Tensor | None = None
+        self.evidence_log_z: float | None = None  # the model's exact log Z, for the weights
         self.max_self_check_error: float | None = None
-        # extra draws and uniform probes the self-check compared (_assignments_for_check)
+        # extra draws and uniform probes the self-check compared (draws.check_assignments)
         self.num_check_draws = self.num_probes = 0
         self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
@@ -200,6 +189,13 @@ class DiscreteRun(RunBase):
                     )
                 self.self_check_reference = "none" if log_z is None else "enumeration"
             self_check = SelfCheck(oracle, custom_oracle=custom, log_normalizer=log_z)
+        elif self.correction is not None:
+            # the weights' mean estimates Z times the posterior mass the guide draws: the
+            # exact Z, where the elimination fits, shows mass the guide never draws
+            with self.stage("correction"):
+                self.evidence_log_z = reference_log_normalizer(
+                    self.model, args, kwargs, layout, self.device
+                )
         draws = DrawEvaluator(
             ModelCall(self.model, args, kwargs),
             layout,
@@ -213,7 +209,10 @@ class DiscreteRun(RunBase):
         seeds = self.settings.seeds(self.num_chains)
         checks = None
         if self_check is not None and (plan is not None or isinstance(oracle, EnumOracle)):
-            checks = self._assignments_for_check(plan, oracle, seeds[0], num_draws)
+            with self.stage("self-check"):
+                checks = check_assignments(
+                    layout, oracle, seeds[0], self.num_chains * num_draws, plan=plan
+                )
         # forward filtering draws a chain in one pass, so its bar counts chains' draws (the
         # engine shows its own, round by round)
         bar = progress_bar(self.progress and plan is not None, len(seeds) * num_draws, "ffbs")
@@ -316,55 +315,6 @@ class DiscreteRun(RunBase):
             exact=self.independent_draws,
         )
 
-    def _assignments_for_check(
-        self, plan, oracle, seed: int, num_draws: int
-    ) -> CheckAssignments | None:
-        """What the self-check compares beside the run's own draws, never returned (``None``
-        where forward filtering's elimination does not fit).
-
-        A model that the enumeration does not reproduce (a read past a ``pyro.markov``
-        history, a handler it cannot see) has its draws drawn from another law ``q``, and
-        ``log p(x, data) - log q(x) = log Z`` fails only on assignments where the two laws
-        differ. The run's draws, from ``q``, may never land there: one draw lands where they
-        agree about half the time, and a ``q`` that gives the region no mass never lands
-        there at all, whatever the number of draws. So forward filtering's law is also read
-        at ``NUM_PROBES`` assignments drawn uniformly from the sites' supports
-        (:meth:`~pyro_autospec.model.ffbs.FFBSPlan.log_prob`), and a run of fewer than
-        ``MIN_CHECKED_DRAWS`` draws is joined by more draws from ``q``. They read a seed
-        stream of their own (:func:`check_draws_seed`), and the model evaluates them in the
-        batch of the first chain's draws (:meth:`DrawEvaluator.evaluate`), at most
-        ``MAX_CHECK_ENTRIES`` entries of them. Where the engine draws the run on the
-        enumeration oracle, forward filtering reads the same factors.
-        """
-        layout = self.layout
-        per_draw = layout.num_coords + _observed_elements(layout)
-        budget = MAX_CHECK_ENTRIES // max(1, per_draw)
-        short = max(0, min(MIN_CHECKED_DRAWS - self.num_chains * num_draws, budget // 2))
-        probes = min(NUM_PROBES, budget // 2)
-        if short + probes <= 0:
-            return None
-        with self.stage("self-check"):
-            plan = plan_ffbs(oracle) if plan is None else plan
-            if plan is None:  # the elimination does not fit: the engine's draws alone
-                return None
-            seed = check_draws_seed(seed)
-            parts, log_q = [], []
-            if short > 0:
-                extra = sample_exact(plan, short, seed)
-                parts.append(extra.samples)
-                log_q.append(extra.log_prob)
-            if probes > 0:
-                sizes = torch.tensor(
-                    [site.support_size for site in layout.sites for _ in range(site.num_coords)],
-                    dtype=torch.float64,
-                )
-                root = torch.tensor(keys.seed_key(derive_seed(seed, 1)), dtype=torch.long)
-                u = keys.uniform(root, keys.Tag.DRAFT, torch.arange(probes * len(sizes)))
-                uniform = (u.reshape(probes, -1) * sizes).long().to(plan.device)
-                parts.append(uniform)
-                log_q.append(plan.log_prob(uniform))
-        return CheckAssignments(torch.cat(parts), torch.cat(log_q), short, probes)
-
     def _wants_ffbs(self) -> bool:
         """Forward filtering, backward sampling: asked for, or ``"auto"`` where it applies."""
         if self.sampler == "engine" or self.guide is not None or self.correction is not None:
@@ -435,7 +385,10 @@ class DiscreteRun(RunBase):
             return None
         accept_prob = self.extra.get("acceptance_rate") if self.correction == "imh" else None
         return weight_diagnostics(
-            self.guide_log_weight, accept_prob=accept_prob, correction=self.correction
+            self.guide_log_weight,
+            accept_prob=accept_prob,
+            correction=self.correction,
+            log_normalizer=self.evidence_log_z,
         )
 
     def weight_diagnostics(self) -> dict[str, Any]:
@@ -588,8 +541,3 @@ class DiscreteRun(RunBase):
             if self.ffbs_plan is not None
             else super().faster_method(rounds, seq_rounds, rows_per_draw, n)
         )
-
-
-def _observed_elements(layout: SiteLayout) -> int:
-    """Entries of the model's observed sites (their batch shapes)."""
-    return sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())

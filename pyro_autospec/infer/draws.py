@@ -12,16 +12,20 @@ the engine's coordinates into results the same way, through :class:`DrawEvaluato
    (:func:`~pyro_autospec.model.log_joint.evaluate`): the log joint ``log p(x, data)``, the
    pointwise log likelihood and the deterministic sites;
 3. exact draws join the run's :class:`~pyro_autospec.infer.self_check.SelfCheck`, and
-   :meth:`DrawEvaluator.check` tests every draw added so far at once. Exact draws are
-   evaluated without the mixing check (one more trace, of one draw alone): a model that mixes
-   the draws of a batch fails the self-check, and only then is the last batch evaluated again
-   to say why. A guide's draws (no self-check) are checked for mixing as they are evaluated,
-   and so are draws that may be evaluated one at a time instead (``per_draw_fallback``: a
-   batch that mixes draws is then evaluated draw by draw).
+   :meth:`DrawEvaluator.check` tests every draw added so far at once. The first batch of
+   varied draws (with the self-check's uniform probes, where it has them) is checked for
+   mixing as it is evaluated: up to ``ALONE_CHECKS`` of its draws are scored alone again
+   (:func:`~pyro_autospec.model.log_joint.evaluate`). A model that mixes the draws of a batch
+   may mix the enumeration's values the same way (``z.mean()`` of a scalar site), so that its
+   oracle's law is as wrong as the batch's scores and the self-check passes; it raises
+   :class:`~pyro_autospec.model.errors.MixedDrawsError`. Draws that may be evaluated one at a
+   time instead (``per_draw_fallback``) are checked in every batch and then evaluated draw by
+   draw.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -29,13 +33,25 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pyro_autospec.infer.self_check import SelfCheck, SelfCheckError
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.keys import derive_seed
+from pyro_autospec.infer.seeds import check_draws_seed
+from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
-from pyro_autospec.model.errors import AutoSpecModelError
+from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.errors import AutoSpecModelError, MixedDrawsError
+from pyro_autospec.model.ffbs import FFBSPlan, plan_ffbs, sample_exact
 from pyro_autospec.model.log_joint import LogJoint, evaluate
 from pyro_autospec.model.randomness import HiddenRandomnessError
 
-__all__ = ["CheckAssignments", "DrawEvaluator", "EvaluatedDraws", "ModelCall", "Pointwise"]
+__all__ = [
+    "CheckAssignments",
+    "DrawEvaluator",
+    "EvaluatedDraws",
+    "ModelCall",
+    "Pointwise",
+    "check_assignments",
+]
 
 
 @dataclass(frozen=True)
@@ -115,6 +131,83 @@ class CheckAssignments:
     num_probes: int
 
 
+#: Fewest draws the self-check compares: a shorter run makes extra draws for the check alone
+#: (:func:`check_assignments`).
+MIN_CHECKED_DRAWS = 64
+#: Assignments drawn uniformly from the sites' supports at which every run compares the
+#: model's log density with the law it drew from.
+NUM_PROBES = 64
+#: Most entries (latent coordinates and observed elements, per draw, times draws) that those
+#: extra assignments may have the model evaluate.
+MAX_CHECK_ENTRIES = 2**22
+
+
+def check_assignments(
+    layout: SiteLayout,
+    oracle: object,
+    seed: int,
+    num_draws: int,
+    *,
+    plan: FFBSPlan | None = None,
+) -> CheckAssignments | None:
+    """What the self-check compares beside a run's own ``num_draws`` draws, never returned
+    (``None`` where forward filtering's elimination does not fit the oracle).
+
+    A model that the enumeration does not reproduce (a read past a ``pyro.markov``
+    history, a handler it cannot see) has its draws drawn from another law ``q``, and
+    ``log p(x, data) - log q(x) = log Z`` fails only on assignments where the two laws
+    differ. The run's draws, from ``q``, may never land there: one draw lands where they
+    agree about half the time, and a ``q`` that gives the region no mass never lands
+    there at all, whatever the number of draws. So forward filtering's law is also read
+    at :data:`NUM_PROBES` assignments drawn uniformly from the sites' supports
+    (:meth:`~pyro_autospec.model.ffbs.FFBSPlan.log_prob`), and a run of fewer than
+    :data:`MIN_CHECKED_DRAWS` draws is joined by more draws from ``q``. They read a seed
+    stream of their own (:func:`~pyro_autospec.infer.seeds.check_draws_seed`), and the model
+    evaluates them in the batch of the first chain's draws (:meth:`DrawEvaluator.evaluate`),
+    at most :data:`MAX_CHECK_ENTRIES` entries of them. Where the engine draws the run on the
+    enumeration oracle, forward filtering reads the same factors.
+
+    Parameters
+    ----------
+    layout : SiteLayout
+    oracle : EnumOracle
+        The enumeration oracle of the model (another oracle: ``None`` unless ``plan``).
+    seed : int
+        The run's first chain's seed.
+    num_draws : int
+        Draws the run makes (all chains).
+    plan : FFBSPlan, optional
+        Forward filtering's plan, where the run already has one.
+    """
+    observed = sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())
+    budget = MAX_CHECK_ENTRIES // max(1, layout.num_coords + observed)
+    short = max(0, min(MIN_CHECKED_DRAWS - num_draws, budget // 2))
+    probes = min(NUM_PROBES, budget // 2)
+    if short + probes <= 0:
+        return None
+    if plan is None:
+        plan = plan_ffbs(oracle) if isinstance(oracle, EnumOracle) else None
+    if plan is None:  # the elimination does not fit: the run's draws alone
+        return None
+    seed = check_draws_seed(seed)
+    parts, log_q = [], []
+    if short > 0:
+        extra = sample_exact(plan, short, seed)
+        parts.append(extra.samples)
+        log_q.append(extra.log_prob)
+    if probes > 0:
+        sizes = torch.tensor(
+            [site.support_size for site in layout.sites for _ in range(site.num_coords)],
+            dtype=torch.float64,
+        )
+        root = torch.tensor(keys.seed_key(derive_seed(seed, 1)), dtype=torch.long)
+        u = keys.uniform(root, keys.Tag.DRAFT, torch.arange(probes * len(sizes)))
+        uniform = (u.reshape(probes, -1) * sizes).long().to(plan.device)
+        parts.append(uniform)
+        log_q.append(plan.log_prob(uniform))
+    return CheckAssignments(torch.cat(parts), torch.cat(log_q), short, probes)
+
+
 def _no_stage(name: str) -> AbstractContextManager:
     return nullcontext()
 
@@ -162,9 +255,9 @@ class DrawEvaluator:
         self.outputs = outputs
         self.per_draw_fallback = per_draw_fallback
         self.stage = _no_stage if stage is None else stage
-        self._last: dict | None = None
         #: (extra draws, uniform probes) of :class:`CheckAssignments` that joined the check
         self.compared = (0, 0)
+        self._mixing_checked = False  # a batch of varied draws was checked for mixing
 
     def _evaluate(self, values: Mapping[str, torch.Tensor], check_mixing: bool) -> LogJoint:
         layout = self.layout
@@ -237,23 +330,26 @@ class DrawEvaluator:
     def _evaluate_alone(self, samples, oracle_log_prob, continuous, *, join: bool = True):
         with self.stage("evaluation"):
             values = self._values(samples, continuous)
-            check_mixing = self.self_check is None or self.per_draw_fallback
+            # the first batch of varied draws (the self-check's probes among them) is
+            # checked for mixing, and every batch that may be evaluated draw by draw instead
+            check = self.per_draw_fallback or not self._mixing_checked
             distinct = None if continuous else _distinct(samples)
             rows = None
             if distinct is None:
-                joint = self._evaluate(values, check_mixing=check_mixing)
+                joint = self._evaluate(values, check)
             else:  # each distinct assignment once: the model is deterministic given it
                 unique, rows = distinct
-                joint = _take(self._evaluate(self._values(unique, None), check_mixing), rows)
+                joint = _take(self._evaluate(self._values(unique, None), check), rows)
                 if joint.random and joint.deterministic:
                     # unless it draws random numbers no scored site reads: its deterministic
                     # sites (a posterior predictive's noise) differ from draw to draw
-                    joint, rows = self._evaluate(values, check_mixing), None
+                    joint, rows = self._evaluate(values, check), None
+            if samples.shape[0] > 1 and bool((samples != samples[:1]).any()):
+                self._mixing_checked = True
         oracle_lp = oracle_log_prob.double().to(joint.total.device)
         if self.self_check is not None and join:
             with self.stage("self-check"):
                 self.self_check.add(joint.total, oracle_lp, joint.magnitude, joint.dtype)
-            self._last = values
         return EvaluatedDraws(values, joint, oracle_lp, rows)
 
     def _evaluate_with(
@@ -275,7 +371,6 @@ class DrawEvaluator:
             lp, log_q = rest.lp[keep], rest.oracle_log_prob[keep]
             magnitude = rest.joint.magnitude[keep]
             self.self_check.add(lp, log_q, magnitude, rest.joint.dtype, returned=False)
-        self._last = own.values
         self.compared = (checks.num_draws, checks.num_probes)
         return own
 
@@ -294,18 +389,12 @@ class DrawEvaluator:
         Raises
         ------
         SelfCheckError
-            When ``log p(x, data) - log q(x)`` is not one constant; or the model's error that
-            says it mixes the draws of a batch, when the last batch evaluated shows it.
+            When ``log p(x, data) - log q(x)`` is not one constant.
         """
         if self.self_check is None:
             return None
         with self.stage("self-check"):
-            try:
-                return self.self_check.check()
-            except SelfCheckError:
-                if self._last is not None:
-                    self._evaluate(self._last, check_mixing=True)  # raises if it mixed draws
-                raise
+            return self.self_check.check()
 
 
 def _rows(evaluated: EvaluatedDraws, rows: slice) -> EvaluatedDraws:
@@ -333,7 +422,7 @@ def _cannot_score(error: BaseException) -> bool:
     """Whether ``error`` (or the first error in its chain of causes) says the model cannot
     score an assignment (a ``ValueError`` of validation, an ``IndexError``), rather than a
     fault of its own."""
-    if isinstance(error, HiddenRandomnessError):  # the model's own fault, on any values
+    if isinstance(error, (HiddenRandomnessError, MixedDrawsError)):  # on any values
         return False
     root = error
     while root.__cause__ is not None:

@@ -15,7 +15,7 @@ from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
-from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
+from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, check_assignments
 from pyro_autospec.infer.knobs import check_count, check_model, check_schedule
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
@@ -116,7 +116,12 @@ class AutoSpecKernel(MCMCKernel):
     at every draw and ``log p(x, data) - log q(x)`` must be the same for all of them
     (:class:`~pyro_autospec.infer.self_check.SelfCheck`): each engine run's draws are checked
     together with the first draws of the run (of every chain that ``MCMC`` runs in this
-    process with the same arguments), so that one draw per engine run is still compared. An
+    process with the same arguments), so that one draw per engine run is still compared. The
+    first engine run's batch also evaluates the check's own assignments, never returned, as
+    ``AutoSpec`` does: assignments drawn uniformly from the sites' supports, at which the law
+    of the enumeration is read by forward filtering, and extra draws up to 64
+    (:func:`~pyro_autospec.infer.draws.check_assignments`), so that a model the enumeration
+    does not reproduce fails where the draws rarely go. An
     ``oracle=`` without ``log_normalizer()`` is compared with ``log Z`` from an exact
     elimination of the model's discrete sites where it fits and is cheap
     (:func:`~pyro_autospec.infer.self_check.reference_log_normalizer`). A failure raises
@@ -206,6 +211,7 @@ class AutoSpecKernel(MCMCKernel):
         self._counts = {"rounds": 0, "oracle_rows": 0, "draws": 0, "sample_rounds": 0}
         self._initial_params = None
         self._self_check: SelfCheck | None = None
+        self._probes_pending = False
         self._draws: DrawEvaluator | None = None
         self._checked_call: Any = None
         self._call: Any = None
@@ -254,6 +260,7 @@ class AutoSpecKernel(MCMCKernel):
                 keep=_SELF_CHECK_REFERENCE,
             )
             self.max_self_check_error = None
+            self._probes_pending = True  # the next run's batch takes the check's assignments
         self._self_check.oracle = self._oracle
         self._checked_call = self._call
         # where the engine and the draws' evaluation run: device=, else the oracle's
@@ -326,7 +333,11 @@ class AutoSpecKernel(MCMCKernel):
         self._counts["oracle_rows"] += result.oracle_rows
         # the draws' values, log joint and the self-check of this engine run's draws, pooled
         # with the first earlier ones
-        evaluated = self._draws.evaluate(result.samples, result.log_prob)
+        checks = None
+        if self._probes_pending:  # the first run of a check: uniform probes, extra draws
+            self._probes_pending = False
+            checks = check_assignments(self.layout, self._oracle, seed, self.draws_per_run)
+        evaluated = self._draws.evaluate(result.samples, result.log_prob, checks=checks)
         self.max_self_check_error = self._draws.check()
         values = evaluated.values
         rounds = result.sample_rounds.tolist()

@@ -28,6 +28,7 @@ from pyro_autospec.model.errors import (
     AutoSpecModelError,
     DynamicStructureError,
     IntractableEnumerationError,
+    MixedDrawsError,
     SubsamplingError,
     UnsupportedSiteError,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "DynamicStructureError",
     "EnumOracle",
     "IntractableEnumerationError",
+    "MixedDrawsError",
     "LogJoint",
     "SiteLayout",
     "SubsamplingError",

@@ -6,6 +6,7 @@ __all__ = [
     "AutoSpecModelError",
     "DynamicStructureError",
     "IntractableEnumerationError",
+    "MixedDrawsError",
     "SubsamplingError",
     "UnsupportedSiteError",
 ]
@@ -25,6 +26,12 @@ class DynamicStructureError(AutoSpecModelError):
 
 class SubsamplingError(AutoSpecModelError):
     """A plate draws a random subsample of its data on every run of the model."""
+
+
+class MixedDrawsError(AutoSpecModelError):
+    """The model mixes the draws of a batch: a value reduced or indexed across the draws, so a
+    draw scored in a batch differs from the same draw scored alone (a fault of the model's
+    code on any values, never of the values a batch holds)."""
 
 
 class IntractableEnumerationError(AutoSpecModelError):

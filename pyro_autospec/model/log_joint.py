@@ -37,7 +37,7 @@ from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.model.continuous import ContinuousLayout
 from pyro_autospec.model.discrete import SiteLayout, discover_sites
-from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError
+from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError, MixedDrawsError
 from pyro_autospec.model.randomness import HIDDEN_RANDOMNESS, HiddenRandomnessError, RandomUse
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
@@ -65,7 +65,11 @@ _MIXED_DRAWS = (
     "The model cannot be evaluated on a batch of draws: a site's value loses the batch "
     "dimensions the model is run with, so draws mix. Usually a pyro.factor or a distribution "
     "parameter reduces over a plate dimension, as in (s[..., 1:] * s[..., :-1]).sum(-1): keep "
-    "the dimension with .sum(-1, keepdim=True) so every value keeps its leading batch dimensions."
+    "the dimension with .sum(-1, keepdim=True) so every value keeps its leading batch "
+    "dimensions. Code that reduces or indexes a value as a whole (z.sum(), z.mean(), z.max(), "
+    "z[0], z.reshape(-1)[0], z.item(), `if z.any():`) reads every draw at once, and every "
+    "value enumeration gives the site too, so no exact sampler can use it: reduce and index "
+    "along the site's own dims from the right (z.sum(-1), z[..., 0])."
 )
 
 
@@ -113,7 +117,7 @@ def _per_draw(value: torch.Tensor, shape: torch.Size, num_draws: int, name: str)
     elif math.prod(lead) == 1:
         value = value.reshape(tuple(value.shape[value.dim() - rank :])).unsqueeze(0)
     else:
-        raise AutoSpecModelError(
+        raise MixedDrawsError(
             f"Deterministic site '{name}' has shape {tuple(value.shape)} in a batch of "
             f"{num_draws} draws, which does not split into draws of shape {tuple(shape)}. "
             + _MIXED_DRAWS
@@ -121,7 +125,7 @@ def _per_draw(value: torch.Tensor, shape: torch.Size, num_draws: int, name: str)
     try:
         return value.expand((num_draws,) + tuple(shape))
     except RuntimeError as e:
-        raise AutoSpecModelError(
+        raise MixedDrawsError(
             f"Deterministic site '{name}' has shape {tuple(value.shape[1:])} per draw in a batch "
             f"but {tuple(shape)} alone. " + _MIXED_DRAWS
         ) from e
@@ -257,10 +261,10 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
         try:
             full = broadcast_shape(lp.shape, (n,) + (1,) * mpn)
         except RuntimeError as e:
-            raise AutoSpecModelError(f"Site '{name}': " + _MIXED_DRAWS) from e
+            raise MixedDrawsError(f"Site '{name}': " + _MIXED_DRAWS) from e
         lp = lp.expand(full)
         if lp.shape[0] != n:
-            raise AutoSpecModelError(f"Site '{name}': " + _MIXED_DRAWS)
+            raise MixedDrawsError(f"Site '{name}': " + _MIXED_DRAWS)
         total = total + lp.reshape(n, -1).sum(-1)
         magnitude = magnitude + lp.abs().reshape(n, -1).sum(-1)
         if name in observed_shapes:
@@ -315,8 +319,12 @@ def evaluate(
     chunk_size : int
         Draws per trace.
     check_mixing : bool
-        Re-evaluate the first draw alone and raise if the batch changed its log joint (a model
-        whose values lose the draws' dimension mixes draws; see the error message).
+        Evaluate up to ``ALONE_CHECKS`` draws again alone (the first, the one most unlike
+        it, others spread over the batch) and raise
+        :class:`~pyro_autospec.model.errors.MixedDrawsError` if the batch
+        changed a log joint: a model whose values lose the draws' dimension, or that reduces
+        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs one trace
+        of one draw each.
     per_draw_fallback : bool
         If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
         batched), evaluate it one draw at a time, in its own shapes, with a warning.
@@ -397,28 +405,62 @@ def _evaluate_batched(
         try:
             parts.append(_run_chunk(job, chunk, stop - start))
         except RuntimeError as e:  # shapes of the batched run do not line up
-            raise AutoSpecModelError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
+            raise MixedDrawsError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
     out = _concatenate(parts)
     if check_mixing and num_draws > 1:
-        one = {name: torch.as_tensor(values[name])[:1] for name in job.shapes}
-        alone = _run_chunk(job.only_latent(), one, 1)
-        tolerance = 64 * torch.finfo(out.dtype).eps * (1.0 + float(out.magnitude[0]))
-        a, b = float(alone.total[0]), float(out.total[0])
-        if not (abs(a - b) <= tolerance or (math.isinf(a) and a == b)):
-            again = float(_run_chunk(job.only_latent(), one, 1).total[0])
-            if not (abs(again - a) <= tolerance or (math.isinf(a) and a == again)):
-                raise HiddenRandomnessError(
-                    f"log p(x, data) of one draw is {a:.6g}, then {again:.6g} when the model "
-                    f"is run again on the same values: {HIDDEN_RANDOMNESS}."
-                )
-            raise AutoSpecModelError(
-                f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "
-                + _MIXED_DRAWS
-                + " If no value is reduced so, the model may draw random numbers shaped like "
-                "its batch, the same on every run (under poutine.seed, or from a generator of "
-                f"its own): {HIDDEN_RANDOMNESS}."
-            )
+        for row in _rows_to_check(job, values, num_draws):
+            _check_alone(job, values, out, row)
     return replace(out, random=job.random_use.moved)
+
+
+#: How many draws of a batch are evaluated again alone to find a model that mixes draws.
+ALONE_CHECKS = 4
+
+
+def _rows_to_check(job: _Evaluation, values, num_draws: int) -> list[int]:
+    """The draws evaluated again alone to find a model that mixes the draws of a batch: the
+    first, the one whose values differ from the first's in most elements, and others spread
+    over the batch, :data:`ALONE_CHECKS` in all at most.
+
+    A value reduced over the whole batch (``z.sum()``, ``z.max()``, ``if z.any():``) or
+    indexed along the draws (``z[0]``, ``z.reshape(-1)[0]``) gives every draw the same
+    number: the first draw's own, or the other's, or neither's, but not both's where their
+    values differ. A term that reads such a number only on some values (``z.sum() == 2``)
+    shows on a draw of those values, which the draws spread over a batch of distinct
+    assignments (sorted, with the self-check's uniform probes) are likely to include.
+    """
+    differ = sum(
+        (torch.as_tensor(values[name]) != torch.as_tensor(values[name])[:1])
+        .reshape(num_draws, -1)
+        .sum(-1)
+        for name in job.shapes
+    )
+    most = int(differ.argmax())  # one host read
+    spread = torch.linspace(0, num_draws - 1, ALONE_CHECKS).round().long().tolist()
+    return list(dict.fromkeys([0, most, *spread]))[:ALONE_CHECKS]
+
+
+def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int) -> None:
+    """Raise if the draw ``row`` evaluated alone has another log joint than in the batch."""
+    one = {name: torch.as_tensor(values[name])[row : row + 1] for name in job.shapes}
+    alone = _run_chunk(job.only_latent(), one, 1)
+    tolerance = 64 * torch.finfo(batched.dtype).eps * (1.0 + float(batched.magnitude[row]))
+    a, b = float(alone.total[0]), float(batched.total[row])
+    if abs(a - b) <= tolerance or (math.isinf(a) and a == b):
+        return
+    again = float(_run_chunk(job.only_latent(), one, 1).total[0])
+    if not (abs(again - a) <= tolerance or (math.isinf(a) and a == again)):
+        raise HiddenRandomnessError(
+            f"log p(x, data) of one draw is {a:.6g}, then {again:.6g} when the model "
+            f"is run again on the same values: {HIDDEN_RANDOMNESS}."
+        )
+    raise MixedDrawsError(
+        f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "
+        + _MIXED_DRAWS
+        + " If no value is reduced so, the model may draw random numbers shaped like "
+        "its batch, the same on every run (under poutine.seed, or from a generator of "
+        f"its own): {HIDDEN_RANDOMNESS}."
+    )
 
 
 def data_device(args: tuple, kwargs: Mapping | None = None) -> torch.device:

@@ -157,3 +157,30 @@ def test_a_short_tail_without_ties_is_still_fitted():
     diag = weight_diagnostics(heavy, correction="importance")
     assert diag.khat >= 0.7 and "cannot be trusted" in diag.warning()
     assert not math.isnan(pareto_khat(np.random.default_rng(0).normal(size=30)))
+
+
+def _diagnostics(khat: float, ess: float, num: int) -> WeightDiagnostics:
+    return WeightDiagnostics(khat, ess, num, 0.5, "estimate", correction="importance")
+
+
+def test_a_low_ess_warns_where_khat_is_only_usable_with_caution():
+    """An outside test: k-hat 0.69 ("usable with caution") with a weights' ESS of 47 of
+    20,000 draws gave P(a = 1) 0.32 against 0.62 without a warning; the low ESS warned only
+    where k-hat was unavailable. A good k-hat's low ESS is slow, not wrong: no warning."""
+    assert "the weights' ESS is 47 of 20000" in _diagnostics(0.69, 47, 20000).warning()
+    assert _diagnostics(0.02, 378, 4000).warning() is None
+    heavy = _diagnostics(0.9, 3, 20000).warning()
+    assert heavy.count("ESS") == 1 and "k-hat of the importance weights is 0.90" in heavy
+
+
+def test_weights_whose_mean_falls_short_of_the_exact_evidence_warn():
+    """Draws of a law that gives part of the posterior no mass: the weights' mean estimates
+    Z times the mass the law reaches, so against the exact Z (by elimination) it shows the
+    mass no correction recovers, which neither k-hat nor the ESS sees (equal weights)."""
+    equal = np.zeros(1000)
+    short = weight_diagnostics(equal, log_normalizer=math.log(1 / 0.4))
+    assert short.evidence_share == pytest.approx(0.4)
+    assert "40.0% of the model's evidence Z" in short.warning()
+    whole = weight_diagnostics(equal, log_normalizer=0.0)
+    assert whole.evidence_share == pytest.approx(1.0) and whole.warning() is None
+    assert math.isnan(weight_diagnostics(equal).evidence_share)

@@ -10,6 +10,7 @@ from pyro.infer import MCMC
 
 import pyro_autospec.infer.kernel as kernel_module
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
+from pyro_autospec.infer.self_check import SelfCheckError
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
 LOCS = torch.tensor([-1.0, 0.5, 2.0])
@@ -152,3 +153,31 @@ def test_chains_in_worker_processes_differ_and_reproduce(monkeypatch, kind):
     again = _chain_in_a_worker(monkeypatch, 1, seed(), global_seed=99)
     assert not torch.equal(first, second)
     assert torch.equal(second, again)
+
+
+def _ring(y):
+    """A chain whose last factor reads its first site, past the ``pyro.markov`` history: the
+    enumeration does not reproduce it, and its law is wrong where the draws rarely go."""
+    first = None
+    for t in pyro.markov(range(len(y))):
+        z = pyro.sample(f"z_{t}", dist.Bernoulli(0.5))
+        first = z if t == 0 else first
+        scale = 2.0 if t == len(y) - 1 else 0.3
+        pyro.sample(f"y_{t}", dist.Normal(2 * z - 1.0, scale), obs=y[t])
+        if t == len(y) - 1:
+            pyro.factor("prior_last", -8.0 * (1 - z))
+            pyro.factor("close", 12.0 * (1 - z) * (1 - first))
+
+
+def test_the_kernel_reads_the_law_at_uniform_probes_as_autospec_does():
+    """An outside test: with 26 sites (too many to refuse before sampling), ``AutoSpec``
+    raised the self-check's error at its uniform probes but the kernel, which had none,
+    returned P(z_25 = 0) = 0.00 against 0.97 silently. The kernel's first engine run now
+    evaluates the same probes."""
+    y = torch.ones(26)
+    y[0] = -1.0
+    with pytest.raises(SelfCheckError):
+        AutoSpec(_ring, 200, seed=0, disable_progbar=True).run(y)
+    mcmc = MCMC(AutoSpecKernel(_ring, seed=0), num_samples=200, disable_progbar=True)
+    with pytest.raises(SelfCheckError):
+        mcmc.run(y)

@@ -10,13 +10,16 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
+from pyro.infer import MCMC
 from pyro.ops.indexing import Vindex
 from torch.distributions import constraints
 
 from pyro_autospec.infer import (
     AutoSpec,
+    AutoSpecKernel,
     AutoSpecModelError,
     IntractableEnumerationError,
+    MixedDrawsError,
     UnsupportedSiteError,
 )
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
@@ -852,3 +855,67 @@ def test_a_plate_of_continuous_effects_is_not_blamed_for_plain_indexing():
         EnumOracle(model, (y,), continuous_values=draws)
     text = " ".join(str(w.message) for w in record)
     assert "lives in plate" not in text and "Vindex(locs)[..., z]" in text
+
+
+def _mean_of_a_scalar(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(z.mean(), 0.5), obs=y)  # the identity on one run's scalar
+
+
+def _first_of_a_flat_scalar(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(z.reshape(-1)[0], 0.5), obs=y)
+
+
+def _branch_on_any(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    pyro.sample("y", dist.Normal(2.0 if z.any() else -2.0, 1.0), obs=y)
+
+
+def _max_of_a_categorical(y):
+    z = pyro.sample("z", dist.Categorical(torch.ones(4) / 4))
+    pyro.sample("y", dist.Normal(z.float().max(), 0.5), obs=y)
+
+
+def _factor_on_a_whole_plate_sum(y):
+    with pyro.plate("p", 3):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor([0.2, 0.5, 0.6])))
+    pyro.factor("exactly_two", 3.0 * (z.sum() == 2).float())
+
+
+def _factor_on_a_plates_first_element(y):
+    with pyro.plate("p", 3):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor([0.2, 0.5, 0.6])))
+    pyro.factor("first_is_one", 3.0 * z[0])
+
+
+WHOLE_VALUE_MODELS = [
+    _mean_of_a_scalar,
+    _first_of_a_flat_scalar,
+    _branch_on_any,
+    _max_of_a_categorical,
+    _factor_on_a_whole_plate_sum,
+    _factor_on_a_plates_first_element,
+]
+
+
+@pytest.mark.parametrize("num_samples", [1, 500])
+@pytest.mark.parametrize("sampler", ["auto", "engine"])
+@pytest.mark.parametrize("model", WHOLE_VALUE_MODELS)
+def test_a_value_reduced_or_indexed_as_a_whole_is_refused(model, sampler, num_samples):
+    """An outside test: code that is the identity on one plain run (``z.mean()`` of a scalar,
+    ``z.reshape(-1)[0]``, ``if z.any():``, a factor on ``z.sum()`` or ``z[0]`` of a plate)
+    reads every enumerated value at once, so the oracle's law dropped the term (the prior
+    came back: P(z = 1) 0.29 against 0.76), and read every draw of a batch at once, the same
+    way, so that the self-check passed. Every batch is now checked draw against draw alone,
+    the self-check's probes included (their mixing error was taken for probes the model
+    cannot score, and a one-draw run went on without them)."""
+    with pytest.raises(MixedDrawsError, match="reads every draw at once"):
+        run(model, torch.tensor(1.0), num_samples=num_samples, seed=0, sampler=sampler)
+
+
+def test_a_value_reduced_as_a_whole_is_refused_in_the_kernel_too():
+    kernel = AutoSpecKernel(_mean_of_a_scalar, seed=0)
+    mcmc = MCMC(kernel, num_samples=200, warmup_steps=0, disable_progbar=True)
+    with pytest.raises(MixedDrawsError, match="reads every draw at once"):
+        mcmc.run(torch.tensor(1.0))
