@@ -149,22 +149,25 @@ class _Probe:
                 pieces.append(self._normalised(out, "log_marginals", shape, coords[part]))
         return torch.cat(pieces)
 
-    def paired_rows(self, values: torch.Tensor, pinned: list[int]) -> torch.Tensor:
-        """As :meth:`rows` through ``log_marginals_at``, each row asking two targets out of
-        coordinate order: ``order[pinned[b]]`` and an unpinned partner, the larger first, so
-        an answer in any order but the targets' shows. A row without a partner (every other
-        coordinate pinned) can only be the last: it is left out."""
+    def grouped_rows(self, values: torch.Tensor, pinned: list[int], width: int) -> torch.Tensor:
+        """As :meth:`rows` through ``log_marginals_at``, each row asking ``width`` targets out
+        of coordinate order: ``order[pinned[b]]`` and the ``width - 1`` smallest unpinned
+        other coordinates, the largest first, so that an answer in any order but the
+        targets' shows, also one that only a call of that many targets per row gives. Rows
+        with fewer unpinned partners (the last ones) are left out."""
         values, mask = self.inputs(values, pinned)
         free = ~mask.cpu()
         coords = self.order[pinned]
         free[torch.arange(len(pinned)), coords] = False
-        asked = int(free.any(1).sum())
-        partners = free[:asked].long().argmax(1)  # the smallest unpinned other coordinate
-        coords = coords[:asked]
-        first = partners > coords  # the larger of the two first
+        asked = int((free.sum(1) >= width - 1).sum())  # a prefix: rows pin more and more
+        partners = [torch.nonzero(free[b]).flatten()[: width - 1] for b in range(asked)]
         targets = torch.stack(
-            [torch.where(first, partners, coords), torch.where(first, coords, partners)], 1
-        )
+            [
+                torch.cat([coords[b : b + 1], partners[b]]).sort(descending=True).values
+                for b in range(asked)
+            ]
+        ).reshape(asked, width)
+        place = (targets == coords[:asked, None]).long().argmax(1)
         with self.call():
             out = self.oracle.log_marginals_at(
                 values[:asked],
@@ -172,8 +175,8 @@ class _Probe:
                 targets.to(self.device, copy=True),
                 **self._extra(asked),
             )
-        out = self._normalised(out, "log_marginals_at", (asked, 2, self.q))
-        return out[torch.arange(asked), first.long()]
+        out = self._normalised(out, "log_marginals_at", (asked, width, self.q))
+        return out[torch.arange(asked), place]
 
     def chains(self, values: torch.Tensor, cuts: list[int], length: int, then: bool):
         """Chain ``c``: ``order[cuts[c]:cuts[c] + length]`` given ``order[:cuts[c]]``, all in
@@ -269,9 +272,10 @@ def check_consistency(
     with other values at every unpinned coordinate (a batch for each of the values 1, 2 and
     ``q - 1`` that exist; at a probed coordinate its most, second and third most probable
     value but 0), as targeted rows (``log_marginals_at``,
-    else full rows; and two targets per row, the larger coordinate first), and as chain
-    queries from two cuts (0, and 2, after a pin at 0 where 0 has that mass), one chain per
-    call and two in one call, with the row after the chain where the
+    else full rows; and 2, 3 and up to :data:`WIDE_TARGETS` targets per row, the largest
+    coordinate first), and as chain queries from two cuts (0, and 2, after a pin at 0 where 0
+    has that mass), one chain per call, two in one call and :data:`WIDE_CHAINS` in one call
+    (their cuts cycling), with the row after the chain where the
     oracle answers it (``log_marginals_chain_then``). Then the rows alone and in the batches
     again along the reverse order, so that each pair of probed coordinates is asked with either
     one unpinned. The answers must agree within
@@ -410,7 +414,11 @@ def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor)
             fills.append(("values that differ from one coordinate to the next", fill))
     device = probe.device
     base_values = torch.where(mask, values, 0)
-    base = probe.ask(base_values.to(device), mask.to(device), coords, targeted)
+    # copies for each call, as the engine hands them: an oracle that writes into its inputs
+    # after reading them (harmless in sampling) must not change the later questions
+    base = probe.ask(
+        base_values.to(device, copy=True), mask.to(device, copy=True), coords, targeted
+    )
     back = torch.arange(len(coords)).flip(0)  # the same call in reverse order
     fills.append(("zeros, in the call's reverse order", None))
     for name, fill in fills:
@@ -420,7 +428,7 @@ def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor)
             )[back]
         else:
             scrambled = torch.where(mask, values, fill)
-            answer = probe.ask(scrambled.to(device), mask.to(device), coords, targeted)
+            answer = probe.ask(scrambled.to(device), mask.to(device, copy=True), coords, targeted)
         gap = torch.nan_to_num((answer.exp() - base.exp()).abs().amax(-1), nan=0.0)
         worst = int(gap.argmax())
         if float(gap[worst]) > probe.tolerance:
@@ -438,6 +446,12 @@ def _every_question(probe: _Probe, values: torch.Tensor, expected: torch.Tensor)
 
 #: The rows of the call that asks the probe's rows again, repeated and in reverse order.
 LARGE_CALL = 64
+
+#: The most targets per row that the probe's targeted rows ask in one call.
+WIDE_TARGETS = 16
+
+#: The chains of the call that asks the probe's chains many at a time.
+WIDE_CHAINS = 16
 
 #: Oracles of at most this many coordinates are asked every conditional
 #: (:func:`_every_question`, ``n 2^(n - 1)`` rows: 80 at 5).
@@ -484,10 +498,14 @@ def _check(probe: _Probe, rows_only: bool = False):
     answer = probe.rows(values.expand(len(rows), -1), rows.tolist(), targeted)
     how = f"{way} asked again in a call of {len(rows)} rows, in reverse order"
     probe.compare_rows(answer, expected[rows], rows, how, base)
-    if targeted and probe.n > 1:  # several targets in one row, out of coordinate order
-        out = probe.paired_rows(batches[0][1], pinned)
-        how = "log_marginals_at with two targets per row, the larger coordinate first"
-        probe.compare(out, expected[: len(out)], how, base)
+    # several targets in one row, out of coordinate order: two, three, and as many as the
+    # probe's rows allow (up to WIDE_TARGETS; an answer that changes past a number of targets)
+    widths = sorted({w for w in (2, 3, min(probe.n, WIDE_TARGETS)) if w <= probe.n})
+    for width in widths if targeted else ():
+        out = probe.grouped_rows(batches[0][1], pinned, width)
+        if len(out):
+            how = f"log_marginals_at with {width} targets per row, the largest coordinate first"
+            probe.compare(out, expected[: len(out)], how, base)
     # a second cut whose prefix pins a 0 and a value other than 0 (the pins alternate)
     cut = min(2, length - 1)
     if probe.caps.chains:
@@ -500,6 +518,15 @@ def _check(probe: _Probe, rows_only: bool = False):
             how = f"log_marginals_chain asked two chains (cuts 0 and {cut}) in one call"
             probe.compare(out[0], expected[: length - cut], how, base)
             probe.compare(out[1], expected[cut:], how, base, first=cut)
+            # many chains of one call, their cuts cycling (an answer that changes past a
+            # number of chains per call: every chain given the first chain's pins, say)
+            starts = sorted({0, 1, cut}, reverse=True)
+            many = (starts * WIDE_CHAINS)[:WIDE_CHAINS]
+            size = length - cut
+            out, _ = probe.chains(values, many, size, then=False)
+            how = f"log_marginals_chain asked {len(many)} chains (cuts {starts}) in one call"
+            for c, start in enumerate(many):
+                probe.compare(out[c], expected[start : start + size], how, base, first=start)
     if probe.caps.chain_then and length >= 2:
         out, after = probe.chains(values, [0], length - 1, then=True)
         probe.compare(out[0], expected[:-1], "log_marginals_chain_then's chain", base)

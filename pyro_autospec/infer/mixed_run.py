@@ -33,7 +33,12 @@ from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
-from pyro_autospec.model.tracing import enumerated, trace_model, users_generators_kept
+from pyro_autospec.model.tracing import (
+    enumerated,
+    seed_generators,
+    trace_model,
+    users_generators_kept,
+)
 
 __all__ = ["MixedRun"]
 
@@ -121,7 +126,7 @@ class MixedRun(RunBase):
                 hook_fn=record,
             )
             with users_generators_kept():
-                torch.manual_seed(seed)  # from chain_seeds: in [0, 2**62)
+                seed_generators(seed)  # from chain_seeds: in [0, 2**62)
                 try:
                     mcmc.run(*args, **kwargs)
                 except ValueError as error:

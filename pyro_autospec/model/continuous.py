@@ -27,6 +27,7 @@ from torch.distributions import biject_to
 from pyro_autospec.model.errors import AutoSpecModelError, UnsupportedSiteError
 from pyro_autospec.model.tracing import (
     plate_nesting,
+    seed_generators,
     simulate_trace,
     site_role,
     trace_model,
@@ -349,7 +350,7 @@ class _SeededContext:
 
     def __enter__(self):
         self.context.__enter__()
-        torch.manual_seed(self.seed)
+        seed_generators(self.seed)
         return self
 
     def __exit__(self, *exc):

@@ -42,6 +42,7 @@ from pyro_autospec.model.tracing import (
     plate_dims,
     plate_nesting,
     scaled_sites,
+    seed_generators,
     site_role,
     trace_model,
     users_generators_kept,
@@ -691,7 +692,7 @@ def discover_sites(
         raise ValueError(f"continuous must be 'error' or 'allow'; got {continuous!r}")
     kwargs = {} if kwargs is None else kwargs
     with users_generators_kept():
-        torch.manual_seed(20260101)
+        seed_generators(20260101)
         raw = [trace_model(model, args, kwargs, prune=False)]
         checks = (
             _NUM_STRUCTURE_CHECKS if _has_continuous(raw[0]) else _NUM_DISCRETE_STRUCTURE_CHECKS

@@ -30,8 +30,8 @@ class SubsamplingError(AutoSpecModelError):
 
 class MixedDrawsError(AutoSpecModelError):
     """The model mixes the draws of a batch: a value reduced or indexed across the draws, so a
-    draw scored in a batch differs from the same draw scored alone (a fault of the model's
-    code on any values, never of the values a batch holds)."""
+    draw scored in a batch differs from the same draw scored alone by more than rounding (a
+    fault of the model's code, which no other batch of draws avoids)."""
 
 
 class IntractableEnumerationError(AutoSpecModelError):

@@ -35,7 +35,7 @@ from pyro.poutine import runtime
 from pyro.poutine.subsample_messenger import _Subsample
 
 from pyro_autospec.model.errors import AutoSpecModelError
-from pyro_autospec.model.tracing import site_role
+from pyro_autospec.model.tracing import seed_generators, site_role
 
 __all__ = ["HiddenRandomnessError", "RandomUse", "HIDDEN_RANDOMNESS"]
 
@@ -91,7 +91,7 @@ class _Generators:
     @staticmethod
     def seed(seed: int) -> None:
         """Seed every global generator with ``seed``."""
-        torch.manual_seed(seed)
+        seed_generators(seed)
         np.random.seed(seed)
         random.seed(seed)
 

@@ -27,7 +27,12 @@ from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.errors import AutoSpecModelError
 from pyro_autospec.model.log_joint import data_device, log_joint
-from pyro_autospec.model.tracing import over_draws, simulate_trace, users_generators_kept
+from pyro_autospec.model.tracing import (
+    over_draws,
+    seed_generators,
+    simulate_trace,
+    users_generators_kept,
+)
 
 __all__ = ["factor_sites", "joint_log_prob", "simulate_discrete"]
 
@@ -195,7 +200,7 @@ def simulate_discrete(
     mpn = layout.max_plate_nesting
     with users_generators_kept(), torch.no_grad():
         if seed is not None:
-            torch.manual_seed(seed)
+            seed_generators(seed)
         trace = simulate_trace(model, args, kwargs, num, mpn)
     values = {}
     for site in layout.sites:

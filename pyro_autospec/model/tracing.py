@@ -10,7 +10,8 @@
 * :func:`scaled_sites`: sites under ``poutine.scale`` (or a subsampled plate's scale);
 * :class:`SiteRecorder` and :func:`structure_error`: name the site where a batched or
   enumerated run of the model failed;
-* :func:`users_generators_kept`: the global torch generators put back after a run.
+* :func:`users_generators_kept`, :func:`seed_generators`: the global torch generators seeded
+  for the library's runs and put back after them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "plated_reduction_advice",
     "structure_error",
     "trace_model",
+    "seed_generators",
     "users_generators_kept",
 ]
 
@@ -68,6 +70,19 @@ def users_generators_kept():
     """
     in_use = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     return torch.random.fork_rng(devices=in_use)
+
+
+def seed_generators(seed: int) -> None:
+    """Seed torch's CPU generator, and the CUDA devices' where CUDA is in use, for the
+    library's own runs (inside :func:`users_generators_kept`).
+
+    ``torch.manual_seed`` would also queue a seed for CUDA's lazy start, in place of one the
+    user queued with their own ``torch.manual_seed`` before ever touching the GPU, so that
+    the user's CUDA stream would start from the library's seed after the run.
+    """
+    torch.random.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
 
 
 def over_draws(model: Callable, num_draws: int, max_plate_nesting: int) -> Callable:

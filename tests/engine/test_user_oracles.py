@@ -238,9 +238,9 @@ class OneOutputBuffer:
 
     def log_marginals_at(self, values, mask, targets):
         out = self.inner.log_marginals_at(values, mask, targets)
-        if self.buffer is None or self.buffer.shape[0] < out.shape[0]:
-            self.buffer = torch.empty(2 * out.shape[0], 8, out.shape[-1], dtype=out.dtype)
         rows, width, _ = out.shape
+        if self.buffer is None or self.buffer.shape[0] < rows or self.buffer.shape[1] < width:
+            self.buffer = torch.empty(2 * rows, max(8, width), out.shape[-1], dtype=out.dtype)
         self.buffer[:rows, :width].copy_(out)
         return self.buffer[:rows, :width]
 

@@ -156,3 +156,21 @@ def test_a_run_leaves_the_users_generators_alone(device, mixed):
         disable_progbar=True,
     ).run(y)
     assert torch.equal(before, state())
+
+
+@pytest.mark.skipif(torch.cuda.is_initialized(), reason="CUDA already started")
+def test_a_run_leaves_a_cuda_seed_queued_before_cuda_starts_alone():
+    """A review: before CUDA starts, ``torch.manual_seed(1234)`` only queues CUDA's seed, and
+    the library's own ``torch.manual_seed`` inside a run replaced it, so that the user's CUDA
+    stream started from the library's seed once the user touched the GPU."""
+
+    def queued():
+        callback = torch.cuda._lazy_seed_tracker.manual_seed_all_cb
+        return None if callback is None else callback[0]
+
+    torch.manual_seed(1234)
+    before = queued()
+    y = torch.tensor([0.8, -1.2, 1.1])
+    AutoSpec(model, 20, seed=0, disable_progbar=True).run(y)
+    AutoSpec(mixed_model, 20, 10, seed=0, disable_progbar=True).run(y)
+    assert queued() is before and before is not None

@@ -919,3 +919,45 @@ def test_a_value_reduced_as_a_whole_is_refused_in_the_kernel_too():
     mcmc = MCMC(kernel, num_samples=200, warmup_steps=0, disable_progbar=True)
     with pytest.raises(MixedDrawsError, match="reads every draw at once"):
         mcmc.run(torch.tensor(1.0))
+
+
+def test_a_float32_matrix_product_under_a_sharp_likelihood_is_not_taken_for_mixed_draws():
+    """A review: ``basis[z] @ W`` rounds one way over a batch (a matrix product) and another
+    over one draw (a vector product), and under a noise of 1e-3 over 100 observations the
+    gap passed the check's rounding allowance: a legitimate model was refused. The draw is
+    now scored again in a batch of copies of itself, the batch's routine, before it is."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(64, generator=gen)
+    basis = base + 1e-3 * torch.randn(16, 64, generator=gen)
+    weights = torch.randn(64, 100, generator=gen)
+    y = base @ weights + 1e-3 * torch.randn(100, generator=gen)
+
+    def model(y):
+        z = pyro.sample("z", dist.Categorical(torch.ones(16) / 16))
+        with pyro.plate("d", 100):
+            zz = z.squeeze(-1) if z.dim() else z  # the enumeration's dim, then the plate's
+            pyro.sample("y", dist.Normal(basis[zz] @ weights, 1e-3), obs=y)
+
+    for num_samples in (1, 200):
+        run(model, y, num_samples=num_samples, seed=0)
+
+
+def test_a_gap_of_rounding_between_routines_passes_and_a_gap_between_draws_does_not():
+    """The same decision on any machine: a term that moves with the batch's size only (as a
+    routine chosen by the batch's shape rounds) passes within ``sqrt(eps)`` of the draw's
+    magnitudes, and one that reads another draw's value does not."""
+
+    def by_size(y):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor(0.4, dtype=torch.float64)))
+        pyro.factor("routine", torch.tensor(1e-9 if z.numel() > 1 else 0.0, dtype=z.dtype))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    def by_value(y):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor(0.4, dtype=torch.float64)))
+        pyro.factor("mixed", 1e-9 * z.sum())
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+    y = torch.tensor(0.3, dtype=torch.float64)
+    run(by_size, y, num_samples=50, seed=0)
+    with pytest.raises(MixedDrawsError, match="alone but"):
+        run(by_value, y, num_samples=50, seed=0)
