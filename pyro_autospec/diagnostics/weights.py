@@ -348,7 +348,13 @@ class WeightDiagnostics:
             )
         if not problems:
             return None
-        if self.khat >= 1.0:
+        if self.evidence_share < 1.0 - self.evidence_tolerance:
+            fix = (
+                "More draws do not help where the draws' law gives no mass: train the guide "
+                "longer or make it wider (a guide network gives every value some mass), or "
+                "give an oracle of your own the posterior's whole support"
+            )
+        elif self.khat >= 1.0:
             fix = (
                 "Train the guide longer (fit_posterior: more num_steps or max_seconds) or make "
                 "it wider (hidden_dim, num_layers; architecture='graph' reads the model's "
@@ -384,6 +390,7 @@ class WeightDiagnostics:
             "verdict": self.verdict,
             "khat_per_chain": list(self.khat_per_chain),
             "weights_ess_per_chain": list(self.weights_ess_per_chain),
+            "evidence_share": self.evidence_share,
         }
 
     def __str__(self) -> str:
@@ -395,8 +402,13 @@ class WeightDiagnostics:
             f"Importance weights log p(x, data) - log q_sigma(x) of {self.num_draws} guide "
             f"draws: Pareto k-hat {self.khat:.2f} ({self.verdict}; per chain {per_chain}), "
             f"weights' ESS {self.weights_ess:.1f} ({100 * self.weights_ess / self.num_draws:.1f}"
-            f"%), IMH acceptance {self.imh_acceptance:.2f} ({source}). Correction: "
-            f"{self.correction}."
+            f"%), IMH acceptance {self.imh_acceptance:.2f} ({source})"
+            + (
+                ""
+                if math.isnan(self.evidence_share)
+                else f", weights' mean {self.evidence_share:.1%} of the exact evidence Z"
+            )
+            + f". Correction: {self.correction}."
         )
 
 

@@ -438,6 +438,7 @@ class DiscreteRun(RunBase):
                 "weights_ess": diag.weights_ess,
                 "imh_acceptance": diag.imh_acceptance,
                 "imh_acceptance_source": diag.acceptance_source,
+                "evidence_share": diag.evidence_share,  # nan without an exact Z
             }
         )
         verdict = diag.verdict

@@ -907,9 +907,9 @@ def test_a_value_reduced_or_indexed_as_a_whole_is_refused(model, sampler, num_sa
     ``z.reshape(-1)[0]``, ``if z.any():``, a factor on ``z.sum()`` or ``z[0]`` of a plate)
     reads every enumerated value at once, so the oracle's law dropped the term (the prior
     came back: P(z = 1) 0.29 against 0.76), and read every draw of a batch at once, the same
-    way, so that the self-check passed. Every batch is now checked draw against draw alone,
-    the self-check's probes included (their mixing error was taken for probes the model
-    cannot score, and a one-draw run went on without them)."""
+    way, so that the self-check passed. The first batch of varied draws (the self-check's
+    probes included) now has draws scored alone again (their mixing error was taken for
+    probes the model cannot score, and a one-draw run went on without them)."""
     with pytest.raises(MixedDrawsError, match="reads every draw at once"):
         run(model, torch.tensor(1.0), num_samples=num_samples, seed=0, sampler=sampler)
 
