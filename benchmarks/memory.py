@@ -20,6 +20,13 @@ Usage::
     python benchmarks/memory.py --q 4096 --n 16 --draws 1000 --concurrency default \
         --methods sequential autospec speculative agr24   # a large alphabet (uniform oracle)
     python benchmarks/memory.py --smoke                  # seconds, for CI
+    python benchmarks/memory.py --pyro --draws 200000 --steps 40 --methods ffbs autospec
+
+``--pyro`` measures a whole ``AutoSpec`` run instead: a ``--steps``-step HMM with three
+states and Gaussian observations, drawn by forward filtering, backward sampling (``ffbs``) or
+by the engine's method (``autospec``), then evaluated and self-checked. Its outputs (the
+engine's coordinates ``[N, n]``, the site values and the pointwise log likelihood, which any
+such run returns) are printed beside what the run added.
 """
 
 from __future__ import annotations
@@ -109,6 +116,78 @@ def child(
     }
 
 
+def pyro_child(draws: int, steps: int, sampler: str, root) -> dict:
+    """One ``AutoSpec`` run of the HMM of ``--pyro``, in this (fresh) process."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.path.insert(0, str(root))
+    import pyro
+    import pyro.distributions as dist
+    import torch
+
+    torch.set_num_threads(1)
+    from pyro_autospec import AutoSpec
+
+    trans = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.05, 0.15, 0.8]])
+    locs = torch.tensor([-1.0, 0.0, 1.0])
+
+    def hmm(data):
+        z = 0
+        for t in pyro.markov(range(len(data))):
+            z = pyro.sample(f"z_{t}", dist.Categorical(trans[z]))
+            pyro.sample(f"y_{t}", dist.Normal(locs[z], 1.0), obs=data[t])
+
+    data = torch.randn(steps, generator=torch.Generator().manual_seed(0))
+    options = {"sampler": "ffbs"} if sampler == "ffbs" else {"sampler": "engine", "method": sampler}
+    AutoSpec(hmm, num_samples=2, seed=1, disable_progbar=True, **options).run(data)  # warm up
+    baseline = _peak_mib()
+    start = time.perf_counter()
+    fit = AutoSpec(hmm, num_samples=draws, seed=0, disable_progbar=True, **options).run(data)
+    seconds = time.perf_counter() - start
+    peak = _peak_mib()
+
+    def mib(tensors) -> float:
+        return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+    values = mib(fit.get_samples().values())
+    pointwise = mib(fit._run.pointwise[name] for name in fit._run.pointwise)
+    coords = mib(r.samples for r in fit.results)
+    return {
+        "library": str(Path(sys.modules["pyro_autospec"].__file__).parents[1]),
+        "sampler": sampler,
+        "draws": draws,
+        "steps": steps,
+        "seconds": round(seconds, 1),
+        "baseline_mib": round(baseline),
+        "peak_mib": round(peak),
+        "added_mib": round(peak - baseline),
+        "outputs_mib": round(values + pointwise + coords),
+    }
+
+
+def pyro_main(args) -> None:
+    print(f"library: {args.root}; AutoSpec on a {args.steps}-step HMM, {args.draws} draws")
+    print(
+        "| sampler | wall (s) | baseline RSS (MiB) | peak RSS (MiB) | added (MiB) | outputs (MiB) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for sampler in args.methods:
+        command = [sys.executable, str(Path(__file__).resolve()), "--pyro", "--child"]
+        command += ["--draws", str(args.draws), "--steps", str(args.steps)]
+        command += ["--methods", sampler, "--root", args.root]
+        out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            raise SystemExit(f"{sampler}: the run failed (exit status {out.returncode})")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        if Path(r["library"]).resolve() != Path(args.root).resolve():
+            raise SystemExit(f"measured the library in {r['library']}, not in {args.root}")
+        print(
+            f"| {r['sampler']} | {r['seconds']} | {r['baseline_mib']} | {r['peak_mib']} "
+            f"| {r['added_mib']} | {r['outputs_mib']} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=100_000)
@@ -121,10 +200,18 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--root", default=str(ROOT), help="checkout whose library is measured")
     parser.add_argument("--smoke", action="store_true", help="2000 draws at n = 64")
+    parser.add_argument("--pyro", action="store_true", help="a whole AutoSpec run of an HMM")
+    parser.add_argument("--steps", type=int, default=40, help="the HMM's steps (--pyro)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.draws, args.n, args.concurrency = 2000, 64, "64"
+    if args.pyro:
+        if args.child:
+            print(json.dumps(pyro_child(args.draws, args.steps, args.methods[0], args.root)))
+        else:
+            pyro_main(args)
+        return
     concurrency = None if args.concurrency == "default" else int(args.concurrency)
     if args.child:
         result = child(

@@ -66,6 +66,22 @@ def warn_scales(layout: SiteLayout) -> None:
     )
 
 
+def _pick(values: torch.Tensor, keep: torch.Tensor | slice) -> torch.Tensor:
+    """The rows ``keep`` of a chain's ``values`` (a slice: a view, no copy)."""
+    return values[keep if isinstance(keep, slice) else keep.to(values.device)]
+
+
+def _stack_chains(per_chain: dict) -> OrderedDict:
+    """``name -> Tensor[C, ...]`` from each name's list of the chains' tensors, emptying the
+    lists as it goes (one name's copy at a time beside them; one chain: a view)."""
+    out = OrderedDict()
+    for name in list(per_chain):
+        parts = per_chain.pop(name)
+        out[name] = parts[0].unsqueeze(0) if len(parts) == 1 else torch.stack(parts)
+        del parts
+    return out
+
+
 class DiscreteRun(RunBase):
     """Draws of a discrete-only model's latent sites by the any-order engine.
 
@@ -204,7 +220,7 @@ class DiscreteRun(RunBase):
             stage=self.stage,
         )
         num_draws = self.num_samples + self.warmup_steps
-        self._check_memory(num_draws, ffbs=plan is not None)
+        self._check_memory(num_draws)
         self.results = []
         seeds = self.settings.seeds(self.num_chains)
         checks = None
@@ -221,8 +237,8 @@ class DiscreteRun(RunBase):
                 result = self.record(sample_exact(plan, num_draws, seed))
             else:
                 result = self.engine_run(oracle, num_draws, seed, device)
-            # the check's assignments in the first chain's batch: one trace of the model
-            evaluated = draws.evaluate(
+            # the check's assignments in the first chain's first chunk: one trace of the model
+            evaluated = draws.evaluate_in_chunks(
                 result.samples, result.log_prob, checks=checks if chain == 0 else None
             )
             values, joint = evaluated.values, evaluated.joint
@@ -230,19 +246,19 @@ class DiscreteRun(RunBase):
             log_weight = evaluated.log_weight
             all_weights.append(log_weight.cpu())
             with self.stage("correction") if self.correction else nullcontext():
-                keep = self._correct(log_weight.cpu(), seed, extra).to(lp.device)
+                keep = self._correct(log_weight.cpu(), seed, extra)
             for name in layout.names:
-                per_chain[name].append(values[name][keep])
+                per_chain[name].append(_pick(values[name], keep))
             for name in determ:
-                determ[name].append(joint.deterministic[name][keep])
+                determ[name].append(_pick(joint.deterministic[name], keep))
             for name in pointwise:
                 table = joint.pointwise[name]
                 rows = evaluated.rows
                 if rows is None:
-                    pointwise[name].append(table[keep])
+                    pointwise[name].append(_pick(table, keep))
                 else:  # the distinct draws' rows index the host draws
-                    pointwise[name].append((table, rows[keep.to(rows.device)]))
-            extra["sample_rounds"].append(result.sample_rounds.long().to(lp.device)[keep])
+                    pointwise[name].append((table, _pick(rows, keep)))
+            extra["sample_rounds"].append(_pick(result.sample_rounds.long().to(lp.device), keep))
             extra["oracle_rows"].append(
                 torch.full(
                     (self.num_samples,),
@@ -251,10 +267,12 @@ class DiscreteRun(RunBase):
                     device=lp.device,
                 )
             )
-            extra["lp"].append(lp[keep])
-            extra["oracle_log_prob"].append(oracle_lp[keep])
+            extra["lp"].append(_pick(lp, keep))
+            extra["oracle_log_prob"].append(_pick(oracle_lp, keep))
             if "log_weight" in extra:
-                extra["log_weight"].append(log_weight[keep])
+                extra["log_weight"].append(_pick(log_weight, keep))
+            lp_device = lp.device
+            del evaluated, values, joint, lp, oracle_lp, log_weight  # the chain's pieces
             if bar is not None:
                 bar.update(num_draws)
         if bar is not None:
@@ -276,29 +294,30 @@ class DiscreteRun(RunBase):
             )
         if plan is not None:  # what the summary reports; the buckets' tables are let go
             self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
-        self.samples = OrderedDict((k, torch.stack(v)) for k, v in per_chain.items())
-        self.deterministic = OrderedDict((k, torch.stack(v)) for k, v in determ.items())
-        self.extra = {k: torch.stack([t.to(lp.device) for t in v]) for k, v in extra.items()}
+        self.samples = _stack_chains(per_chain)
+        self.deterministic = _stack_chains(determ)
+        self.extra = _stack_chains({k: [t.to(lp_device) for t in v] for k, v in extra.items()})
         self.pointwise = Pointwise(pointwise)
         self.guide_log_weight = torch.stack(all_weights)
         self._warn_weights()
         return self
 
-    def _check_memory(self, num_draws: int, ffbs: bool) -> None:
+    def _check_memory(self, num_draws: int) -> None:
         """Refuse, before any draw, a run whose draws this machine certainly cannot hold.
 
         Counted is what a run must hold whatever its model: per draw its coordinates (int64),
-        the sites' values (8 bytes an entry at most) and about a dozen per-draw numbers, and,
-        for forward filtering, two float64 tables of each site's values per draw of a chain
-        (chains are drawn one after the other). The log densities and the pointwise log
-        likelihood are left out (they are kept once per distinct assignment), so this is a
-        lower bound: a run near the machine's memory may still fail in torch's allocator.
+        the sites' values (8 bytes an entry at most) and about a dozen per-draw numbers
+        (forward filtering's tables and the model's traces hold one chunk of draws at a time:
+        :meth:`~pyro_autospec.model.ffbs.FFBSPlan.sample`,
+        :meth:`~pyro_autospec.infer.draws.DrawEvaluator.evaluate_in_chunks`). The log
+        densities and the pointwise log likelihood are left out (they are kept once per
+        distinct assignment), so this is a lower bound: a run near the machine's memory may
+        still fail in torch's allocator.
         """
         layout = self.layout
         n = layout.num_coords
         widest = max((site.num_coords * site.support_size for site in layout.sites), default=0)
         held = 16 * n + 96
-        tables = 16 * widest // self.num_chains if ffbs else 0
         total = self.num_chains * num_draws
         request = f"num_samples={self.num_samples}"
         if self.warmup_steps:
@@ -306,12 +325,9 @@ class DiscreteRun(RunBase):
         if self.num_chains > 1:
             request += f" x num_chains={self.num_chains}"
         check_memory(
-            Footprint(total, held + tables, largest=num_draws * max(n, widest)),
+            Footprint(total, held, largest=num_draws * max(n, widest)),
             request=f"{request} draws of a model with {n} discrete coordinates",
-            holds=(
-                f"at least {format_bytes(held + tables)} per draw: its coordinates and site "
-                f"values" + (", and forward filtering's tables" if ffbs else "")
-            ),
+            holds=f"at least {format_bytes(held)} per draw: its coordinates and site values",
             exact=self.independent_draws,
         )
 
@@ -354,10 +370,11 @@ class DiscreteRun(RunBase):
             for name, value in oracle.pointwise_log_likelihood().items()
         }
 
-    def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor:
-        """Indices of the draws a chain returns, after the correction."""
+    def _correct(self, log_weight: torch.Tensor, seed: int, extra: dict) -> torch.Tensor | slice:
+        """Indices of the draws a chain returns, after the correction (without one, the
+        first ``num_samples``: a slice, whose rows are views of the chain's)."""
         if self.correction is None:
-            return torch.arange(self.num_samples)
+            return slice(0, self.num_samples)
         if not bool(torch.isfinite(log_weight).any()):
             raise ValueError(
                 "every guide draw has zero probability under the model (log p(x, data) = -inf): "

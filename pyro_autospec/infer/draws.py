@@ -140,6 +140,11 @@ NUM_PROBES = 64
 #: Most entries (latent coordinates and observed elements, per draw, times draws) that those
 #: extra assignments may have the model evaluate.
 MAX_CHECK_ENTRIES = 2**22
+#: Most entries (latent coordinates and observed elements, per draw, times draws) of one
+#: chunk of :meth:`DrawEvaluator.evaluate_in_chunks`.
+MAX_CHUNK_ENTRIES = 2**18
+#: Draws per batched trace of the model (:func:`~pyro_autospec.model.log_joint.evaluate`).
+EVALUATION_TRACE = 4096
 
 
 def check_assignments(
@@ -327,6 +332,51 @@ class DrawEvaluator:
                         raise
         return self._evaluate_alone(samples, oracle_log_prob, continuous)
 
+    def evaluate_in_chunks(
+        self,
+        samples: torch.Tensor,
+        oracle_log_prob: torch.Tensor,
+        checks: CheckAssignments | None = None,
+        chunk_size: int | None = None,
+    ) -> EvaluatedDraws:
+        """:meth:`evaluate` of many draws, ``chunk_size`` at a time, into outputs made once.
+
+        What the evaluation holds beyond its outputs (the site values, the log joint, the
+        pointwise log likelihood and the deterministic sites, which the run returns) is then
+        one chunk's model traces and tables, whatever the number of draws. The draws and their
+        values are the same as :meth:`evaluate`'s; ``checks`` join the first chunk.
+
+        Parameters
+        ----------
+        samples : LongTensor[N, n]
+        oracle_log_prob : Tensor[N]
+        checks : CheckAssignments, optional
+        chunk_size : int, optional
+            Draws per chunk (default :meth:`chunk_size`).
+        """
+        num = samples.shape[0]
+        size = self.chunk_size() if chunk_size is None else max(1, int(chunk_size))
+        if num <= size:
+            return self.evaluate(samples, oracle_log_prob, checks=checks)
+        out = None
+        for first in range(0, num, size):
+            rows = slice(first, min(first + size, num))
+            part = self.evaluate(
+                samples[rows], oracle_log_prob[rows], checks=checks if first == 0 else None
+            )
+            out = _Assembly(part, num) if out is None else out
+            out.put(rows, part)
+        return out.done()
+
+    def chunk_size(self) -> int:
+        """Draws per chunk of :meth:`evaluate_in_chunks`: :data:`MAX_CHUNK_ENTRIES` latent
+        coordinates and observed elements in all, at least the model's own trace size
+        (:func:`~pyro_autospec.model.log_joint.evaluate` traces 4096 draws at a time)."""
+        layout = self.layout
+        observed = sum(math.prod(shape) for shape in layout.observed_batch_shapes.values())
+        per_draw = max(1, layout.num_coords + observed)
+        return max(EVALUATION_TRACE, MAX_CHUNK_ENTRIES // per_draw)
+
     def _evaluate_alone(self, samples, oracle_log_prob, continuous, *, join: bool = True):
         with self.stage("evaluation"):
             values = self._values(samples, continuous)
@@ -395,6 +445,77 @@ class DrawEvaluator:
             return None
         with self.stage("self-check"):
             return self.self_check.check()
+
+
+class _Assembly:
+    """The outputs of :meth:`DrawEvaluator.evaluate_in_chunks`, made once for all ``num``
+    draws from the first chunk's shapes and filled chunk by chunk.
+
+    The pointwise log likelihood stays one row per distinct assignment where the first chunk
+    kept it so (its tables, one per chunk, joined, and each draw's row into them), else one
+    row per draw.
+    """
+
+    def __init__(self, first: EvaluatedDraws, num: int):
+        joint = first.joint
+
+        def like(t: torch.Tensor) -> torch.Tensor:
+            return t.new_empty((num,) + tuple(t.shape[1:]))
+
+        self.num = num
+        self.values = {k: like(v) for k, v in first.values.items()}
+        self.total = like(joint.total)
+        self.magnitude = None if joint.magnitude is None else like(joint.magnitude)
+        self.deterministic = {k: like(v) for k, v in joint.deterministic.items()}
+        self.oracle_log_prob = like(first.oracle_log_prob)
+        self.distinct = first.rows is not None
+        if self.distinct:
+            self.tables = {k: [] for k in joint.pointwise}
+            self.table_rows = 0
+            self.rows = first.rows.new_empty(num)
+        else:
+            self.pointwise = {k: like(v) for k, v in joint.pointwise.items()}
+        self.dtype, self.random = joint.dtype, joint.random
+
+    def put(self, rows: slice, part: EvaluatedDraws) -> None:
+        joint = part.joint
+        for k, v in part.values.items():
+            self.values[k][rows] = v
+        self.total[rows] = joint.total
+        if self.magnitude is not None:
+            self.magnitude[rows] = joint.magnitude
+        for k, v in joint.deterministic.items():
+            self.deterministic[k][rows] = v
+        self.oracle_log_prob[rows] = part.oracle_log_prob
+        if self.distinct:
+            size = rows.stop - rows.start
+            index = part.rows if part.rows is not None else torch.arange(size)
+            self.rows[rows] = index.to(self.rows.device) + self.table_rows
+            for k, table in joint.pointwise.items():
+                self.tables[k].append(table)
+            self.table_rows += (
+                next(iter(joint.pointwise.values())).shape[0] if joint.pointwise else 0
+            )
+        else:
+            for k, table in joint.pointwise.items():
+                self.pointwise[k][rows] = (
+                    table if part.rows is None else table[part.rows.to(table.device)]
+                )
+        if torch.finfo(joint.dtype).eps > torch.finfo(self.dtype).eps:
+            self.dtype = joint.dtype
+        self.random = self.random or joint.random
+
+    def done(self) -> EvaluatedDraws:
+        if self.distinct:
+            pointwise = {k: torch.cat(parts) for k, parts in self.tables.items()}
+        else:
+            pointwise = self.pointwise
+        joint = LogJoint(
+            self.total, pointwise, self.deterministic, self.magnitude, self.dtype, self.random
+        )
+        return EvaluatedDraws(
+            self.values, joint, self.oracle_log_prob, self.rows if self.distinct else None
+        )
 
 
 def _rows(evaluated: EvaluatedDraws, rows: slice) -> EvaluatedDraws:

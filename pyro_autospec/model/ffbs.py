@@ -44,6 +44,8 @@ __all__ = ["FFBSPlan", "MAX_BUCKET_ENTRIES", "MAX_TOTAL_ENTRIES", "plan_ffbs", "
 MAX_BUCKET_ENTRIES = 2**22
 #: Largest sum of the stored buckets' entries (float64: 8 bytes each).
 MAX_TOTAL_ENTRIES = 2**25
+#: Coordinates (draws times ``n``) of one chunk of the backward pass (:meth:`FFBSPlan.sample`).
+MAX_CHUNK_ENTRIES = 2**20
 
 
 @dataclass
@@ -84,9 +86,14 @@ class FFBSPlan:
         """Sequential steps of the backward pass (one per site)."""
         return len(self.buckets)
 
-    def sample(self, num_draws: int, seed: int) -> SampleResult:
+    def sample(self, num_draws: int, seed: int, chunk_size: int | None = None) -> SampleResult:
         """``num_draws`` exact draws, vectorised, from keyed uniforms of ``seed``
         (:mod:`~pyro_autospec.engine.keys`).
+
+        The backward pass runs over ``chunk_size`` draws at a time (by default
+        :data:`MAX_CHUNK_ENTRIES` coordinates), so that beyond the ``[N, n]`` draws it holds
+        one chunk's tables; draw ``i`` reads the uniforms of its own index, so the draws do
+        not depend on the chunks.
 
         Returns
         -------
@@ -98,11 +105,18 @@ class FFBSPlan:
         device = self.device
         # keyed uniforms (the engine's generator): site bucket b reads child(root, NOISE, b)
         root = torch.tensor(keys.seed_key(int(seed)), dtype=torch.long, device=device)
+        if chunk_size is None:
+            chunk_size = MAX_CHUNK_ENTRIES // max(1, self.num_coords)
+        chunk_size = max(1, int(chunk_size))
+        first = 0
 
         def draw(number: int, shape: tuple, log_probs: torch.Tensor) -> torch.Tensor:
             k = log_probs.shape[-1]
             cdf = log_probs.exp().cumsum(-1)
-            counter = torch.arange(math.prod(shape), device=device).reshape(shape)
+            per_draw = math.prod(shape[1:])  # the draws lead: draw i reads its own counters
+            counter = torch.arange(
+                first * per_draw, (first + shape[0]) * per_draw, device=device
+            ).reshape(shape)
             u = keys.uniform(keys.child(root, keys.Tag.NOISE, number), keys.Tag.DRAFT, counter)
             u = u * cdf[..., -1]
             x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
@@ -112,11 +126,15 @@ class FFBSPlan:
                 x = torch.where(bad, log_probs.argmax(-1, keepdim=True), x)
             return x
 
-        values, log_q = self._backward(num_draws, draw)
         samples = torch.empty(num_draws, self.num_coords, dtype=torch.long, device=device)
-        for site, coords in enumerate(self.site_coords):
-            x = values[site].permute(self._batch_order(site))
-            samples[:, coords] = x.reshape(num_draws, -1)
+        log_q = torch.empty(num_draws, dtype=torch.float64, device=device)
+        for first in range(0, num_draws, chunk_size):
+            size = min(chunk_size, num_draws - first)
+            values, log_q[first : first + size] = self._backward(size, draw)
+            for site, coords in enumerate(self.site_coords):
+                x = values[site].permute(self._batch_order(site))
+                samples[first : first + size, coords] = x.reshape(size, -1)
+            del values
         steps = self.num_steps
         return SampleResult(
             samples=samples,
@@ -392,6 +410,8 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
     )
 
 
-def sample_exact(plan: FFBSPlan, num_draws: int, seed: int) -> SampleResult:
+def sample_exact(
+    plan: FFBSPlan, num_draws: int, seed: int, chunk_size: int | None = None
+) -> SampleResult:
     """``num_draws`` exact draws of a plan (:meth:`FFBSPlan.sample`), seeded by ``seed``."""
-    return plan.sample(num_draws, seed)
+    return plan.sample(num_draws, seed, chunk_size)

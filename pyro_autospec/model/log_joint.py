@@ -457,11 +457,15 @@ def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int, size: in
     eps = torch.finfo(batched.dtype).eps
     scale = 1.0 + float(batched.magnitude[row])
     tolerance = 64 * eps * scale
+
+    def same(x: float, y: float) -> bool:  # within rounding, or the same infinity
+        return abs(x - y) <= tolerance or (math.isinf(x) and x == y)
+
     a, b = float(alone.total[0]), float(batched.total[row])
-    if abs(a - b) <= tolerance or (math.isinf(a) and a == b):
+    if same(a, b):
         return
     again = float(_run_chunk(job.only_latent(), one, 1).total[0])
-    if not (abs(again - a) <= tolerance or (math.isinf(a) and a == again)):
+    if not same(again, a):
         raise HiddenRandomnessError(
             f"log p(x, data) of one draw is {a:.6g}, then {again:.6g} when the model "
             f"is run again on the same values: {HIDDEN_RANDOMNESS}."
@@ -469,7 +473,7 @@ def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int, size: in
     if abs(a - b) < math.sqrt(eps) * scale:
         copies = {k: v.expand(size, *v.shape[1:]).contiguous() for k, v in one.items()}
         own = float(_run_chunk(job.only_latent(), copies, size).total[0])
-        if abs(own - b) <= tolerance:
+        if same(own, b):
             return  # rounding of the batch's routine against the one draw's
     raise MixedDrawsError(
         f"log p(x, data) of one draw is {a:.6g} alone but {b:.6g} in a batch. "

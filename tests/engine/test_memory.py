@@ -260,6 +260,20 @@ def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, knobs, lan
     assert torch.equal(capped.log_prob, every.log_prob)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_draws_state_caps_the_draws_in_flight_by_default(method, monkeypatch):
+    """Every draw in flight holds its order, ranks and partial sample (about 32 bytes a
+    coordinate): by default at most ``STATE_ENTRIES // n`` draws are in flight (here 400 //
+    40 = 10 of 64), so a large run holds its output and a bounded state, not every draw's;
+    the draws are those of all in flight."""
+    monkeypatch.setattr(host_plane_module, "STATE_ENTRIES", 400)
+    recorder = Recorder(monkeypatch)
+    capped = sample_any_order(_chain(), 64, seed=2, method=method)
+    assert recorder.most_in_flight == 10 and capped.schedule["max_concurrent_draws"] is None
+    every = sample_any_order(_chain(), 64, seed=2, method=method, max_concurrent_draws=64)
+    _same(capped, every)
+
+
 def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
     """About six float64 ``[window, q]`` rows per draw in flight (q = 2**16: 25 MB a draw)."""
     monkeypatch.setattr(memory_module, "machine_memory", lambda: 2**30)

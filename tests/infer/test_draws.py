@@ -138,3 +138,44 @@ def test_each_distinct_assignment_is_evaluated_once(monkeypatch):
     torch.testing.assert_close(fit.get_samples()["shift"], 2.0 * g.float())
     pointwise = fit.to_inference_data(log_likelihood="conditional").log_likelihood["y"]
     assert pointwise.shape[-1] == 3 and pointwise.shape[0] * pointwise.shape[1] == 300
+
+
+@pytest.mark.parametrize("model", [discrete, global_latent])
+@pytest.mark.parametrize("correction", [None, "importance"])
+def test_a_run_in_chunks_returns_what_one_batch_returns(monkeypatch, model, correction):
+    """A run evaluates its draws a chunk at a time into outputs made once (what it holds
+    beyond them is one chunk's), and returns bit for bit what one batch returns: the values,
+    ``lp``, the deterministic sites and the pointwise log likelihood, with draws evaluated
+    once per distinct assignment (``global_latent``) or one by one (``discrete``)."""
+    import pyro_autospec.infer.draws as draws_module
+
+    options = {"correction": correction, "guide": "auto"} if correction else {}
+
+    def run():
+        if correction:
+            exact = AutoSpec(model, num_samples=200, seed=2, disable_progbar=True).run(DATA)
+            options["guide"] = exact._run._oracle  # an exact oracle, corrected
+        fit = AutoSpec(
+            model, num_samples=200, num_chains=2, seed=7, disable_progbar=True, **options
+        )
+        return fit.run(DATA)
+
+    whole = run()
+    sizes = []
+    evaluate = DrawEvaluator.evaluate
+
+    def recording(self, samples, *args, **kwargs):
+        sizes.append(samples.shape[0])
+        return evaluate(self, samples, *args, **kwargs)
+
+    monkeypatch.setattr(draws_module, "EVALUATION_TRACE", 1)
+    monkeypatch.setattr(draws_module, "MAX_CHUNK_ENTRIES", 30)  # a few draws per chunk
+    monkeypatch.setattr(DrawEvaluator, "evaluate", recording)
+    chunked = run()
+    assert max(sizes) <= 30 and len(sizes) > 2 * 200 // 30
+    for name, value in whole.get_samples().items():
+        assert torch.equal(chunked.get_samples()[name], value), name
+    for name in ("lp", "oracle_log_prob"):
+        assert torch.equal(chunked.get_extra_fields()[name], whole.get_extra_fields()[name])
+    one, two = (f.to_inference_data(log_likelihood="conditional") for f in (whole, chunked))
+    assert one.log_likelihood["y"].equals(two.log_likelihood["y"])
