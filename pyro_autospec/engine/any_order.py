@@ -191,9 +191,9 @@ def sample_any_order(
         the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
         start as earlier ones finish; only the draws in flight hold an order and partial
         samples, so it bounds the engine's memory beside the ``N x n`` output; by default
-        every draw, but at most ``2**22 // n`` on a CPU (16 times more elsewhere), and at most
-        ``2**22 // (window x q)`` for the windowed methods, whose rounds hold
-        ``[draws, window, q]`` rows: :func:`~pyro_autospec.engine.host_plane.token_lanes`) and
+        every draw, but for the windowed methods, whose rounds hold ``[draws, window, q]``
+        rows, at most ``2**22 // (window x q)`` and ``2**20 // n`` on a CPU (16 times more
+        elsewhere): :func:`~pyro_autospec.engine.host_plane.token_lanes`) and
         ``max_elements`` (memory per oracle call; by default ``2**20`` entries on a CPU and
         ``2**24`` elsewhere: a preset by hardware). None of them changes the law of the
         output; only ``max_block`` and the windows change which numbers the draws read.

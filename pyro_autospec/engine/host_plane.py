@@ -97,9 +97,10 @@ def agr24_window(t: np.ndarray, q: int, scale: float) -> np.ndarray:
 #: the draws in flight are capped by default (:func:`token_lanes`), on a CPU; 16 times more
 #: elsewhere.
 ROW_ENTRIES = 2**22
-#: Coordinates of the draws in flight (``draws x n``) above which the draws in flight are
-#: capped by default (:func:`token_lanes`), on a CPU; 16 times more elsewhere.
-STATE_ENTRIES = 2**22
+#: Coordinates of the draws in flight (``draws x n``) above which the draws in flight of the
+#: windowed methods are capped by default (:func:`token_lanes`), on a CPU; 16 times more
+#: elsewhere.
+STATE_ENTRIES = 2**20
 
 
 def token_width(method: str, knobs: dict, n: int, q: int) -> int:
@@ -116,15 +117,18 @@ def token_width(method: str, knobs: dict, n: int, q: int) -> int:
 
 def token_lanes(method: str, knobs: dict, n: int, q: int, num_draws: int, device) -> int:
     """Draws in flight of a :class:`TokenSampler` run: ``max_concurrent_draws`` if given, else
-    every draw, up to :data:`STATE_ENTRIES` ``// n``, and up to :data:`ROW_ENTRIES`
-    ``// (window x q)`` for the windowed methods.
+    every draw, up to :data:`ROW_ENTRIES` ``// (window x q)`` and :data:`STATE_ENTRIES`
+    ``// n`` for the windowed methods.
 
-    A draw in flight holds its order, ranks and partial sample (about 32 bytes per
-    coordinate), and a round of the windowed methods several ``[draws, window, q]`` float64
-    arrays (draft and target rows, the drafts' noise): with a large ``q`` and every draw in
-    flight those took gigabytes and ran slower than sequential sampling (n = 16, q = 4096,
-    1,000 draws: 4.3 GB), and with every draw of a large run in flight the state grew with
-    the run. The draws do not depend on the lanes (continuous batching), only the rounds do.
+    A round of the windowed methods holds several ``[draws, window, q]`` float64 arrays (draft
+    and target rows, the drafts' noise): with a large ``q`` and every draw in flight they took
+    gigabytes and ran slower than sequential sampling (n = 16, q = 4096, 1,000 draws:
+    4.3 GB). Every draw in flight also holds its order, ranks, partial sample and their
+    temporaries: 100,000 draws of a 40-step HMM all in flight held 540 MiB beside a 31 MiB
+    output, and 26,000 of them 180 MiB in the same time. Windows of one coordinate (the
+    sequential methods, ``max_block=1``) keep every draw in flight: their lock step draws
+    them all at once, with a dense state a few times the output. The draws do not depend on
+    the lanes (continuous batching), only the rounds do.
 
     Examples
     --------
@@ -132,16 +136,17 @@ def token_lanes(method: str, knobs: dict, n: int, q: int, num_draws: int, device
     128
     >>> token_lanes("autospec", {"max_block": 64}, 1024, 2, 1000, "cpu")
     1000
-    >>> token_lanes("sequential", {}, 1024, 2, 100_000, "cpu")
-    4096
+    >>> token_lanes("autospec", {"max_block": 13}, 40, 3, 100_000, "cpu")
+    26214
     """
     given = knobs.get("max_concurrent_draws")
-    if given is not None:
-        return min(int(given), num_draws)
+    if given is not None or method in ("sequential", "gumbel_sequential"):
+        return min(int(given or num_draws), num_draws)
     scale = 1 if on_cpu(device) else 16
-    lanes = min(num_draws, STATE_ENTRIES * scale // max(1, n))
-    if method not in ("sequential", "gumbel_sequential"):
-        lanes = min(lanes, ROW_ENTRIES * scale // (token_width(method, knobs, n, q) * q))
+    width = token_width(method, knobs, n, q)
+    lanes = min(num_draws, ROW_ENTRIES * scale // (width * q))
+    if width > 1:
+        lanes = min(lanes, STATE_ENTRIES * scale // max(1, n))
     return max(1, lanes)
 
 

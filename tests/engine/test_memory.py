@@ -260,18 +260,20 @@ def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, knobs, lan
     assert torch.equal(capped.log_prob, every.log_prob)
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["autospec", "speculative", "agr24"])
 def test_the_draws_state_caps_the_draws_in_flight_by_default(method, monkeypatch):
-    """Every draw in flight holds its order, ranks and partial sample (about 32 bytes a
-    coordinate): by default at most ``STATE_ENTRIES // n`` draws are in flight (here 400 //
-    40 = 10 of 64), so a large run holds its output and a bounded state, not every draw's;
-    the draws are those of all in flight."""
+    """Every draw in flight holds its order, ranks and partial sample: by default the windowed
+    methods hold at most ``STATE_ENTRIES // n`` draws in flight (here 400 // 40 = 10 of 64),
+    so a large run holds its output and a bounded state, not every draw's; the draws are
+    those of all in flight. The lock step (windows of one coordinate) keeps them all."""
     monkeypatch.setattr(host_plane_module, "STATE_ENTRIES", 400)
     recorder = Recorder(monkeypatch)
     capped = sample_any_order(_chain(), 64, seed=2, method=method)
     assert recorder.most_in_flight == 10 and capped.schedule["max_concurrent_draws"] is None
     every = sample_any_order(_chain(), 64, seed=2, method=method, max_concurrent_draws=64)
     _same(capped, every)
+    lock_step = sample_any_order(_chain(), 64, seed=2, method="autospec", max_block=1)
+    assert lock_step.rounds == 40  # every draw in flight: one round per coordinate
 
 
 def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
