@@ -258,7 +258,9 @@ class DiscreteRun(RunBase):
                     pointwise[name].append(_pick(table, keep))
                 else:  # the distinct draws' rows index the host draws
                     pointwise[name].append((table, _pick(rows, keep)))
-            extra["sample_rounds"].append(_pick(result.sample_rounds.long().to(lp.device), keep))
+            # copies: the result's own tensors stay the result's (results[i])
+            rounds = result.sample_rounds.to(lp.device, torch.long, copy=True)
+            extra["sample_rounds"].append(_pick(rounds, keep))
             extra["oracle_rows"].append(
                 torch.full(
                     (self.num_samples,),
@@ -268,7 +270,7 @@ class DiscreteRun(RunBase):
                 )
             )
             extra["lp"].append(_pick(lp, keep))
-            extra["oracle_log_prob"].append(_pick(oracle_lp, keep))
+            extra["oracle_log_prob"].append(_pick(oracle_lp.clone(), keep))
             if "log_weight" in extra:
                 extra["log_weight"].append(_pick(log_weight, keep))
             lp_device = lp.device

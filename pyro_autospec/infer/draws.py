@@ -145,6 +145,8 @@ MAX_CHECK_ENTRIES = 2**22
 MAX_CHUNK_ENTRIES = 2**18
 #: Draws per batched trace of the model (:func:`~pyro_autospec.model.log_joint.evaluate`).
 EVALUATION_TRACE = 4096
+#: ``DrawEvaluator.evaluate(distinct=FIND)``: look for the distinct assignments of the batch.
+FIND = object()
 
 
 def check_assignments(
@@ -291,6 +293,8 @@ class DrawEvaluator:
         oracle_log_prob: torch.Tensor,
         continuous: Mapping[str, torch.Tensor] | None = None,
         checks: CheckAssignments | None = None,
+        *,
+        distinct: object = FIND,
     ) -> EvaluatedDraws:
         """Site values, log joint (and outputs) of one batch of draws; exact draws join the
         self-check (tested by :meth:`check`).
@@ -313,6 +317,9 @@ class DrawEvaluator:
             model error), the batch is evaluated again with the extra draws of the law only,
             then with none; any other error is raised. :attr:`compared` says what joined the
             check.
+        distinct : tuple, None or FIND
+            ``(unique, inverse)`` of ``samples`` already found (:func:`_distinct`), ``None``
+            to evaluate every draw, or :data:`FIND` (the default) to look for them.
         """
         if checks is not None and continuous is None and self.self_check is not None:
             self.compared = (0, 0)
@@ -326,11 +333,13 @@ class DrawEvaluator:
                 )
             for attempt in tries:
                 try:
-                    return self._evaluate_with(samples, oracle_log_prob, attempt)
+                    return self._evaluate_with(
+                        samples, oracle_log_prob, attempt, FIND if distinct is not None else None
+                    )
                 except (AutoSpecModelError, ValueError, IndexError) as error:
                     if not _cannot_score(error):
                         raise
-        return self._evaluate_alone(samples, oracle_log_prob, continuous)
+        return self._evaluate_alone(samples, oracle_log_prob, continuous, distinct=distinct)
 
     def evaluate_in_chunks(
         self,
@@ -344,7 +353,10 @@ class DrawEvaluator:
         What the evaluation holds beyond its outputs (the site values, the log joint, the
         pointwise log likelihood and the deterministic sites, which the run returns) is then
         one chunk's model traces and tables, whatever the number of draws. The draws and their
-        values are the same as :meth:`evaluate`'s; ``checks`` join the first chunk.
+        values are the same as :meth:`evaluate`'s; ``checks`` join the first chunk. Where at
+        most half of all the draws are distinct, the model is evaluated on the distinct
+        assignments alone, all at once (:meth:`evaluate`): their tables are then the
+        outputs, one row per distinct assignment, which chunks of draws would lose.
 
         Parameters
         ----------
@@ -358,11 +370,17 @@ class DrawEvaluator:
         size = self.chunk_size() if chunk_size is None else max(1, int(chunk_size))
         if num <= size:
             return self.evaluate(samples, oracle_log_prob, checks=checks)
+        distinct = _distinct(samples)
+        if distinct is not None:
+            return self.evaluate(samples, oracle_log_prob, checks=checks, distinct=distinct)
         out = None
         for first in range(0, num, size):
             rows = slice(first, min(first + size, num))
             part = self.evaluate(
-                samples[rows], oracle_log_prob[rows], checks=checks if first == 0 else None
+                samples[rows],
+                oracle_log_prob[rows],
+                checks=checks if first == 0 else None,
+                distinct=None,  # most draws differ: every draw's own row
             )
             out = _Assembly(part, num) if out is None else out
             out.put(rows, part)
@@ -377,13 +395,18 @@ class DrawEvaluator:
         per_draw = max(1, layout.num_coords + observed)
         return max(EVALUATION_TRACE, MAX_CHUNK_ENTRIES // per_draw)
 
-    def _evaluate_alone(self, samples, oracle_log_prob, continuous, *, join: bool = True):
+    def _evaluate_alone(
+        self, samples, oracle_log_prob, continuous, *, join: bool = True, distinct=FIND
+    ):
         with self.stage("evaluation"):
             values = self._values(samples, continuous)
             # the first batch of varied draws (the self-check's probes among them) is
             # checked for mixing, and every batch that may be evaluated draw by draw instead
             check = self.per_draw_fallback or not self._mixing_checked
-            distinct = None if continuous else _distinct(samples)
+            if continuous:
+                distinct = None
+            elif distinct is FIND:
+                distinct = _distinct(samples)
             rows = None
             if distinct is None:
                 joint = self._evaluate(values, check)
@@ -403,7 +426,11 @@ class DrawEvaluator:
         return EvaluatedDraws(values, joint, oracle_lp, rows)
 
     def _evaluate_with(
-        self, samples: torch.Tensor, oracle_log_prob: torch.Tensor, checks: CheckAssignments
+        self,
+        samples: torch.Tensor,
+        oracle_log_prob: torch.Tensor,
+        checks: CheckAssignments,
+        distinct=FIND,
     ) -> EvaluatedDraws:
         """The draws and the check's assignments in one batch, split after evaluation."""
         num = samples.shape[0]
@@ -413,7 +440,7 @@ class DrawEvaluator:
         )
         with warnings.catch_warnings():  # the model's warnings on the check's assignments
             warnings.simplefilter("ignore")
-            evaluated = self._evaluate_alone(everything, log_q, None, join=False)
+            evaluated = self._evaluate_alone(everything, log_q, None, join=False, distinct=distinct)
         own, rest = _rows(evaluated, slice(0, num)), _rows(evaluated, slice(num, None))
         with self.stage("self-check"):
             self.self_check.add(own.lp, own.oracle_log_prob, own.joint.magnitude, own.joint.dtype)

@@ -140,25 +140,33 @@ def test_each_distinct_assignment_is_evaluated_once(monkeypatch):
     assert pointwise.shape[-1] == 3 and pointwise.shape[0] * pointwise.shape[1] == 300
 
 
-@pytest.mark.parametrize("model", [discrete, global_latent])
+WIDE_DATA = torch.linspace(-1.0, 2.0, 12)
+
+
+def wide(y):
+    """12 binary sites: 200 draws are almost all distinct."""
+    with pyro.plate("data", len(y)):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.5), obs=y)
+        pyro.deterministic("twice", 2.0 * z)
+
+
 @pytest.mark.parametrize("correction", [None, "importance"])
-def test_a_run_in_chunks_returns_what_one_batch_returns(monkeypatch, model, correction):
-    """A run evaluates its draws a chunk at a time into outputs made once (what it holds
-    beyond them is one chunk's), and returns bit for bit what one batch returns: the values,
-    ``lp``, the deterministic sites and the pointwise log likelihood, with draws evaluated
-    once per distinct assignment (``global_latent``) or one by one (``discrete``)."""
+def test_a_run_in_chunks_returns_what_one_batch_returns(monkeypatch, correction):
+    """A run whose draws are mostly distinct evaluates them a chunk at a time into outputs
+    made once (what it holds beyond them is one chunk's), and returns bit for bit what one
+    batch returns: the values, ``lp``, the deterministic sites and the pointwise log
+    likelihood, exact or corrected."""
     import pyro_autospec.infer.draws as draws_module
 
     options = {"correction": correction, "guide": "auto"} if correction else {}
 
     def run():
         if correction:
-            exact = AutoSpec(model, num_samples=200, seed=2, disable_progbar=True).run(DATA)
+            exact = AutoSpec(wide, num_samples=200, seed=2, disable_progbar=True).run(WIDE_DATA)
             options["guide"] = exact._run._oracle  # an exact oracle, corrected
-        fit = AutoSpec(
-            model, num_samples=200, num_chains=2, seed=7, disable_progbar=True, **options
-        )
-        return fit.run(DATA)
+        fit = AutoSpec(wide, num_samples=200, num_chains=2, seed=7, disable_progbar=True, **options)
+        return fit.run(WIDE_DATA)
 
     whole = run()
     sizes = []
@@ -169,7 +177,7 @@ def test_a_run_in_chunks_returns_what_one_batch_returns(monkeypatch, model, corr
         return evaluate(self, samples, *args, **kwargs)
 
     monkeypatch.setattr(draws_module, "EVALUATION_TRACE", 1)
-    monkeypatch.setattr(draws_module, "MAX_CHUNK_ENTRIES", 30)  # a few draws per chunk
+    monkeypatch.setattr(draws_module, "MAX_CHUNK_ENTRIES", 30 * 24)  # 30 draws per chunk
     monkeypatch.setattr(DrawEvaluator, "evaluate", recording)
     chunked = run()
     assert max(sizes) <= 30 and len(sizes) > 2 * 200 // 30
@@ -179,3 +187,22 @@ def test_a_run_in_chunks_returns_what_one_batch_returns(monkeypatch, model, corr
         assert torch.equal(chunked.get_extra_fields()[name], whole.get_extra_fields()[name])
     one, two = (f.to_inference_data(log_likelihood="conditional") for f in (whole, chunked))
     assert one.log_likelihood["y"].equals(two.log_likelihood["y"])
+
+
+def test_chunks_keep_one_row_per_distinct_assignment(monkeypatch):
+    """Where at most half of a chain's draws are distinct, the pointwise log likelihood stays
+    one row per distinct assignment however the draws would be chunked (a first chunk with
+    mostly distinct draws made every draw's row before), and a run's extra fields are its
+    own tensors, not views of ``results[i]``."""
+    import pyro_autospec.infer.draws as draws_module
+
+    monkeypatch.setattr(draws_module, "EVALUATION_TRACE", 1)
+    monkeypatch.setattr(draws_module, "MAX_CHUNK_ENTRIES", 20)
+    fit = AutoSpec(global_latent, num_samples=300, seed=1, disable_progbar=True).run(DATA)
+    (table, rows), *_ = fit._run.pointwise._pieces["y"]
+    assert table.shape[0] == 3 and rows.shape == (300,)
+    extra = fit.get_extra_fields()
+    extra["oracle_log_prob"][0] += 1.0
+    extra["sample_rounds"][0] += 1
+    assert fit.results[0].log_prob[0] != extra["oracle_log_prob"][0]
+    assert fit.results[0].sample_rounds[0] != extra["sample_rounds"][0]
