@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.distributions.util import scale_and_mask
@@ -323,8 +324,9 @@ def evaluate(
         it, others spread over the batch) and raise
         :class:`~pyro_autospec.model.errors.MixedDrawsError` if the batch
         changed a log joint: a model whose values lose the draws' dimension, or that reduces
-        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs one trace
-        of one draw each.
+        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs one run
+        of the model under :func:`torch.func.vmap` (``_unsettled``), and one trace of
+        one draw for each draw it does not settle.
     per_draw_fallback : bool
         If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
         batched), evaluate it one draw at a time, in its own shapes, with a warning.
@@ -408,7 +410,8 @@ def _evaluate_batched(
             raise MixedDrawsError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
     out = _concatenate(parts)
     if check_mixing and num_draws > 1:
-        for row in _rows_to_check(job, values, num_draws):
+        rows = _rows_to_check(job, values, num_draws)
+        for row in _unsettled(job, values, out, rows):
             _check_alone(job, values, out, row, min(chunk_size, num_draws))
     return replace(out, random=job.random_use.moved)
 
@@ -440,6 +443,66 @@ def _rows_to_check(job: _Evaluation, values, num_draws: int) -> list[int]:
     return list(dict.fromkeys([0, most, *spread]))[:ALONE_CHECKS]
 
 
+def _alone_tolerance(batched: LogJoint, row: int) -> float:
+    """The rounding a draw's log joint may show between two routines: ``64 eps`` of its
+    summed magnitudes, in the model's dtype."""
+    return 64 * torch.finfo(batched.dtype).eps * (1.0 + float(batched.magnitude[row]))
+
+
+def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> list[int]:
+    """The draws of ``rows`` whose log joint alone is still to be compared with the batch's.
+
+    The model is first run once on all of them under :func:`torch.func.vmap`, each in its
+    own shapes: vmap runs the model's code once, but every tensor operation sees one draw, so
+    a value reduced or indexed over the batch (``z.sum()``, ``z[0]``) is the draw's own, as
+    in a trace of the draw alone. A draw whose vmapped log joint is the batch's, within
+    rounding, is settled. Any other draw, and every draw where the model cannot run under
+    vmap (random numbers, ``.item()``, a branch on a tensor's value, a dim torch's vmap
+    cannot place: any exception) is left to :func:`_check_alone`, whose traces raise the
+    model's own errors: vmap only spares traces, it never passes a draw the trace of the
+    draw alone would fail.
+    """
+    try:
+        scores = _scores_under_vmap(job, values, rows)
+    except Exception:  # noqa: BLE001 - every draw to its own trace, which raises the model's
+        return list(rows)  # own errors; torch's vmap raises many kinds of error of its own
+    unsettled = []
+    for row, score in zip(rows, scores.tolist(), strict=True):
+        total = float(batched.total[row])
+        same = abs(score - total) <= _alone_tolerance(batched, row) or (
+            math.isinf(score) and score == total
+        )
+        if not same:
+            unsettled.append(row)
+    return unsettled
+
+
+def _scores_under_vmap(job: _Evaluation, values, rows: list[int]) -> torch.Tensor:
+    """``log p(x, data)`` of the draws ``rows``, each in the model's own shapes, in one run
+    of the model under :func:`torch.func.vmap` (validation off: the batch was validated)."""
+    model, args, kwargs = job.model, job.args, job.kwargs
+    index = torch.tensor(rows)
+    stacked = {name: torch.as_tensor(values[name])[index] for name in job.shapes}
+
+    def score(one: dict) -> torch.Tensor:
+        with poutine.block(), quiet_warnings():
+            trace = poutine.trace(poutine.condition(model, data=one)).get_trace(*args, **kwargs)
+            trace = prune_subsample_sites(trace)
+            trace.compute_log_prob()
+        terms = [
+            site["log_prob"].sum()
+            for site in trace.nodes.values()
+            if site["type"] == "sample" and site_role(site) != "deterministic"
+        ]
+        return torch.stack(terms).double().sum()
+
+    with pyro.validation_enabled(False):
+        scores = torch.func.vmap(score, randomness="error")(stacked)
+    if scores.shape != (len(rows),):
+        raise RuntimeError(f"vmap returned scores of shape {tuple(scores.shape)}")
+    return scores
+
+
 def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int, size: int) -> None:
     """Raise if the draw ``row`` evaluated alone has another log joint than in the batch
     (of ``size`` draws per trace).
@@ -456,7 +519,7 @@ def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int, size: in
     alone = _run_chunk(job.only_latent(), one, 1)
     eps = torch.finfo(batched.dtype).eps
     scale = 1.0 + float(batched.magnitude[row])
-    tolerance = 64 * eps * scale
+    tolerance = _alone_tolerance(batched, row)
 
     def same(x: float, y: float) -> bool:  # within rounding, or the same infinity
         return abs(x - y) <= tolerance or (math.isinf(x) and x == y)

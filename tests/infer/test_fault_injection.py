@@ -75,7 +75,12 @@ class _raises:
 
 
 class Faults:
-    """Counts calls; the ``fail_at``-th raises ``kind`` (``None``: never)."""
+    """Counts calls; the ``fail_at``-th raises ``kind`` (``None``: never).
+
+    A call under ``torch.func.vmap`` is not counted: it is the mixing check's probe, which
+    spares traces of single draws and, on any error, leaves each draw to its own trace (the
+    model's errors are raised there; ``test_an_error_under_vmap_leaves_each_draw_to_its_trace``).
+    """
 
     def __init__(self):
         self.calls = 0
@@ -86,6 +91,8 @@ class Faults:
         self.calls, self.fail_at, self.kind = 0, fail_at, kind
 
     def tick(self):
+        if torch._C._functorch.maybe_current_level() is not None:  # under vmap
+            return
         self.calls += 1
         if self.calls == self.fail_at:
             self.fail_at = None  # one fault per armed run
@@ -272,3 +279,24 @@ def test_kernel_path(source, kind):
         again = _mcmc(oracle)
         again.run(DATA)
         _same(again.get_samples(), clean)
+
+
+def test_an_error_under_vmap_leaves_each_draw_to_its_trace():
+    """The mixing check first scores its draws in one run of the model under vmap; an
+    ordinary error there (torch's vmap raises many of its own, a dim it cannot place among
+    them) sends each draw to a trace of its own, which raises the model's own errors: the run
+    is the clean run's, draw for draw."""
+    calls = {"vmap": 0}
+
+    def fails_under_vmap(data):
+        if torch._C._functorch.maybe_current_level() is not None:
+            calls["vmap"] += 1
+            raise Injected("only under vmap")
+        model(data)
+
+    options = {"num_samples": 6, "num_chains": 2, "seed": 11, "disable_progbar": True}
+    clean = AutoSpec(model, **options).run(DATA)
+    fit = AutoSpec(fails_under_vmap, **options).run(DATA)
+    assert calls["vmap"] == 1
+    _same(_draws(fit), _draws(clean))
+    _same(fit.get_extra_fields(group_by_chain=True), clean.get_extra_fields(group_by_chain=True))

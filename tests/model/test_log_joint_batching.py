@@ -1,11 +1,13 @@
 """Values that lose the draws' batch dimension get a clear error, not a wrong log joint."""
 
+import sys
+
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.model import AutoSpecModelError, discover_sites, log_joint
+from pyro_autospec.model import AutoSpecModelError, MixedDrawsError, discover_sites, log_joint
 
 
 def chain_without_keepdim(y):
@@ -41,3 +43,60 @@ def test_keepdim_model_matches_per_draw_values():
         [log_joint(chain_with_keepdim, (y,), {}, layout, {"s": v[None]}) for v in values["s"]]
     )
     torch.testing.assert_close(batched, alone)
+
+
+def _alone_traces(monkeypatch) -> list:
+    """Records the draws traced alone by the mixing check (``_check_alone``)."""
+    module = sys.modules["pyro_autospec.model.log_joint"]
+    traced, check_alone = [], module._check_alone
+
+    def recording(job, values, batched, row, size):
+        traced.append(row)
+        return check_alone(job, values, batched, row, size)
+
+    monkeypatch.setattr(module, "_check_alone", recording)
+    return traced
+
+
+def reads_its_value(y):
+    with pyro.plate("sites", 4):
+        s = pyro.sample("s", dist.Bernoulli(0.5))
+    if float(s.sum()) > 100:  # a Python number: the model cannot run under vmap
+        raise AssertionError("unreachable")
+    pyro.factor("coupling", 0.7 * (s[..., 1:] * s[..., :-1]).sum(-1, keepdim=True))
+    pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+
+
+def mixes_through_a_python_number(y):
+    with pyro.plate("sites", 4):
+        s = pyro.sample("s", dist.Bernoulli(0.5))
+    total = float(s.sum())  # over every draw of the batch
+    pyro.factor("coupling", 0.1 * total * s.sum(-1, keepdim=True))
+    pyro.sample("y", dist.Normal(0.0, 1.0), obs=y)
+
+
+VALUES = {"s": torch.tensor([[0.0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1], [0, 1, 1, 0]])}
+
+
+def test_vmap_settles_the_mixing_check_in_one_run(monkeypatch):
+    """The draws the mixing check compares are first scored in one run of the model under
+    ``torch.func.vmap``, each in its own shapes: where that is the batch's score, no trace
+    of a draw alone is needed."""
+    traced = _alone_traces(monkeypatch)
+    y = torch.tensor(0.3)
+    layout = discover_sites(chain_with_keepdim, (y,), {})
+    log_joint(chain_with_keepdim, (y,), {}, layout, VALUES)
+    assert traced == []
+
+
+def test_a_model_vmap_cannot_run_is_traced_alone(monkeypatch):
+    """A model that reads a Python number from its values cannot run under vmap: each draw
+    is traced alone, as without vmap, and a model that mixes the draws so is refused."""
+    traced = _alone_traces(monkeypatch)
+    y = torch.tensor(0.3)
+    layout = discover_sites(reads_its_value, (y,), {})
+    log_joint(reads_its_value, (y,), {}, layout, VALUES)
+    assert sorted(traced) == [0, 1, 2, 3]  # the first, the most different and spread rows
+    layout = discover_sites(mixes_through_a_python_number, (y,), {})
+    with pytest.raises(MixedDrawsError):
+        log_joint(mixes_through_a_python_number, (y,), {}, layout, VALUES)
