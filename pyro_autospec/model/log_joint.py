@@ -324,9 +324,10 @@ def evaluate(
         it, others spread over the batch) and raise
         :class:`~pyro_autospec.model.errors.MixedDrawsError` if the batch
         changed a log joint: a model whose values lose the draws' dimension, or that reduces
-        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs one run
-        of the model under :func:`torch.func.vmap` (``_unsettled``), and one trace of
-        one draw for each draw it does not settle.
+        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs
+        ``ALWAYS_ALONE`` traces of one draw, one run of the model under
+        :func:`torch.func.vmap` for the others (``_unsettled``), and one trace of one draw
+        for each draw that run does not settle.
     per_draw_fallback : bool
         If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
         batched), evaluate it one draw at a time, in its own shapes, with a warning.
@@ -418,6 +419,9 @@ def _evaluate_batched(
 
 #: How many draws of a batch are evaluated again alone to find a model that mixes draws.
 ALONE_CHECKS = 4
+#: How many of them are always traced alone; vmap may spare the others' traces
+#: (``_unsettled``).
+ALWAYS_ALONE = 2
 
 
 def _rows_to_check(job: _Evaluation, values, num_draws: int) -> list[int]:
@@ -452,29 +456,34 @@ def _alone_tolerance(batched: LogJoint, row: int) -> float:
 def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> list[int]:
     """The draws of ``rows`` whose log joint alone is still to be compared with the batch's.
 
-    The model is first run once on all of them under :func:`torch.func.vmap`, each in its
-    own shapes: vmap runs the model's code once, but every tensor operation sees one draw, so
-    a value reduced or indexed over the batch (``z.sum()``, ``z[0]``) is the draw's own, as
-    in a trace of the draw alone. A draw whose vmapped log joint is the batch's, within
-    rounding, is settled. Any other draw, and every draw where the model cannot run under
-    vmap (random numbers, ``.item()``, a branch on a tensor's value, a dim torch's vmap
-    cannot place: any exception) is left to :func:`_check_alone`, whose traces raise the
-    model's own errors: vmap only spares traces, it never passes a draw the trace of the
-    draw alone would fail.
+    The first :data:`ALWAYS_ALONE` of ``rows`` (the first draw and the one most unlike it)
+    are always traced alone. The others are first run once, all together, under
+    :func:`torch.func.vmap`, each in its own shapes: vmap runs the model's code once, but
+    every tensor operation sees one draw, so a value reduced or indexed over the batch
+    (``z.sum()``, ``z[0]``) is the draw's own, as in a trace of the draw alone. A draw whose
+    vmapped log joint is the batch's, within rounding, is settled. Any other draw, and every
+    draw where the model cannot run under vmap (random numbers, ``.item()``, a branch on a
+    tensor's value, a dim torch's vmap cannot place: any exception) is left to
+    :func:`_check_alone` too. vmap cannot stand in for every trace: ``int(z)`` fails on a
+    batch and under vmap alike, and a model that catches that error takes the same branch
+    in both, while a draw traced alone takes another; and a model that keeps state between
+    calls shows it in one run at most. The draws traced alone catch both.
     """
+    always, rest = list(rows[:ALWAYS_ALONE]), list(rows[ALWAYS_ALONE:])
+    if not rest:
+        return always
     try:
-        scores = _scores_under_vmap(job, values, rows)
+        scores = _scores_under_vmap(job, values, rest)
     except Exception:  # noqa: BLE001 - every draw to its own trace, which raises the model's
-        return list(rows)  # own errors; torch's vmap raises many kinds of error of its own
-    unsettled = []
-    for row, score in zip(rows, scores.tolist(), strict=True):
+        return always + rest  # own errors; torch's vmap raises many kinds of error of its own
+    for row, score in zip(rest, scores.tolist(), strict=True):
         total = float(batched.total[row])
         same = abs(score - total) <= _alone_tolerance(batched, row) or (
             math.isinf(score) and score == total
         )
         if not same:
-            unsettled.append(row)
-    return unsettled
+            always.append(row)
+    return always
 
 
 def _scores_under_vmap(job: _Evaluation, values, rows: list[int]) -> torch.Tensor:

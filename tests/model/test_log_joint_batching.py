@@ -79,14 +79,37 @@ VALUES = {"s": torch.tensor([[0.0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1], [0, 1, 
 
 
 def test_vmap_settles_the_mixing_check_in_one_run(monkeypatch):
-    """The draws the mixing check compares are first scored in one run of the model under
-    ``torch.func.vmap``, each in its own shapes: where that is the batch's score, no trace
-    of a draw alone is needed."""
+    """Of the draws the mixing check compares, the first and the one most unlike it are
+    traced alone; the others are scored in one run of the model under ``torch.func.vmap``,
+    each in its own shapes, and where that is the batch's score their traces are spared."""
     traced = _alone_traces(monkeypatch)
     y = torch.tensor(0.3)
     layout = discover_sites(chain_with_keepdim, (y,), {})
     log_joint(chain_with_keepdim, (y,), {}, layout, VALUES)
-    assert traced == []
+    assert traced == [0, 2]  # the first, and the one most unlike it
+
+
+LOCS = torch.tensor([-3.0, 0.0, 3.0])
+
+
+def catches_the_error_of_a_batch(data):
+    """``int(z)`` fails on a batch of draws and under vmap alike; this model catches it and
+    takes one branch in both, where a draw alone takes another (an outside review's case)."""
+    z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+    try:
+        loc = LOCS[int(z)]
+    except Exception:  # not one number: the default component
+        loc = LOCS[0]
+    with pyro.plate("data", len(data)):
+        pyro.sample("y", dist.Normal(loc, 1.0), obs=data)
+
+
+def test_a_model_that_catches_the_error_under_vmap_is_refused():
+    data = torch.tensor([2.8, 3.1, 3.3])
+    layout = discover_sites(catches_the_error_of_a_batch, (data,), {})
+    values = {"z": torch.tensor([0, 2, 1, 2])}
+    with pytest.raises(MixedDrawsError):
+        log_joint(catches_the_error_of_a_batch, (data,), {}, layout, values)
 
 
 def test_a_model_vmap_cannot_run_is_traced_alone(monkeypatch):
