@@ -476,12 +476,8 @@ class DrawEvaluator:
 
 class _Assembly:
     """The outputs of :meth:`DrawEvaluator.evaluate_in_chunks`, made once for all ``num``
-    draws from the first chunk's shapes and filled chunk by chunk.
-
-    The pointwise log likelihood stays one row per distinct assignment where the first chunk
-    kept it so (its tables, one per chunk, joined, and each draw's row into them), else one
-    row per draw.
-    """
+    draws from the first chunk's shapes and filled chunk by chunk (every draw's own row:
+    chunks are evaluated draw by draw, never once per distinct assignment)."""
 
     def __init__(self, first: EvaluatedDraws, num: int):
         joint = first.joint
@@ -489,19 +485,12 @@ class _Assembly:
         def like(t: torch.Tensor) -> torch.Tensor:
             return t.new_empty((num,) + tuple(t.shape[1:]))
 
-        self.num = num
         self.values = {k: like(v) for k, v in first.values.items()}
         self.total = like(joint.total)
         self.magnitude = None if joint.magnitude is None else like(joint.magnitude)
+        self.pointwise = {k: like(v) for k, v in joint.pointwise.items()}
         self.deterministic = {k: like(v) for k, v in joint.deterministic.items()}
         self.oracle_log_prob = like(first.oracle_log_prob)
-        self.distinct = first.rows is not None
-        if self.distinct:
-            self.tables = {k: [] for k in joint.pointwise}
-            self.table_rows = 0
-            self.rows = first.rows.new_empty(num)
-        else:
-            self.pointwise = {k: like(v) for k, v in joint.pointwise.items()}
         self.dtype, self.random = joint.dtype, joint.random
 
     def put(self, rows: slice, part: EvaluatedDraws) -> None:
@@ -511,38 +500,20 @@ class _Assembly:
         self.total[rows] = joint.total
         if self.magnitude is not None:
             self.magnitude[rows] = joint.magnitude
+        for k, v in joint.pointwise.items():
+            self.pointwise[k][rows] = v
         for k, v in joint.deterministic.items():
             self.deterministic[k][rows] = v
         self.oracle_log_prob[rows] = part.oracle_log_prob
-        if self.distinct:
-            size = rows.stop - rows.start
-            index = part.rows if part.rows is not None else torch.arange(size)
-            self.rows[rows] = index.to(self.rows.device) + self.table_rows
-            for k, table in joint.pointwise.items():
-                self.tables[k].append(table)
-            self.table_rows += (
-                next(iter(joint.pointwise.values())).shape[0] if joint.pointwise else 0
-            )
-        else:
-            for k, table in joint.pointwise.items():
-                self.pointwise[k][rows] = (
-                    table if part.rows is None else table[part.rows.to(table.device)]
-                )
         if torch.finfo(joint.dtype).eps > torch.finfo(self.dtype).eps:
             self.dtype = joint.dtype
         self.random = self.random or joint.random
 
     def done(self) -> EvaluatedDraws:
-        if self.distinct:
-            pointwise = {k: torch.cat(parts) for k, parts in self.tables.items()}
-        else:
-            pointwise = self.pointwise
         joint = LogJoint(
-            self.total, pointwise, self.deterministic, self.magnitude, self.dtype, self.random
+            self.total, self.pointwise, self.deterministic, self.magnitude, self.dtype, self.random
         )
-        return EvaluatedDraws(
-            self.values, joint, self.oracle_log_prob, self.rows if self.distinct else None
-        )
+        return EvaluatedDraws(self.values, joint, self.oracle_log_prob)
 
 
 def _rows(evaluated: EvaluatedDraws, rows: slice) -> EvaluatedDraws:
