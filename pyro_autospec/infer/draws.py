@@ -14,7 +14,8 @@ the engine's coordinates into results the same way, through :class:`DrawEvaluato
 3. exact draws join the run's :class:`~pyro_autospec.infer.self_check.SelfCheck`, and
    :meth:`DrawEvaluator.check` tests every draw added so far at once. The first batch of
    varied draws (with the self-check's uniform probes, where it has them) is checked for
-   mixing as it is evaluated: up to ``ALONE_CHECKS`` of its draws are scored alone again
+   mixing as it is evaluated: the plain runs of the model that site discovery traced join
+   it, and up to ``ALONE_CHECKS`` of its draws are scored alone again
    (:func:`~pyro_autospec.model.log_joint.evaluate`). A model that mixes the draws of a batch
    may mix the enumeration's values the same way (``z.mean()`` of a scalar site), so that its
    oracle's law is as wrong as the batch's scores and the self-check passes; it raises
@@ -284,6 +285,7 @@ class DrawEvaluator:
             layout.max_plate_nesting,
             check_mixing=check_mixing,
             per_draw_fallback=self.per_draw_fallback,
+            plain_runs=() if set(values) - set(layout.names) else layout.plain_runs,
             **outputs,
         )
 

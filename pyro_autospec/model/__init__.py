@@ -22,7 +22,7 @@ from pyro_autospec.model.continuous import (
     observed_data,
     simulate,
 )
-from pyro_autospec.model.discrete import DiscreteSite, SiteLayout, discover_sites
+from pyro_autospec.model.discrete import DiscreteSite, PlainRun, SiteLayout, discover_sites
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
@@ -52,6 +52,7 @@ __all__ = [
     "IntractableEnumerationError",
     "MixedDrawsError",
     "LogJoint",
+    "PlainRun",
     "SiteLayout",
     "SubsamplingError",
     "UnsupportedSiteError",

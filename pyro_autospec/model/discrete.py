@@ -48,7 +48,7 @@ from pyro_autospec.model.tracing import (
     users_generators_kept,
 )
 
-__all__ = ["DiscreteSite", "SiteLayout", "discover_sites"]
+__all__ = ["DiscreteSite", "PlainRun", "SiteLayout", "discover_sites"]
 
 _NUM_STRUCTURE_CHECKS = 8
 # A model whose latent sites are all discrete is traced this many times: any Python branch on
@@ -135,6 +135,47 @@ class DiscreteSite:
         return equal.long().argmax(-1)
 
 
+@dataclass(frozen=True, eq=False)
+class PlainRun:
+    """One plain run of a model (one draw from its prior given the data, no batch of draws,
+    nothing enumerated): its discrete latent values and its log joint there.
+
+    :func:`discover_sites` keeps its structure traces as plain runs, and the check of a batch
+    of draws for mixing (:func:`~pyro_autospec.model.log_joint.evaluate`) evaluates them in the
+    batch: a model that mixes the draws of a batch gives one of them another log joint there
+    than it had alone. A trace of a draw alone is the check's costliest part, and these cost
+    nothing more.
+
+    Attributes
+    ----------
+    values : dict
+        ``name -> Tensor[*batch_shape, *event_shape]`` of every discrete latent site.
+    log_joint : float
+        ``log p(x, data)`` of the run: every site's scaled and masked log density (latent
+        sites, observed sites and factors), summed in float64.
+    """
+
+    values: dict[str, torch.Tensor]
+    log_joint: float
+
+
+def _plain_run(trace, sites: list[DiscreteSite]) -> PlainRun | None:
+    """The plain run a pruned structure trace is; ``None`` where its log densities cannot
+    be computed (the batched evaluation then raises the model's error)."""
+    try:
+        trace.compute_log_prob()
+        terms = [
+            site["log_prob"].detach().double().sum()
+            for site in trace.nodes.values()
+            if site["type"] == "sample" and site_role(site) != "deterministic"
+        ]
+    except Exception:  # noqa: BLE001 - a check's shortcut, never its verdict
+        return None
+    total = float(torch.stack(terms).sum()) if terms else 0.0
+    values = {site.name: trace.nodes[site.name]["value"].detach() for site in sites}
+    return PlainRun(values, total)
+
+
 @dataclass
 class SiteLayout:
     """How a model's discrete latent sites map to the engine's ``[q]^n`` coordinates.
@@ -161,6 +202,9 @@ class SiteLayout:
     scales : dict
         ``name -> mean scale`` of the sites under ``poutine.scale`` (or in a plate with a fixed
         subsample); the posterior AutoSpec samples is the scaled one, as in ``MCMC``.
+    plain_runs : tuple of PlainRun
+        The plain runs discovery traced, when every latent site is discrete (else empty): the
+        check of a batch of draws for mixing compares the batch with them.
 
     Examples
     --------
@@ -182,6 +226,7 @@ class SiteLayout:
     continuous: list[ContinuousSite] = field(default_factory=list)
     deterministic: dict[str, torch.Size] = field(default_factory=dict)
     scales: dict[str, float] = field(default_factory=dict)
+    plain_runs: tuple[PlainRun, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def num_coords(self) -> int:
@@ -821,4 +866,10 @@ def discover_sites(
         continuous=continuous_sites,
         deterministic=deterministic,
         scales=scaled_sites(trace),
+        plain_runs=() if continuous_sites else _plain_runs(traces, sites),
     )
+
+
+def _plain_runs(traces: list, sites: list[DiscreteSite]) -> tuple[PlainRun, ...]:
+    runs = (_plain_run(trace, sites) for trace in traces)
+    return tuple(run for run in runs if run is not None)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pyro
@@ -37,7 +37,7 @@ from pyro.poutine.util import prune_subsample_sites
 from pyro_autospec._shapes import broadcast_shape
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.model.continuous import ContinuousLayout
-from pyro_autospec.model.discrete import SiteLayout, discover_sites
+from pyro_autospec.model.discrete import PlainRun, SiteLayout, discover_sites
 from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError, MixedDrawsError
 from pyro_autospec.model.randomness import HIDDEN_RANDOMNESS, HiddenRandomnessError, RandomUse
 from pyro_autospec.model.tracing import (
@@ -299,6 +299,7 @@ def evaluate(
     chunk_size: int = 4096,
     check_mixing: bool = True,
     per_draw_fallback: bool = False,
+    plain_runs: Sequence[PlainRun] = (),
 ) -> LogJoint:
     """Evaluate the model on ``N`` draws of its latent sites in batched traces.
 
@@ -320,17 +321,24 @@ def evaluate(
     chunk_size : int
         Draws per trace.
     check_mixing : bool
-        Evaluate up to ``ALONE_CHECKS`` draws again alone (the first, the one most unlike
-        it, others spread over the batch) and raise
-        :class:`~pyro_autospec.model.errors.MixedDrawsError` if the batch
-        changed a log joint: a model whose values lose the draws' dimension, or that reduces
-        or indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. Costs
-        ``ALWAYS_ALONE`` traces of one draw, one run of the model under
-        :func:`torch.func.vmap` for the others (``_unsettled``), and one trace of one draw
-        for each draw that run does not settle.
+        Raise :class:`~pyro_autospec.model.errors.MixedDrawsError` if the batch changed a
+        draw's log joint: a model whose values lose the draws' dimension, or that reduces or
+        indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. ``plain_runs`` join
+        the first batch and are compared with their log joint alone; up to
+        ``ALONE_CHECKS`` draws (the first, the one most unlike the batch's first row, others
+        spread over the batch) are scored again each in its own shapes: the one most unlike the
+        first row traced alone, the first too where no plain run stands for it
+        (``ALWAYS_ALONE``), the others in one run of the model under
+        :func:`torch.func.vmap` (``_unsettled``). A draw that is not settled so is traced
+        alone.
     per_draw_fallback : bool
         If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
         batched), evaluate it one draw at a time, in its own shapes, with a warning.
+    plain_runs : sequence of PlainRun
+        Plain runs of the model on the same data, from
+        :attr:`~pyro_autospec.model.discrete.SiteLayout.plain_runs`: each stands for a trace
+        of one draw alone in the check for mixing. Only its discrete latent sites are read:
+        pass them only where those are all of ``values``' sites.
 
     Returns
     -------
@@ -363,7 +371,7 @@ def evaluate(
         model, args, kwargs, shapes, max_plate_nesting, observed_shapes, deterministic_shapes
     )
     try:
-        return _evaluate_batched(job, values, chunk_size, check_mixing, num_draws)
+        return _evaluate_batched(job, values, chunk_size, check_mixing, num_draws, plain_runs)
     except AutoSpecModelError as error:
         if not per_draw_fallback or isinstance(error, HiddenRandomnessError):
             raise  # no evaluation one draw at a time can help
@@ -399,52 +407,115 @@ def _concatenate(parts: list) -> LogJoint:
 
 
 def _evaluate_batched(
-    job: _Evaluation, values, chunk_size: int, check_mixing: bool, num_draws: int
+    job: _Evaluation,
+    values,
+    chunk_size: int,
+    check_mixing: bool,
+    num_draws: int,
+    plain_runs: Sequence[PlainRun] = (),
 ) -> LogJoint:
-    parts = []
-    for start in range(0, num_draws, chunk_size):
-        stop = min(start + chunk_size, num_draws)
+    check = check_mixing and num_draws > 1
+    plain = list(plain_runs) if check else []
+    if plain:  # rows 0 .. len(plain) - 1 of the first batch
+        values = _with_plain_runs(job, values, plain)
+    total_rows = num_draws + len(plain)
+    parts, start = [], 0
+    while start < total_rows:  # the first chunk holds the plain runs too
+        stop = min(start + chunk_size + (len(plain) if start == 0 else 0), total_rows)
         chunk = {name: torch.as_tensor(values[name])[start:stop] for name in job.shapes}
         try:
             parts.append(_run_chunk(job, chunk, stop - start))
         except RuntimeError as e:  # shapes of the batched run do not line up
             raise MixedDrawsError(_MIXED_DRAWS + f" (PyTorch said: {e})") from e
+        start = stop
     out = _concatenate(parts)
-    if check_mixing and num_draws > 1:
-        rows = _rows_to_check(job, values, num_draws)
-        for row in _unsettled(job, values, out, rows):
-            _check_alone(job, values, out, row, min(chunk_size, num_draws))
+    if check:
+        size = min(chunk_size, num_draws) + len(plain)
+        first = _settle_plain_runs(job, values, out, plain, size)
+        rows = _rows_to_check(job, values, total_rows, skip=len(plain))
+        for row in _unsettled(job, values, out, rows, ALWAYS_ALONE - first):
+            _check_alone(job, values, out, row, size)
+        out = _drop_rows(out, len(plain))
     return replace(out, random=job.random_use.moved)
 
 
-#: How many draws of a batch are evaluated again alone to find a model that mixes draws.
+def _with_plain_runs(job: _Evaluation, values, plain: list[PlainRun]) -> dict:
+    """``values`` with the plain runs' values as their first rows."""
+    out = {}
+    for name in job.shapes:
+        value = torch.as_tensor(values[name])
+        runs = [run.values[name].to(value.device, value.dtype) for run in plain]
+        out[name] = torch.cat([torch.stack(runs), value])
+    return out
+
+
+def _drop_rows(joint: LogJoint, first: int) -> LogJoint:
+    """``joint`` without its first ``first`` rows."""
+    if not first:
+        return joint
+    return replace(
+        joint,
+        total=joint.total[first:],
+        pointwise={k: v[first:] for k, v in joint.pointwise.items()},
+        deterministic={k: v[first:] for k, v in joint.deterministic.items()},
+        magnitude=joint.magnitude[first:],
+    )
+
+
+def _settle_plain_runs(
+    job: _Evaluation, values, batched: LogJoint, plain: list[PlainRun], size: int
+) -> bool:
+    """Compare the plain runs (rows ``0 .. len(plain) - 1``) with their log joint in the
+    batch; return whether one of them stands for the first of the draws traced alone.
+
+    A plain run whose log joint in the batch is not its own within rounding is traced alone
+    (:func:`_check_alone`, which raises for a model that mixes draws or draws hidden random
+    numbers). One of zero probability (``-inf`` alone) tells nothing. A plain run is a draw
+    from the prior, not chosen to differ from the others: the draw most unlike the batch's
+    first row is traced alone all the same (:func:`_rows_to_check`).
+    """
+    stands = False
+    for row, run in enumerate(plain):
+        if not _same(run.log_joint, float(batched.total[row]), _alone_tolerance(batched, row)):
+            _check_alone(job, values, batched, row, size)
+        stands = stands or math.isfinite(run.log_joint)
+    return stands
+
+
+def _same(x: float, y: float, tolerance: float) -> bool:
+    """Two log joints within rounding, or the same infinity."""
+    return abs(x - y) <= tolerance or (math.isinf(x) and x == y)
+
+
+#: How many draws of a batch are scored again each in its own shapes (under vmap) to find a
+#: model that mixes draws.
 ALONE_CHECKS = 4
-#: How many of them are always traced alone; vmap may spare the others' traces
-#: (``_unsettled``).
+#: How many of them are traced alone: the one most unlike the batch's first row, and the
+#: first where no plain run of the model stands for it (``_unsettled``).
 ALWAYS_ALONE = 2
 
 
-def _rows_to_check(job: _Evaluation, values, num_draws: int) -> list[int]:
-    """The draws evaluated again alone to find a model that mixes the draws of a batch: the
-    first, the one whose values differ from the first's in most elements, and others spread
-    over the batch, :data:`ALONE_CHECKS` in all at most.
+def _rows_to_check(job: _Evaluation, values, num_rows: int, skip: int = 0) -> list[int]:
+    """The draws scored again alone to find a model that mixes the draws of a batch: among
+    the rows from ``skip`` on, the one whose values differ from row 0's in most elements,
+    the first, and others spread over them, :data:`ALONE_CHECKS` in all at most.
 
     A value reduced over the whole batch (``z.sum()``, ``z.max()``, ``if z.any():``) or
     indexed along the draws (``z[0]``, ``z.reshape(-1)[0]``) gives every draw the same
-    number: the first draw's own, or the other's, or neither's, but not both's where their
+    number: the first row's own, or the other's, or neither's, but not both's where their
     values differ. A term that reads such a number only on some values (``z.sum() == 2``)
     shows on a draw of those values, which the draws spread over a batch of distinct
     assignments (sorted, with the self-check's uniform probes) are likely to include.
     """
     differ = sum(
         (torch.as_tensor(values[name]) != torch.as_tensor(values[name])[:1])
-        .reshape(num_draws, -1)
+        .reshape(num_rows, -1)
         .sum(-1)
         for name in job.shapes
     )
-    most = int(differ.argmax())  # one host read
-    spread = torch.linspace(0, num_draws - 1, ALONE_CHECKS).round().long().tolist()
-    return list(dict.fromkeys([0, most, *spread]))[:ALONE_CHECKS]
+    most = skip + int(differ[skip:].argmax())  # one host read
+    spread = torch.linspace(skip, num_rows - 1, ALONE_CHECKS).round().long().tolist()
+    return list(dict.fromkeys([most, skip, *spread]))[:ALONE_CHECKS]
 
 
 def _alone_tolerance(batched: LogJoint, row: int) -> float:
@@ -453,11 +524,13 @@ def _alone_tolerance(batched: LogJoint, row: int) -> float:
     return 64 * torch.finfo(batched.dtype).eps * (1.0 + float(batched.magnitude[row]))
 
 
-def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> list[int]:
+def _unsettled(
+    job: _Evaluation, values, batched: LogJoint, rows: list[int], always_alone: int
+) -> list[int]:
     """The draws of ``rows`` whose log joint alone is still to be compared with the batch's.
 
-    The first :data:`ALWAYS_ALONE` of ``rows`` (the first draw and the one most unlike it)
-    are always traced alone. The others are first run once, all together, under
+    The first ``always_alone`` of ``rows`` (the draw most unlike the batch's first row,
+    and the first draw) are traced alone. The others are first run once, all together, under
     :func:`torch.func.vmap`, each in its own shapes: vmap runs the model's code once, but
     every tensor operation sees one draw, so a value reduced or indexed over the batch
     (``z.sum()``, ``z[0]``) is the draw's own, as in a trace of the draw alone. A draw whose
@@ -467,9 +540,10 @@ def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> 
     :func:`_check_alone` too. vmap cannot stand in for every trace: ``int(z)`` fails on a
     batch and under vmap alike, and a model that catches that error takes the same branch
     in both, while a draw traced alone takes another; and a model that keeps state between
-    calls shows it in one run at most. The draws traced alone catch both.
+    calls shows it in one run at most. Traces of one draw alone catch both: the plain runs
+    (:func:`_settle_plain_runs`), and ``always_alone`` draws.
     """
-    always, rest = list(rows[:ALWAYS_ALONE]), list(rows[ALWAYS_ALONE:])
+    always, rest = list(rows[:always_alone]), list(rows[always_alone:])
     if not rest:
         return always
     try:
@@ -477,11 +551,7 @@ def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> 
     except Exception:  # noqa: BLE001 - every draw to its own trace, which raises the model's
         return always + rest  # own errors; torch's vmap raises many kinds of error of its own
     for row, score in zip(rest, scores.tolist(), strict=True):
-        total = float(batched.total[row])
-        same = abs(score - total) <= _alone_tolerance(batched, row) or (
-            math.isinf(score) and score == total
-        )
-        if not same:
+        if not _same(score, float(batched.total[row]), _alone_tolerance(batched, row)):
             always.append(row)
     return always
 
@@ -530,8 +600,8 @@ def _check_alone(job: _Evaluation, values, batched: LogJoint, row: int, size: in
     scale = 1.0 + float(batched.magnitude[row])
     tolerance = _alone_tolerance(batched, row)
 
-    def same(x: float, y: float) -> bool:  # within rounding, or the same infinity
-        return abs(x - y) <= tolerance or (math.isinf(x) and x == y)
+    def same(x: float, y: float) -> bool:
+        return _same(x, y, tolerance)
 
     a, b = float(alone.total[0]), float(batched.total[row])
     if same(a, b):

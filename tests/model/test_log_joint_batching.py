@@ -1,5 +1,6 @@
 """Values that lose the draws' batch dimension get a clear error, not a wrong log joint."""
 
+import math
 import sys
 
 import pyro
@@ -7,7 +8,15 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_autospec.model import AutoSpecModelError, MixedDrawsError, discover_sites, log_joint
+from pyro_autospec.model import (
+    AutoSpecModelError,
+    MixedDrawsError,
+    PlainRun,
+    discover_sites,
+    evaluate,
+    log_joint,
+)
+from pyro_autospec.model.log_joint import ALWAYS_ALONE
 
 
 def chain_without_keepdim(y):
@@ -80,13 +89,14 @@ VALUES = {"s": torch.tensor([[0.0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1], [0, 1, 
 
 def test_vmap_settles_the_mixing_check_in_one_run(monkeypatch):
     """Of the draws the mixing check compares, the first and the one most unlike it are
-    traced alone; the others are scored in one run of the model under ``torch.func.vmap``,
-    each in its own shapes, and where that is the batch's score their traces are spared."""
+    traced alone (without plain runs of the model); the others are scored in one run of the
+    model under ``torch.func.vmap``, each in its own shapes, and where that is the batch's
+    score their traces are spared."""
     traced = _alone_traces(monkeypatch)
     y = torch.tensor(0.3)
     layout = discover_sites(chain_with_keepdim, (y,), {})
     log_joint(chain_with_keepdim, (y,), {}, layout, VALUES)
-    assert traced == [0, 2]  # the first, and the one most unlike it
+    assert traced == [2, 0]  # the one most unlike the first, and the first
 
 
 LOCS = torch.tensor([-3.0, 0.0, 3.0])
@@ -123,3 +133,56 @@ def test_a_model_vmap_cannot_run_is_traced_alone(monkeypatch):
     layout = discover_sites(mixes_through_a_python_number, (y,), {})
     with pytest.raises(MixedDrawsError):
         log_joint(mixes_through_a_python_number, (y,), {}, layout, VALUES)
+
+
+def _evaluate(model, data, values, plain_runs):
+    layout = discover_sites(model, (data,), {})
+    shapes = layout.latent_shapes()
+    return evaluate(
+        model, (data,), {}, values, shapes, layout.max_plate_nesting, plain_runs=plain_runs
+    )
+
+
+def test_plain_runs_stand_for_the_first_draw_traced_alone(monkeypatch):
+    """Site discovery's structure traces are plain runs of the model: evaluated in the first
+    batch, they spare the mixing check the trace of its first draw alone (the draw most
+    unlike the batch's first row is traced alone all the same), and they are not among the
+    outputs."""
+    traced = _alone_traces(monkeypatch)
+    y = torch.tensor(0.3)
+    runs = discover_sites(chain_with_keepdim, (y,), {}).plain_runs
+    assert len(runs) == 2
+    with_runs = _evaluate(chain_with_keepdim, y, VALUES, runs)
+    assert len(traced) == 1 and traced[0] >= len(runs)  # one draw; the rest under vmap
+    traced.clear()
+    without = _evaluate(chain_with_keepdim, y, VALUES, ())
+    assert traced == [2, 0]  # the draw most unlike the first, and the first
+    torch.testing.assert_close(with_runs.total, without.total, rtol=0, atol=1e-12)
+    assert with_runs.total.shape == (4,) and with_runs.magnitude.shape == (4,)
+
+
+def test_plain_runs_that_tell_nothing_leave_draws_to_trace_alone(monkeypatch):
+    """A plain run of probability zero stands for no trace alone; one whose log joint is not
+    the batch's is traced alone again, so that a stale one costs a trace and never raises
+    for a model that does not mix draws."""
+    traced = _alone_traces(monkeypatch)
+    y = torch.tensor(0.3)
+    run = discover_sites(chain_with_keepdim, (y,), {}).plain_runs[0]
+    impossible = PlainRun(run.values, -math.inf)
+    _evaluate(chain_with_keepdim, y, VALUES, [impossible])
+    assert traced[0] == 0 and len(traced) == 1 + ALWAYS_ALONE
+    traced.clear()
+    stale = PlainRun(run.values, run.log_joint + 0.5)
+    out = _evaluate(chain_with_keepdim, y, VALUES, [stale, stale])
+    assert traced[:2] == [0, 1] and len(traced) == 3 and out.total.shape == (4,)
+
+
+def test_a_model_that_catches_the_error_under_vmap_is_refused_with_plain_runs():
+    """``int(z)`` in ``try``: the batch and vmap take one branch, a draw alone another. Here
+    both plain runs draw ``z = 0``, where the branches agree: the draw most unlike the first
+    row, traced alone, finds the model out."""
+    data = torch.tensor([2.8, 3.1, 3.3])
+    runs = discover_sites(catches_the_error_of_a_batch, (data,), {}).plain_runs
+    assert [int(run.values["z"]) for run in runs] == [0, 0]
+    with pytest.raises(MixedDrawsError):
+        _evaluate(catches_the_error_of_a_batch, data, {"z": torch.tensor([0, 2, 1, 2])}, runs)
