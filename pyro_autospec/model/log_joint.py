@@ -325,20 +325,19 @@ def evaluate(
         draw's log joint: a model whose values lose the draws' dimension, or that reduces or
         indexes a value as a whole (``z.sum()``, ``z[0]``), mixes draws. ``plain_runs`` join
         the first batch and are compared with their log joint alone; up to
-        ``ALONE_CHECKS`` draws (the first, the one most unlike the batch's first row, others
-        spread over the batch) are scored again each in its own shapes: the one most unlike the
-        first row traced alone, the first too where no plain run stands for it
-        (``ALWAYS_ALONE``), the others in one run of the model under
-        :func:`torch.func.vmap` (``_unsettled``). A draw that is not settled so is traced
-        alone.
+        ``ALONE_CHECKS`` draws (the first, the one most unlike it, others spread over the
+        batch) are scored again each in its own shapes: ``ALWAYS_ALONE`` traced alone, the
+        others in one run of the model under :func:`torch.func.vmap` (``_unsettled``). A
+        draw that is not settled so is traced alone.
     per_draw_fallback : bool
         If the model cannot run on a batch of draws (for example ``locs[z]`` with ``locs``
         batched), evaluate it one draw at a time, in its own shapes, with a warning.
     plain_runs : sequence of PlainRun
         Plain runs of the model on the same data, from
-        :attr:`~pyro_autospec.model.discrete.SiteLayout.plain_runs`: each stands for a trace
-        of one draw alone in the check for mixing. Only its discrete latent sites are read:
-        pass them only where those are all of ``values``' sites.
+        :attr:`~pyro_autospec.model.discrete.SiteLayout.plain_runs`: assignments seen alone
+        already, which the check for mixing adds to its own. Only their discrete latent sites
+        are read: pass them only where those are all of ``values``' sites. A plain run on
+        other data costs a trace of one draw alone, and raises nothing.
 
     Returns
     -------
@@ -431,9 +430,9 @@ def _evaluate_batched(
     out = _concatenate(parts)
     if check:
         size = min(chunk_size, num_draws) + len(plain)
-        first = _settle_plain_runs(job, values, out, plain, size)
+        _check_plain_runs(job, values, out, plain, size)
         rows = _rows_to_check(job, values, total_rows, skip=len(plain))
-        for row in _unsettled(job, values, out, rows, ALWAYS_ALONE - first):
+        for row in _unsettled(job, values, out, rows):
             _check_alone(job, values, out, row, size)
         out = _drop_rows(out, len(plain))
     return replace(out, random=job.random_use.moved)
@@ -462,24 +461,22 @@ def _drop_rows(joint: LogJoint, first: int) -> LogJoint:
     )
 
 
-def _settle_plain_runs(
+def _check_plain_runs(
     job: _Evaluation, values, batched: LogJoint, plain: list[PlainRun], size: int
-) -> bool:
+) -> None:
     """Compare the plain runs (rows ``0 .. len(plain) - 1``) with their log joint in the
-    batch; return whether one of them stands for the first of the draws traced alone.
+    batch: more assignments seen alone, at no cost but their rows.
 
     A plain run whose log joint in the batch is not its own within rounding is traced alone
     (:func:`_check_alone`, which raises for a model that mixes draws or draws hidden random
-    numbers). One of zero probability (``-inf`` alone) tells nothing. A plain run is a draw
-    from the prior, not chosen to differ from the others: the draw most unlike the batch's
-    first row is traced alone all the same (:func:`_rows_to_check`).
+    numbers, and passes rounding). The plain runs are prior draws under a fixed seed, often
+    alike: they add to the draws traced alone (:func:`_rows_to_check`), and stand for none
+    of them. A model that catches its own error on a batch (``try: int(z)``) and gives one
+    value a log joint of its own is found only where that value is seen alone.
     """
-    stands = False
     for row, run in enumerate(plain):
         if not _same(run.log_joint, float(batched.total[row]), _alone_tolerance(batched, row)):
             _check_alone(job, values, batched, row, size)
-        stands = stands or math.isfinite(run.log_joint)
-    return stands
 
 
 def _same(x: float, y: float, tolerance: float) -> bool:
@@ -490,15 +487,16 @@ def _same(x: float, y: float, tolerance: float) -> bool:
 #: How many draws of a batch are scored again each in its own shapes (under vmap) to find a
 #: model that mixes draws.
 ALONE_CHECKS = 4
-#: How many of them are traced alone: the one most unlike the batch's first row, and the
-#: first where no plain run of the model stands for it (``_unsettled``).
+#: How many of them are always traced alone: the first draw and the one most unlike it
+#: (``_unsettled``).
 ALWAYS_ALONE = 2
 
 
 def _rows_to_check(job: _Evaluation, values, num_rows: int, skip: int = 0) -> list[int]:
     """The draws scored again alone to find a model that mixes the draws of a batch: among
-    the rows from ``skip`` on, the one whose values differ from row 0's in most elements,
-    the first, and others spread over them, :data:`ALONE_CHECKS` in all at most.
+    the rows from ``skip`` on (the rows before are plain runs), the first, the one whose
+    values differ from the first's in most elements, and others spread over them,
+    :data:`ALONE_CHECKS` in all at most.
 
     A value reduced over the whole batch (``z.sum()``, ``z.max()``, ``if z.any():``) or
     indexed along the draws (``z[0]``, ``z.reshape(-1)[0]``) gives every draw the same
@@ -508,14 +506,14 @@ def _rows_to_check(job: _Evaluation, values, num_rows: int, skip: int = 0) -> li
     assignments (sorted, with the self-check's uniform probes) are likely to include.
     """
     differ = sum(
-        (torch.as_tensor(values[name]) != torch.as_tensor(values[name])[:1])
-        .reshape(num_rows, -1)
+        (torch.as_tensor(values[name])[skip:] != torch.as_tensor(values[name])[skip : skip + 1])
+        .reshape(num_rows - skip, -1)
         .sum(-1)
         for name in job.shapes
     )
-    most = skip + int(differ[skip:].argmax())  # one host read
+    most = skip + int(differ.argmax())  # one host read
     spread = torch.linspace(skip, num_rows - 1, ALONE_CHECKS).round().long().tolist()
-    return list(dict.fromkeys([most, skip, *spread]))[:ALONE_CHECKS]
+    return list(dict.fromkeys([skip, most, *spread]))[:ALONE_CHECKS]
 
 
 def _alone_tolerance(batched: LogJoint, row: int) -> float:
@@ -524,13 +522,11 @@ def _alone_tolerance(batched: LogJoint, row: int) -> float:
     return 64 * torch.finfo(batched.dtype).eps * (1.0 + float(batched.magnitude[row]))
 
 
-def _unsettled(
-    job: _Evaluation, values, batched: LogJoint, rows: list[int], always_alone: int
-) -> list[int]:
+def _unsettled(job: _Evaluation, values, batched: LogJoint, rows: list[int]) -> list[int]:
     """The draws of ``rows`` whose log joint alone is still to be compared with the batch's.
 
-    The first ``always_alone`` of ``rows`` (the draw most unlike the batch's first row,
-    and the first draw) are traced alone. The others are first run once, all together, under
+    The first :data:`ALWAYS_ALONE` of ``rows`` (the first draw and the one most unlike it)
+    are always traced alone. The others are first run once, all together, under
     :func:`torch.func.vmap`, each in its own shapes: vmap runs the model's code once, but
     every tensor operation sees one draw, so a value reduced or indexed over the batch
     (``z.sum()``, ``z[0]``) is the draw's own, as in a trace of the draw alone. A draw whose
@@ -540,10 +536,10 @@ def _unsettled(
     :func:`_check_alone` too. vmap cannot stand in for every trace: ``int(z)`` fails on a
     batch and under vmap alike, and a model that catches that error takes the same branch
     in both, while a draw traced alone takes another; and a model that keeps state between
-    calls shows it in one run at most. Traces of one draw alone catch both: the plain runs
-    (:func:`_settle_plain_runs`), and ``always_alone`` draws.
+    calls shows it in one run at most. The draws traced alone, and the plain runs
+    (:func:`_check_plain_runs`), catch both.
     """
-    always, rest = list(rows[:always_alone]), list(rows[always_alone:])
+    always, rest = list(rows[:ALWAYS_ALONE]), list(rows[ALWAYS_ALONE:])
     if not rest:
         return always
     try:

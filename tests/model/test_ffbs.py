@@ -21,6 +21,7 @@ from pyro.ops.indexing import Vindex
 
 import pyro_autospec.model.ffbs as ffbs
 from pyro_autospec.infer import AutoSpec, SelfCheckError
+from pyro_autospec.model.log_joint import ALWAYS_ALONE
 from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
 TRANS = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
@@ -328,10 +329,10 @@ def test_a_discrete_run_traces_the_model_a_fixed_number_of_times(steps, num_samp
     # the same batch); a small markov model (supports' product at most 2^20) once more, with
     # a tensor dim per site, to find a site that reads further back than its history; and
     # ALONE_CHECKS draws of the batch each in its own shapes, in one run under
-    # torch.func.vmap, to find a model that mixes the draws of a batch, but the one most
-    # unlike the first row, traced alone (the structure traces, evaluated in the batch too,
-    # stand for the first draw's trace alone)
-    assert len(calls) == traces + 2
+    # torch.func.vmap, to find a model that mixes the draws of a batch, but the first and
+    # the one most unlike it, traced alone (the structure traces, evaluated in the batch
+    # too, add two assignments seen alone at no cost)
+    assert len(calls) == traces + ALWAYS_ALONE + 1
     assert fit._run.num_check_draws == 64 - num_samples and fit._run.num_probes == 64
 
 

@@ -16,7 +16,6 @@ from pyro_autospec.model import (
     evaluate,
     log_joint,
 )
-from pyro_autospec.model.log_joint import ALWAYS_ALONE
 
 
 def chain_without_keepdim(y):
@@ -89,14 +88,14 @@ VALUES = {"s": torch.tensor([[0.0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1], [0, 1, 
 
 def test_vmap_settles_the_mixing_check_in_one_run(monkeypatch):
     """Of the draws the mixing check compares, the first and the one most unlike it are
-    traced alone (without plain runs of the model); the others are scored in one run of the
+    traced alone; the others are scored in one run of the
     model under ``torch.func.vmap``, each in its own shapes, and where that is the batch's
     score their traces are spared."""
     traced = _alone_traces(monkeypatch)
     y = torch.tensor(0.3)
     layout = discover_sites(chain_with_keepdim, (y,), {})
     log_joint(chain_with_keepdim, (y,), {}, layout, VALUES)
-    assert traced == [2, 0]  # the one most unlike the first, and the first
+    assert traced == [0, 2]  # the first, and the one most unlike it
 
 
 LOCS = torch.tensor([-3.0, 0.0, 3.0])
@@ -143,46 +142,58 @@ def _evaluate(model, data, values, plain_runs):
     )
 
 
-def test_plain_runs_stand_for_the_first_draw_traced_alone(monkeypatch):
-    """Site discovery's structure traces are plain runs of the model: evaluated in the first
-    batch, they spare the mixing check the trace of its first draw alone (the draw most
-    unlike the batch's first row is traced alone all the same), and they are not among the
-    outputs."""
+def test_plain_runs_join_the_first_batch_and_leave_the_outputs(monkeypatch):
+    """Site discovery's structure traces are plain runs of the model: rows ahead of the draws
+    in the first batch, compared with their own log joint, and not among the outputs."""
     traced = _alone_traces(monkeypatch)
     y = torch.tensor(0.3)
     runs = discover_sites(chain_with_keepdim, (y,), {}).plain_runs
-    assert len(runs) == 2
+    assert len(runs) == 2 and all(math.isfinite(run.log_joint) for run in runs)
     with_runs = _evaluate(chain_with_keepdim, y, VALUES, runs)
-    assert len(traced) == 1 and traced[0] >= len(runs)  # one draw; the rest under vmap
+    assert traced == [2, 4]  # the first draw and the one most unlike it, after the plain runs
     traced.clear()
     without = _evaluate(chain_with_keepdim, y, VALUES, ())
-    assert traced == [2, 0]  # the draw most unlike the first, and the first
+    assert traced == [0, 2]
     torch.testing.assert_close(with_runs.total, without.total, rtol=0, atol=1e-12)
     assert with_runs.total.shape == (4,) and with_runs.magnitude.shape == (4,)
 
 
-def test_plain_runs_that_tell_nothing_leave_draws_to_trace_alone(monkeypatch):
-    """A plain run of probability zero stands for no trace alone; one whose log joint is not
-    the batch's is traced alone again, so that a stale one costs a trace and never raises
-    for a model that does not mix draws."""
+def test_a_stale_plain_run_costs_a_trace_and_raises_nothing(monkeypatch):
+    """A plain run whose log joint is not the batch's (another model's, other data) is traced
+    alone again: a model that does not mix draws passes."""
     traced = _alone_traces(monkeypatch)
     y = torch.tensor(0.3)
     run = discover_sites(chain_with_keepdim, (y,), {}).plain_runs[0]
-    impossible = PlainRun(run.values, -math.inf)
-    _evaluate(chain_with_keepdim, y, VALUES, [impossible])
-    assert traced[0] == 0 and len(traced) == 1 + ALWAYS_ALONE
-    traced.clear()
     stale = PlainRun(run.values, run.log_joint + 0.5)
-    out = _evaluate(chain_with_keepdim, y, VALUES, [stale, stale])
-    assert traced[:2] == [0, 1] and len(traced) == 3 and out.total.shape == (4,)
+    out = _evaluate(chain_with_keepdim, y, VALUES, [stale, PlainRun(run.values, -math.inf)])
+    assert traced == [0, 1, 2, 4] and out.total.shape == (4,)
 
 
-def test_a_model_that_catches_the_error_under_vmap_is_refused_with_plain_runs():
-    """``int(z)`` in ``try``: the batch and vmap take one branch, a draw alone another. Here
-    both plain runs draw ``z = 0``, where the branches agree: the draw most unlike the first
-    row, traced alone, finds the model out."""
-    data = torch.tensor([2.8, 3.1, 3.3])
-    runs = discover_sites(catches_the_error_of_a_batch, (data,), {}).plain_runs
-    assert [int(run.values["z"]) for run in runs] == [0, 0]
+PRIOR = torch.tensor([0.1, 0.1, 0.4, 0.4])
+
+
+def special_case_in_try(special: int):
+    """``int(k)`` fails on a batch and under vmap: this model gives one value a bonus only
+    when it runs on one draw (an outside review's case)."""
+
+    def model():
+        k = pyro.sample("k", dist.Categorical(PRIOR))
+        try:
+            bonus = 3.0 if int(k) == special else 0.0
+        except Exception:  # noqa: BLE001 - not one number: no bonus
+            bonus = 0.0
+        pyro.factor("bonus", torch.tensor(bonus))
+
+    return model
+
+
+@pytest.mark.parametrize("special", [0, 1, 2, 3])
+def test_a_value_special_alone_is_found_by_a_draw_or_a_plain_run(special):
+    """The draws traced alone (the first and the one most unlike it) see values 0 and 1 here,
+    the plain runs values 2 and 3: every special value is found."""
+    model = special_case_in_try(special)
+    runs = discover_sites(model).plain_runs
+    assert sorted(int(run.values["k"]) for run in runs) == [2, 3]
+    values = {"k": torch.tensor([0, 1, 2, 3])}
     with pytest.raises(MixedDrawsError):
-        _evaluate(catches_the_error_of_a_batch, data, {"z": torch.tensor([0, 2, 1, 2])}, runs)
+        evaluate(model, (), {}, values, {"k": ((), ())}, 0, plain_runs=runs)
