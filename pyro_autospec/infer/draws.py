@@ -557,10 +557,27 @@ def _distinct(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None
     saves most of the model's work, whatever the size of its data), else ``None``."""
     if samples.shape[0] < 4:
         return None
-    unique, inverse = torch.unique(samples, dim=0, return_inverse=True)
+    unique, inverse = _unique_rows(samples)
     if 2 * unique.shape[0] > samples.shape[0]:
         return None
     return unique, inverse
+
+
+def _unique_rows(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.unique(samples, dim=0, return_inverse=True)``: rows in lexicographic order.
+    Rows of a few coordinates are first read as one number each (base ``max + 1``, the first
+    coordinate the most significant, so the numbers sort as the rows do), which
+    ``torch.unique`` sorts many times faster than rows."""
+    num, n = samples.shape
+    base = int(samples.max()) + 1 if samples.numel() else 1
+    if n == 0 or int(samples.min()) < 0 or n * math.log2(max(base, 2)) > 62:
+        return torch.unique(samples, dim=0, return_inverse=True)
+    powers = base ** torch.arange(n - 1, -1, -1, device=samples.device)
+    keys = (samples.long() * powers).sum(1)
+    _, inverse = torch.unique(keys, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), num, device=samples.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(num, device=samples.device), "amin")
+    return samples[first], inverse
 
 
 def _take(joint: LogJoint, inverse: torch.Tensor) -> LogJoint:

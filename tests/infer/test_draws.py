@@ -206,3 +206,15 @@ def test_chunks_keep_one_row_per_distinct_assignment(monkeypatch):
     extra["sample_rounds"][0] += 1
     assert fit.results[0].log_prob[0] != extra["oracle_log_prob"][0]
     assert fit.results[0].sample_rounds[0] != extra["sample_rounds"][0]
+
+
+@pytest.mark.parametrize("num, n, q", [(1000, 3, 2), (500, 12, 3), (64, 1, 7), (200, 40, 4)])
+def test_unique_rows_are_torch_unique(num, n, q):
+    """Rows read as numbers sort as the rows do: the same unique rows, order and inverse as
+    ``torch.unique(dim=0)`` (40 coordinates of 4 values do not fit in a number: rows)."""
+    from pyro_autospec.infer.draws import _unique_rows
+
+    samples = torch.randint(0, q, (num, n), generator=torch.Generator().manual_seed(n))
+    unique, inverse = _unique_rows(samples)
+    expected, expected_inverse = torch.unique(samples, dim=0, return_inverse=True)
+    assert torch.equal(unique, expected) and torch.equal(inverse, expected_inverse)
