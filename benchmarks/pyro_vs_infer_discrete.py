@@ -21,10 +21,17 @@ run (tracing and compiling; for ``infer_discrete`` the same call with one partic
 apart. ``--profile`` splits AutoSpec's time into its parts (discover sites, build oracle,
 sampler, evaluate + self-check) for the default sampler and for the autospeculation engine.
 
+``--suite`` runs the same comparison on every model of the Pyro test-suite catalogue that
+AutoSpec samples (``tests/infer/_pyro_suite_models.py``: models copied from Pyro's own tests
+and examples, continuous sites fixed), ``--draws`` draws each (default 1000 there), and also
+times ``infer_discrete`` the way Pyro's docs use it, one call per draw (20 calls, scaled to
+the draws). Each model runs once untimed first; the table ends with the median ratio.
+
 Usage::
 
     python benchmarks/pyro_vs_infer_discrete.py            # the table in benchmarks/README.md
     python benchmarks/pyro_vs_infer_discrete.py --profile  # where the time goes
+    python benchmarks/pyro_vs_infer_discrete.py --suite    # Pyro's test-suite models
     python benchmarks/pyro_vs_infer_discrete.py --smoke    # seconds, for CI
 """
 
@@ -35,6 +42,7 @@ import importlib
 import statistics
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -172,18 +180,19 @@ CASES = {
 # ----------------------------------------------------------------------------------- timing
 
 
-def run_infer_discrete(model, args, num_draws: int):
-    """One vectorised infer_discrete call: ``num_draws`` exact draws over a particle plate."""
-    depth = 2  # every model here nests plates at most 2 deep
+def run_infer_discrete(model, args, num_draws: int, depth: int = 2, kwargs=None):
+    """One vectorised infer_discrete call: ``num_draws`` exact draws over a particle plate
+    left of the model's ``depth`` plate dims (every model here nests plates at most 2 deep)."""
     first = -(depth + 2)
 
-    def particles(*a):
+    def particles(*a, **k):
         with pyro.plate("particles", num_draws, dim=first + 1):
-            return model(*a)
+            return model(*a, **k)
 
     sampler = infer_discrete(config_enumerate(particles), first_available_dim=first)
     start = time.perf_counter()
-    poutine.trace(sampler).get_trace(*args)
+    with poutine.block():
+        poutine.trace(sampler).get_trace(*args, **(kwargs or {}))
     return time.perf_counter() - start
 
 
@@ -321,16 +330,123 @@ def table(cases: dict, draws: int, repeats: int) -> None:
         )
 
 
+def suite(draws: int, repeats: int, only: list | None, smoke: bool) -> None:
+    """AutoSpec against ``infer_discrete`` on the Pyro test-suite catalogue's models."""
+    from tests.infer._pyro_suite_models import CASES as SUITE
+
+    cases = [c for c in SUITE if not (c.refusal or c.model_error)]
+    if only:
+        cases = [c for c in cases if c.name in only]
+    if smoke:
+        cases = cases[:: max(1, len(cases) // 4)][:4]
+    loop_calls = min(20, draws)
+    print(
+        f"| model | sampler | AutoSpec s ({draws} draws) | infer_discrete s, vectorised | "
+        f"ratio | infer_discrete s, one call per draw ({loop_calls} calls, scaled) | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    ratios, loop_ratios, failed = [], [], []
+    for case in cases:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            method, wall, vec, loop = _time_suite_case(case, draws, repeats, loop_calls)
+        loop_ratios.append(wall / loop)
+        if isinstance(vec, str):
+            failed.append(f"{case.name} ({vec})")
+            cells = "fails | -"
+        else:
+            ratios.append(wall / vec)
+            cells = f"{vec:.4f} | {wall / vec:.2f}x"
+        print(
+            f"| {case.name} | {method} | {wall:.4f} | {cells} | {loop:.3f} | {wall / loop:.3f}x |"
+        )
+    if ratios:
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        print(
+            f"\nAutoSpec / vectorised infer_discrete over {len(ratios)} models: median "
+            f"{statistics.median(ratios):.2f}x (quartiles {quartiles[0]:.2f}x, "
+            f"{quartiles[2]:.2f}x; from {min(ratios):.2f}x to {max(ratios):.2f}x); AutoSpec "
+            f"faster on {sum(r < 1 for r in ratios)}."
+        )
+    print(
+        f"AutoSpec / infer_discrete one call per draw over {len(loop_ratios)} models: median "
+        f"{statistics.median(loop_ratios):.3f}x (from {min(loop_ratios):.3f}x to "
+        f"{max(loop_ratios):.3f}x)."
+    )
+    if failed:
+        print(f"Vectorised infer_discrete failed on {len(failed)}: {', '.join(failed)}.")
+
+
+def _time_suite_case(case, draws: int, repeats: int, loop_calls: int):
+    """``(sampler, AutoSpec s, vectorised infer_discrete s or its error, one call per draw
+    s)`` of one catalogue case, medians of ``repeats`` interleaved runs after an untimed one."""
+    from tests.infer._pyro_suite_models import _copy_args, _plate_nesting, prepare, set_params
+
+    model, args, kwargs, _ = prepare(case)
+    depth = case.max_plate_nesting
+    if depth is None:
+        depth = _plate_nesting(model, args, kwargs)
+
+    def autospec(num):
+        set_params(case)
+        start = time.perf_counter()
+        fit = AutoSpec(model, num_samples=num, seed=0, disable_progbar=True)
+        fit.run(*_copy_args(args), **kwargs)
+        return time.perf_counter() - start, fit.results[0].method
+
+    def vectorised(num):
+        set_params(case)
+        return run_infer_discrete(model, _copy_args(args), num, depth=depth, kwargs=kwargs)
+
+    def one_per_draw(num):
+        set_params(case)
+        sampler = infer_discrete(config_enumerate(model), first_available_dim=-(depth + 1))
+        start = time.perf_counter()
+        with poutine.block():
+            for _ in range(num):
+                poutine.trace(sampler).get_trace(*_copy_args(args), **kwargs)
+        return time.perf_counter() - start
+
+    autospec(min(draws, 10))  # first calls and caches, outside the timings
+    one_per_draw(1)
+    try:
+        vectorised(min(draws, 10))
+        error = None
+    except Exception as e:  # noqa: BLE001 - reported, left out of the median
+        error = type(e).__name__
+    times: dict = {"auto": [], "vec": [], "loop": []}
+    for _ in range(repeats):  # interleaved, so that a load hits all three alike
+        seconds, method = autospec(draws)
+        times["auto"].append(seconds)
+        if error is None:
+            times["vec"].append(vectorised(draws))
+        times["loop"].append(one_per_draw(loop_calls) * draws / loop_calls)
+    vec = error if error is not None else statistics.median(times["vec"])
+    return method, statistics.median(times["auto"]), vec, statistics.median(times["loop"])
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="small sizes, one repeat")
     parser.add_argument("--profile", action="store_true", help="where AutoSpec's time goes")
-    parser.add_argument("--draws", type=int, default=200)
+    parser.add_argument("--suite", action="store_true", help="Pyro's test-suite models")
+    parser.add_argument("--draws", type=int, default=None, help="200; 1000 with --suite")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", default=None, help="model names")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     pyro.set_rng_seed(0)
+    if args.draws is None:
+        args.draws = 1000 if args.suite else 200
+    if args.suite:
+        if args.smoke:
+            args.draws, args.repeats = min(args.draws, 50), 1
+        print(
+            f"torch {torch.__version__}, pyro {pyro.__version__}, threads "
+            f"{torch.get_num_threads()}, draws {args.draws}, median of {args.repeats}"
+        )
+        suite(args.draws, args.repeats, args.only, args.smoke)
+        return
     cases = {k: v for k, v in CASES.items() if args.only is None or k in args.only}
     if args.smoke:
         cases = {k: (make, smoke, smoke) for k, (make, _, smoke) in cases.items()}
