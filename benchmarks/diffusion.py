@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> bool:
     if args.sweep:
         return sweep(args)
     torch.set_num_threads(args.threads)
-    steps = args.steps or ([64, 256] if args.smoke else [64, 256, 1024, 4096])
-    num_samples = args.num_samples or (8 if args.smoke else 32)
+    steps = args.steps or ([16, 64] if args.smoke else [64, 256, 1024, 4096])
+    num_samples = args.num_samples or (4 if args.smoke else 32)
     rho = args.rho if args.rho == "adaptive" else float(args.rho)
     print(
         f"# Diffusion benchmark: finite support ({args.num_points} points on the unit sphere), "

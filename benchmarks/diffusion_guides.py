@@ -57,10 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> list[dict]:
     torch.set_num_threads(args.threads)
-    num_samples = args.num_samples or (16 if args.smoke else 200)
-    num_sims = args.num_simulations or (500 if args.smoke else 20000)
-    num_iterations = args.num_iterations or (50 if args.smoke else 3000)
-    num_steps = 32 if args.smoke else args.num_steps
+    num_samples = args.num_samples or (8 if args.smoke else 200)
+    num_sims = args.num_simulations or (100 if args.smoke else 20000)
+    num_iterations = args.num_iterations or (5 if args.smoke else 3000)
+    num_steps = 16 if args.smoke else args.num_steps
     covariates = make_covariates(args.num_data, args.seed)
     with pyro.poutine.seed(rng_seed=args.seed + 1):  # one data set from the prior predictive
         trace = pyro.poutine.trace(pyro.poutine.uncondition(logistic_model)).get_trace(

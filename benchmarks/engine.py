@@ -423,7 +423,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.sizes, args.num_samples, args.race_n = [64], 4, 64
+        args.sizes, args.num_samples, args.race_n = [32], 2, 32
         args.grid, args.batching_draws, args.concurrency = [2, 3], 40, [10]
         args.draws, args.max_blocks = [1, 4], [4]
     torch.set_num_threads(args.threads)

@@ -57,14 +57,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--side", type=int, default=None, help="16x16 grid (smoke: 5)")
     parser.add_argument("--bimodal-side", type=int, default=None, help="14 (smoke: 4)")
-    parser.add_argument("--train-seconds", type=float, default=None, help="120 (smoke: 1)")
+    parser.add_argument("--train-seconds", type=float, default=None, help="120 (smoke: 0.1)")
     parser.add_argument("--compare-seconds", type=float, default=None, help="per row; 120")
-    parser.add_argument("--bimodal-seconds", type=float, default=None, help="300 (smoke: 1)")
-    parser.add_argument("--amortised-seconds", type=float, default=None, help="300 (smoke: 1)")
+    parser.add_argument("--bimodal-seconds", type=float, default=None, help="300 (smoke: 0.1)")
+    parser.add_argument("--amortised-seconds", type=float, default=None, help="300 (smoke: 0.1)")
     parser.add_argument("--num-samples", type=int, default=None, help="per IMH chain; 1000")
     parser.add_argument("--gibbs-samples", type=int, default=None, help="20000 (smoke: 200)")
     parser.add_argument("--reference-factor", type=int, default=3)
-    parser.add_argument("--num-particles", type=int, default=128)
+    parser.add_argument("--num-particles", type=int, default=None, help="128 (smoke: 16)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--save-guide", type=Path, help="save the 'ising' guide (guide.save)")
     parser.add_argument("--seed", type=int, default=0)
@@ -73,12 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     defaults = {
         "side": (5, 16),
         "bimodal_side": (4, 14),
-        "train_seconds": (1.0, 120.0),
-        "compare_seconds": (1.0, 120.0),
-        "bimodal_seconds": (1.0, 300.0),
-        "amortised_seconds": (1.0, 300.0),
+        # smoke: one or two training steps each (a step is taken before the clock is read)
+        "train_seconds": (0.1, 120.0),
+        "compare_seconds": (0.1, 120.0),
+        "bimodal_seconds": (0.1, 300.0),
+        "amortised_seconds": (0.1, 300.0),
         "num_samples": (40, 1000),
         "gibbs_samples": (200, 20000),
+        "num_particles": (16, 128),
     }
     for name, (small, full) in defaults.items():
         if getattr(args, name) is None:

@@ -233,8 +233,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     args = parser.parse_args(argv)
-    if args.smoke:
-        args.num_samples, args.warmup, args.models = 20, 20, ["change_point"]
+    if args.smoke:  # the mixture: the cheapest model, with binary and continuous sites
+        args.num_samples, args.warmup, args.models = 20, 20, ["mixture"]
     torch.set_num_threads(1)
     numpyro_versions = numpyro_models()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -106,6 +106,9 @@ DEFAULT_ORACLES = [
     "hmm",
     "tree_potts",
 ]
+# --smoke: one oracle of each kind the default list builds (a random NADE with chain queries,
+# a partly trained guide, a mixture, the hand-written chain with its own n, a shipped family)
+SMOKE_ORACLES = ["nade:scale=2", "guide:steps=300", "mixture:K=8", "user_chain:n=4096", "markov"]
 DEFAULT_VARIANTS = ["autospec", "autospec:token_below=0", "agr24", "speculative", "sequential"]
 ORACLE_METHODS = (
     "log_marginals",
@@ -368,7 +371,9 @@ def describe(oracle, spec: str) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--smoke", action="store_true", help="n = 64, 1 and 4 draws (counted at 4): seconds"
+        "--smoke",
+        action="store_true",
+        help="one oracle of each kind, n = 32, 1 and 2 draws (counted at 2): seconds",
     )
     parser.add_argument("--oracles", nargs="+", default=DEFAULT_ORACLES)
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
@@ -404,10 +409,12 @@ def main(argv=None) -> None:
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1; got {args.repeats}")
     if args.smoke:
-        args.n, args.draws = 64, [1, 4]
-        args.count_draws = args.count_draws or [4]
+        args.n, args.draws = 32, [1, 2]
+        args.count_draws = args.count_draws or [2]
+        if args.oracles == DEFAULT_ORACLES:
+            args.oracles = SMOKE_ORACLES
         args.oracles = [
-            s.replace("n=4096", "n=128").replace("steps=300", "steps=5") for s in args.oracles
+            s.replace("n=4096", "n=32").replace("steps=300", "steps=5") for s in args.oracles
         ]
     if args.count_draws is None:
         args.count_draws = args.draws
