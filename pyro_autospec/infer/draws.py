@@ -42,7 +42,7 @@ from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import AutoSpecModelError, MixedDrawsError
 from pyro_autospec.model.ffbs import FFBSPlan, plan_ffbs, sample_exact
-from pyro_autospec.model.log_joint import LogJoint, evaluate
+from pyro_autospec.model.log_joint import LogJoint, SharedNumbersWarning, evaluate
 from pyro_autospec.model.randomness import HiddenRandomnessError
 
 __all__ = [
@@ -414,7 +414,9 @@ class DrawEvaluator:
                 joint = self._evaluate(values, check)
             else:  # each distinct assignment once: the model is deterministic given it
                 unique, rows = distinct
-                joint = _take(self._evaluate(self._values(unique, None), check), rows)
+                with warnings.catch_warnings():  # its deterministic values are not kept then
+                    warnings.simplefilter("ignore", SharedNumbersWarning)
+                    joint = _take(self._evaluate(self._values(unique, None), check), rows)
                 if joint.random and joint.deterministic:
                     # unless it draws random numbers no scored site reads: its deterministic
                     # sites (a posterior predictive's noise) differ from draw to draw
@@ -442,6 +444,7 @@ class DrawEvaluator:
         )
         with warnings.catch_warnings():  # the model's warnings on the check's assignments
             warnings.simplefilter("ignore")
+            warnings.simplefilter("default", SharedNumbersWarning)  # the draws' own
             evaluated = self._evaluate_alone(everything, log_q, None, join=False, distinct=distinct)
         own, rest = _rows(evaluated, slice(0, num)), _rows(evaluated, slice(num, None))
         with self.stage("self-check"):

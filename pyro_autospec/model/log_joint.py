@@ -39,7 +39,12 @@ from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.model.continuous import ContinuousLayout
 from pyro_autospec.model.discrete import PlainRun, SiteLayout, discover_sites
 from pyro_autospec.model.errors import AutoSpecModelError, DynamicStructureError, MixedDrawsError
-from pyro_autospec.model.randomness import HIDDEN_RANDOMNESS, HiddenRandomnessError, RandomUse
+from pyro_autospec.model.randomness import (
+    HIDDEN_RANDOMNESS,
+    Generators,
+    HiddenRandomnessError,
+    RandomUse,
+)
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
     SiteRecorder,
@@ -317,7 +322,9 @@ def evaluate(
     observed_shapes : dict, optional
         ``name -> batch_shape`` of the observed sites whose pointwise log likelihood to return.
     deterministic_shapes : dict, optional
-        ``name -> value shape`` of the deterministic sites to return.
+        ``name -> value shape`` of the deterministic sites to return. One whose random numbers
+        the draws of a batch would share (``torch.randn(())``) is evaluated one draw at a
+        time, with a warning, so that each draw has numbers of its own.
     chunk_size : int
         Draws per trace.
     check_mixing : bool
@@ -370,11 +377,15 @@ def evaluate(
         model, args, kwargs, shapes, max_plate_nesting, observed_shapes, deterministic_shapes
     )
     try:
-        return _evaluate_batched(job, values, chunk_size, check_mixing, num_draws, plain_runs)
+        out = _evaluate_batched(job, values, chunk_size, check_mixing, num_draws, plain_runs)
     except AutoSpecModelError as error:
         if not per_draw_fallback or isinstance(error, HiddenRandomnessError):
             raise  # no evaluation one draw at a time can help
         reason = str(error).split(". ")[0]
+    else:
+        if out.random and out.deterministic and num_draws > 1:
+            out = _own_numbers(job, values, out, num_draws)
+        return out
     warnings.warn(
         f"The model does not evaluate on a batch of draws ({reason}); AutoSpec evaluated it "
         f"one draw at a time ({num_draws} traces). " + batching_advice(model, args, kwargs or {}),
@@ -391,6 +402,75 @@ def evaluate(
         for i in range(num_draws)
     ]
     return replace(_concatenate(parts), random=job.random_use.moved)
+
+
+class SharedNumbersWarning(UserWarning):
+    """Deterministic sites whose random numbers the draws of a batch shared were evaluated
+    one draw at a time (:func:`_own_numbers`)."""
+
+
+def _own_numbers(job: _Evaluation, values, out: LogJoint, num_draws: int) -> LogJoint:
+    """``out`` with the deterministic sites whose random numbers the draws of a batch share
+    (``torch.randn(())``, a latent site hidden from the batch's plate) evaluated again one
+    draw at a time, so that every draw has numbers of its own, as in Pyro's ``MCMC``.
+
+    A site shares its numbers where two copies of one draw in a batch get the same value,
+    although two runs with other random numbers give it another: run twice, with the global
+    generators seeded afresh and restored after. A value with numbers of its own per draw
+    and some shared too (``torch.randn(()) + torch.randn(z.shape)``) is not told apart.
+    """
+    devices = [torch.as_tensor(values[name]).device for name in job.shapes]
+    cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+    generators = Generators(cuda)
+    two = {
+        name: torch.as_tensor(values[name])[:1].expand(
+            2, *job.shapes[name][0], *job.shapes[name][1]
+        )
+        for name in job.shapes
+    }
+    runs = []
+    with generators.restored():
+        for seed in (1, 2):
+            Generators.seed(seed)
+            runs.append(_run_chunk(job, two, 2).deterministic)
+    shared = [
+        name
+        for name in out.deterministic
+        if not torch.equal(runs[0][name], runs[1][name])
+        and torch.equal(runs[0][name][0], runs[0][name][1])
+    ]
+    if not shared:
+        return out
+    warnings.warn(
+        f"pyro.deterministic site(s) {shared} read random numbers that the draws of a batch "
+        f"share (drawn with a shape of their own, such as torch.randn(()), or by a latent site "
+        f"hidden from the batch): AutoSpec evaluated them one draw at a time ({num_draws} "
+        f"traces), so that each draw has numbers of its own, as in Pyro's MCMC. Draw them "
+        f"with a shape that broadcasts with the sites they go with (torch.randn(z.shape)), or "
+        f"compute them afterwards with pyro.infer.Predictive.",
+        SharedNumbersWarning,
+        stacklevel=user_stacklevel(),
+    )
+    only = replace(
+        job,
+        observed_shapes={},
+        deterministic_shapes={k: job.deterministic_shapes[k] for k in shared},
+    )
+    parts = [
+        _run_chunk(
+            only,
+            {name: torch.as_tensor(values[name])[i : i + 1] for name in job.shapes},
+            1,
+            unbatched=True,
+        ).deterministic
+        for i in range(num_draws)
+    ]
+    deterministic = dict(out.deterministic)
+    for name in shared:
+        deterministic[name] = torch.cat([part[name] for part in parts]).to(
+            out.deterministic[name].device
+        )
+    return replace(out, deterministic=deterministic)
 
 
 def _concatenate(parts: list) -> LogJoint:

@@ -55,7 +55,7 @@ class HiddenRandomnessError(AutoSpecModelError):
     of its own: no other way of evaluating it, one draw at a time included, can help)."""
 
 
-class _Generators:
+class Generators:
     """The state of the global random generators a model can draw from: torch's on the CPU
     and on the GPUs ``cuda`` (indices), NumPy's and Python's."""
 
@@ -109,9 +109,9 @@ class _Statements:
       reseeded runs decide.
     """
 
-    def __init__(self, generators: _Generators):
+    def __init__(self, generators: Generators):
         self.cuda = generators.cuda
-        self.state = _Generators(self.cuda)
+        self.state = Generators(self.cuda)
         self.hidden: list[str] = []
         self.unexcused: list[str] = []
 
@@ -122,11 +122,11 @@ class _Statements:
             if not (isinstance(msg["fn"], _Subsample) or site_role(msg) == "deterministic"):
                 self.unexcused.append(msg["name"])
         unvalued = not (msg["done"] or msg["is_observed"] or msg["value"] is not None)
-        drawing = _Generators(self.cuda)
+        drawing = Generators(self.cuda)
         original(msg)
         if sample and unvalued and not isinstance(msg["fn"], _Subsample) and drawing.moved():
             self.hidden.append(msg["name"])
-        self.state = _Generators(self.cuda)
+        self.state = Generators(self.cuda)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
@@ -198,13 +198,13 @@ class RandomUse:
             return
         self.runs += 1
         cuda = sorted({v.device.index or 0 for v in values.values() if v.device.type == "cuda"})
-        generators = _Generators(cuda)
+        generators = Generators(cuda)
         yield
         if generators.moved():
             self.moved = True
             self._explain(generators, run)
 
-    def _explain(self, generators: _Generators, run: Callable[[], object]) -> None:
+    def _explain(self, generators: Generators, run: Callable[[], object]) -> None:
         statements = _Statements(generators)
         with generators.restored():
             with statements.watching():

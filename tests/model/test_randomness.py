@@ -1,14 +1,45 @@
 """Random numbers a model draws while it is evaluated on given values: what is allowed, and
 what the draws' evaluation does with it (the refusals: tests/infer/test_teaching_refusals.py)."""
 
+import warnings
+
 import pyro
 import pyro.distributions as dist
+import pytest
 import torch
 from pyro import poutine
 from torch.distributions import constraints
 
 from pyro_autospec import AutoSpec
 from pyro_autospec.model.log_joint import evaluate
+
+
+def test_noise_the_draws_of_a_batch_share_is_drawn_again_for_every_draw():
+    """``torch.randn(())`` is one number for a whole batch of draws: every draw's
+    ``pyro.deterministic`` value got the same noise. Such sites are evaluated one draw at a
+    time, with a warning; noise drawn with the sites' shape keeps the batch, and silence."""
+
+    def shared(y):
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+        pyro.deterministic("pred", z + torch.randn(()))
+        pyro.deterministic("twice", 2 * z)
+        pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+
+    def own(y):
+        z = pyro.sample("z", dist.Bernoulli(0.3))
+        pyro.deterministic("pred", z + torch.randn(z.shape))
+        pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
+
+    y = torch.tensor(1.0)
+    with pytest.warns(UserWarning, match=r"\['pred'\] read random numbers"):
+        fit = AutoSpec(shared, 300, seed=0, disable_progbar=True).run(y)
+    samples = fit.get_samples()
+    assert (samples["pred"] - samples["z"]).unique().numel() == 300
+    assert torch.equal(samples["twice"], 2 * samples["z"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        samples = AutoSpec(own, 300, seed=0, disable_progbar=True).run(y).get_samples()
+    assert (samples["pred"] - samples["z"]).unique().numel() == 300
 
 
 def test_a_deterministic_sites_noise_is_drawn_for_every_draw():
