@@ -186,7 +186,7 @@ def run_infer_discrete(model, args, num_draws: int, depth: int = 2, kwargs=None)
     first = -(depth + 2)
 
     def particles(*a, **k):
-        with pyro.plate("particles", num_draws, dim=first + 1):
+        with pyro.plate("_particles", num_draws, dim=first + 1):  # a name no model uses
             return model(*a, **k)
 
     sampler = infer_discrete(config_enumerate(particles), first_available_dim=first)
