@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.keys import derive_seed
 from pyro_autospec.infer.seeds import check_draws_seed
@@ -442,10 +443,12 @@ class DrawEvaluator:
         log_q = torch.cat(
             [oracle_log_prob.double(), checks.log_prob.double().to(oracle_log_prob.device)]
         )
-        with warnings.catch_warnings():  # the model's warnings on the check's assignments
-            warnings.simplefilter("ignore")
-            warnings.simplefilter("default", SharedNumbersWarning)  # the draws' own
+        with warnings.catch_warnings(record=True) as caught:  # the model's warnings on the
+            warnings.simplefilter("ignore")  # check's assignments; the draws' own, raised below
+            warnings.simplefilter("always", SharedNumbersWarning)
             evaluated = self._evaluate_alone(everything, log_q, None, join=False, distinct=distinct)
+        for warning in caught:  # under the user's filters
+            warnings.warn(warning.message, stacklevel=user_stacklevel())
         own, rest = _rows(evaluated, slice(0, num)), _rows(evaluated, slice(num, None))
         with self.stage("self-check"):
             self.self_check.add(own.lp, own.oracle_log_prob, own.joint.magnitude, own.joint.dtype)
@@ -572,8 +575,10 @@ def _unique_rows(samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     coordinate the most significant, so the numbers sort as the rows do), which
     ``torch.unique`` sorts many times faster than rows."""
     num, n = samples.shape
-    base = int(samples.max()) + 1 if samples.numel() else 1
-    if n == 0 or int(samples.min()) < 0 or n * math.log2(max(base, 2)) > 62:
+    if num == 0 or n == 0:
+        return torch.unique(samples, dim=0, return_inverse=True)
+    base = int(samples.max()) + 1
+    if int(samples.min()) < 0 or n * math.log2(max(base, 2)) > 62:
         return torch.unique(samples, dim=0, return_inverse=True)
     powers = base ** torch.arange(n - 1, -1, -1, device=samples.device)
     keys = (samples.long() * powers).sum(1)

@@ -34,6 +34,7 @@ from pyro_autospec.model.errors import (
 )
 from pyro_autospec.model.log_joint import (
     LogJoint,
+    SharedNumbersWarning,
     continuous_log_joint,
     enumerate_posterior,
     evaluate,
@@ -53,6 +54,7 @@ __all__ = [
     "MixedDrawsError",
     "LogJoint",
     "PlainRun",
+    "SharedNumbersWarning",
     "SiteLayout",
     "SubsamplingError",
     "UnsupportedSiteError",

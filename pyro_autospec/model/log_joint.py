@@ -61,6 +61,7 @@ from pyro_autospec.model.tracing import (
 
 __all__ = [
     "LogJoint",
+    "SharedNumbersWarning",
     "continuous_log_joint",
     "enumerate_posterior",
     "evaluate",
@@ -409,68 +410,77 @@ class SharedNumbersWarning(UserWarning):
     one draw at a time (:func:`_own_numbers`)."""
 
 
-def _own_numbers(job: _Evaluation, values, out: LogJoint, num_draws: int) -> LogJoint:
-    """``out`` with the deterministic sites whose random numbers the draws of a batch share
-    (``torch.randn(())``, a latent site hidden from the batch's plate) evaluated again one
-    draw at a time, so that every draw has numbers of its own, as in Pyro's ``MCMC``.
+#: Copies of each probed draw in the batch that finds shared random numbers, and reseeded runs
+#: of it (:func:`_own_numbers`): numbers of a draw's own agree across all copies by chance
+#: with probability at most ``2 ** -((SHARED_COPIES - 1) * SHARED_RUNS)`` for a fair coin.
+SHARED_COPIES = 8
+SHARED_RUNS = 3
 
-    A site shares its numbers where two copies of one draw in a batch get the same value,
-    although two runs with other random numbers give it another: run twice, with the global
-    generators seeded afresh and restored after. A value with numbers of its own per draw
-    and some shared too (``torch.randn(()) + torch.randn(z.shape)``) is not told apart.
+
+def _own_numbers(job: _Evaluation, values, out: LogJoint, num_draws: int) -> LogJoint:
+    """``out`` with its deterministic sites evaluated again one draw at a time where random
+    numbers the draws of a batch share reach one of them (``torch.randn(())``, a latent site
+    hidden from the batch's plate), so that every draw has numbers of its own, as in Pyro's
+    ``MCMC``. All of them are evaluated again, so that sites that read one another stay
+    consistent.
+
+    The probe: :data:`SHARED_COPIES` copies of each of the draws :func:`_rows_to_check`
+    picks, in one batch, run :data:`SHARED_RUNS` times with the global generators seeded
+    afresh (and restored after). A site shares its numbers where every copy of a draw gets
+    the same value in every run, while that value changes from run to run. Numbers of low
+    entropy (a shared coin that lands alike in every run) and shared numbers beside numbers
+    of each draw's own (``torch.randn(()) + torch.randn(z.shape)``) are not told apart.
     """
-    devices = [torch.as_tensor(values[name]).device for name in job.shapes]
-    cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
-    generators = Generators(cuda)
-    two = {
-        name: torch.as_tensor(values[name])[:1].expand(
-            2, *job.shapes[name][0], *job.shapes[name][1]
-        )
+    rows = _rows_to_check(job, values, num_draws)
+    batch = {
+        name: torch.as_tensor(values[name])[rows].repeat_interleave(SHARED_COPIES, 0)
         for name in job.shapes
     }
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     runs = []
-    with generators.restored():
-        for seed in (1, 2):
+    with Generators(cuda).restored():
+        for seed in range(1, SHARED_RUNS + 1):
             Generators.seed(seed)
-            runs.append(_run_chunk(job, two, 2).deterministic)
-    shared = [
-        name
-        for name in out.deterministic
-        if not torch.equal(runs[0][name], runs[1][name])
-        and torch.equal(runs[0][name][0], runs[0][name][1])
-    ]
+            runs.append(_run_chunk(job, batch, len(rows) * SHARED_COPIES).deterministic)
+    shared = [name for name in out.deterministic if _shared(runs, name, len(rows))]
     if not shared:
         return out
     warnings.warn(
         f"pyro.deterministic site(s) {shared} read random numbers that the draws of a batch "
         f"share (drawn with a shape of their own, such as torch.randn(()), or by a latent site "
-        f"hidden from the batch): AutoSpec evaluated them one draw at a time ({num_draws} "
-        f"traces), so that each draw has numbers of its own, as in Pyro's MCMC. Draw them "
-        f"with a shape that broadcasts with the sites they go with (torch.randn(z.shape)), or "
-        f"compute them afterwards with pyro.infer.Predictive.",
+        f"hidden from the batch): AutoSpec evaluated the deterministic sites one draw at a "
+        f"time ({num_draws} traces), so that each draw has numbers of its own, as in Pyro's "
+        f"MCMC. Draw them with a shape that broadcasts with the sites they go with "
+        f"(torch.randn(z.shape)), or compute them afterwards with pyro.infer.Predictive.",
         SharedNumbersWarning,
         stacklevel=user_stacklevel(),
     )
-    only = replace(
-        job,
-        observed_shapes={},
-        deterministic_shapes={k: job.deterministic_shapes[k] for k in shared},
-    )
     parts = [
         _run_chunk(
-            only,
+            replace(job, observed_shapes={}),
             {name: torch.as_tensor(values[name])[i : i + 1] for name in job.shapes},
             1,
             unbatched=True,
         ).deterministic
         for i in range(num_draws)
     ]
-    deterministic = dict(out.deterministic)
-    for name in shared:
-        deterministic[name] = torch.cat([part[name] for part in parts]).to(
-            out.deterministic[name].device
-        )
+    deterministic = {
+        name: torch.cat([part[name] for part in parts]).to(value.device)
+        for name, value in out.deterministic.items()
+    }
     return replace(out, deterministic=deterministic)
+
+
+def _shared(runs: list[dict], name: str, num_rows: int) -> bool:
+    """Whether some probed draw has one value of site ``name`` across all its copies in every
+    run, and another from run to run."""
+    per_run = [run[name].reshape(num_rows, SHARED_COPIES, -1) for run in runs]
+    for row in range(num_rows):
+        values = [value[row] for value in per_run]
+        alike = all(bool((value == value[:1]).all()) for value in values)
+        if alike and any(not torch.equal(values[0], value) for value in values[1:]):
+            return True
+    return False
 
 
 def _concatenate(parts: list) -> LogJoint:

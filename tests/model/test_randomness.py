@@ -11,6 +11,7 @@ from pyro import poutine
 from torch.distributions import constraints
 
 from pyro_autospec import AutoSpec
+from pyro_autospec.model import SharedNumbersWarning
 from pyro_autospec.model.log_joint import evaluate
 
 
@@ -31,7 +32,7 @@ def test_noise_the_draws_of_a_batch_share_is_drawn_again_for_every_draw():
         pyro.sample("y", dist.Normal(2.0 * z, 1.0), obs=y)
 
     y = torch.tensor(1.0)
-    with pytest.warns(UserWarning, match=r"\['pred'\] read random numbers"):
+    with pytest.warns(SharedNumbersWarning, match=r"\['pred'\] read random numbers"):
         fit = AutoSpec(shared, 300, seed=0, disable_progbar=True).run(y)
     samples = fit.get_samples()
     assert (samples["pred"] - samples["z"]).unique().numel() == 300
@@ -40,6 +41,47 @@ def test_noise_the_draws_of_a_batch_share_is_drawn_again_for_every_draw():
         warnings.simplefilter("error")
         samples = AutoSpec(own, 300, seed=0, disable_progbar=True).run(y).get_samples()
     assert (samples["pred"] - samples["z"]).unique().numel() == 300
+
+
+def test_shared_noise_is_found_where_the_first_draw_hides_it():
+    """An outside review: ``z * torch.randn(())`` is 0 for a first draw with ``z = 0``, and
+    the probe looked at the first draw only; it now probes the draws the mixing check picks."""
+
+    def model():
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.deterministic("pred", z * torch.randn(()))
+
+    values = {"z": torch.tensor([0.0, 1.0, 1.0, 1.0])}
+    with pytest.warns(SharedNumbersWarning):
+        out = evaluate(model, (), {}, values, {"z": ((), ())}, 0, deterministic_shapes={"pred": ()})
+    assert out.deterministic["pred"][1:].unique().numel() == 3
+
+
+def test_sites_that_read_one_another_stay_consistent_and_own_noise_passes():
+    """An outside review: ``y_rep`` reads ``mu_rep`` (shared noise) and adds noise of each
+    draw's own; re-drawing ``mu_rep`` alone made ``y_rep - mu_rep`` of variance 2, not 1. All
+    deterministic sites are evaluated again together. A coin of each draw's own
+    (``torch.randint(0, 2, z.shape)``) is not taken for a shared one."""
+
+    def model(y):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+        mu_rep = pyro.deterministic("mu_rep", z + torch.randn(()))
+        pyro.deterministic("y_rep", mu_rep + torch.randn(z.shape))
+
+    def coin(y):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(z, 1.0), obs=y)
+        pyro.deterministic("flip", z + torch.randint(0, 2, z.shape))
+
+    torch.manual_seed(0)
+    with pytest.warns(SharedNumbersWarning, match="mu_rep"):
+        samples = AutoSpec(model, 2000, seed=0, disable_progbar=True).run(torch.tensor(0.5))
+    samples = samples.get_samples()
+    assert 0.85 < float((samples["y_rep"] - samples["mu_rep"]).var()) < 1.15
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AutoSpec(coin, 2000, seed=0, disable_progbar=True).run(torch.tensor(0.5))
 
 
 def test_a_deterministic_sites_noise_is_drawn_for_every_draw():
