@@ -80,3 +80,11 @@ def test_benchmark_smoke(script, tmp_path):
     if script == "engine.py":  # every part, the opt-in profile too
         args += ["--parts", "overhead", "race", "ops", "draws", "batching", "profile"]
     run(*args)
+
+
+def test_pyro_suite_comparison_smoke():
+    """``pyro_vs_infer_discrete.py --suite``: AutoSpec against infer_discrete on Pyro's own
+    test-suite models (four of them in the smoke run), with the median ratios."""
+    out = run(str(ROOT / "benchmarks" / "pyro_vs_infer_discrete.py"), "--suite", "--smoke")
+    assert "AutoSpec / vectorised infer_discrete over 4 models: median" in out
+    assert "AutoSpec / infer_discrete one call per draw over 4 models: median" in out
