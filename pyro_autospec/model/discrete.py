@@ -42,6 +42,7 @@ from pyro_autospec.model.tracing import (
     plate_dims,
     plate_nesting,
     scaled_sites,
+    scored_log_joint,
     seed_generators,
     site_role,
     trace_model,
@@ -164,14 +165,9 @@ def _plain_run(trace, sites: list[DiscreteSite]) -> PlainRun | None:
     be computed (the batched evaluation then raises the model's error)."""
     try:
         trace.compute_log_prob()
-        terms = [
-            site["log_prob"].detach().double().sum()
-            for site in trace.nodes.values()
-            if site["type"] == "sample" and site_role(site) != "deterministic"
-        ]
+        total = float(scored_log_joint(trace).detach())
     except Exception:  # noqa: BLE001 - a check's shortcut, never its verdict
         return None
-    total = float(torch.stack(terms).sum()) if terms else 0.0
     values = {site.name: trace.nodes[site.name]["value"].detach() for site in sites}
     return PlainRun(values, total)
 

@@ -55,6 +55,7 @@ from pyro_autospec.model.tracing import (
     plate_dims,
     plated_reduction_advice,
     quiet_warnings,
+    scored_log_joint,
     site_role,
     structure_error,
 )
@@ -654,12 +655,7 @@ def _scores_under_vmap(job: _Evaluation, values, rows: list[int]) -> torch.Tenso
             trace = poutine.trace(poutine.condition(model, data=one)).get_trace(*args, **kwargs)
             trace = prune_subsample_sites(trace)
             trace.compute_log_prob()
-        terms = [
-            site["log_prob"].sum()
-            for site in trace.nodes.values()
-            if site["type"] == "sample" and site_role(site) != "deterministic"
-        ]
-        return torch.stack(terms).double().sum()
+        return scored_log_joint(trace)
 
     with pyro.validation_enabled(False):
         scores = torch.func.vmap(score, randomness="error")(stacked)

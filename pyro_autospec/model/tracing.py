@@ -47,6 +47,7 @@ __all__ = [
     "simulate_trace",
     "site_role",
     "compute_log_prob",
+    "scored_log_joint",
     "plain_run_note",
     "plated_reduction_advice",
     "structure_error",
@@ -208,6 +209,18 @@ def plain_run_note(seen: list[str]) -> str:
         f"does), before AutoSpec changed anything, so the cause lies in the model or in its "
         f"arguments. Make a plain Pyro run of the model succeed first."
     )
+
+
+def scored_log_joint(trace) -> torch.Tensor:
+    """``log p`` of one traced run whose log densities are computed: every scored site's
+    (latent, observed, factor; not deterministic) scaled and masked log density, each summed
+    in float64, then added."""
+    terms = [
+        site["log_prob"].double().sum()
+        for site in trace.nodes.values()
+        if site["type"] == "sample" and site_role(site) != "deterministic"
+    ]
+    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=torch.float64)
 
 
 def site_role(site: dict) -> str:
