@@ -385,6 +385,16 @@ def _log_step(x: _Scaled, y: _Scaled | None, elim: str, out: str, kept: str) -> 
     return _scale(result, out, kept)
 
 
+def _as_log(term: torch.Tensor) -> torch.Tensor:
+    """A :func:`linear_factor` in log space (with :class:`_SafeLog`'s NaN-free gradient);
+    any other factor as it is."""
+    if not getattr(term, "_autospec_linear", False):
+        return term
+    log = _SafeLog.apply(term)
+    log._pyro_dims = term._pyro_dims
+    return log
+
+
 class StepTooLarge(Exception):
     """A step of a measured contraction has more entries than :attr:`PlannedLogRing.entry_cap`."""
 
@@ -457,8 +467,10 @@ class PlannedLogRing(LogRing):
                 values[j] = None
         if plan:
             result, dims_now = values[-1].to_log(), names[-1]
-        else:  # one term, nothing to sum
-            result, dims_now = terms[0], inputs[0]
+        else:  # one term, nothing to sum: in log space, as every result (a linear factor
+            # gets here when it is reduced over a plate before its sum: the evidence of a
+            # site in a plate of size 1 that a site outside the plate reads)
+            result, dims_now = _as_log(terms[0]), inputs[0]
         if dims_now != output:
             result = result.permute([dims_now.index(d) for d in output])
         if any(result is term for term in terms):

@@ -59,6 +59,16 @@ def onehot_model(y):
         pyro.sample("y", dist.Normal(mean, 0.7), obs=y)
 
 
+def unit_plate_model(y):
+    """A site in a plate of size 1 that sites outside the plate read (its evidence is
+    reduced over the plate before it is summed out)."""
+    with pyro.plate("one", 1):
+        b = pyro.sample("b", dist.Bernoulli(0.3))
+    p0, p1 = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.1, 0.2, 0.7])
+    c = pyro.sample("c", dist.Categorical(p0 + b.unsqueeze(-1) * (p1 - p0)))
+    pyro.sample("y", dist.Normal(b + c, 1.0), obs=y)
+
+
 CASES = {
     "ising_2x3": (ising_model, (torch.tensor([[0.9, -0.2, 1.1], [0.3, -1.0, 0.5]]),), 3000),
     "hmm_markov": (hmm_model, (torch.tensor([-0.5, 0.3, 2.2, 1.0]),), 3000),

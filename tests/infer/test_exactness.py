@@ -10,7 +10,7 @@ import torch
 
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model import enumerate_posterior
-from tests.catalogue.models import CASES
+from tests.catalogue.models import CASES, unit_plate_model
 
 ALPHA = 2e-5
 MIN_EXPECTED = 30.0
@@ -61,6 +61,19 @@ def test_autospec_draws_are_exact(name, sampler):
     oracle_lp = autospec.get_extra_fields()["oracle_log_prob"]
     log_evidence = (lp - oracle_lp).mean()
     torch.testing.assert_close(lp - oracle_lp, log_evidence.expand_as(lp), atol=1e-4, rtol=0)
+
+
+def test_a_site_in_a_plate_of_size_one_that_a_site_outside_reads():
+    """The engine's oracle reduces that site's evidence over the plate before summing it
+    out; it once read the 0/1 evidence as log factors there (pins ignored, log Z off by 1)."""
+    args = (torch.tensor([2.5]),)
+    autospec = AutoSpec(
+        unit_plate_model, num_samples=3000, seed=0, disable_progbar=True, sampler="engine"
+    )
+    autospec.run(*args)
+    states, log_prob = enumerate_posterior(unit_plate_model, args, layout=autospec.layout)
+    draws = autospec.layout.to_coords(autospec.get_samples())
+    assert chi_square_p_value(draws, states, log_prob) > ALPHA
 
 
 def test_chi_square_detects_a_wrong_sampler():

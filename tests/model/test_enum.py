@@ -11,7 +11,7 @@ from pyro_autospec.engine.protocols import MarginalOracle
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.enum_contract import StepTooLarge
-from tests.catalogue.models import hmm_model, onehot_model
+from tests.catalogue.models import hmm_model, onehot_model, unit_plate_model
 
 
 def mixed_model(y):
@@ -26,6 +26,7 @@ CASES = [
     (mixed_model, (torch.tensor([1.0, 2.5]),)),
     (hmm_model, (torch.tensor([-0.5, 0.3, 2.2, 1.0]),)),
     (onehot_model, (torch.tensor([1.2, -0.4]),)),
+    (unit_plate_model, (torch.tensor([2.5]),)),
 ]
 
 
@@ -52,7 +53,7 @@ def random_queries(states, log_prob, batch, generator):
     return states[idx], mask
 
 
-@pytest.mark.parametrize("model,args", CASES, ids=["mixed", "hmm", "onehot"])
+@pytest.mark.parametrize("model,args", CASES, ids=["mixed", "hmm", "onehot", "unit_plate"])
 def test_matches_brute_force(model, args):
     oracle = EnumOracle(model, args)
     assert isinstance(oracle, MarginalOracle)
@@ -132,8 +133,9 @@ def test_model_runs_once_not_per_round():
     assert calls["n"] == after_compile and oracle.num_calls == 3
 
 
-def test_log_normalizer_is_the_evidence():
-    model, args = CASES[0]
+@pytest.mark.parametrize("case", [0, 3], ids=["mixed", "unit_plate"])
+def test_log_normalizer_is_the_evidence(case):
+    model, args = CASES[case]
     oracle = EnumOracle(model, args)
     layout = oracle.layout
     from pyro_autospec.model import log_joint
