@@ -220,7 +220,9 @@ def _run_chunk(job: _Evaluation, values, n: int, unbatched: bool = False) -> Log
     def run():
         recorder = SiteRecorder(latent=data)
         try:
-            with poutine.block(), recorder, quiet_warnings():
+            # no autograd graph: every output is detached, so the graph of a pyro.param's
+            # uses and Pyro's NaN hooks on it would only cost time
+            with poutine.block(), recorder, quiet_warnings(), torch.no_grad():
                 run_trace = poutine.trace(poutine.condition(batched, data=data))
                 run_trace = prune_subsample_sites(run_trace.get_trace(*args, **kwargs))
                 compute_log_prob(run_trace, "on a batch of draws")
@@ -657,7 +659,7 @@ def _scores_under_vmap(job: _Evaluation, values, rows: list[int]) -> torch.Tenso
             trace.compute_log_prob()
         return scored_log_joint(trace)
 
-    with pyro.validation_enabled(False):
+    with pyro.validation_enabled(False), torch.no_grad():
         scores = torch.func.vmap(score, randomness="error")(stacked)
     if scores.shape != (len(rows),):
         raise RuntimeError(f"vmap returned scores of shape {tuple(scores.shape)}")
