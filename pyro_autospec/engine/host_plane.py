@@ -71,7 +71,12 @@ __all__ = ["TokenSampler", "agr24_window", "TOKEN_METHODS"]
 #: which runs here only as an all-token policy.
 TOKEN_METHODS = tuple(name for name in method_names(DISCRETE) if name != "autospec")
 _WAIT_ROW, _WAIT_VERIFY = 1, 2
-_DRAFT_ROW = "draft row {row} (target {target}), conditioned on a prefix of an exact sample,"
+#: How a bad row is named (``fields`` of :meth:`~pyro_autospec.engine.rows.OracleRows.raise_bad`
+#: give the coordinate, the draw and the number of coordinates pinned)
+_ROW_FOR = (
+    "row for coordinate {coordinate} of draw {draw}, conditioned on {pinned} coordinates of "
+    "an exact sample,"
+)
 
 #: A drafted value the target gives less than ``1e-12`` is taken as impossible when choosing
 #: stale draft rows: the rows conditioned on it are conditioned on an event of zero
@@ -515,7 +520,16 @@ class TokenSampler:
         num_drafts = want_row.size
         if num_drafts:
             head = row_answer.part(slice(0, num_drafts))
-            OracleRows.raise_bad(head, head.bad, _DRAFT_ROW)
+            row_start = row_req[3]
+
+            def drafted(r: int, k: int) -> dict:
+                return {
+                    "coordinate": int(self.order[want_row[r], row_start[r] + k]),
+                    "draw": int(draw[want_row[r]]),
+                    "pinned": int(row_cut[r]),
+                }
+
+            OracleRows.raise_bad(head, head.bad, _ROW_FOR, drafted)
             self.draft_rows[want_row, : head.log_probs.shape[1]] = head.log_probs
         if verified_lanes.size:
             prefetch = None
@@ -596,7 +610,8 @@ class TokenSampler:
             OracleRows.raise_bad(
                 Answer(target, bad & checked, mass),
                 bad & checked,
-                f"verification row of draw {int(self.draw[lanes[lane]])} conditioned on its "
+                f"verification row for coordinate {int(self.order[lanes[lane], t[lane] + column])} "
+                f"of draw {int(self.draw[lanes[lane]])} conditioned on its "
                 f"first {int(t[lane]) + column} coordinates",
             )
         later = j[:, 1:]
@@ -631,11 +646,22 @@ class TokenSampler:
         go_on = ~rejected & ~ended
         with_row = go_on & (nxt > 0)
         has = nxt > 0
-        if prefetch is not None:
+        if prefetch is not None:  # row r: the lane lanes[has][r], after its whole window
+            ahead, after = lanes[has], (t + k)[has]
+
+            def prefetched(r: int, j: int) -> dict:
+                return {
+                    "coordinate": int(self.order[ahead[r], after[r] + j]),
+                    "draw": int(self.draw[ahead[r]]),
+                    "pinned": int(after[r]),
+                }
+
             OracleRows.raise_bad(
                 prefetch,
                 prefetch.bad & with_row[has][:, None],
-                "prefetched draft row {row} (target {target}), conditioned on an accepted window,",
+                "prefetched row for coordinate {coordinate} of draw {draw}, conditioned on "
+                "{pinned} coordinates (an accepted window),",
+                prefetched,
             )
         restart = rejected & ~ended
         again = np.zeros(num, dtype=bool)
@@ -741,6 +767,11 @@ class _Lockstep:
     def done(self) -> bool:
         return self.finished >= self.sampler.n
 
+    def _bad_row(self, t: int):
+        """``fields`` for :meth:`OracleRows.raise_bad` at step ``t``: row ``r`` is draw
+        ``r``'s row for its ``t``-th coordinate."""
+        return lambda r, k: {"coordinate": int(self.coords[t][r]), "draw": r, "pinned": t}
+
     def _noise_window(self, t: int) -> torch.Tensor:
         """The draft noise of steps ``t .. t + window - 1`` of every draw ([D, window, q]), as
         :meth:`TokenSampler._noise` draws it."""
@@ -766,7 +797,7 @@ class _Lockstep:
     def step(self) -> None:
         sampler, t = self.sampler, self.finished
         answer = sampler.rows.next_rows(self.values, self.mask, self.coords[t])
-        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
+        OracleRows.raise_bad(answer, answer.bad, _ROW_FOR, self._bad_row(t))
         data = answer.log_probs[:, 0]  # [D, q]
         x = torch.argmax(data + self._noise(t), dim=-1)  # [D]
         self.values.view(-1).index_copy_(0, self.flat[t], x)
@@ -859,7 +890,7 @@ class _HostLockstep(_Lockstep):
             fields = ("log_probs", "bad", "log_mass")
             parts = [Answer(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))]
         answer = parts[0]
-        OracleRows.raise_bad(answer, answer.bad, _DRAFT_ROW)
+        OracleRows.raise_bad(answer, answer.bad, _ROW_FOR, self._bad_row(t))
         return answer.log_probs[:, 0]
 
     def _noise(self, t: int) -> np.ndarray:
@@ -908,9 +939,9 @@ class _HostLockstep(_Lockstep):
             rows, values, mask, coords, log_mu = view
             bad = kernel(out, noise, column, values, mask, coords[t], log_mu, tol)
             if bad >= 0:
-                self._raise_bad(out, tol, rows.start, bad)
+                self._raise_bad(out, tol, rows.start, bad, t)
 
-    def _raise_bad(self, out: np.ndarray, tol: float, first: int, row: int) -> None:
+    def _raise_bad(self, out: np.ndarray, tol: float, first: int, row: int, t: int) -> None:
         """Raise the error the NumPy step raises for the rows ``out`` of the draws from
         ``first`` on, where the compiled step found row ``row`` not to be a distribution (it
         looks for non-finite maxima in every row before it checks any row's sum, so the
@@ -920,7 +951,7 @@ class _HostLockstep(_Lockstep):
         whole = place_answers([(rows, answer)], self.sampler.num_draws, 1, out.shape[-1])
         if not whole.bad.any():  # the two checks read the same bits: not expected
             whole.bad[first + row, 0] = True
-        OracleRows.raise_bad(whole, whole.bad, _DRAFT_ROW)
+        OracleRows.raise_bad(whole, whole.bad, _ROW_FOR, self._bad_row(t))
 
     def finish(self) -> None:
         sampler = self.sampler

@@ -712,10 +712,12 @@ class OracleRows:
             )
 
     @staticmethod
-    def raise_bad(answer: Answer, error: torch.Tensor, what: str) -> None:
+    def raise_bad(answer: Answer, error: torch.Tensor, what: str, fields=None) -> None:
         """Raise :class:`OracleError` for the first True entry of ``error`` (BoolTensor[R, W]).
 
-        ``what`` describes the rows, e.g. ``"row {row} of the verification"``.
+        ``what`` describes the rows, e.g. ``"row {row} of the verification"``: ``{row}`` and
+        ``{target}`` are the entry's place in the answer, and ``fields(row, target)`` (a dict,
+        optional) gives more names, such as the coordinate and the draw the entry is for.
         """
         if isinstance(error, torch.Tensor):
             if not bool(error.any()):
@@ -748,7 +750,8 @@ class OracleRows:
                 "another law)."
             )
         raise OracleError(
-            f"The oracle's {what.format(row=r, target=k)} {problem}, although it is conditioned "
+            f"The oracle's {what.format(row=r, target=k, **(fields(r, k) if fields else {}))} "
+            f"{problem}, although it is conditioned "
             "on an assignment of positive probability. The oracle must return log probabilities "
             "normalised over the values of each coordinate (use torch.log_softmax on logits; "
             f"-inf only for impossible values).{hint}"

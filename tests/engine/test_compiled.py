@@ -207,7 +207,7 @@ def test_bad_rows_raise_the_same_error_compiled_or_not(entries, problem, borrowe
             sample_any_order(oracle, 6, seed=1, method="sequential")
         messages.append(str(error.value))
     assert messages[0] == messages[1]
-    assert "draft row 3 (target 0)" in messages[0]
+    assert "of draw 3, conditioned on 4 coordinates" in messages[0]
 
 
 class LaterCall:
@@ -309,7 +309,7 @@ def test_two_bad_rows_in_one_step_name_the_first_compiled_or_not(monkeypatch):
     messages = []
     for flag in ("1", "0"):
         monkeypatch.setenv("PYRO_AUTOSPEC_NUMBA", flag)
-        with pytest.raises(OracleError, match="draft row 2 .* sums to") as error:
+        with pytest.raises(OracleError, match="of draw 2, .* sums to") as error:
             sample_any_order(TwoBad(HandChain(9), 3, 2, [0.0, 0.0]), 6, seed=1, method="sequential")
         messages.append(str(error.value))
     assert messages[0] == messages[1]

@@ -224,7 +224,7 @@ class BadAfterChain:
 def test_bad_prefetched_row_is_named(method):
     """A NaN in the draft row prefetched with a verification (asked with its chain in one
     call) is an error that says which row it was, on the token methods' control plane."""
-    with pytest.raises(OracleError, match="prefetched draft row .* contains NaN"):
+    with pytest.raises(OracleError, match="prefetched row for coordinate .* contains NaN"):
         sample_any_order(BadAfterChain(), 4, seed=0, method=method)
 
 
@@ -447,9 +447,31 @@ def test_a_bad_verification_row_is_described_by_its_own_mass(engine):
 
 def test_the_fast_engine_names_the_draw_and_prefix_of_a_bad_verification_row():
     with pytest.raises(
-        OracleError, match=r"verification row of draw \d+ conditioned on its first 2 coordinates"
+        OracleError,
+        match=r"verification row for coordinate \d of draw \d+ conditioned on its first 2 "
+        r"coordinates",
     ):
         sample_any_order(NaNAfterTwoPinned(), 4, seed=0, max_block=4)
+
+
+class NaNAtThree:
+    """NaN in coordinate 3's row, whatever is pinned."""
+
+    num_coords, num_values = 6, 3
+
+    def log_marginals(self, values, mask):
+        out = torch.full((values.shape[0], 6, 3), -torch.log(torch.tensor(3.0)).item())
+        out = out.double()
+        out[:, 3, 1] = float("nan")
+        return out
+
+
+@pytest.mark.parametrize("order", ["random", [0, 1, 2, 3, 4, 5]])
+@pytest.mark.parametrize("method", ["sequential", "autospec", "speculative", "agr24"])
+def test_a_bad_row_is_named_by_its_coordinate_and_draw(method, order):
+    """Not by its place in the oracle call, which a user would take for a coordinate."""
+    with pytest.raises(OracleError, match=r"row for coordinate 3 of draw \d+, conditioned on"):
+        sample_any_order(NaNAtThree(), 4, seed=0, method=method, order=order)
 
 
 class ShortChain:
