@@ -27,6 +27,7 @@ References
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -84,11 +85,38 @@ def _check_oracle(oracle, caps: Capabilities) -> tuple[int, int]:
             "oracle must define log_marginals(values, mask), or log_marginals_at(values, mask, "
             "targets) (see MarginalOracle); chain queries alone are not enough"
         )
+    if caps.num_draws is not None:
+        _check_family_keyword(oracle)
     n, q = int(oracle.num_coords), int(oracle.num_values)
     if n < 1 or q < 1:
         raise ValueError(f"oracle.num_coords and oracle.num_values must be >= 1; got n={n}, q={q}")
     check_eval_mode(oracle, reach=1 if caps.consistent_queries else 4)
     return n, q
+
+
+_QUERIES = ("log_marginals", "log_marginals_at", "log_marginals_chain", "log_marginals_chain_then")
+
+
+def _check_family_keyword(oracle) -> None:
+    """A family of targets (``num_draws``) is asked with ``draws=``: refuse, by name, a query
+    method that cannot take it (rather than the oracle's own TypeError mid-run)."""
+    for name in _QUERIES:
+        method = getattr(oracle, name, None)
+        if not callable(method):
+            continue
+        try:
+            parameters = inspect.signature(method).parameters.values()
+        except (TypeError, ValueError):  # a builtin or C method: no signature to read
+            continue
+        if any(p.name == "draws" or p.kind is p.VAR_KEYWORD for p in parameters):
+            continue
+        raise TypeError(
+            f"oracle.{name} takes no keyword draws, but the oracle has num_draws = "
+            f"{oracle.num_draws}: an oracle with num_draws is a family of targets, one per "
+            f"draw, and the engine asks it which draws each row is for with draws= (a "
+            f"LongTensor of draw numbers). Add draws=None to {name}, or drop num_draws for "
+            f"one target shared by every draw."
+        )
 
 
 def check_order(order, n: int) -> torch.Tensor | None:

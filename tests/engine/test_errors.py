@@ -795,3 +795,17 @@ def test_a_huge_agr24_window_scale_samples():
         Wrapped(lambda out: out), 3, seed=0, method="agr24", window_scale=1e30
     )
     assert result.samples.shape == (3, 2)
+
+
+class FamilyWithoutDraws:
+    """``num_draws`` (a family of targets) but no ``draws`` keyword."""
+
+    num_coords, num_values, num_draws = 4, 2, 8
+
+    def log_marginals(self, values, mask):
+        return torch.full((values.shape[0], 4, 2), 0.5).log().double()
+
+
+def test_a_family_whose_queries_take_no_draws_keyword_is_told_why_it_is_passed():
+    with pytest.raises(TypeError, match=r"log_marginals takes no keyword draws.*num_draws = 8"):
+        sample_any_order(FamilyWithoutDraws(), 8, seed=0)
