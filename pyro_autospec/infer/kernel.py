@@ -142,7 +142,9 @@ class AutoSpecKernel(MCMCKernel):
         (with more than two CPUs), each worker draws from a stream of its chain (the number
         ``MCMC`` gives the worker) beside the seed's own: the chains differ and an int seed,
         or a seeded generator, reproduces them whatever torch's global seed. The two ways
-        of running give different draws for the same seed.
+        of running give different draws for the same seed. A worker runs torch on one
+        thread: a process forked after its parent ran a parallel torch operation can hang in
+        its own first one.
     draws_per_run : int
         Exact draws per engine run (one batch of parallel samplers).
     disable_progbar : bool
@@ -226,6 +228,11 @@ class AutoSpecKernel(MCMCKernel):
         draw."""
         self._args, self._kwargs = args, kwargs
         chain = _worker_chain()
+        if chain is not None and multiprocessing.current_process().name.isdigit():
+            # a worker MCMC forked: torch's parallel operations can hang in a process forked
+            # after its parent ran one (OpenMP is not fork-safe; Pyro's own kernels hang there
+            # too), and the worker is one chain of several on their own CPUs anyway
+            torch.set_num_threads(1)
         if chain is not None and self._seed is not None:
             # a worker of MCMC: a stream of its own chain. An int seed is the root; a
             # generator, copied unchanged into every worker, gives the root its first number

@@ -1,5 +1,10 @@
 """AutoSpecKernel inside pyro.infer.MCMC, and az.from_pyro on it."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import arviz as az
 import numpy as np
 import pyro
@@ -153,6 +158,45 @@ def test_chains_in_worker_processes_differ_and_reproduce(monkeypatch, kind):
     again = _chain_in_a_worker(monkeypatch, 1, seed(), global_seed=99)
     assert not torch.equal(first, second)
     assert torch.equal(second, again)
+
+
+_FORKED_CHAINS = """
+import pyro, torch, pyro.distributions as dist
+import pyro.infer.mcmc.api as api
+from pyro.infer import MCMC
+from pyro_autospec import AutoSpecKernel
+
+api.mp.cpu_count = lambda: 4  # MCMC then forks a worker per chain, as on a larger machine
+
+
+def model(y):
+    with pyro.plate("p", 3):
+        z = pyro.sample("z", dist.Bernoulli(0.5))
+        pyro.sample("y", dist.Normal(2 * z - 1.0, 1.0), obs=y)
+
+
+if __name__ == "__main__":
+    y = torch.tensor([1.0, -1.0, 0.5])
+    pyro.poutine.trace(model).get_trace(y).compute_log_prob()  # torch runs in the parent first
+    kernel = AutoSpecKernel(model, seed=0, draws_per_run=20)
+    mcmc = MCMC(kernel, 10, warmup_steps=0, num_chains=2, disable_progbar=True)
+    mcmc.run(y)
+    print(tuple(mcmc.get_samples(group_by_chain=True)["z"].shape))
+"""
+
+
+def test_chains_in_forked_worker_processes_finish_after_the_parent_ran_torch(tmp_path):
+    """A worker forked after the parent ran a torch operation hung in its first parallel one
+    (OpenMP after fork; Pyro's own kernels too): the kernel runs its worker on one thread."""
+    script = tmp_path / "forked_chains.py"
+    script.write_text(_FORKED_CHAINS)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("(2, 10, 3)")
 
 
 def _ring(y):
