@@ -70,6 +70,20 @@ def test_coupling_inside_one_plated_site_names_the_cause():
     assert "log q(x)" not in text and "Please report" not in text
 
 
+def unsqueezed_parameter(y):
+    c = pyro.sample("c", dist.Bernoulli(0.5)).long()
+    with pyro.plate("n", len(y)):
+        probs = Vindex(torch.tensor([0.2, 0.7]))[c].unsqueeze(-1)  # a dim of its own
+        k = pyro.sample("k", dist.Binomial(torch.full((len(y),), 5.0), probs))
+        pyro.sample("y", dist.Normal(k, 1.0), obs=y)
+
+
+def test_a_parameter_given_a_dim_of_its_own_is_named_as_a_cause():
+    """Not only a reduction over a plate (found outside the project: that was all it said)."""
+    with pytest.raises(DynamicStructureError, match=r"a dim of its own \(x.unsqueeze\(-1\)"):
+        run(unsqueezed_parameter, torch.tensor([1.0, 4.0, 2.0, 3.3]))
+
+
 def second_order_chain(history):
     def model():
         before, last = torch.tensor(0.0), torch.tensor(0.0)
