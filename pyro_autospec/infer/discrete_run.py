@@ -122,7 +122,7 @@ class DiscreteRun(RunBase):
         self.evidence_log_z: float | None = None  # the model's exact log Z, for the weights
         self.max_self_check_error: float | None = None
         # extra draws and uniform probes the self-check compared (draws.check_assignments)
-        self.num_check_draws = self.num_probes = 0
+        self.num_check_draws = self.num_probes = self.num_massless_probes = 0
         self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
@@ -279,7 +279,7 @@ class DiscreteRun(RunBase):
                 bar.update(num_draws)
         if bar is not None:
             bar.close()
-        self.num_check_draws, self.num_probes = draws.compared
+        self.num_check_draws, self.num_probes, self.num_massless_probes = draws.compared
         self.order_timing()
         # every draw of every chain at once: one draw per chain still compares draws
         self.max_self_check_error = draws.check()
@@ -514,7 +514,14 @@ class DiscreteRun(RunBase):
         if self.num_check_draws:
             draws += f" and {self.num_check_draws} more drawn for this check alone"
         if self.num_probes:
-            draws += f", and at {self.num_probes} uniformly drawn assignments"
+            probes, massless = self.num_probes, self.num_massless_probes
+            if massless:
+                draws += (
+                    f", and at {probes - massless} of {probes} uniformly drawn assignments "
+                    f"(the other {massless} have no mass under either law)"
+                )
+            else:
+                draws += f", and at {probes} uniformly drawn assignments"
         deviation = f"largest deviation {self.max_self_check_error:.2g}"
         if self.self_check_reference == "none":
             why = self.self_check_why_not or "the model's discrete sites were not eliminated"

@@ -264,8 +264,9 @@ class DrawEvaluator:
         self.outputs = outputs
         self.per_draw_fallback = per_draw_fallback
         self.stage = _no_stage if stage is None else stage
-        #: (extra draws, uniform probes) of :class:`CheckAssignments` that joined the check
-        self.compared = (0, 0)
+        #: (extra draws, uniform probes) of :class:`CheckAssignments` that joined the check, and
+        #: how many of those probes have no mass under either law (left out of it)
+        self.compared = (0, 0, 0)
         self._mixing_checked = False  # a batch of varied draws was checked for mixing
 
     def _evaluate(self, values: Mapping[str, torch.Tensor], check_mixing: bool) -> LogJoint:
@@ -325,7 +326,7 @@ class DrawEvaluator:
             to evaluate every draw, or :data:`FIND` (the default) to look for them.
         """
         if checks is not None and continuous is None and self.self_check is not None:
-            self.compared = (0, 0)
+            self.compared = (0, 0, 0)
             tries = [checks]
             if checks.num_draws and checks.num_probes:  # the extra draws alone, if need be
                 rows = slice(0, checks.num_draws)
@@ -456,7 +457,7 @@ class DrawEvaluator:
             lp, log_q = rest.lp[keep], rest.oracle_log_prob[keep]
             magnitude = rest.joint.magnitude[keep]
             self.self_check.add(lp, log_q, magnitude, rest.joint.dtype, returned=False)
-        self.compared = (checks.num_draws, checks.num_probes)
+        self.compared = (checks.num_draws, checks.num_probes, int((~keep).sum()))
         return own
 
     def _values(self, samples: torch.Tensor, continuous: Mapping | None) -> dict:

@@ -52,7 +52,19 @@ MAX_CHUNK_ENTRIES = 2**20
 class _Bucket:
     site: int  # index into the oracle's evidence specs (sites in trace order)
     later: tuple  # sites eliminated after this one that its factor depends on
-    table: torch.Tensor  # [*plates, K_site, *K_later], log space
+    # [*K_later, *plates, K_site]: the site's conditional given the later sites, normalised
+    # over its values once here rather than once per draw in the backward pass (a row of
+    # -inf, later values no value of the site completes, is NaN)
+    log_probs: torch.Tensor
+    finite: bool  # no -inf (or NaN) entry: a drawn value never lands on an impossible one
+
+
+def _bucket(site: int, later: tuple, table: torch.Tensor, num_plates: int) -> _Bucket:
+    """The bucket of ``table`` (``[*plates, K_site, *K_later]``, log space): its rows moved
+    to the last dim and normalised, as the backward pass reads them."""
+    order = list(range(num_plates + 1, table.dim())) + list(range(num_plates + 1))
+    log_probs = torch.log_softmax(table.permute(order).contiguous(), dim=-1)
+    return _Bucket(site, later, log_probs, bool(torch.isfinite(log_probs).all()))
 
 
 @dataclass
@@ -110,9 +122,10 @@ class FFBSPlan:
         chunk_size = max(1, int(chunk_size))
         first = 0
 
-        def draw(number: int, shape: tuple, log_probs: torch.Tensor) -> torch.Tensor:
+        def draw(number: int, shape: tuple, log_probs: torch.Tensor, finite: bool):
             k = log_probs.shape[-1]
-            cdf = log_probs.exp().cumsum(-1)
+            # contiguous: the layout whose exp the draws have always read, bit for bit
+            cdf = log_probs.contiguous().exp().cumsum(-1)
             per_draw = math.prod(shape[1:])  # the draws lead: draw i reads its own counters
             counter = torch.arange(
                 first * per_draw, (first + shape[0]) * per_draw, device=device
@@ -120,6 +133,8 @@ class FFBSPlan:
             u = keys.uniform(keys.child(root, keys.Tag.NOISE, number), keys.Tag.DRAFT, counter)
             u = u * cdf[..., -1]
             x = torch.searchsorted(cdf, u.unsqueeze(-1), right=True).clamp_(max=k - 1)
+            if finite:  # every value of every row is possible
+                return x
             # a rounding edge may land on an impossible value: take the most likely one there
             bad = ~torch.isfinite(log_probs.gather(-1, x))
             if bool(bad.any()):
@@ -174,7 +189,8 @@ class FFBSPlan:
 
     def _backward(self, num_draws: int, draw, given: dict | None = None) -> tuple[dict, Any]:
         """The backward pass: each site's conditional given the later sites' values, from
-        which ``draw(number, shape, log_probs)`` picks the site's values (``[*shape, 1]``),
+        which ``draw(number, shape, log_probs, finite)`` picks the site's values
+        (``[*shape, 1]``),
         or which reads the ``given`` values. Returns every site's values (site -> ``shape``)
         and ``log q`` of each draw."""
         device = self.device
@@ -188,29 +204,27 @@ class FFBSPlan:
             shape[i + 1] = size
             aranges.append(torch.arange(size, device=device).reshape(shape))
         for number, bucket in enumerate(reversed(self.buckets)):
-            table = bucket.table
-            k = table.shape[num_plates]
+            table = bucket.log_probs
+            k = table.shape[-1]
             if bucket.later:
                 # [*K_later, *plates, K]: index the later sites' draws and the plates
-                order = list(range(num_plates + 1, table.dim())) + list(range(num_plates + 1))
-                moved = table.permute(order)
                 index = tuple(values[s] for s in bucket.later) + tuple(
-                    a if moved.shape[len(bucket.later) + i] > 1 else zero
+                    a if table.shape[len(bucket.later) + i] > 1 else zero
                     for i, a in enumerate(aranges)
                 )
-                logits = moved[index]
+                log_probs = table[index]
             else:
-                logits = table.unsqueeze(0)
+                log_probs = table.unsqueeze(0)
             shape = self._site_shape(bucket.site, num_draws)
-            log_probs = torch.log_softmax(logits.expand(shape + (k,)), dim=-1)
+            log_probs = log_probs.expand(shape + (k,))
             if given is None:
-                x = draw(number, shape, log_probs)
+                x = draw(number, shape, log_probs, bucket.finite)
                 picked = log_probs.gather(-1, x)
             else:
                 x = given[bucket.site].unsqueeze(-1)
                 # given later values that no value of this site completes (every logit -inf),
                 # log_softmax is NaN: the assignment has no mass
-                picked = log_probs.gather(-1, x).nan_to_num(nan=-math.inf)
+                picked = log_probs.gather(-1, x).nan_to_num(nan=-math.inf, neginf=-math.inf)
             log_q += picked.squeeze(-1).reshape(num_draws, -1).sum(1)
             values[bucket.site] = x.squeeze(-1)
         return values, log_q
@@ -387,7 +401,7 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
                 if any(i in has[s] for s in later):
                     return None
                 table = table.sum(i, keepdim=True)
-        buckets.append(_Bucket(site, tuple(later), table))
+        buckets.append(_bucket(site, tuple(later), table, num_plates))
         message = torch.logsumexp(table, dim=num_plates)
         for i in range(num_plates):
             if message.shape[i] > 1 and not any(i in has[s] for s in later):

@@ -21,6 +21,7 @@ from pyro.ops.indexing import Vindex
 
 import pyro_autospec.model.ffbs as ffbs
 from pyro_autospec.infer import AutoSpec, SelfCheckError
+from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.log_joint import ALWAYS_ALONE
 from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
@@ -137,6 +138,28 @@ def nested_joint(s):  # (x_0[s0], x_0[s1], x_1[s0], x_1[s1], x_2[s0], x_2[s1])
     return total
 
 
+# left to right: a state never goes back, so most assignments have no mass (-inf in the
+# elimination's tables; logits, as probs of 0 are clamped to a small positive number)
+LEFT_RIGHT = torch.tensor([[0.6, 0.3, 0.1], [0.0, 0.7, 0.3], [0.0, 0.0, 1.0]])
+
+
+def left_right(ys):
+    z = 0
+    for t in pyro.markov(range(len(ys))):
+        z = pyro.sample(f"z_{t}", dist.Categorical(logits=LEFT_RIGHT.log()[z]))
+        pyro.sample(f"y_{t}", dist.Normal(LOCS[z], 1.0), obs=ys[t])
+
+
+def left_right_joint(s):
+    total, prev = 0.0, 0
+    for t, z in enumerate(s):
+        if LEFT_RIGHT[prev, z] == 0:
+            return -math.inf
+        total += math.log(LEFT_RIGHT[prev, z]) + lp(dist.Normal(LOCS[z], 1.0), YS[t])
+        prev = z
+    return total
+
+
 CASES = {
     "hmm": (hmm, (YS,), [3] * 4, hmm_joint, [f"z_{t}" for t in range(4)]),
     "dbn": (
@@ -161,6 +184,7 @@ CASES = {
         ["g", "local"],
     ),
     "nested_chains": (nested_chains, (NESTED_Y,), [2] * 6, nested_joint, ["x_0", "x_1", "x_2"]),
+    "left_right": (left_right, (YS,), [3] * 4, left_right_joint, [f"z_{t}" for t in range(4)]),
 }
 
 
@@ -171,6 +195,39 @@ def test_draws_follow_the_brute_force_posterior(name):
     assert fit.results[0].method == "ffbs"
     states, probs = enumerate_joint(sizes, joint)
     assert_draws_follow(flatten_draws(fit.get_samples(), names), states, probs)
+
+
+def test_impossible_values_are_never_drawn():
+    """The backward pass reads each site's conditional normalised once per table; a table
+    with impossible values (-inf) keeps the check that no draw lands on one, and its
+    ``log q`` is the brute-force posterior's log probability of the draw."""
+    model, args, sizes, joint, names = CASES["left_right"]
+    plan = ffbs.plan_ffbs(EnumOracle(model, args))
+    assert not all(bucket.finite for bucket in plan.buckets)
+    result = plan.sample(4000, seed=5)
+    states, probs = enumerate_joint(sizes, joint)
+    log_posterior = dict(zip(states, np.log(np.where(probs > 0, probs, 1.0)), strict=True))
+    expected = [log_posterior[tuple(row)] for row in result.samples.tolist()]
+    np.testing.assert_allclose(result.log_prob.numpy(), expected, atol=1e-9)
+    assert_draws_follow(result.samples.numpy(), states, probs)
+    # an assignment of no mass has log q = -inf (not NaN, nor the lowest float)
+    impossible = torch.tensor([[0, 1, 0, 0]])
+    assert plan.log_prob(impossible).item() == -math.inf
+
+
+def test_self_check_leaves_out_probes_without_mass(capsys):
+    """Uniform probes that neither law gives mass to say nothing: they are left out of the
+    self-check (its largest deviation was inf when they joined it) and the summary says so."""
+    model, args, *_ = CASES["left_right"]
+    fit = sample(model, *args, num_samples=50, seed=0)
+    run = fit._run
+    assert run.num_probes == 64 and 0 < run.num_massless_probes < 64
+    assert math.isfinite(run.max_self_check_error)
+    fit.summary()
+    out = capsys.readouterr().out
+    with_mass = 64 - run.num_massless_probes
+    assert f"at {with_mass} of 64 uniformly drawn assignments" in out
+    assert f"the other {run.num_massless_probes} have no mass under either law" in out
 
 
 @pytest.mark.parametrize("name", ["hmm", "dbn"])
