@@ -287,12 +287,20 @@ def plate_nesting(trace) -> int:
     return depth
 
 
+#: The mark :class:`SiteRecorder` gives a plate's subsample site in ``infer``: whether its
+#: indices were set before Pyro would draw them (a fixed ``subsample=``).
+FIXED_SUBSAMPLE = "_autospec_fixed_subsample"
+
+
 def check_subsampling(trace) -> None:
     """Raise :class:`SubsamplingError` if a plate draws a random subsample on every run.
 
     ``trace`` must be unpruned (see :func:`trace_model` with ``prune=False``). A plate given a
-    fixed ``subsample=`` tensor is accepted: its sites are scaled by ``size / subsample_size``
-    (see :func:`scaled_sites`).
+    fixed ``subsample=`` tensor is accepted, with or without ``subsample_size`` (Pyro then
+    uses the given indices on every run): its sites are scaled by ``size / subsample_size``
+    (see :func:`scaled_sites`). Where ``trace`` was not made by :func:`trace_model` (no mark
+    says whether the indices were given), a plate with ``subsample_size`` below its size is
+    refused.
 
     Examples
     --------
@@ -310,6 +318,8 @@ def check_subsampling(trace) -> None:
             continue
         fn = site["fn"]
         size, sub = int(fn.size), fn.subsample_size
+        if (site.get("infer") or {}).get(FIXED_SUBSAMPLE):
+            continue
         if sub is not None and int(sub) < size:
             raise SubsamplingError(
                 f"Plate '{name}' draws a random subsample of {int(sub)} of its {size} elements on "
@@ -411,6 +421,10 @@ class SiteRecorder(poutine.messenger.Messenger):
         self.markov: set[str] = set()  # sites inside a pyro.markov context
 
     def _pyro_sample(self, msg):
+        if isinstance(msg["fn"], _Subsample):
+            # a plate's indices already set here (subsample=, or poutine.condition on the
+            # plate's name) are the same on every run: check_subsampling reads this mark
+            msg["infer"] = {**(msg.get("infer") or {}), FIXED_SUBSAMPLE: msg["value"] is not None}
         if not msg["name"].startswith("_autospec"):
             self.current = msg["name"]
 

@@ -150,15 +150,30 @@ def fixed_subsample(y):
         pyro.sample("y", dist.Normal(2.0 * z - 1.0, 1.0), obs=y[i])
 
 
+def fixed_subsample_and_size(y):
+    """``subsample_size`` given with a fixed ``subsample=``: Pyro uses the given indices."""
+    z = pyro.sample("z", dist.Bernoulli(0.4))
+    with pyro.plate("d", 6, subsample_size=3, subsample=torch.tensor([0, 2, 5])) as i:
+        pyro.sample("y", dist.Normal(2.0 * z - 1.0, 1.0), obs=y[i])
+
+
+def conditioned_subsample(y):
+    """A random subsample fixed by conditioning the plate's name (a Pyro idiom)."""
+    return poutine.condition(random_subsample, data={"d": torch.tensor([0, 2, 5])})(y)
+
+
 def random_subsample(y):
     z = pyro.sample("z", dist.Bernoulli(0.4))
     with pyro.plate("d", 6, subsample_size=3) as i:
         pyro.sample("y", dist.Normal(2.0 * z - 1.0, 1.0), obs=y[i])
 
 
-def test_fixed_subsample_is_a_scaled_model():
+@pytest.mark.parametrize(
+    "model", [fixed_subsample, fixed_subsample_and_size, conditioned_subsample]
+)
+def test_fixed_subsample_is_a_scaled_model(model):
     with pytest.warns(UserWarning, match="scaled"):
-        fit = sample(fixed_subsample, Y_SIX, num_samples=2000)
+        fit = sample(model, Y_SIX, num_samples=2000)
 
     def joint(s):
         loc = 2.0 * s[0] - 1.0
