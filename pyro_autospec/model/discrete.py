@@ -694,7 +694,9 @@ def discover_sites(
     """Find a model's discrete latent sites and check that AutoSpec can sample them exactly.
 
     The model is traced under ``poutine.block`` a few times (with a forked torch RNG, so the
-    global random state is left unchanged) to check that its structure does not change: twice
+    global random state is left unchanged: the first run draws from it as it stands, as a
+    plain run of Pyro would, so that a ``pyro.param`` created there starts from the user's
+    stream, and the others from a fixed seed) to check that its structure does not change: twice
     when its latent sites are all discrete (a Python branch on a discrete value also fails
     when the model is traced under enumeration, as every AutoSpec run then does), eight times
     when it has continuous ones.
@@ -741,8 +743,12 @@ def discover_sites(
         raise ValueError(f"continuous must be 'error' or 'allow'; got {continuous!r}")
     kwargs = {} if kwargs is None else kwargs
     with users_generators_kept():
-        seed_generators(20260101)
+        # the first run draws from the user's generators as they stand, as a plain run of
+        # Pyro would: a parameter created here (pyro.param("w", torch.rand(2))) starts from
+        # the user's stream, not from the library's seed; the reruns that check the
+        # structure draw from the library's
         raw = [trace_model(model, args, kwargs, prune=False)]
+        seed_generators(20260101)
         checks = (
             _NUM_STRUCTURE_CHECKS if _has_continuous(raw[0]) else _NUM_DISCRETE_STRUCTURE_CHECKS
         )

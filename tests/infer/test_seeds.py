@@ -12,6 +12,8 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro import poutine
+from torch.distributions import constraints
 
 from pyro_autospec.engine import keys, sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
@@ -207,3 +209,37 @@ def test_the_seed_a_run_used_is_recorded_and_repeats_it(make):
     for name, value in fit.get_samples().items():
         assert torch.equal(value, again.get_samples()[name])
     assert AutoSpec(coin, 3, seed=12, disable_progbar=True).run().diagnostics()["seed"] == 12
+
+
+def test_a_parameter_created_by_a_run_starts_from_the_users_stream():
+    """A ``pyro.param`` first created inside ``AutoSpec.run`` takes its initial value from the
+    user's generator as it stands, as a plain run of Pyro would (random restarts under
+    ``pyro.set_rng_seed`` start from different points); it took the library's fixed seed,
+    the same value whatever the user's seed. The user's stream is still left as it was."""
+
+    def model(y):
+        w = pyro.param("w_from_users_stream", torch.rand(2), constraint=constraints.simplex)
+        with pyro.plate("d", len(y)):
+            z = pyro.sample("z", dist.Categorical(w))
+            pyro.sample("y", dist.Normal(z.float(), 1.0), obs=y)
+
+    y = torch.tensor([0.5, 1.2, -0.3])
+    saved = torch.get_rng_state()
+    started = {}
+    try:
+        for user_seed in (0, 1):
+            pyro.clear_param_store()
+            torch.manual_seed(user_seed)
+            poutine.trace(model).get_trace(y)  # a plain run of Pyro
+            plain = pyro.param("w_from_users_stream").detach().clone()
+            pyro.clear_param_store()
+            torch.manual_seed(user_seed)
+            before = torch.get_rng_state()
+            AutoSpec(model, 20, seed=0, disable_progbar=True).run(y)
+            assert torch.equal(torch.get_rng_state(), before)
+            started[user_seed] = pyro.param("w_from_users_stream").detach().clone()
+            torch.testing.assert_close(started[user_seed], plain, rtol=0, atol=0)
+    finally:
+        torch.set_rng_state(saved)
+        pyro.clear_param_store()
+    assert not torch.equal(started[0], started[1])
