@@ -15,6 +15,7 @@ References
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,7 @@ def sample_continuous(
     progress: bool = False,
     oracle: Any = None,
     log_joint: bool = True,
+    model: Callable | None = None,
     **schedule: Any,
 ) -> ContinuousResult:
     """Draw a model's continuous latent sites from a diffusion guide, exactly for its chain.
@@ -124,6 +126,10 @@ def sample_continuous(
         the layout, grid and transforms are still the guide's. For tests with an exact denoiser.
     log_joint : bool
         Also compute ``lp = log p(x, data)`` and the pointwise log likelihood.
+    model : callable, optional
+        The model whose sites the draws are and whose ``lp`` is computed (default: the one the
+        guide was built from, ``guide.model``). Its sites with these arguments must be the
+        guide's; the draws follow the guide's diffusion whatever the model.
     **schedule
         Engine knobs ``rule``, ``max_block``, ``min_block``, ``rho``, ``max_rows_per_round``,
         ``max_rows_per_call``, ``max_concurrent_draws`` (:func:`~pyro_autospec.sample_sde`); they
@@ -165,8 +171,9 @@ def sample_continuous(
         args = tuple(getattr(guide, "model_args", ()))
         model_kwargs = dict(getattr(guide, "model_kwargs", {}) or {})
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+    model = guide.model if model is None else model
     layout = discover_continuous_sites(
-        guide.model, args, model_kwargs, max_plate_nesting=guide.layout.max_plate_nesting
+        model, args, model_kwargs, max_plate_nesting=guide.layout.max_plate_nesting
     )
     check_layout(guide.layout, layout)
     if oracle is None:
@@ -190,6 +197,6 @@ def sample_continuous(
     out = ContinuousResult(samples, y, result)
     if log_joint:
         out.lp, out.pointwise = continuous_log_joint(
-            guide.model, args, model_kwargs, layout, samples, pointwise=True
+            model, args, model_kwargs, layout, samples, pointwise=True
         )
     return out

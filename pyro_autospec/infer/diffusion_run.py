@@ -10,6 +10,7 @@ density, so there is no importance weight and no correction; check the guide wit
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.infer.continuous import sample_continuous
 from pyro_autospec.infer.run_base import RunBase, RunSettings
 from pyro_autospec.model.tracing import trace_model
@@ -47,6 +49,14 @@ class DiffusionRun(RunBase):
 
     def run(self, args: tuple, kwargs: dict) -> DiffusionRun:
         guide_layout = self.guide.layout
+        if self.model is not getattr(self.guide, "model", self.model):
+            warnings.warn(
+                "the guide was built from another model than the one AutoSpec was given: the "
+                "draws follow the guide's diffusion, learned for that model's posterior, and "
+                "lp and the log likelihood are this model's (its sites must be the guide's)",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         if self.save_params is not None:
             unknown = sorted(set(self.save_params) - set(guide_layout.names))
             if unknown:
@@ -76,6 +86,7 @@ class DiffusionRun(RunBase):
                 method=self.method,
                 seed=seed,
                 progress=self.progress,
+                model=self.model,
                 **self.schedule,
             )
             self.record(out.diffusion)

@@ -324,7 +324,7 @@ def check_layout(expected: ContinuousLayout, actual: ContinuousLayout) -> None:
         raise AutoSpecModelError(
             f"the model with these arguments has latent sites / data "
             f"{actual.signature()}, but the guide was built for {expected.signature()}; "
-            f"build the guide with arguments of the same shapes"
+            f"build the guide from this model, with arguments of the same shapes"
         )
 
 
