@@ -98,16 +98,39 @@ def check_drift_output(
     rows_finite = torch.isfinite(out.detach()).all(dim=1)
     if not bool(rows_finite.all()):
         i = int(torch.nonzero(~rows_finite)[0, 0])
-        raise_not_finite(name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm())
+        raise_not_finite(
+            name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm(), reached=False
+        )
 
 
-def raise_not_finite(name: str, where: str, t: float, norm: float) -> None:
+def raise_not_finite(name: str, where: str, t: float, norm: float, reached: bool = True) -> None:
     """Raise the :class:`OracleError` of a drift that returned NaN or inf at time ``t`` and a
-    state of norm ``norm`` (``where``: which row)."""
+    state of norm ``norm`` (``where``: which row; ``reached``: a state the chain reached, or
+    one the sampler asked about, which may be a draft)."""
+    state = (
+        "a state the chain reached"
+        if reached
+        else "a state the sampler asked about (every state for method='sequential'; a "
+        "drafted one too for rule='block', which needs every row finite, while rule='token', "
+        "the default, raises only at states the chain reaches)"
+    )
     raise OracleError(
         f"{name} returned NaN or inf in {where} (t = {t:.6g}, |x| = {float(norm):.6g}), "
-        f"a state the chain reached; the exact sampler cannot continue. Compute it in log "
-        f"space (logsumexp) / float64, or check the {name} at this time and state"
+        f"{state}; the exact sampler cannot continue. Compute it in log space (logsumexp) / "
+        f"float64, or check the {name} at this time and state"
+    )
+
+
+def raise_beyond_dtype(name: str, dtype: torch.dtype, t: float, largest: float) -> None:
+    """Raise the :class:`OracleError` of a state the chain reached (or, with ``finite``
+    rows, one asked about) that does not fit the dtype the drift is called in: it would see
+    ``inf`` there."""
+    wider = "torch.float64" if dtype == torch.float32 else "torch.float32 or torch.float64"
+    raise OracleError(
+        f"the chain reached a state beyond what the {name}'s dtype holds (t = {t:.6g}, "
+        f"largest |x_i| = {largest:.6g}; {dtype} holds at most {torch.finfo(dtype).max:.6g}): "
+        f"the {name} would be called with inf there. Pass dtype={wider}, or rescale the "
+        f"problem"
     )
 
 
@@ -175,18 +198,51 @@ class DriftEvaluator:
         for i in range(0, rows, chunk):
             tt = t[i : i + chunk].to(device=self.device, dtype=self.dtype)
             xx = x[i : i + chunk].to(device=self.device, dtype=self.dtype)
+            beyond = self._beyond_dtype(x[i : i + chunk], xx)
             if self._ordinary:
                 tt, xx = ordinary(tt), ordinary(xx)
             start = time.perf_counter()
             with self._call_mode():
                 out = self.drift(tt, xx)
             self.seconds += time.perf_counter() - start
-            check_drift_output(out, tt, xx, self.dim, self.name, i, self.finite)
+            check_drift_output(out, tt, xx, self.dim, self.name, i, finite=False)
             # a copy: a drift may answer in a buffer of its own that its next call overwrites
-            pieces.append(out.detach().to(self.wide, copy=True))
+            out = out.detach().to(self.wide, copy=True)
+            if beyond is not None:  # rows the drift saw as inf: unusable, whatever it answered
+                out = torch.where(beyond.unsqueeze(1), math.nan, out)
+            if self.finite:
+                self._check_finite(out, tt, x[i : i + chunk], beyond, i)
+            pieces.append(out)
         if not pieces:
             return torch.zeros(0, self.dim, dtype=self.wide, device=self.device)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _beyond_dtype(self, wide: torch.Tensor, narrow: torch.Tensor) -> torch.Tensor | None:
+        """Which rows' finite states are inf in the drift's dtype (``None`` where the dtype
+        holds every float64; no host read): their rows are made NaN, so that a sampler that
+        uses one raises, with :meth:`beyond_dtype_error`'s words."""
+        if torch.finfo(self.dtype).max >= torch.finfo(wide.dtype).max:
+            return None
+        return torch.isfinite(wide).all(1).to(narrow.device) & ~torch.isfinite(narrow).all(1)
+
+    def _check_finite(self, out, t, x, beyond, offset: int) -> None:
+        """Raise for the first row of ``out`` that is not finite (one host read)."""
+        rows_finite = torch.isfinite(out).all(dim=1)
+        if bool(rows_finite.all()):
+            return
+        i = int(torch.nonzero(~rows_finite)[0, 0])
+        if beyond is not None and bool(beyond[i]):
+            raise_beyond_dtype(self.name, self.dtype, float(t[i]), float(x[i].abs().max()))
+        raise_not_finite(
+            self.name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm(), False
+        )
+
+    def beyond_dtype_error(self, t: float, state: np.ndarray) -> None:
+        """Raise :func:`raise_beyond_dtype` if ``state`` (float64) does not fit the drift's
+        dtype: why its row is not finite."""
+        largest = float(np.abs(state).max()) if state.size else 0.0
+        if largest > torch.finfo(self.dtype).max:
+            raise_beyond_dtype(self.name, self.dtype, t, largest)
 
 
 class Chain:

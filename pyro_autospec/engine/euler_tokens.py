@@ -43,6 +43,7 @@ This module does not import Pyro.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -282,7 +283,11 @@ class Verdict:
 
 
 def verify_windows(
-    chain: HostChain, draft: Draft, drifts: np.ndarray, name: str = "drift"
+    chain: HostChain,
+    draft: Draft,
+    drifts: np.ndarray,
+    name: str = "drift",
+    beyond_dtype: Callable[[float, np.ndarray], None] | None = None,
 ) -> Verdict:
     """Accept the drafted steps of windows one by one; redraw the first that fails.
 
@@ -296,6 +301,10 @@ def verify_windows(
         NaN or inf is an error only at a state the chain reaches.
     name : str
         ``"drift"`` or ``"oracle"``, for messages.
+    beyond_dtype : callable, optional
+        ``(t, state)``: raises if a reached state whose drift is not finite lies beyond the
+        drift's dtype (:meth:`~pyro_autospec.engine.euler.DriftEvaluator.beyond_dtype_error`),
+        the clearer error there.
 
     Returns
     -------
@@ -326,7 +335,10 @@ def verify_windows(
     if bad.any():
         lane = int(np.flatnonzero(bad)[0])
         at = min(int(k[lane] + first[lane]), chain.num_steps - 1)
-        norm = np.linalg.norm(states[lane, first[lane]])
+        state = states[lane, first[lane]]
+        if beyond_dtype is not None:
+            beyond_dtype(float(chain.times[at]), state)
+        norm = np.linalg.norm(state)
         raise_not_finite(name, f"row {lane} of a round", float(chain.times[at]), norm)
     reached = valid & (j <= first[:, None])
     kept = np.where((j < first[:, None])[..., None], increments, 0.0)
@@ -463,7 +475,9 @@ class EulerTokens:
             self.rounds += 1
             self.oracle_rows += count
             self.sample_rounds[self.draw[lanes[mask.any(1)]]] += 1
-        verdict = verify_windows(host, draft, drifts, self.evaluate.name)
+        verdict = verify_windows(
+            host, draft, drifts, self.evaluate.name, self.evaluate.beyond_dtype_error
+        )
         self.log_mu[lanes] += verdict.log_density
         self.x[lanes] = verdict.state
         self.frozen[lanes] = verdict.drift

@@ -114,13 +114,41 @@ def test_an_integer_dtype_names_where_it_came_from():
 
 @pytest.mark.parametrize("rule", ["token", "block"])
 def test_samples_beyond_the_dtype_are_refused(rule):
-    """A finite float64 drift whose chain leaves float32's range: an error, not inf samples."""
+    """A finite float64 drift whose chain leaves float32's range: an error, not inf samples
+    (named where the chain first reaches a state the drift would see as inf)."""
 
     def huge(t, x):
         return torch.full(x.shape, 1e40, dtype=torch.float64)
 
-    with pytest.raises(OracleError, match="do not fit torch.float32"):
+    with pytest.raises(OracleError, match=r"beyond what the drift's dtype holds .*float64"):
         sample_sde(huge, TIMES, torch.zeros(2), 4, seed=0, rule=rule)
+    # a chain whose last step (where no drift is asked) leaves float32's range
+    late = torch.tensor([0.0, 1.0, 1e40], dtype=torch.float64)  # a last step of 1e40
+    with pytest.raises(OracleError, match="do not fit torch.float32"):
+        sample_sde(lambda t, x: torch.ones_like(x), late, torch.zeros(2), 4, seed=0, rule=rule)
+
+
+class GuardedHalfMean:
+    """The exact denoiser of Y ~ N(100, 1) in float16, guarded with ``nan_to_num``: the chain
+    ``X_t = t Y + B_t`` leaves float16's range (65504) near t = 650, where the denoiser would
+    see inf and answer a finite wrong mean (outside review: 69 for 100, silently)."""
+
+    dim = 1
+    dtype = torch.float16
+
+    def __call__(self, t, x):
+        t, x = t.float()[:, None], x.float()
+        return torch.nan_to_num((100.0 + x) / (1.0 + t)).half()
+
+
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_a_chain_beyond_the_oracles_dtype_is_refused_not_sampled_on(method):
+    with pytest.raises(
+        OracleError, match=r"beyond what the oracle's dtype holds .*torch.float16 holds at most"
+    ):
+        sample_diffusion(GuardedHalfMean(), 8, num_steps=1000, seed=0, method=method)
+    out = sample_diffusion(GuardedHalfMean(), 8, num_steps=1000, seed=0, dtype=torch.float32)
+    assert (out.samples - 100.0).abs().max() < 6.0
 
 
 def reads_the_first_time(t, x):
@@ -224,3 +252,13 @@ def test_a_diverging_picard_iteration_is_named_not_blamed_on_the_drift():
     sample_sde(lambda t, x: -(x**3), times, x0, 4, seed=0)  # the exact chain runs
     with pytest.raises(OracleError, match="Picard iteration diverged"):
         sample_sde(lambda t, x: -(x**3), times, x0, 4, seed=0, method="picard")
+
+
+def test_a_nan_the_block_rule_asked_about_is_not_called_reached():
+    """The block rule needs every drafted row finite: its error says the state was asked
+    about (perhaps a draft), and that the token rule raises only where the chain goes; it
+    said "a state the chain reached" (outside review)."""
+    with pytest.raises(OracleError, match=r"a state the sampler asked about .*rule='token'"):
+        sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0, rule="block")
+    with pytest.raises(OracleError, match="a state the chain reached"):
+        sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0)
