@@ -87,6 +87,11 @@ def check_drift_output(
             f"{name} returned a tensor of dtype {out.dtype}; it must return floating point "
             f"values (the dtype of its input x, {x.dtype}): {why}"
         )
+    if out.device != x.device:
+        raise OracleError(
+            f"{name} returned a tensor on {out.device}; it must answer on the device of its "
+            f"input x ({x.device}): compute it there, or pass device= where the {name} runs"
+        )
     if out.shape != (rows, dim):
         raise OracleError(
             f"{name} returned shape {tuple(out.shape)} for {rows} rows of dimension "

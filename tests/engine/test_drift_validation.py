@@ -262,3 +262,10 @@ def test_a_nan_the_block_rule_asked_about_is_not_called_reached():
         sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0, rule="block")
     with pytest.raises(OracleError, match="a state the chain reached"):
         sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0)
+
+
+@pytest.mark.parametrize("method", ["autospec", "sequential"])
+def test_an_answer_on_another_device_is_named(method):
+    """It raised torch's own RuntimeError from ``.item()`` on a meta tensor (outside review)."""
+    with pytest.raises(OracleError, match=r"returned a tensor on meta; .* device of its input"):
+        sample_sde(lambda t, x: x.to("meta"), TIMES, torch.zeros(2), 3, seed=0, method=method)
