@@ -141,12 +141,12 @@ class GuardedHalfMean:
         return torch.nan_to_num((100.0 + x) / (1.0 + t)).half()
 
 
-@pytest.mark.parametrize("method", ["autospec", "sequential"])
-def test_a_chain_beyond_the_oracles_dtype_is_refused_not_sampled_on(method):
+@pytest.mark.parametrize("method,engine", CASES)
+def test_a_chain_beyond_the_oracles_dtype_is_refused_not_sampled_on(method, engine):
     with pytest.raises(
         OracleError, match=r"beyond what the oracle's dtype holds .*torch.float16 holds at most"
     ):
-        sample_diffusion(GuardedHalfMean(), 8, num_steps=1000, seed=0, method=method)
+        sample_diffusion(GuardedHalfMean(), 8, num_steps=1000, seed=0, method=method, engine=engine)
     out = sample_diffusion(GuardedHalfMean(), 8, num_steps=1000, seed=0, dtype=torch.float32)
     assert (out.samples - 100.0).abs().max() < 6.0
 

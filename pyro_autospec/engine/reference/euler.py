@@ -175,7 +175,9 @@ def steps_draw(problem: ReferenceEuler, s: int, draw_key: int, policy: BlockPoli
             )
             answer = yield Call(payload, int(at.size), s)
             drifts[0, at] = host_float64(answer)
-        verdict = verify_windows(chain, draft, drifts, problem.evaluate.name)
+        verdict = verify_windows(
+            chain, draft, drifts, problem.evaluate.name, problem.evaluate.beyond_dtype_error
+        )
         count = int(verdict.count[0])
         increments[k : k + count] = verdict.increments[0, :count]
         log_mu += float(verdict.log_density[0])
