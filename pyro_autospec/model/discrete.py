@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import pyro
 import pyro.distributions as dist
 import torch
 from pyro.poutine.util import prune_subsample_sites
@@ -171,7 +172,9 @@ def _plain_run(trace, sites: list[DiscreteSite]) -> PlainRun | None:
     """The plain run a pruned structure trace is; ``None`` where its log densities cannot
     be computed (the batched evaluation then raises the model's error)."""
     try:
-        with torch.no_grad():  # a number for a check: no graph of the params' uses
+        # a number for a check: no graph of the params' uses, and no validation (the run
+        # joins the first batch of draws, which is validated)
+        with torch.no_grad(), pyro.validation_enabled(False):
             trace.compute_log_prob()
             total = float(scored_log_joint(trace))
     except Exception:  # noqa: BLE001 - a check's shortcut, never its verdict
@@ -693,10 +696,11 @@ def discover_sites(
 ) -> SiteLayout:
     """Find a model's discrete latent sites and check that AutoSpec can sample them exactly.
 
-    The model is traced under ``poutine.block`` a few times (with a forked torch RNG, so the
-    global random state is left unchanged: the first run draws from it as it stands, as a
-    plain run of Pyro would, so that a ``pyro.param`` created there starts from the user's
-    stream, and the others from a fixed seed) to check that its structure does not change: twice
+    The model is traced under ``poutine.block`` a few times (with a forked torch RNG seeded
+    by the library, so the global random state is left unchanged; where the first run creates
+    a ``pyro.param``, it is created again by one more run that draws from the user's
+    generators as they stand, as a plain run of Pyro would) to check that its structure does
+    not change: twice
     when its latent sites are all discrete (a Python branch on a discrete value also fails
     when the model is traced under enumeration, as every AutoSpec run then does), eight times
     when it has continuous ones.
@@ -742,17 +746,28 @@ def discover_sites(
     if continuous not in ("error", "allow"):
         raise ValueError(f"continuous must be 'error' or 'allow'; got {continuous!r}")
     kwargs = {} if kwargs is None else kwargs
+    store = pyro.get_param_store()
+    known = set(store.keys())
     with users_generators_kept():
-        # the first run draws from the user's generators as they stand, as a plain run of
-        # Pyro would: a parameter created here (pyro.param("w", torch.rand(2))) starts from
-        # the user's stream, not from the library's seed; the reruns that check the
-        # structure draw from the library's
-        raw = [trace_model(model, args, kwargs, prune=False)]
         seed_generators(20260101)
+        raw = [trace_model(model, args, kwargs, prune=False)]
         checks = (
             _NUM_STRUCTURE_CHECKS if _has_continuous(raw[0]) else _NUM_DISCRETE_STRUCTURE_CHECKS
         )
-        raw += [trace_model(model, args, kwargs, prune=False) for _ in range(checks - 1)]
+        created = [name for name in store.keys() if name not in known]
+        if not created:
+            raw += [trace_model(model, args, kwargs, prune=False) for _ in range(checks - 1)]
+    if created:
+        # the run created parameters (pyro.param("w", torch.rand(2))) from the library's
+        # seed: they are created again by a run on the user's generators as they stand, as a
+        # plain run of Pyro would create them; the first run's densities, of the library's
+        # values, are set aside
+        for name in created:
+            del store[name]
+        with users_generators_kept():
+            raw.append(trace_model(model, args, kwargs, prune=False))
+            seed_generators(20260102)
+            raw += [trace_model(model, args, kwargs, prune=False) for _ in range(checks - 1)]
     check_subsampling(raw[0])
     traces = [prune_subsample_sites(t) for t in raw]
     trace = traces[0]
@@ -876,7 +891,9 @@ def discover_sites(
         continuous=continuous_sites,
         deterministic=deterministic,
         scales=scaled_sites(trace),
-        plain_runs=() if continuous_sites else _plain_runs(traces, sites),
+        plain_runs=()
+        if continuous_sites
+        else _plain_runs(traces[1:] if created else traces, sites),
     )
 
 
