@@ -71,13 +71,15 @@ class _Probe:
         grad_enabled: bool,
         caps: Capabilities,
         reverse: bool = False,
+        target: int | None = None,
     ):
         self.oracle = oracle
         self.device = device
         self.n, self.q = int(oracle.num_coords), int(oracle.num_values)
         self.caps = caps
         self.family = caps.num_draws is not None
-        self.target = max(caps.num_draws - 1, 0) if self.family else 0
+        last = max(caps.num_draws - 1, 0) if self.family else 0
+        self.target = last if target is None else target
         self.call = calling(oracle, grad_enabled, caps.inference_safe)  # as the engine calls it
         self.tolerance = TOLERANCE
         self.rounding = 0.0  # the rows' rounding allowance, of the widest dtype returned
@@ -86,9 +88,13 @@ class _Probe:
         if reverse:  # the same coordinates the other way: each pair is asked both ways round
             self.order = self.order.flip(0)
 
-    def _extra(self, rows: int) -> dict:
+    def _extra(self, rows: int, draws: torch.Tensor | None = None) -> dict:
+        """The ``draws=`` of a call of ``rows`` rows: the probe's target, or ``draws`` (one
+        target per row)."""
         if not self.family:
             return {}
+        if draws is not None:
+            return {"draws": draws.to(self.device, copy=True)}
         return {"draws": torch.full((rows,), self.target, dtype=torch.long, device=self.device)}
 
     def _normalised(self, out, name: str, shape: tuple, coords=None) -> torch.Tensor:
@@ -127,15 +133,22 @@ class _Probe:
         return self.ask(values, mask, self.order[pinned], targeted)
 
     def ask(
-        self, values: torch.Tensor, mask: torch.Tensor, coords: torch.Tensor, targeted: bool
+        self,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        coords: torch.Tensor,
+        targeted: bool,
+        draws: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Row ``b`` ([B, q], normalised): the conditional of coordinate ``coords[b]`` given
-        ``values[b]`` where ``mask[b]`` (``values``, ``mask`` [B, n] on the device)."""
+        ``values[b]`` where ``mask[b]`` (``values``, ``mask`` [B, n] on the device); for a
+        family, of target ``draws[b]`` (default: the probe's)."""
         rows = len(coords)
         with self.call():
             if targeted:
                 targets = coords.view(-1, 1).to(self.device, copy=True)
-                out = self.oracle.log_marginals_at(values, mask, targets, **self._extra(rows))
+                extra = self._extra(rows, draws)
+                out = self.oracle.log_marginals_at(values, mask, targets, **extra)
                 return self._normalised(out, "log_marginals_at", (rows, 1, self.q))[:, 0]
             # full rows in calls no larger than the engine's own on this device
             per_call = max(1, default_max_elements(self.device) // (self.n * self.q))
@@ -143,7 +156,7 @@ class _Probe:
             for lo in range(0, rows, per_call):
                 part = slice(lo, lo + per_call)
                 size = len(coords[part])
-                extra = self._extra(size)
+                extra = self._extra(size, None if draws is None else draws[part])
                 out = self.oracle.log_marginals(values[part], mask[part], **extra)
                 shape = (size, self.n, self.q)
                 pieces.append(self._normalised(out, "log_marginals", shape, coords[part]))
@@ -178,13 +191,22 @@ class _Probe:
         out = self._normalised(out, "log_marginals_at", (asked, width, self.q))
         return out[torch.arange(asked), place]
 
-    def chains(self, values: torch.Tensor, cuts: list[int], length: int, then: bool):
-        """Chain ``c``: ``order[cuts[c]:cuts[c] + length]`` given ``order[:cuts[c]]``, all in
-        one call; with ``then``, also the row of the coordinate after each chain."""
+    def chains(
+        self,
+        values: torch.Tensor,
+        cuts: list[int],
+        length: int,
+        then: bool,
+        draws: torch.Tensor | None = None,
+    ):
+        """Chain ``c``: ``order[cuts[c]:cuts[c] + length]`` given ``order[:cuts[c]]`` of
+        ``values`` ([n], or [C, n]: one assignment per chain), all in one call; for a family,
+        of target ``draws[c]`` (default: the probe's); with ``then``, also the row of the
+        coordinate after each chain."""
         values, mask = self.inputs(values.expand(len(cuts), -1), cuts)
         chain = torch.stack([self.order[cut : cut + length] for cut in cuts])
         chain = chain.to(self.device, copy=True)
-        extra, shape = self._extra(len(cuts)), (len(cuts), length, self.q)
+        extra, shape = self._extra(len(cuts), draws), (len(cuts), length, self.q)
         with self.call():
             if not then:
                 out = self.oracle.log_marginals_chain(values, mask, chain, **extra)
@@ -250,7 +272,9 @@ class _Probe:
             "a chain query must pin the prefix (mask) and the chain coordinates before each "
             "row (each chain of a batch its own), log_marginals_at must answer its targets in "
             "the order given, a row must ignore the values at unpinned coordinates and not "
-            "depend on the other rows of its batch, and the same question must get the same "
+            "depend on the other rows of its batch (nor read another row's values, or for a "
+            "family another row's target: draws[b] is row b's), and the same question must get "
+            "the same "
             f"answer each time {_EVAL_HINT}. Fix the method named, or remove it (the engine then "
             "asks plain rows). If the methods are right and differ by rounding only, set "
             "consistent_queries = True on the oracle to skip this check."
@@ -278,7 +302,9 @@ def check_consistency(
     (their cuts cycling), with the row after the chain where the
     oracle answers it (``log_marginals_chain_then``). Then the rows alone and in the batches
     again along the reverse order, so that each pair of probed coordinates is asked with either
-    one unpinned. The answers must agree within
+    one unpinned; and a second assignment (the other kind of value pinned at each step; for a
+    family, target 0) asked alone, then alternating with the first in one call, rows and
+    chains (:func:`_mixed_batches`). The answers must agree within
     :data:`TOLERANCE` in probability (more for outputs narrower than float32). Rows with NaN or
     that do not sum to one are left to the engine's row checks, which name them.
 
@@ -325,6 +351,9 @@ def check_consistency(
         with engine_mode(not ordinary_inputs):
             forward = _Probe(oracle, torch.device(device), grad_enabled, caps)
             asked = _check(forward)
+            if asked is not None:  # two assignments (two targets of a family) in one call
+                second = _Probe(oracle, torch.device(device), grad_enabled, caps, target=0)
+                _mixed_batches(forward, asked, second)
             # a row reads an unpinned coordinate only if that coordinate comes after it in the
             # probe's order: the rows again in the reverse order, so that every pair of probed
             # coordinates is asked with the other one unpinned
@@ -458,6 +487,71 @@ WIDE_CHAINS = 16
 EVERY_QUESTION_SIZE = 5
 
 
+def _rows_alone(probe: _Probe, again: bool = False, other_values: bool = False):
+    """The probe's rows asked one at a time along its order, each coordinate then pinned in
+    its support (:func:`_pinned_value`; ``other_values``: the other kind of value at each
+    step). With ``again``, the last question is asked a second time, word for word. Returns
+    the values pinned ([n]) and the rows ([L, q]), or ``None`` where a row has no mass."""
+    targeted = probe.caps.targeted
+    values = torch.zeros(probe.n, dtype=torch.long)
+    expected = []
+    length = len(probe.order)
+    for k in range(length):
+        row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
+        if not bool(torch.isfinite(row).any()):
+            return None
+        if again and k == length - 1:
+            repeated = probe.rows(values.unsqueeze(0), [k], targeted)
+            probe.compare_again(repeated, row.unsqueeze(0), k)
+        expected.append(row)
+        values[probe.order[k]] = _pinned_value(row, k + int(other_values))
+    return values, torch.stack(expected)
+
+
+def _mixed_batches(first: _Probe, asked: tuple, second: _Probe) -> None:
+    """Rows and chains of two assignments (for a family, of two targets) in one call.
+
+    ``second`` pins the other kind of value at each step of the same order (and asks target
+    0 of a family, where ``first`` asks the last): its rows asked alone, then ``first``'s and
+    its rows alternating in one call, and their chains (cuts 0 and 2) in one call, must each
+    be the row asked alone. A method that reads the first row's or chain's values for the
+    whole call (``values[:1]``), or the first row's target (``draws[0]``), answers the other
+    assignment's question in every second row.
+    """
+    other = _rows_alone(second, other_values=True)
+    if other is None:
+        return
+    (values_a, expected_a), (values_b, expected_b) = asked, other
+    length, targeted = len(expected_a), first.caps.targeted
+    way = "log_marginals_at" if targeted else "log_marginals"
+    base = f"{way} asked one row at a time"
+    pinned = torch.arange(length).repeat_interleave(2)  # row 2k: first's, 2k + 1: second's
+    values = torch.stack([values_a, values_b]).repeat(length, 1)
+    draws = torch.tensor([first.target, second.target]).repeat(length)
+    mask = torch.stack([first.pinned(int(k)) for k in pinned])
+    answer = first.ask(
+        values.to(first.device), mask.to(first.device), first.order[pinned], targeted, draws
+    )
+    whose = "for two targets of the family" if first.family else "of two assignments"
+    how = f"{way} asked rows {whose} alternating in one call"
+    steps = torch.arange(length)
+    first.compare_rows(answer[0::2], expected_a, steps, how, base)
+    second.compare_rows(answer[1::2], expected_b, steps, how, base)
+    cut = min(2, length - 1)
+    if first.caps.chains and cut >= 1:
+        size = length - cut
+        cuts = [0, cut, 0, cut]
+        chain_values = torch.stack([values_a, values_a, values_b, values_b])
+        chain_draws = torch.tensor([first.target] * 2 + [second.target] * 2)
+        out, _ = first.chains(chain_values, cuts, size, then=False, draws=chain_draws)
+        how = f"log_marginals_chain asked chains {whose} in one call (cuts 0 and {cut} each)"
+        for c, (probe, expected) in enumerate(
+            [(first, expected_a), (first, expected_a), (second, expected_b), (second, expected_b)]
+        ):
+            start = cuts[c]
+            probe.compare(out[c], expected[start : start + size], how, base, first=start)
+
+
 def _check(probe: _Probe, rows_only: bool = False):
     """Ask ``probe``'s questions; with ``rows_only``, only the rows alone and in the batches
     with other values at the unpinned coordinates (the other ways were asked already).
@@ -465,20 +559,12 @@ def _check(probe: _Probe, rows_only: bool = False):
     ([L, q]), or ``None`` where a row has no mass (the engine's row checks report it)."""
     length = len(probe.order)
     targeted = probe.caps.targeted
-    values = torch.zeros(probe.n, dtype=torch.long)
-    expected = []
     way = "log_marginals_at" if targeted else "log_marginals"
     base = f"{way} asked one row at a time"
-    for k in range(length):  # one row at a time, each coordinate pinned in its support
-        row = probe.rows(values.unsqueeze(0), [k], targeted)[0]
-        if not bool(torch.isfinite(row).any()):
-            return None  # no mass: the engine's row checks report it
-        if k == length - 1:  # the same question again, word for word
-            again = probe.rows(values.unsqueeze(0), [k], targeted)
-            probe.compare_again(again, row.unsqueeze(0), k)
-        expected.append(row)
-        values[probe.order[k]] = _pinned_value(row, k)
-    expected = torch.stack(expected)
+    alone = _rows_alone(probe, again=True)
+    if alone is None:
+        return None  # no mass: the engine's row checks report it
+    values, expected = alone
     pinned = list(range(length))
     # the same rows in one batch, with other values wherever a coordinate is not pinned, so
     # that a row reading an unpinned coordinate shows it: a batch per fill (up to three:

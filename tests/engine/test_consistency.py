@@ -10,7 +10,7 @@ import torch
 
 from pyro_autospec.engine import OracleError, sample_any_order
 from pyro_autospec.engine.consistency import check_consistency
-from pyro_autospec.oracles import MarkovChainOracle
+from pyro_autospec.oracles import MarkovChainOracle, TabularOracle
 
 STAY = torch.tensor([[0.85, 0.15], [0.15, 0.85]], dtype=torch.float64)
 CHAIN = MarkovChainOracle(torch.tensor([0.5, 0.5], dtype=torch.float64), STAY, 12)
@@ -200,9 +200,10 @@ def test_the_check_is_small_and_leaves_the_draws_alone():
     randomness, and is not counted in the run's rows."""
     oracle = Counting()
     check_consistency(oracle)
-    # each way round, the last row again, the rows again in a call of 64, and the rows
-    # asking 3 targets and 12 (all the coordinates: the first row only)
-    assert 0 < oracle.rows <= 2 * (3 * 8 + 1) + 64 + 8 + 1
+    # each way round, the last row again, the rows again in a call of 64, the rows asking 3
+    # targets and 12 (all the coordinates: the first row only), and the rows of a second
+    # assignment alone then alternating with the first's in one call
+    assert 0 < oracle.rows <= 2 * (3 * 8 + 1) + 64 + 8 + 1 + 8 + 2 * 8
     first = sample_any_order(Counting(), 6, seed=3)
     again = sample_any_order(CHAIN, 6, seed=3)
     assert torch.equal(first.samples, again.samples)
@@ -467,3 +468,51 @@ class WritesIntoItsValues:
 def test_an_oracle_writing_into_its_inputs_after_reading_them_is_not_misjudged():
     with torch.enable_grad():
         check_consistency(WritesIntoItsValues())
+
+
+_TABLES = [
+    TabularOracle(logits=2.0 * torch.randn([3] * 5, generator=g, dtype=torch.float64))
+    for g in (torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+]
+
+
+class ChainsReadTheFirstChainsValues:
+    """Exact rows; chains that read the first chain's values for every chain of the call."""
+
+    num_coords, num_values = 5, 3
+
+    def log_marginals_at(self, values, mask, targets):
+        return _TABLES[0].log_marginals_at(values, mask, targets)
+
+    def log_marginals_chain(self, values, mask, chain):
+        return _TABLES[0].log_marginals_chain(values[:1].expand_as(values), mask, chain)
+
+
+class FamilyReadsTheFirstRowsTarget:
+    """Target ``d`` of the family is table ``d % 2``; every row reads ``draws[0]``."""
+
+    num_coords, num_values, num_draws = 5, 3, 4
+
+    def log_marginals_at(self, values, mask, targets, draws):
+        odd = (draws[:1].expand_as(draws) % 2 == 1)[:, None, None]
+        a, b = (table.log_marginals_at(values, mask, targets) for table in _TABLES)
+        return torch.where(odd, b, a)
+
+
+@pytest.mark.parametrize(
+    "oracle, words",
+    [
+        (ChainsReadTheFirstChainsValues(), "chains of two assignments in one call"),
+        (FamilyReadsTheFirstRowsTarget(), "rows for two targets of the family alternating"),
+    ],
+    ids=["chains", "family"],
+)
+def test_a_call_answering_every_row_for_its_first_is_caught(oracle, words):
+    """An outside test: every question of the probe pinned one assignment (and asked one
+    target of a family), so a method answering the whole call for its first chain's values
+    or its first row's target passed, and every sampler drew from another law (p = 0 against
+    the exact table). The check now asks two assignments, and two targets, in one call."""
+    with pytest.raises(OracleError, match=words):
+        check_consistency(oracle)
+    with pytest.raises(OracleError, match=words):
+        sample_any_order(oracle, 4, seed=0)
