@@ -203,6 +203,13 @@ def sbc(
         raise ValueError(
             f"num_posterior_samples must be a positive int; got {num_posterior_samples!r}"
         )
+    if not (hasattr(guide, "times") and callable(getattr(guide, "oracle_for_data", None))):
+        raise TypeError(
+            f"sbc calibrates a DiffusionGuide (an amortised guide of continuous sites, with "
+            f"times and oracle_for_data); got {type(guide).__name__}. An AnyOrderGuide's "
+            f"draws are checked by AutoSpec(model, guide=guide, correction='imh' or "
+            f"'importance'), whose summary reports the weights' Pareto k-hat and ESS"
+        )
     if not args and model_kwargs is None:
         args, model_kwargs = guide.model_args, guide.model_kwargs
     model_kwargs = {} if model_kwargs is None else dict(model_kwargs)

@@ -135,8 +135,8 @@ class AnyOrderGuide(GuideTraining, GuideCheckpoint, PyroModule):
     all; :meth:`load` rebuilds the guide for a model with the same sites (names and shapes),
     without probing every pair again, in the saved dtypes, and refuses a file that does not
     match its checksum or was saved for a model with other sites. The checksum detects a
-    damaged file, not a deliberate change: a file without one (as files saved by earlier
-    versions) loads unchecked. A guide built from a model
+    damaged file, not a deliberate change; a file without one is refused too. A guide built
+    from a model
     must be loaded with one (without it the network would read no data). A ``state_dict``
     alone also loads into a guide built with the same model, data shapes and arguments.
 

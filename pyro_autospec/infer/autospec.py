@@ -34,6 +34,7 @@ from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
 from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
+from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
 from pyro_autospec.infer.display import compact_names
@@ -309,6 +310,30 @@ class AutoSpec:
             raise ValueError(
                 "pass either oracle= or guide=, not both: a guide is the (approximate) oracle"
             )
+        if guide is not None and (
+            isinstance(guide, type)
+            or not (hasattr(guide, "num_coords") or _is_diffusion_guide(guide))
+        ):
+            what = (
+                f"the class {guide.__name__}, not an instance"
+                if isinstance(guide, type)
+                else f"{type(guide).__name__} {guide!r}"[:120]
+            )
+            raise TypeError(
+                f"guide must be a built guide: an AnyOrderGuide (or another MarginalOracle, "
+                f"with num_coords, num_values and log_marginals) for discrete sites, or a "
+                f"DiffusionGuide for continuous ones; got {what}. Build it from the model "
+                f"first, e.g. guide = AnyOrderGuide(model, args)"
+            )
+        for name, given in (("guide", guide), ("oracle", oracle)):
+            if not isinstance(given, (str, type)) and oracle_num_draws(given) is not None:
+                raise ValueError(
+                    f"{name}= is a family of {oracle_num_draws(given)} targets (num_draws), one "
+                    f"per draw, each conditioned on data of its own; AutoSpec samples the "
+                    f"posterior of the data passed to run(): pass a {name} for that data "
+                    f"(guide.oracle(*args), or the guide itself), and sample a family of data "
+                    f"sets with pyro_autospec.sample_any_order(family, family.num_draws)"
+                )
         # a bad name, a GPU this machine lacks, or meta: refused before any run
         self.device = None if device is None else check_device(device)
         self.model = model

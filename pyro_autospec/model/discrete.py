@@ -312,7 +312,13 @@ class SiteLayout:
             if site.name not in values:
                 raise KeyError(f"missing values for discrete site '{site.name}'")
             value = torch.as_tensor(values[site.name])
-            n = value.shape[0] if n is None else n
+            n = value.shape[0] if value.dim() and n is None else n
+            if value.dim() == 0 or value.numel() != n * math.prod(site.shape):
+                raise ValueError(
+                    f"values of discrete site '{site.name}' must have shape [N, "
+                    f"*{tuple(site.shape)}] (N = {n} draws, as the first site's), got "
+                    f"{tuple(value.shape)}: are they another model's or other data's?"
+                )
             index = site.value_to_index(value.reshape((n,) + site.shape))
             blocks.append(index.reshape(n, site.num_coords))
         return torch.cat(blocks, dim=1)

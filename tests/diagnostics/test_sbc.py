@@ -96,3 +96,13 @@ def test_plot_accepts_axes():
     _, axes = plt.subplots(1, 3)
     assert len(plot_sbc_ranks(result, axes=axes)) == 3
     plt.close("all")
+
+
+def test_a_guide_of_discrete_sites_is_told_what_checks_it():
+    """An outside test: an AnyOrderGuide got an error about the model's continuous sites."""
+
+    class DiscreteGuide:
+        num_coords, num_values = 3, 2
+
+    with pytest.raises(TypeError, match="sbc calibrates a DiffusionGuide.*got DiscreteGuide"):
+        sbc(lambda: None, DiscreteGuide(), 4)

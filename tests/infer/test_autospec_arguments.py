@@ -199,3 +199,28 @@ def test_an_approximate_oracle_of_ones_own_is_corrected_as_a_guide_is(correction
             fits.append(fit.run(torch.tensor(1.0)).get_samples())
     for name in ("z0", "z1"):
         assert torch.equal(fits[0][name], fits[1][name])
+
+
+def _one_coin(y):
+    z = pyro.sample("z", dist.Bernoulli(0.3))
+    pyro.sample("y", dist.Normal(z.float(), 1.0), obs=y)
+
+
+@pytest.mark.parametrize(
+    "guide, words",
+    [("mlp", "got str 'mlp'"), (42, "got int 42"), (TabularOracle, "the class TabularOracle")],
+)
+def test_a_guide_that_is_no_guide_is_named_as_guide(guide, words):
+    """An outside test: these were refused as a bad oracle=, which the user never passed."""
+    with pytest.raises(TypeError, match=rf"guide must be a built guide.*{words}"):
+        AutoSpec(_one_coin, 10, guide=guide, correction="imh")
+
+
+def test_a_family_of_targets_is_refused_as_guide_or_oracle():
+    """An outside test: a guide conditioned on several data sets (num_draws) ran with as many
+    draws as targets, each draw from another data set's posterior, with a k-hat warning only."""
+    family = TabularOracle(logits=torch.zeros(2, dtype=torch.float64))
+    family.num_draws = 10
+    for name in ("guide", "oracle"):
+        with pytest.raises(ValueError, match=rf"{name}= is a family of 10 targets"):
+            AutoSpec(_one_coin, 10, **{name: family}, correction="imh")

@@ -56,6 +56,10 @@ def test_from_coords_and_back():
     assert values["c"].tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     assert values["d"].tolist() == [4.0, 0.0]
     assert torch.equal(layout.to_coords(values), coords)
+    # values of another shape (another model's draws) are named, not torch's reshape error
+    wrong = dict(values, b=values["b"][:, :, :2])
+    with pytest.raises(ValueError, match=r"site 'b' must have shape \[N, \*\(2, 3\)\]"):
+        layout.to_coords(wrong)
 
 
 def test_batched_log_joint_equals_per_draw_loop():
