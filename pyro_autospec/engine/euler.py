@@ -38,6 +38,7 @@ __all__ = [
     "DriftEvaluator",
     "EulerOutput",
     "check_drift_output",
+    "check_finite_rows",
     "check_log_ratio",
     "raise_not_finite",
     "paths_from_increments",
@@ -98,14 +99,31 @@ def check_drift_output(
             f"d = {dim}; it must map t: Tensor[B], x: Tensor[B, d] to Tensor[B, d]. "
             f"Check that it is batched over rows and that its `dim` matches x0 / the target"
         )
-    if not finite:
+    if finite:
+        check_finite_rows(out.detach(), t, x, name, offset)
+
+
+def check_finite_rows(
+    out: torch.Tensor,
+    t: torch.Tensor,
+    x: torch.Tensor,
+    name: str,
+    offset: int = 0,
+    beyond: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Raise for the first row of ``out`` [B, d] that is not finite (one host read): with
+    :func:`raise_beyond_dtype` where ``beyond`` marks it (its state is inf in ``dtype``),
+    else with :func:`raise_not_finite` (a state the sampler asked about)."""
+    rows_finite = torch.isfinite(out).all(dim=1)
+    if bool(rows_finite.all()):
         return
-    rows_finite = torch.isfinite(out.detach()).all(dim=1)
-    if not bool(rows_finite.all()):
-        i = int(torch.nonzero(~rows_finite)[0, 0])
-        raise_not_finite(
-            name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm(), reached=False
-        )
+    i = int(torch.nonzero(~rows_finite)[0, 0])
+    if beyond is not None and bool(beyond[i]):
+        raise_beyond_dtype(name, dtype, float(t[i]), float(x[i].abs().max()))
+    raise_not_finite(
+        name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm(), reached=False
+    )
 
 
 def raise_not_finite(name: str, where: str, t: float, norm: float, reached: bool = True) -> None:
@@ -216,7 +234,7 @@ class DriftEvaluator:
             if beyond is not None:  # rows the drift saw as inf: unusable, whatever it answered
                 out = torch.where(beyond.unsqueeze(1), math.nan, out)
             if self.finite:
-                self._check_finite(out, tt, x[i : i + chunk], beyond, i)
+                check_finite_rows(out, tt, x[i : i + chunk], self.name, i, beyond, self.dtype)
             pieces.append(out)
         if not pieces:
             return torch.zeros(0, self.dim, dtype=self.wide, device=self.device)
@@ -229,18 +247,6 @@ class DriftEvaluator:
         if torch.finfo(self.dtype).max >= torch.finfo(wide.dtype).max:
             return None
         return torch.isfinite(wide).all(1).to(narrow.device) & ~torch.isfinite(narrow).all(1)
-
-    def _check_finite(self, out, t, x, beyond, offset: int) -> None:
-        """Raise for the first row of ``out`` that is not finite (one host read)."""
-        rows_finite = torch.isfinite(out).all(dim=1)
-        if bool(rows_finite.all()):
-            return
-        i = int(torch.nonzero(~rows_finite)[0, 0])
-        if beyond is not None and bool(beyond[i]):
-            raise_beyond_dtype(self.name, self.dtype, float(t[i]), float(x[i].abs().max()))
-        raise_not_finite(
-            self.name, f"row {offset + i} of a call", float(t[i]), x[i].double().norm(), False
-        )
 
     def beyond_dtype_error(self, t: float, state: np.ndarray) -> None:
         """Raise :func:`raise_beyond_dtype` if ``state`` (float64) does not fit the drift's
