@@ -19,11 +19,19 @@ Two parts, one table each:
   numba's start in a fresh process (with an empty cache and with its cache on disk). The
   oracles: ``free`` (costs nothing, borrows its inputs), the hand-written chain borrowing its
   inputs or not, and the shipped Markov chain.
+* ``firstrun``: what a process's first run costs, as a script that samples once sees it: the
+  default ``autospec`` (on a CPU, with 16 draws or more and an oracle without chain queries,
+  sequential sampling's lock step) beside the hand-written chain with ``log_marginals_at``
+  only, in a fresh process for each setting of ``PYRO_AUTOSPEC_NUMBA`` (unset: numba starts
+  once the process's lock-step steps reach ``START_AFTER_STEPS``; ``1``: at the first step;
+  ``0``: never), and token-level ``agr24`` for scale. The first and the second run of each
+  process, and whether numba was imported.
 
 Usage::
 
     python benchmarks/control_plane.py            # the rounds and kernel parts
     python benchmarks/control_plane.py --parts lockstep
+    python benchmarks/control_plane.py --parts firstrun
     python benchmarks/control_plane.py --smoke    # seconds: tiny sizes
     python benchmarks/control_plane.py --smoke --parts lockstep
 """
@@ -198,6 +206,65 @@ def lockstep_part(oracles: list[str], n: int, draws: int, repeats: int) -> None:
     print()
 
 
+# ------------------------------------------------------------------------------ firstrun
+_FIRST = """
+import sys, time
+sys.path[:0] = {paths!r}
+import torch
+torch.set_num_threads(1)
+from user_oracles import build_oracle
+from pyro_autospec.engine import sample_any_order
+oracle = build_oracle({spec!r}, {n}, "cpu")
+times = []
+for _ in range(2):
+    start = time.perf_counter()
+    result = sample_any_order(oracle, {draws}, seed=0, method={method!r})
+    times.append(time.perf_counter() - start)
+print(times[0], times[1], result.rounds, "numba" in sys.modules)
+"""
+
+
+def first_run_part(sizes: list[tuple[int, int]]) -> None:
+    """The first and second run of a fresh process, per setting of ``PYRO_AUTOSPEC_NUMBA``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    paths = [here, os.path.dirname(here)]
+    print(
+        "## A process's first run: the default autospec (lock step) per setting of "
+        "PYRO_AUTOSPEC_NUMBA, and agr24\n"
+    )
+    print(
+        f"numba's start is paid by default once the lock-step steps reach "
+        f"{compiled.START_AFTER_STEPS:,} in a process. Hand-written chain, "
+        "`log_marginals_at` only; each line a fresh process.\n"
+    )
+    print("| n | draws | variant | first run (s) | second run (s) | rounds | numba imported |")
+    print("|---:|---:|---|---:|---:|---:|---|")
+    variants = [
+        ("autospec, default (auto)", "autospec", None),
+        ("autospec, PYRO_AUTOSPEC_NUMBA=1", "autospec", "1"),
+        ("autospec, PYRO_AUTOSPEC_NUMBA=0", "autospec", "0"),
+        ("agr24", "agr24", None),
+    ]
+    for n, draws in sizes:
+        for label, method, flag in variants:
+            env = {k: v for k, v in os.environ.items() if k != "PYRO_AUTOSPEC_NUMBA"}
+            if flag is not None:
+                env["PYRO_AUTOSPEC_NUMBA"] = flag
+            code = _FIRST.format(
+                paths=paths, spec=f"user_chain:n={n}", n=n, draws=draws, method=method
+            )
+            run = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            first, second, rounds, imported = run.stdout.split()[-4:]
+            print(
+                f"| {n} | {draws} | {label} | {float(first):.3f} | {float(second):.3f} | "
+                f"{rounds} | {imported} |",
+                flush=True,
+            )
+    print()
+
+
 # ------------------------------------------------------------------------------ kernel
 def _pick(table, index):
     return np.take_along_axis(table, index[..., None], -1)[..., 0]
@@ -363,6 +430,9 @@ def main(argv=None) -> None:
             f"markov:n={lockstep_n}",
         ]
         lockstep_part(lock, lockstep_n, 2 if args.smoke else 16, repeats)
+    if "firstrun" in args.parts:
+        sizes = [(32, 16)] if args.smoke else [(100, 16), (1024, 16), (256, 256)]
+        first_run_part(sizes)
     print(f"(total {time.perf_counter() - start:.0f} s)")
 
 

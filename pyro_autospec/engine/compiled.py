@@ -15,13 +15,21 @@ NumPy sums a row pairwise. The compiled parts only take maxima, subtract, add, c
 write, which round the same everywhere. So the draws and their log probabilities are bit for
 bit those of the NumPy step, and of the general loop with any batch composition.
 
-numba is optional (``pip install "pyro-autospec[compiled]"``). Without it, or with the
-environment variable ``PYRO_AUTOSPEC_NUMBA=0`` (or ``false``, ``no``, ``off``), the lock
-step runs in NumPy. The compiled step about halves the engine's time per row outside the
-oracle; its price is numba's start in each process that runs a lock step (its import, then
-loading the compiled code from its cache on disk, or compiling it after an install). The
-figures are in the project's ``benchmarks/README.md`` ("The compiled lock step"; measured by
-``python benchmarks/control_plane.py --parts lockstep``).
+numba is optional (``pip install "pyro-autospec[compiled]"``). The compiled step about halves
+the engine's time per step outside the oracle (100 to 150 us less per step on this project's
+CPU, with 16 to 256 draws in flight), but numba's start costs about 1.5 to 2 s in each process
+that uses it (its import, which imports SciPy's linear algebra, then loading the compiled code
+from its cache on disk, or compiling it after an install). A single run of a few thousand
+steps never pays that back: beside a chain of n = 100 and 16 draws, a first run took 2.3 s
+compiled against 0.1 s in NumPy. So by default (``PYRO_AUTOSPEC_NUMBA`` unset, or ``auto``)
+a process runs its lock steps in NumPy until their steps, counting the run about to start,
+reach :data:`START_AFTER_STEPS`, and compiled from then on: the rule of renting skis until
+the rent reaches the price, which never spends more than about twice the better choice made
+in hindsight. The figures are in the project's ``benchmarks/README.md`` ("The compiled lock
+step"; measured by ``python benchmarks/control_plane.py --parts lockstep``). With
+``PYRO_AUTOSPEC_NUMBA=1`` (``true``, ``yes``, ``on``) every lock step runs compiled, from the
+first; with ``0`` (``false``, ``no``, ``off``), none does. Without numba the lock step runs
+in NumPy. Which one runs changes neither the draws nor any bit of their log probabilities.
 
 Where numba cannot write its cache it compiles in each process; where its cache is damaged it
 warns once and compiles without it.
@@ -38,7 +46,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["OFF", "LockStep", "compiled_lock_step", "draw_rows", "shift_rows", "wanted"]
+__all__ = [
+    "AUTO",
+    "OFF",
+    "START_AFTER_STEPS",
+    "LockStep",
+    "compiled_lock_step",
+    "draw_rows",
+    "setting",
+    "shift_rows",
+    "wanted",
+]
 
 
 def shift_rows(out: np.ndarray, top: np.ndarray, shifted: np.ndarray) -> int:
@@ -203,12 +221,33 @@ class LockStep:
 
 #: Values of ``PYRO_AUTOSPEC_NUMBA`` that turn the compiled step off (any case).
 OFF = ("0", "false", "no", "off")
+#: Values of ``PYRO_AUTOSPEC_NUMBA`` that leave the choice to :data:`START_AFTER_STEPS` (any
+#: case); any value neither this nor :data:`OFF` runs every lock step compiled.
+AUTO = ("", "auto")
+
+#: By default, the lock-step steps a process runs in NumPy before it starts numba: its start
+#: (about 1.5 to 2 s) over what a compiled step saves (about 100 to 150 us).
+START_AFTER_STEPS = 12_000
+
+#: The lock-step steps this process has run, or is running, in NumPy under the default setting.
+_steps_in_numpy = 0
+#: Whether this process has handed out a compiled step (numba started, or is starting).
+_started = False
+
+
+def setting() -> str:
+    """``"off"``, ``"auto"`` or ``"on"``: what ``PYRO_AUTOSPEC_NUMBA`` asks for (unset is
+    ``"auto"``)."""
+    value = os.environ.get("PYRO_AUTOSPEC_NUMBA", "auto").strip().lower()
+    if value in OFF:
+        return "off"
+    return "auto" if value in AUTO else "on"
 
 
 def wanted() -> bool:
-    """Whether the lock step should run compiled: numba is installed and
+    """Whether the lock step may run compiled: numba is installed and
     ``PYRO_AUTOSPEC_NUMBA`` is not one of :data:`OFF`."""
-    if os.environ.get("PYRO_AUTOSPEC_NUMBA", "1").strip().lower() in OFF:
+    if setting() == "off":
         return False
     return importlib.util.find_spec("numba") is not None
 
@@ -251,12 +290,38 @@ _DAMAGED = (pickle.UnpicklingError, EOFError)
 _uncached: tuple | None = None
 
 
-def compiled_lock_step() -> LockStep | None:
+def compiled_lock_step(steps: int | None = None) -> LockStep | None:
     """A :class:`LockStep` of the compiled functions (numba caches them on disk where it can
-    write, else compiles them in each process), or ``None`` where :func:`wanted` says no,
-    where numba does not import (with a warning, once) or where ``NUMBA_DISABLE_JIT`` is
-    set."""
+    write, else compiles them in each process), or ``None`` where the lock step should run in
+    NumPy.
+
+    ``None`` where :func:`wanted` says no, where numba does not import (with a warning, once),
+    where ``NUMBA_DISABLE_JIT`` is set, and, under the default setting (:func:`setting` is
+    ``"auto"``), where numba has not started in this process and the lock steps' steps, the
+    ``steps`` about to run included, stay under :data:`START_AFTER_STEPS`.
+
+    Parameters
+    ----------
+    steps : int, optional
+        The steps of the lock step about to run (its ``n``); counted towards
+        :data:`START_AFTER_STEPS` when it runs in NumPy. ``None`` asks for the compiled step
+        now, whatever the count.
+
+    Examples
+    --------
+    >>> from pyro_autospec.engine import compiled
+    >>> compiled.START_AFTER_STEPS  # by default, steps in NumPy before numba starts
+    12000
+    """
+    global _steps_in_numpy, _started
     if not wanted():
         return None
+    if steps is not None and not _started and setting() == "auto":
+        if _steps_in_numpy + steps < START_AFTER_STEPS:
+            _steps_in_numpy += steps
+            return None
     functions = _uncached or _compiled()
-    return None if functions is None else LockStep(*functions)
+    if functions is None:
+        return None
+    _started = True
+    return LockStep(*functions)

@@ -829,11 +829,12 @@ class _HostLockstep(_Lockstep):
     per call, rather than widening the narrow frames and comparing every rank per call: the
     same inputs either way).
 
-    With numba installed each call's rows are checked, normalised and drawn from by
-    :class:`~pyro_autospec.engine.compiled.LockStep` (two compiled calls around NumPy's
-    ``exp``, sum and ``log``); without it, in NumPy. Both ask every call of a step before
-    they check any row, so both ask the oracle the same questions and raise the same
-    errors."""
+    With numba installed, once numba pays in this process
+    (:func:`~pyro_autospec.engine.compiled.compiled_lock_step`), each call's rows are
+    checked, normalised and drawn from by :class:`~pyro_autospec.engine.compiled.LockStep`
+    (two compiled calls around NumPy's ``exp``, sum and ``log``); else in NumPy. Both ask
+    every call of a step before they check any row, so both ask the oracle the same
+    questions and raise the same errors."""
 
     def __init__(self, sampler: TokenSampler):
         super().__init__(sampler)
@@ -846,7 +847,7 @@ class _HostLockstep(_Lockstep):
         self.calls = [self.lanes[lo : lo + step] for lo in range(0, num, step)]
         self.borrowed = sampler.rows.borrows_inputs
         self.valid = np.ones((min(num, step), 1), dtype=bool)
-        self.kernel = compiled_lock_step()
+        self.kernel = compiled_lock_step(steps=sampler.n)
 
     def start(self) -> None:
         sampler = self.sampler

@@ -395,3 +395,56 @@ def test_a_damaged_numba_cache_is_compiled_around_with_a_warning(damage, tmp_pat
     assert second.returncode == 0, second.stderr
     assert "cache of the compiled lock step is damaged" in second.stderr
     assert second.stdout == first.stdout
+
+
+@pytest.fixture
+def fresh_count(monkeypatch):
+    """The default setting, in a process where numba has not started and no lock step ran."""
+    monkeypatch.delenv("PYRO_AUTOSPEC_NUMBA", raising=False)
+    monkeypatch.setattr(compiled, "_steps_in_numpy", 0)
+    monkeypatch.setattr(compiled, "_started", False)
+    monkeypatch.setattr(compiled, "START_AFTER_STEPS", 50)
+
+
+def test_by_default_numba_starts_once_the_numpy_steps_reach_its_price(fresh_count):
+    """Short runs stay in NumPy (numba's start would cost more than it saves), until the
+    process's steps, the coming run's included, reach START_AFTER_STEPS; then every run is
+    compiled. Asked with no steps, the step is compiled at once."""
+    assert compiled.setting() == "auto"
+    assert compiled.compiled_lock_step(steps=20) is None
+    assert compiled.compiled_lock_step(steps=29) is None  # 49 steps in NumPy
+    assert isinstance(compiled.compiled_lock_step(steps=1), LockStep)  # 50: numba starts
+    assert isinstance(compiled.compiled_lock_step(steps=1), LockStep)  # started: stays
+    assert compiled._steps_in_numpy == 49
+
+
+def test_the_steps_are_counted_over_runs_and_the_draws_do_not_change(fresh_count, monkeypatch):
+    oracle = HandChain(20)
+    calls = []
+    real_call = LockStep.__call__
+
+    def counted(self, *args):
+        calls.append(1)
+        return real_call(self, *args)
+
+    monkeypatch.setattr(LockStep, "__call__", counted)
+    runs = [sample_any_order(oracle, 4, seed=6, method="sequential") for _ in range(3)]
+    # 20 and 20 steps in NumPy; the third run (60 >= 50) is compiled, step by step
+    assert len(calls) == 20
+    for run in runs[1:]:
+        assert torch.equal(run.samples, runs[0].samples)
+        assert torch.equal(run.log_prob, runs[0].log_prob)
+
+
+@pytest.mark.parametrize("flag, imported", [(None, False), ("auto", False), ("1", True)])
+def test_a_short_run_in_a_fresh_process_does_not_start_numba(flag, imported):
+    """numba's start (about 1.5 to 2 s) is paid only where asked, or where it pays."""
+    env = {k: v for k, v in os.environ.items() if k != "PYRO_AUTOSPEC_NUMBA"}
+    if flag is not None:
+        env["PYRO_AUTOSPEC_NUMBA"] = flag
+    code = _RUN + "import sys\nprint('numba' in sys.modules)\n"
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == str(imported)
