@@ -58,7 +58,10 @@ from pyro_autospec.model.errors import (
 )
 from pyro_autospec.model.tracing import (
     DRAWS_PLATE,
+    MAX_ENUMERATED_ENTRIES,
+    EntriesGuard,
     SiteRecorder,
+    TensorTooLarge,
     assertion_error,
     batching_advice,
     compute_log_prob,
@@ -115,7 +118,7 @@ def _impossible_to_neginf(log_probs: torch.Tensor) -> torch.Tensor:
 _CHAIN_TARGETS_PER_COORD = 4
 
 # Largest product of a single elimination step, per query row, before the model is refused.
-_MAX_STEP_ENTRIES_PER_ROW = 2**26
+_MAX_STEP_ENTRIES_PER_ROW = MAX_ENUMERATED_ENTRIES
 #: Contractions whose steps all have at most this many entries are measured by running them.
 _MEASURED_BY_RUNNING = 2**16
 #: Largest product of the discrete sites' support sizes and the plates' sizes for which a model
@@ -158,15 +161,28 @@ def _non_tree_error(error: Exception, symbol_to_plate: dict, evidence: list):
     )
 
 
-def _intractable_error(entries: float) -> IntractableEnumerationError:
+def _intractable_error(
+    entries: float | None, site: str | None = None, what: str = "one elimination step"
+) -> IntractableEnumerationError:
+    """The model is too large to enumerate: ``what`` (at ``site``) has ``entries`` entries per
+    query, or a tensor of the model under enumeration could not be allocated (``None``)."""
+    where = f" (computed after site '{site}')" if site else ""
+    if entries is None:
+        size = f"a tensor of the model under enumeration{where} could not be allocated"
+    else:
+        per = " per query" if what == "one elimination step" else ""
+        size = (
+            f"{what}{where} has {entries:.3g} entries{per} (about "
+            f"2^{math.log2(max(entries, 1)):.0f}; the limit is "
+            f"2^{int(math.log2(_MAX_STEP_ENTRIES_PER_ROW))})"
+        )
     return IntractableEnumerationError(
-        f"Exact enumeration of the model's discrete sites is intractable: one elimination step "
-        f"has {entries:.3g} entries per query (about 2^{math.log2(max(entries, 1)):.0f}; the "
-        f"limit is 2^{int(math.log2(_MAX_STEP_ENTRIES_PER_ROW))}). The cost of enumeration is "
-        f"exponential in the treewidth of the model's discrete sites. Ways out: declare "
-        f"independence with pyro.plate and chains with pyro.markov so that variables are "
-        f"eliminated locally, use a learned guide (AnyOrderGuide with a correction), or "
-        f"NumPyro's DiscreteHMCGibbs / MixedHMC."
+        f"Exact enumeration of the model's discrete sites is intractable: {size}. The cost of "
+        f"enumeration is exponential in the treewidth of the model's discrete sites: each "
+        f"enumerated site takes a dim of its own, and a term reading k of them has the product "
+        f"of their supports. Ways out: declare independence with pyro.plate and chains with "
+        f"pyro.markov so that variables are eliminated locally, use a learned guide "
+        f"(AnyOrderGuide with a correction), or NumPyro's DiscreteHMCGibbs / MixedHMC."
     )
 
 
@@ -673,8 +689,10 @@ class EnumOracle:
             traced = _KeepOuterScope()(with_draws)
         else:
             traced = with_oracle_dims(self, with_draws)
+        # a term coupling many enumerated sites is refused before it fills the memory
+        guard = EntriesGuard(_MAX_STEP_ENTRIES_PER_ROW, plate_dims=mpn + 1, draws=num)
         try:
-            with poutine.block(), quiet_warnings(), torch.no_grad():
+            with poutine.block(), quiet_warnings(), torch.no_grad(), guard:
                 # the recorder inside enumeration: it sees each site before enum can refuse it
                 enum_model = poutine.enum(recorder(traced), first_available_dim=-(mpn + 2))
                 trace = poutine.trace(enum_model).get_trace(*self.args, **self.kwargs)
@@ -683,9 +701,13 @@ class EnumOracle:
                 trace.pack_tensors()
         except AutoSpecModelError:
             raise
+        except TensorTooLarge as e:
+            what = "a term of the model under enumeration"
+            entries = math.prod(guard.refused) / num
+            raise _intractable_error(entries, recorder.current, what) from e
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
             if "memory" in str(e) or "allocate" in str(e):
-                raise _intractable_error(float("inf")) from e
+                raise _intractable_error(None, recorder.current) from e
             if "up to 64 dims" in str(e):
                 raise _too_many_dims_error(self.layout, recorder.names) from e
             raise structure_error(

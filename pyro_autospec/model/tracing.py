@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import traceback
@@ -27,6 +28,7 @@ import torch
 from pyro import poutine
 from pyro.poutine.subsample_messenger import _Subsample
 from pyro.poutine.util import prune_subsample_sites
+from torch.overrides import TorchFunctionMode
 
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
@@ -36,6 +38,9 @@ from pyro_autospec.model.errors import (
 
 __all__ = [
     "DRAWS_PLATE",
+    "EntriesGuard",
+    "MAX_ENUMERATED_ENTRIES",
+    "TensorTooLarge",
     "SiteRecorder",
     "over_draws",
     "check_subsampling",
@@ -390,8 +395,9 @@ def enumerated_trace(
     and scaled as a contraction sees them); ``None`` when the model cannot be traced so (the
     later stages name that fault). Blocked from outer handlers, quiet, without gradients."""
     enumerated = poutine.infer_config(model, parallel_enumeration)
+    guard = EntriesGuard(MAX_ENUMERATED_ENTRIES, plate_dims=max_plate_nesting)
     try:
-        with poutine.block(), quiet_warnings(), torch.no_grad():
+        with poutine.block(), quiet_warnings(), torch.no_grad(), guard:
             enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
             trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
             if log_prob:
@@ -399,6 +405,88 @@ def enumerated_trace(
     except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
         return None
     return trace
+
+
+#: The most entries per draw a tensor with enumeration dims may have in a run of the model
+#: under parallel enumeration (a contraction step of more is refused too).
+MAX_ENUMERATED_ENTRIES = 2**26
+
+
+class EntriesGuard(TorchFunctionMode):
+    """Raise :class:`TensorTooLarge` where a run of the model under parallel enumeration makes a
+    tensor of more than ``limit`` entries per draw that spans enumeration dims, before torch
+    allocates it where the inputs' broadcast shape tells its size (elementwise operations,
+    which is how coupled sites multiply out).
+
+    Enumeration gives each discrete site a dim of its own, so a term reading ``k`` coupled
+    sites is a tensor of the product of their supports: ``2**30`` entries for thirty
+    Bernoulli sites summed into one likelihood, which would fill the memory before any
+    contraction could measure it.
+
+    Parameters
+    ----------
+    limit : int
+        Entries per draw allowed in a tensor with enumeration dims.
+    plate_dims : int
+        How many rightmost dims are the model's (plates, and the draws' plate): the dims left
+        of them are enumeration dims.
+    draws : int
+        The size of the draws' plate, which multiplies every tensor of the run.
+
+    Examples
+    --------
+    >>> import torch
+    >>> with EntriesGuard(limit=1000, plate_dims=1, draws=1):
+    ...     torch.zeros(40, 1, 3) + torch.zeros(1, 50, 3)
+    Traceback (most recent call last):
+    ...
+    pyro_autospec.model.tracing.TensorTooLarge: a tensor of shape (40, 50, 3)
+    """
+
+    def __init__(self, limit: int, plate_dims: int, draws: int = 1):
+        super().__init__()
+        self.limit, self.plate_dims, self.draws = limit, plate_dims, max(1, draws)
+        #: The shape of the tensor refused, once one was (Pyro re-raises errors of a model
+        #: run as their type with a longer message, so the error itself keeps only words).
+        self.refused: tuple | None = None
+
+    def _check(self, shape) -> None:
+        enum_dims = shape[: max(0, len(shape) - self.plate_dims)]
+        if math.prod(enum_dims) > 1:
+            self.refused = tuple(shape)
+            raise TensorTooLarge(f"a tensor of shape {self.refused}")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # cheap where nothing is large (every torch call of the model's run passes here):
+        # numel only, and a broadcast shape only for two operands whose product is large
+        most = self.limit * self.draws
+        if len(args) == 2:
+            a, b = args
+            if (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.numel() * b.numel() > most
+            ):
+                try:
+                    shape = torch.broadcast_shapes(a.shape, b.shape)
+                except RuntimeError:  # not elementwise: its output tells
+                    shape = None
+                if shape is not None and math.prod(shape) > most:
+                    self._check(shape)
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            if out.numel() > most:
+                self._check(out.shape)
+        elif isinstance(out, (tuple, list)):
+            for tensor in out:
+                if isinstance(tensor, torch.Tensor) and tensor.numel() > most:
+                    self._check(tensor.shape)
+        return out
+
+
+class TensorTooLarge(RuntimeError):
+    """:class:`EntriesGuard` met a tensor over its limit (its shape is the guard's
+    ``refused``)."""
 
 
 class SiteRecorder(poutine.messenger.Messenger):
