@@ -442,6 +442,12 @@ def _check_discrete_site(name: str, site: dict) -> None:
         support_error = "it has no finite enumerable support"
     if support_error is not None:
         hint = ""
+        generic = (
+            f" Enumerable sites are Bernoulli, Categorical, OneHotCategorical, Binomial and "
+            f"BetaBinomial (with homogeneous total_count). Use one of those (for example a "
+            f"truncated Categorical in place of a Poisson or Geometric), or condition the site "
+            f"with `poutine.condition(model, data={{'{name}': value}})`."
+        )
         if isinstance(fn, dist.Independent) or (
             isinstance(fn, dist.MaskedDistribution) and isinstance(fn.base_dist, dist.Independent)
         ):
@@ -449,6 +455,7 @@ def _check_discrete_site(name: str, site: dict) -> None:
                 "`.to_event()` makes its elements one joint event, which Pyro does not enumerate"
             )
             hint = " Declare its batch dimensions with `pyro.plate` instead of `.to_event()`."
+            generic = ""  # an enumerable kind already: the plate is the way out
         elif "Inhomogeneous total count" in support_error:
             hint = (
                 " Its elements have different total_count, so they have no common support: "
@@ -459,11 +466,7 @@ def _check_discrete_site(name: str, site: dict) -> None:
             )
         raise UnsupportedSiteError(
             f"Site '{name}' is a discrete latent site ({kind}) that AutoSpec cannot enumerate: "
-            f"{support_error.rstrip('.')}.{hint} Enumerable sites are Bernoulli, Categorical, "
-            f"OneHotCategorical, Binomial and BetaBinomial (with homogeneous total_count). "
-            f"Use one of those (for example a truncated Categorical in place of a Poisson or "
-            f"Geometric), or condition the site with `poutine.condition(model, data={{'{name}': "
-            f"value}})`."
+            f"{support_error.rstrip('.')}.{hint}{generic}"
         )
 
 

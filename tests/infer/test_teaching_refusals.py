@@ -285,6 +285,7 @@ def test_to_event_on_a_discrete_site_says_why_it_is_not_enumerated():
     text = str(info.value)
     assert "`.to_event()` makes its elements one joint event" in text
     assert "no finite enumerable support" not in text and "pyro.plate" in text
+    assert "Poisson" not in text  # advice for kinds that are not enumerable does not apply
 
 
 COUNTS = torch.tensor([2.0, 3.0])
