@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rounds import hmm, markov, tree_potts  # noqa: E402
 
-from pyro_autospec.engine import sample_any_order  # noqa: E402
+from pyro_autospec.engine import compiled, sample_any_order  # noqa: E402
 
 FAMILIES = {"markov": markov, "hmm": hmm, "tree_potts": tree_potts}
 METHODS = ["autospec", "speculative", "agr24", "sequential"]
@@ -81,6 +81,21 @@ def load() -> str:
         return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:  # pragma: no cover - not on every platform
         return "load average unknown"
+
+
+def lock_step_note() -> str:
+    """Which lock step (NumPy or numba-compiled) this process runs: wall times of the
+    sequential methods depend on it, their draws do not."""
+    setting = compiled.setting()
+    if not compiled.wanted():
+        return "Sequential sampling's lock step runs in NumPy (numba absent or turned off)."
+    if setting == "on":
+        return "Sequential sampling's lock step runs compiled (PYRO_AUTOSPEC_NUMBA=1)."
+    return (
+        "Sequential sampling's lock step runs in NumPy until this process's lock steps reach "
+        f"{compiled.START_AFTER_STEPS:,} steps, then compiled (the default; "
+        "PYRO_AUTOSPEC_NUMBA=1 compiles from the first step)."
+    )
 
 
 def warm_up(oracle, methods, args) -> None:
@@ -432,6 +447,7 @@ def main(argv=None) -> None:
     if torch.device(where).type == "cuda":
         where += f" ({torch.cuda.get_device_name(torch.device(where))})"
     print(f"# Engine benchmark (torch {torch.__version__}, {args.threads} thread(s), {where})")
+    print(f"\n{lock_step_note()}")
     for part in args.parts:
         PARTS[part](args)
     print(f"\n(total {time.perf_counter() - start:.0f} s)")

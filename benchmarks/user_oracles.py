@@ -83,7 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import _SYNCING, _waits  # noqa: E402
+from engine import _SYNCING, _waits, lock_step_note  # noqa: E402
 from rounds import hmm, markov, tree_potts  # noqa: E402
 
 from pyro_autospec.engine import sample_any_order  # noqa: E402
@@ -430,7 +430,8 @@ def main(argv=None) -> None:
     print(
         f"# Oracles users bring (torch {torch.__version__}, {args.threads} thread(s), {where}; "
         f"load average {load})\n\n"
-        f"`{' '.join(['python', 'benchmarks/user_oracles.py', *sys.argv[1:]])}`\n"
+        f"`{' '.join(['python', 'benchmarks/user_oracles.py', *sys.argv[1:]])}`\n\n"
+        f"{lock_step_note()}\n"
     )
     print(
         "| oracle | draws | variant | rounds/draw | rounds (run) | rows/draw | rows/draw / n "
