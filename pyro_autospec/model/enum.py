@@ -162,19 +162,25 @@ def _non_tree_error(error: Exception, symbol_to_plate: dict, evidence: list):
 
 
 def _intractable_error(
-    entries: float | None, site: str | None = None, what: str = "one elimination step"
+    entries: float | None, site: str | None = None, term: bool = False
 ) -> IntractableEnumerationError:
-    """The model is too large to enumerate: ``what`` (at ``site``) has ``entries`` entries per
-    query, or a tensor of the model under enumeration could not be allocated (``None``)."""
+    """The model is too large to enumerate: one elimination step has ``entries`` entries per
+    query, or (``term``) a term of the model under enumeration, computed after ``site``, spans
+    ``entries`` combinations of enumerated values, or a tensor of that run could not be
+    allocated (``None``)."""
     where = f" (computed after site '{site}')" if site else ""
+    limit = f"the limit is 2^{int(math.log2(_MAX_STEP_ENTRIES_PER_ROW))}"
     if entries is None:
         size = f"a tensor of the model under enumeration{where} could not be allocated"
-    else:
-        per = " per query" if what == "one elimination step" else ""
+    elif term:
         size = (
-            f"{what}{where} has {entries:.3g} entries{per} (about "
-            f"2^{math.log2(max(entries, 1)):.0f}; the limit is "
-            f"2^{int(math.log2(_MAX_STEP_ENTRIES_PER_ROW))})"
+            f"a term of the model under enumeration{where} spans {entries:.3g} combinations of "
+            f"the enumerated sites' values (about 2^{math.log2(max(entries, 1)):.1f}; {limit})"
+        )
+    else:
+        size = (
+            f"one elimination step has {entries:.3g} entries per query (about "
+            f"2^{math.log2(max(entries, 1)):.1f}; {limit})"
         )
     return IntractableEnumerationError(
         f"Exact enumeration of the model's discrete sites is intractable: {size}. The cost of "
@@ -690,7 +696,7 @@ class EnumOracle:
         else:
             traced = with_oracle_dims(self, with_draws)
         # a term coupling many enumerated sites is refused before it fills the memory
-        guard = EntriesGuard(_MAX_STEP_ENTRIES_PER_ROW, plate_dims=mpn + 1, draws=num)
+        guard = EntriesGuard(_MAX_STEP_ENTRIES_PER_ROW, plate_dims=mpn + 1)
         try:
             with poutine.block(), quiet_warnings(), torch.no_grad(), guard:
                 # the recorder inside enumeration: it sees each site before enum can refuse it
@@ -702,9 +708,8 @@ class EnumOracle:
         except AutoSpecModelError:
             raise
         except TensorTooLarge as e:
-            what = "a term of the model under enumeration"
-            entries = math.prod(guard.refused) / num
-            raise _intractable_error(entries, recorder.current, what) from e
+            entries = guard.combinations(guard.refused)
+            raise _intractable_error(entries, recorder.current, term=True) from e
         except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as e:
             if "memory" in str(e) or "allocate" in str(e):
                 raise _intractable_error(None, recorder.current) from e

@@ -395,10 +395,12 @@ def enumerated_trace(
     and scaled as a contraction sees them); ``None`` when the model cannot be traced so (the
     later stages name that fault). Blocked from outer handlers, quiet, without gradients."""
     enumerated = poutine.infer_config(model, parallel_enumeration)
-    guard = EntriesGuard(MAX_ENUMERATED_ENTRIES, plate_dims=max_plate_nesting)
+    # a spare dim right of the enumeration dims, as the enumeration oracle's draws' plate:
+    # the guard then tells them from the model's own dims as the oracle's does
+    guard = EntriesGuard(MAX_ENUMERATED_ENTRIES, plate_dims=max_plate_nesting + 1)
     try:
         with poutine.block(), quiet_warnings(), torch.no_grad(), guard:
-            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 1))
+            enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 2))
             trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
             if log_prob:
                 trace.compute_log_prob()
@@ -407,80 +409,79 @@ def enumerated_trace(
     return trace
 
 
-#: The most entries per draw a tensor with enumeration dims may have in a run of the model
-#: under parallel enumeration (a contraction step of more is refused too).
+#: The most combinations of enumerated values one tensor may span in a run of the model under
+#: parallel enumeration (a contraction step of more entries per query is refused too).
 MAX_ENUMERATED_ENTRIES = 2**26
 
 
 class EntriesGuard(TorchFunctionMode):
     """Raise :class:`TensorTooLarge` where a run of the model under parallel enumeration makes a
-    tensor of more than ``limit`` entries per draw that spans enumeration dims, before torch
-    allocates it where the inputs' broadcast shape tells its size (elementwise operations,
+    tensor whose enumeration dims hold more than ``limit`` combinations, before torch
+    allocates it where its operands' broadcast shape tells its size (elementwise operations,
     which is how coupled sites multiply out).
 
-    Enumeration gives each discrete site a dim of its own, so a term reading ``k`` coupled
-    sites is a tensor of the product of their supports: ``2**30`` entries for thirty
+    Enumeration gives each discrete site a dim of its own left of the model's dims, so a term
+    reading ``k`` coupled sites spans the product of their supports: ``2**30`` for thirty
     Bernoulli sites summed into one likelihood, which would fill the memory before any
-    contraction could measure it.
+    contraction could measure it. Only the dims left of the model's own count (plates, the
+    draws' plate, event dims and any tensor of the model's that enumeration does not reach
+    lie to their right), so large plates and large data are not limited.
 
     Parameters
     ----------
     limit : int
-        Entries per draw allowed in a tensor with enumeration dims.
+        Combinations of enumerated values allowed in one tensor.
     plate_dims : int
-        How many rightmost dims are the model's (plates, and the draws' plate): the dims left
-        of them are enumeration dims.
-    draws : int
-        The size of the draws' plate, which multiplies every tensor of the run.
+        How many rightmost dims of a batch are the model's (its plates, and the draws'
+        plate): enumeration allocates dims left of them only.
 
     Examples
     --------
     >>> import torch
-    >>> with EntriesGuard(limit=1000, plate_dims=1, draws=1):
-    ...     torch.zeros(40, 1, 3) + torch.zeros(1, 50, 3)
+    >>> with EntriesGuard(limit=1000, plate_dims=1):
+    ...     y = torch.zeros(40, 1, 1, 3) + torch.zeros(1, 50, 1, 3)  # 2,000 combinations
     Traceback (most recent call last):
     ...
-    pyro_autospec.model.tracing.TensorTooLarge: a tensor of shape (40, 50, 3)
+    pyro_autospec.model.tracing.TensorTooLarge: a tensor of shape (40, 50, 1, 3)
+    >>> with EntriesGuard(limit=1000, plate_dims=1):  # large, but in the model's dims
+    ...     y = torch.zeros(4, 1, 10_000) + torch.zeros(1, 5, 10_000)
     """
 
-    def __init__(self, limit: int, plate_dims: int, draws: int = 1):
+    def __init__(self, limit: int, plate_dims: int):
         super().__init__()
-        self.limit, self.plate_dims, self.draws = limit, plate_dims, max(1, draws)
+        self.limit, self.plate_dims = limit, plate_dims
         #: The shape of the tensor refused, once one was (Pyro re-raises errors of a model
         #: run as their type with a longer message, so the error itself keeps only words).
         self.refused: tuple | None = None
 
+    def combinations(self, shape) -> int:
+        """The product of ``shape``'s dims left of the model's (enumeration dims)."""
+        return math.prod(shape[: max(0, len(shape) - self.plate_dims)])
+
     def _check(self, shape) -> None:
-        enum_dims = shape[: max(0, len(shape) - self.plate_dims)]
-        if math.prod(enum_dims) > 1:
+        if self.combinations(shape) > self.limit:
             self.refused = tuple(shape)
             raise TensorTooLarge(f"a tensor of shape {self.refused}")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        # cheap where nothing is large (every torch call of the model's run passes here):
-        # numel only, and a broadcast shape only for two operands whose product is large
-        most = self.limit * self.draws
-        if len(args) == 2:
-            a, b = args
-            if (
-                isinstance(a, torch.Tensor)
-                and isinstance(b, torch.Tensor)
-                and a.numel() * b.numel() > most
-            ):
+        # cheap where nothing is large (every torch call of the model's run passes here): the
+        # operands' broadcast shape only where their enumeration dims could exceed the limit
+        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        if len(tensors) > 1:
+            bound = 1
+            for tensor in tensors:
+                bound *= self.combinations(tensor.shape)
+            if bound > self.limit:
                 try:
-                    shape = torch.broadcast_shapes(a.shape, b.shape)
+                    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
                 except RuntimeError:  # not elementwise: its output tells
                     shape = None
-                if shape is not None and math.prod(shape) > most:
+                if shape is not None:
                     self._check(shape)
         out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor):
-            if out.numel() > most:
-                self._check(out.shape)
-        elif isinstance(out, (tuple, list)):
-            for tensor in out:
-                if isinstance(tensor, torch.Tensor) and tensor.numel() > most:
-                    self._check(tensor.shape)
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.limit:
+                self._check(tensor.shape)
         return out
 
 
