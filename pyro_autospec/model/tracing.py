@@ -464,25 +464,35 @@ class EntriesGuard(TorchFunctionMode):
             raise TensorTooLarge(f"a tensor of shape {self.refused}")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        # cheap where nothing is large (every torch call of the model's run passes here): the
-        # operands' broadcast shape only where their enumeration dims could exceed the limit
-        tensors = [a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
-        if len(tensors) > 1:
-            bound = 1
-            for tensor in tensors:
-                bound *= self.combinations(tensor.shape)
-            if bound > self.limit:
-                try:
-                    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-                except RuntimeError:  # not elementwise: its output tells
-                    shape = None
-                if shape is not None:
-                    self._check(shape)
-        out = func(*args, **(kwargs or {}))
-        for tensor in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(tensor, torch.Tensor) and tensor.numel() > self.limit:
-                self._check(tensor.shape)
+        # every torch call of the model's run passes here: entry counts first (cheap), the
+        # combinations of the operands' broadcast shape only where the entries are many
+        limit, count, bound = self.limit, 0, 1
+        for operand in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(operand, torch.Tensor):
+                count, bound = count + 1, bound * operand.numel()
+        if count > 1 and bound > limit:
+            self._check_operands(args, kwargs)
+        out = func(*args, **kwargs) if kwargs else func(*args)
+        if isinstance(out, torch.Tensor):
+            if out.numel() > limit:
+                self._check(out.shape)
+        elif isinstance(out, (tuple, list)):
+            for tensor in out:
+                if isinstance(tensor, torch.Tensor) and tensor.numel() > limit:
+                    self._check(tensor.shape)
         return out
+
+    def _check_operands(self, args, kwargs) -> None:
+        """Refuse operands whose broadcast shape spans too many combinations (an elementwise
+        call would allocate it)."""
+        shapes = [a.shape for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        if math.prod(self.combinations(shape) for shape in shapes) <= self.limit:
+            return
+        try:
+            shape = torch.broadcast_shapes(*shapes)
+        except RuntimeError:  # not elementwise: its output tells
+            return
+        self._check(shape)
 
 
 class TensorTooLarge(RuntimeError):
