@@ -668,9 +668,12 @@ def _check_continuous_parents(
                 f"sites first (NUTS with the discrete sites summed out) and then the discrete "
                 f"sites given each continuous draw, so a continuous site must not depend on a "
                 f"discrete one. Ways out: sample one continuous value per value of '{first}' "
-                f"before it and select with '{first}' (e.g. `with pyro.plate('{name}_per_value', "
-                f"K): values = pyro.sample('{name}', ...)`, then `Vindex(values)[..., {first}]`), "
-                f"as a mixture's component parameters are; or condition '{name}' on a value with "
+                f"before it and select with '{first}' (e.g. `values = pyro.sample('{name}', "
+                f"dist.Normal(torch.zeros(K), 1.0).to_event(1))`, then "
+                f"`Vindex(values)[..., {first}]`: one vector site, which runs on a batch of "
+                f"continuous draws at once, where a plate of K values sharing a dim with the data "
+                f"is traced once per draw), as a mixture's component parameters are; or "
+                f"condition '{name}' on a value with "
                 f"poutine.condition.{_continuous_site_hints(name, node)}"
             )
 
