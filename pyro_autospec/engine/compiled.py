@@ -20,8 +20,9 @@ the engine's time per step outside the oracle (100 to 150 us less per step on th
 CPU, with 16 to 256 draws in flight), but numba's start costs about 1.5 to 2 s in each process
 that uses it (its import, which imports SciPy's linear algebra, then loading the compiled code
 from its cache on disk, or compiling it after an install). A single run of a few thousand
-steps never pays that back: beside a chain of n = 100 and 16 draws, a first run took 2.3 s
-compiled against 0.1 s in NumPy. So by default (``PYRO_AUTOSPEC_NUMBA`` unset, or ``auto``)
+steps never pays that back: beside a chain of n = 100 and 16 draws, a process's first run took
+1.3 s compiled against 0.14 s in NumPy (``python benchmarks/control_plane.py --parts
+firstrun``). So by default (``PYRO_AUTOSPEC_NUMBA`` unset, or ``auto``)
 a process runs its lock steps in NumPy until their steps, counting the run about to start,
 reach :data:`START_AFTER_STEPS`, and compiled from then on: the rule of renting skis until
 the rent reaches the price, which never spends more than about twice the better choice made
