@@ -473,19 +473,16 @@ class EntriesGuard(TorchFunctionMode):
         if count > 1 and bound > limit:
             self._check_operands(args, kwargs)
         out = func(*args, **kwargs) if kwargs else func(*args)
-        if isinstance(out, torch.Tensor):
-            if out.numel() > limit:
-                self._check(out.shape)
-        elif isinstance(out, (tuple, list)):
-            for tensor in out:
-                if isinstance(tensor, torch.Tensor) and tensor.numel() > limit:
-                    self._check(tensor.shape)
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.numel() > limit:
+                self._check(tensor.shape)
         return out
 
     def _check_operands(self, args, kwargs) -> None:
         """Refuse operands whose broadcast shape spans too many combinations (an elementwise
         call would allocate it)."""
-        shapes = [a.shape for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        operands = (*args, *kwargs.values()) if kwargs else args
+        shapes = [a.shape for a in operands if isinstance(a, torch.Tensor)]
         if math.prod(self.combinations(shape) for shape in shapes) <= self.limit:
             return
         try:
