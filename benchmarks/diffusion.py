@@ -85,10 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _warm_up(oracle, settings) -> None:
-    """One short untimed draw per setting (``(method, knobs)``), so that no timed row pays for
-    the first kernel launches, caches or lazy imports (seconds on a GPU's first call)."""
-    for method, knobs in settings:
-        sample_diffusion(oracle, 2, num_steps=16, delta=0.01, method=method, seed=0, **knobs)
+    """One short untimed draw per setting (``(method, options, knobs)``), so that no timed row
+    pays for the first kernel launches, caches or lazy imports (seconds on a GPU's first call)."""
+    for method, options, knobs in settings:
+        sample_diffusion(
+            oracle, 2, num_steps=16, delta=0.01, method=method, seed=0, schedule=knobs, **options
+        )
 
 
 def _timed(oracle, num_samples: int, n: int, args, repeats: int = 1, **kwargs):
@@ -121,11 +123,16 @@ def sweep(args: argparse.Namespace) -> bool:
         oracle = FiniteSupportDenoiser.unit_sphere(args.num_points, d, seed=args.seed)
         if args.device is not None:
             oracle = oracle.to(args.device)
-        _warm_up(oracle, [("autospec", {"max_block": m}) for m in args.sweep])
+        _warm_up(oracle, [("autospec", {}, {"max_block": m}) for m in args.sweep])
         for n in steps:
             for max_block in args.sweep:
                 result, wall = _timed(
-                    oracle, num_samples, n, args, repeats=args.repeats, max_block=max_block
+                    oracle,
+                    num_samples,
+                    n,
+                    args,
+                    repeats=args.repeats,
+                    schedule={"max_block": max_block},
                 )
                 median = float(result.sample_rounds.double().median())
                 rows = result.oracle_rows / num_samples / n
@@ -162,20 +169,23 @@ def run(args: argparse.Namespace) -> bool:
         oracle = FiniteSupportDenoiser.unit_sphere(args.num_points, d, seed=args.seed)
         if args.device is not None:
             oracle = oracle.to(args.device)
-        settings = (
-            ("autospec", "autospec", {"engine": args.engine}),
-            ("autospec, rule=block", "autospec", {"engine": args.engine, "rule": "block"}),
-            ("sequential", "sequential", {"engine": args.engine}),
-            ("picard", "picard", {"window": args.window, "tolerance": args.tolerance}),
+        engine = {"engine": args.engine}
+        settings = (  # (label, method, options, schedule knobs)
+            ("autospec", "autospec", engine, {}),
+            ("autospec, rule=block", "autospec", engine, {"rule": "block"}),
+            ("sequential", "sequential", engine, {}),
+            ("picard", "picard", {}, {"window": args.window, "tolerance": args.tolerance}),
         )
         if args.no_block:
-            settings = tuple(s for s in settings if s[2].get("rule") != "block")
-        _warm_up(oracle, [(method, knobs) for _, method, knobs in settings])
+            settings = tuple(s for s in settings if s[3].get("rule") != "block")
+        _warm_up(oracle, [(method, options, knobs) for _, method, options, knobs in settings])
         for n in steps:
-            for label, method, knobs in settings:
+            for label, method, options, knobs in settings:
                 if knobs.get("rule") == "block":
                     knobs = {**knobs, "rho": rho}
-                result, wall = _timed(oracle, num_samples, n, args, method=method, **knobs)
+                result, wall = _timed(
+                    oracle, num_samples, n, args, method=method, schedule=knobs, **options
+                )
                 rounds = result.sample_rounds.double().numpy()
                 median, p90 = float(np.median(rounds)), float(np.quantile(rounds, 0.9))
                 rows = result.oracle_rows / num_samples

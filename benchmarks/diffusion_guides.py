@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             method=method,
             seed=args.seed,
             log_joint=False,
-            **knobs,
+            schedule=knobs,
         )
         rounds = out.sample_rounds.double().numpy()
         row = {

@@ -153,7 +153,9 @@ def race(args) -> None:
         results, wall = {}, {}
         for _ in range(args.repeats):  # interleaved, so that a slow spell hits every method
             for label, m, knobs in runs:
-                r = sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
+                r = sample_any_order(
+                    oracle, args.num_samples, seed=args.seed, method=m, schedule=knobs
+                )
                 results[label] = r  # the same draws, rounds and rows every time
                 wall[label] = min(wall.get(label, math.inf), r.wall_time)
         fastest = min(wall[m] for m in METHODS if m != "autospec")
@@ -252,7 +254,9 @@ def ops(args) -> None:
         oracle = FAMILIES[family](n, device=args.device)
         for label, m, knobs in runs:
             with _CountOps() as counter:
-                r = sample_any_order(oracle, args.num_samples, seed=args.seed, method=m, **knobs)
+                r = sample_any_order(
+                    oracle, args.num_samples, seed=args.seed, method=m, schedule=knobs
+                )
             per_round = {k: v / r.rounds for k, v in counter.counts.items()}
             total = sum(counter.counts.values())
             print(
@@ -325,7 +329,7 @@ def batching(args) -> None:
             seed=args.seed,
             disable_progbar=True,
             device=args.device,
-            **knobs,
+            schedule=knobs,
         )
         start = time.perf_counter()
         fit.run(y)

@@ -317,7 +317,7 @@ def run_autospec(model_args, guide, args, method: str, schedule: dict | None = N
             correction="imh",
             seed=args.seed,
             disable_progbar=True,
-            **(schedule or {}),
+            schedule=schedule,
         ).run(*model_args)
     seconds = time.perf_counter() - start
     z = run.get_samples(group_by_chain=True)["z"].numpy()
@@ -487,8 +487,10 @@ def part_ising(args, model_args) -> None:
     checks.append((f"IMH acceptance >= 0.3 ({acceptance:.2f})", acceptance >= 0.3))
     timing = {}
     for label, (method, schedule) in DRAWERS.items():
-        single = [sample_any_order(guide, 1, method=method, seed=s, **schedule) for s in range(5)]
-        batch = sample_any_order(guide, 64, method=method, seed=7, **schedule)
+        single = [
+            sample_any_order(guide, 1, method=method, seed=s, schedule=schedule) for s in range(5)
+        ]
+        batch = sample_any_order(guide, 64, method=method, seed=7, schedule=schedule)
         timing[label] = (
             float(np.median([r.wall_time for r in single])),
             float(np.median([r.rounds for r in single])),

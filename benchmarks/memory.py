@@ -79,7 +79,7 @@ def child(
     import torch
 
     torch.set_num_threads(1)
-    from pyro_autospec.engine import sample_any_order
+    from pyro_autospec.engine import Schedule, sample_any_order
     from pyro_autospec.oracles.markov import MarkovChainOracle
 
     if q > 2:
@@ -94,7 +94,9 @@ def child(
     if gpu:
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    result = sample_any_order(chain, draws, method=method, seed=0, max_concurrent_draws=concurrency)
+    result = sample_any_order(
+        chain, draws, method=method, seed=0, schedule=Schedule(max_concurrent_draws=concurrency)
+    )
     seconds = time.perf_counter() - start
     peak = _peak_mib()
     return {

@@ -36,7 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pyro_autospec.engine import sample_any_order  # noqa: E402
+from pyro_autospec.engine import (
+    Schedule,
+    sample_any_order,  # noqa: E402
+)
 
 HERE = Path(__file__).resolve().parent
 METHODS = ["autospec", "speculative", "agr24", "sequential"]
@@ -353,7 +356,10 @@ def sweep(num_samples: int, sizes: list[int], seed: int) -> None:
         for rho in (1.0, 2.0, 3.0, 4.0):
             for max_block in blocks:
                 result = sample_any_order(
-                    markov(n), num_samples, seed=seed, rho=rho, max_block=max_block
+                    markov(n),
+                    num_samples,
+                    seed=seed,
+                    schedule=Schedule(rho=rho, max_block=max_block),
                 )
                 rounds = result.sample_rounds.double()
                 default = (

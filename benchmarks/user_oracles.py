@@ -293,7 +293,7 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
     _sync(args.device)
     before = _usage()
     start = time.perf_counter()
-    r = sample_any_order(oracle, draws, method=method, seed=args.seed, **knobs)
+    r = sample_any_order(oracle, draws, method=method, seed=args.seed, schedule=knobs)
     _sync(args.device)
     wall = time.perf_counter() - start
     user, system, faults = (b - a for a, b in zip(before, _usage()))
@@ -310,7 +310,7 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
         counter = OutsideOracle()
         proxy = Flagged(oracle, counter)
         with counter:
-            again = sample_any_order(proxy, draws, method=method, seed=args.seed, **knobs)
+            again = sample_any_order(proxy, draws, method=method, seed=args.seed, schedule=knobs)
         if not declares_consistent_queries(oracle):
             # per round: the engine's work, without the consistency check made once per run
             check = OutsideOracle()
@@ -454,13 +454,13 @@ def main(argv=None) -> None:
         label, n = spec, oracle.num_coords
         if torch.device(args.device).type != "cpu":  # context, kernels, allocator
             for _, method, knobs in variants:
-                sample_any_order(oracle, 2, method=method, seed=args.seed + 1, **knobs)
+                sample_any_order(oracle, 2, method=method, seed=args.seed + 1, schedule=knobs)
         for draws in args.draws:
             results, count = {}, args.count and draws in args.count_draws
             if args.warmup and torch.device(args.device).type == "cpu":
                 # the process's first calls of this size pay for fresh memory (glibc)
                 _, method, knobs = variants[0]
-                sample_any_order(oracle, draws, method=method, seed=args.seed + 1, **knobs)
+                sample_any_order(oracle, draws, method=method, seed=args.seed + 1, schedule=knobs)
             runs = {v: [] for v, _, _ in variants}
             for repeat in range(args.repeats):  # in turn, so that a slow spell hits them all
                 for v, m, k in variants:

@@ -15,6 +15,7 @@ from pyro_autospec.engine.diffusion import (
     sample_sde,
 )
 from pyro_autospec.engine.diffusion_schedule import check_times
+from pyro_autospec.engine.methods import fold_keyword_knobs
 
 __all__ = ["EulerMaruyamaPath"]
 
@@ -48,8 +49,8 @@ class EulerMaruyamaPath(TorchDistribution):
     validate_args : bool, optional
         Check that scored paths start at ``x0``.
     **sampler_options
-        Further keyword arguments of :func:`~pyro_autospec.sample_sde` (``rule``,
-        ``max_block``, ``device``, ``dtype``, ...).
+        Further keyword arguments of :func:`~pyro_autospec.sample_sde` (``device``,
+        ``dtype``, ``schedule=Schedule(rule=..., max_block=...)``, ...).
 
     Attributes
     ----------
@@ -114,7 +115,7 @@ class EulerMaruyamaPath(TorchDistribution):
         self.x0 = x0
         self.scale = float(scale)
         self.method = method
-        self.sampler_options = sampler_options
+        self.sampler_options = fold_keyword_knobs(sampler_options)
         self.last_result: SampleResult | None = None
         batch_shape = x0.shape[:-1]
         event_shape = torch.Size((grid.shape[0], x0.shape[-1]))

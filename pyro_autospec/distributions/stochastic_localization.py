@@ -9,6 +9,7 @@ from pyro.distributions import TorchDistribution, constraints
 
 from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
+from pyro_autospec.engine.methods import fold_keyword_knobs
 from pyro_autospec.engine.result import SampleResult
 
 __all__ = ["StochasticLocalization"]
@@ -37,7 +38,8 @@ class StochasticLocalization(TorchDistribution):
     validate_args : bool, optional
         Passed to :class:`torch.distributions.Distribution`.
     **sampler_options
-        Further keyword arguments of :func:`~pyro_autospec.sample_diffusion`.
+        Further keyword arguments of :func:`~pyro_autospec.sample_diffusion` (``device``,
+        ``dtype``, ``schedule=Schedule(...)``, ...).
 
     Attributes
     ----------
@@ -95,7 +97,7 @@ class StochasticLocalization(TorchDistribution):
         self.denoiser = denoiser
         self.times = torch.as_tensor(grid, dtype=torch.float64)
         self.method = method
-        self.sampler_options = sampler_options
+        self.sampler_options = fold_keyword_knobs(sampler_options)
         self.last_result: SampleResult | None = None
         super().__init__(torch.Size(), torch.Size((dim,)), validate_args=validate_args)
 

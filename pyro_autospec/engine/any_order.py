@@ -208,15 +208,17 @@ def sample_any_order(
         own device and every rank returns the full result, the same draws as one process with
         the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
     schedule : Schedule or dict, optional
-        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
-        result's ``schedule`` passed back gives the same draws); they may also be given as
-        keywords (``**knobs``), but not both for one knob (a cap given as a keyword, such as
-        ``max_concurrent_draws``, replaces the schedule's: with the schedule's window knobs
-        fixed, as in ``result.schedule``, caps do not change the draws).
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; the knobs
+        are listed under ``**knobs``). A result's ``schedule`` passed back gives the same
+        draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``: with the
+        window knobs fixed, caps do not change the draws.
     **knobs
-        ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
-        (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap;
-        the oldest requests go first), ``max_concurrent_draws`` (continuous batching: new draws
+        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
+        as keywords, not both ways for one knob (a cap given as a keyword replaces the
+        schedule's). The knobs: ``rho``, ``max_block`` (``"autospec"``, see
+        :func:`default_schedule`), ``window`` (``"speculative"``),
+        ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap; the oldest
+        requests go first), ``max_concurrent_draws`` (continuous batching: new draws
         start as earlier ones finish; only the draws in flight hold an order and partial
         samples, so it bounds the engine's memory beside the ``N x n`` output; by default
         every draw, but for the windowed methods, whose rounds hold ``[draws, window, q]``

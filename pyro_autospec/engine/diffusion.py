@@ -467,12 +467,13 @@ def sample_sde(
         returns them all, the same as one process with the same seed, plus ``per_rank``
         counts (:mod:`pyro_autospec.engine.spread`).
     schedule : Schedule or dict, optional
-        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; a
-        result's ``schedule`` passed back gives the same draws), or as keywords
-        (``**knobs``), not both for one knob (a cap given as a keyword, such as
-        ``max_concurrent_draws``, replaces the schedule's).
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; the knobs
+        are listed under ``**knobs``). A result's ``schedule`` passed back gives the same
+        draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``.
     **knobs
-        The schedule's knobs; none changes the output law.
+        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the schedule's
+        knobs as keywords, not both ways for one knob (a cap given as a keyword replaces the
+        schedule's). None changes the output law. The knobs:
 
         * Every method: ``max_rows_per_round`` (a cap on the rows of one round: draws go
           oldest first while their requests fit, and a round takes at least one draw's whole
@@ -647,8 +648,9 @@ def sample_diffusion(
         ``num_steps``, ``delta`` and ``t_switch`` (or ``times=result.times``) reproduces a run.
     **knobs
         ``t_switch`` (an option of :func:`diffusion_times`, part of the grid, not of the
-        recorded schedule) and the schedule knobs of
-        :func:`sample_sde` (``max_rows_per_round``, ``max_rows_per_call``,
+        recorded schedule) and, deprecated (a :class:`FutureWarning`; pass
+        ``schedule=Schedule(...)``), the schedule knobs of
+        :func:`sample_sde` as keywords (``max_rows_per_round``, ``max_rows_per_call``,
         ``max_concurrent_draws``; ``rule``, ``max_block``, ``min_block`` and ``rho`` for
         ``"autospec"``, ``window`` and ``tolerance`` for ``"picard"``).
     method, seed, device, dtype, return_paths, progress, engine, distributed :

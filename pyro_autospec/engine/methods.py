@@ -12,12 +12,14 @@ change the draws, except ``max_block`` (which blocks are drafted) and the token-
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.schedule import BlockPolicy
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "default_max_block",
     "default_max_elements",
     "default_schedule",
+    "KEYWORD_KNOBS_DEPRECATED",
+    "fold_keyword_knobs",
     "given_knobs",
     "knob_names",
     "method_names",
@@ -271,22 +275,23 @@ _FIELDS = tuple(f.name for f in fields(Schedule))
 
 def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
     """The knobs a caller gave: those of ``schedule=`` (a :class:`Schedule` or a dict) and the
-    keyword ones. A keyword may not repeat a window knob of ``schedule``; a cap
-    (:data:`COMMON_KNOBS`: rows per round or call, elements per call, draws in flight) given
-    as a keyword replaces the schedule's, so that a result's schedule runs again with other
-    caps (``schedule=result.schedule, max_concurrent_draws=8``): with the window knobs fixed,
-    caps do not change the draws.
+    keyword ones.
+
+    Knobs given as keywords are deprecated (a :class:`FutureWarning` at the user's line names the
+    ``schedule=`` to pass instead) and still honoured: a keyword may not repeat a window knob of
+    ``schedule``, and a cap (:data:`COMMON_KNOBS`: rows per round or call, elements per call, draws
+    in flight) given as a keyword replaces the schedule's. The way to run a result's schedule again
+    with other caps is ``schedule=result.schedule.replace(max_concurrent_draws=8)``: with the window
+    knobs fixed, caps do not change the draws.
 
     Examples
     --------
-    >>> given_knobs(Schedule(max_block=8), {"rho": 2.0})
+    >>> given_knobs(Schedule(max_block=8, rho=2.0), {})
     {'max_block': 8, 'rho': 2.0}
-    >>> given_knobs(Schedule(max_block=8, max_concurrent_draws=None), {"max_concurrent_draws": 4})
-    {'max_concurrent_draws': 4, 'max_block': 8}
+    >>> given_knobs({"max_concurrent_draws": 4}, {})
+    {'max_concurrent_draws': 4}
     """
-    if schedule is None:
-        return dict(knobs)
-    given = dict(Schedule.of(schedule)) if not isinstance(schedule, Schedule) else dict(schedule)
+    given = {} if schedule is None else dict(Schedule.of(schedule))
     caps = set().union(*COMMON_KNOBS.values())
     twice = sorted((set(given) & set(knobs)) - caps)
     if twice:
@@ -295,7 +300,53 @@ def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
             f"schedule knobs {twice} given both in schedule= and as keywords; to run a "
             f"schedule with other values for them, pass schedule=schedule.replace({change})"
         )
+    known = {name: value for name, value in knobs.items() if name in _FIELDS}
+    if known:  # an unknown name is refused by the method's own check, not called deprecated
+        warnings.warn(
+            _keywords_message(schedule, known), FutureWarning, stacklevel=user_stacklevel()
+        )
     return {**given, **knobs}
+
+
+#: How the :class:`FutureWarning` of knobs given as keywords begins (for warning filters:
+#: ``-W "error:schedule knobs as keywords:FutureWarning"``).
+KEYWORD_KNOBS_DEPRECATED = "schedule knobs as keywords"
+
+
+def _keywords_message(schedule: Mapping | None, knobs: Mapping) -> str:
+    """What :func:`given_knobs` says of knobs given as keywords: the ``schedule=`` to pass."""
+    inside = ", ".join(f"{name}={value!r}" for name, value in knobs.items())
+    if schedule is None:
+        instead = f"schedule=Schedule({inside}) (from pyro_autospec import Schedule)"
+    else:
+        instead = f"the schedule with them: schedule=Schedule.of(schedule).replace({inside})"
+    return (
+        f"{KEYWORD_KNOBS_DEPRECATED} ({inside}) are deprecated and will be refused in a "
+        f"future release; pass {instead}"
+    )
+
+
+def fold_keyword_knobs(options: Mapping) -> dict:
+    """``options`` (a sampler's keyword arguments) with its schedule knobs folded into one
+    ``schedule=`` :class:`Schedule`, warning as :func:`given_knobs` does for knobs given as
+    keywords.
+
+    For objects that keep a sampler's options for later calls (the diffusion distributions):
+    the warning points at the line that built them, not at a later ``sample()``.
+
+    Examples
+    --------
+    >>> fold_keyword_knobs({"device": "cpu", "schedule": {"max_block": 8}})
+    {'device': 'cpu', 'schedule': Schedule(max_block=8)}
+    """
+    options = dict(options)
+    knobs = {name: options.pop(name) for name in list(options) if name in _FIELDS}
+    schedule = options.pop("schedule", None)
+    if schedule is None and not knobs:
+        return options
+    merged = given_knobs(schedule, knobs)
+    options["schedule"] = Schedule.of(merged)
+    return options
 
 
 def default_max_elements(device) -> int:

@@ -188,12 +188,13 @@ class AutoSpec:
         ran (for a model with continuous sites they name the engine's method that drew the
         discrete sites).
     schedule : Schedule or dict, optional
-        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`);
+        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`:
+        ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws`` for continuous batching, ``rule`` for a diffusion guide, ...);
         they move rounds against rows and never change the law of the draws.
     **knobs
-        The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
-        ``max_elements``, ``max_concurrent_draws`` for continuous batching, ``rule`` for a
-        diffusion guide, ...), not both for one knob (a cap given as a keyword replaces the
+        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
+        as keywords, not both ways for one knob (a cap given as a keyword replaces the
         schedule's).
 
     Attributes
@@ -364,8 +365,6 @@ class AutoSpec:
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be True or False; got {distributed!r}")
         self.distributed = distributed
-        if distributed:
-            self.schedule["distributed"] = True
         self.run_kind: str | None = None
         self._run = None
         self._failure: str | None = None
@@ -606,6 +605,7 @@ class AutoSpec:
             schedule=self.schedule,
             warmup_steps=self.warmup_steps,
             device=self.device,
+            distributed=self.distributed,
         )
 
     def _check_warmup(self, kind: str) -> None:

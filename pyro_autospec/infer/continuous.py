@@ -15,7 +15,7 @@ References
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.diffusion import sample_diffusion
-from pyro_autospec.engine.methods import DIFFUSION_AUTOSPEC
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
 
@@ -76,15 +75,6 @@ class ContinuousResult:
         return self.diffusion.log_prob
 
 
-_SCHEDULE_KNOBS = (
-    *DIFFUSION_AUTOSPEC,
-    "max_rows_per_round",
-    "max_rows_per_call",
-    "max_concurrent_draws",
-    "distributed",
-)
-
-
 def sample_continuous(
     guide: Any,
     num_samples: int,
@@ -96,7 +86,8 @@ def sample_continuous(
     oracle: Any = None,
     log_joint: bool = True,
     model: Callable | None = None,
-    **schedule: Any,
+    schedule: Mapping | None = None,
+    distributed: bool = False,
 ) -> ContinuousResult:
     """Draw a model's continuous latent sites from a diffusion guide, exactly for its chain.
 
@@ -130,12 +121,13 @@ def sample_continuous(
         The model whose sites the draws are and whose ``lp`` is computed (default: the one the
         guide was built from, ``guide.model``). Its sites with these arguments must be the
         guide's; the draws follow the guide's diffusion whatever the model.
-    **schedule
-        Engine knobs ``rule``, ``max_block``, ``min_block``, ``rho``, ``max_rows_per_round``,
-        ``max_rows_per_call``, ``max_concurrent_draws`` (:func:`~pyro_autospec.sample_sde`); they
-        move rounds against rows and never change the law of the draws. ``distributed=True``
-        spreads the draws over the ranks of a ``torch.distributed`` group (every rank makes
-        the same call and returns every draw).
+    schedule : Schedule or dict, optional
+        The engine's schedule (:class:`~pyro_autospec.Schedule`: ``rule``, ``max_block``,
+        ``min_block``, ``rho`` and the caps, :func:`~pyro_autospec.sample_sde`); it moves rounds
+        against rows and never changes the law of the draws.
+    distributed : bool
+        Spread the draws over the ranks of a ``torch.distributed`` group (every rank makes the
+        same call and returns every draw).
 
     Returns
     -------
@@ -161,12 +153,6 @@ def sample_continuous(
     >>> out.samples["loc"].shape, out.sample_rounds.shape, out.lp.shape
     (torch.Size([10]), torch.Size([10]), torch.Size([10]))
     """
-    unknown = sorted(set(schedule) - set(_SCHEDULE_KNOBS))
-    if unknown:
-        raise TypeError(
-            f"unknown keyword(s) {unknown}; pass model keywords as model_kwargs={{...}}; the "
-            f"engine knobs are {list(_SCHEDULE_KNOBS)}"
-        )
     if not args and model_kwargs is None:
         args = tuple(getattr(guide, "model_args", ()))
         model_kwargs = dict(getattr(guide, "model_kwargs", {}) or {})
@@ -190,7 +176,8 @@ def sample_continuous(
         method=method,
         seed=seed,
         progress=progress,
-        **schedule,
+        distributed=distributed,
+        schedule=schedule,
     )
     y = result.samples.detach().to("cpu", torch.get_default_dtype())
     samples = layout.from_unconstrained(y)

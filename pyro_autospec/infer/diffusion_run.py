@@ -87,7 +87,8 @@ class DiffusionRun(RunBase):
                 seed=seed,
                 progress=self.progress,
                 model=self.model,
-                **self.schedule,
+                distributed=self.settings.distributed,
+                schedule=self.schedule,
             )
             self.record(out.diffusion)
             self.oracle_device = out.diffusion.samples.device

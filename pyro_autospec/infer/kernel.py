@@ -154,11 +154,13 @@ class AutoSpecKernel(MCMCKernel):
         :class:`~pyro_autospec.infer.autospec.AutoSpec`); by default the device of the model's
         tensors. ``MCMC`` receives each draw on the CPU, as it stores them.
     schedule : Schedule or dict, optional
-        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`).
+        The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`:
+        ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
+        ``max_concurrent_draws``).
     **knobs
-        The same knobs as keywords (``rho``, ``max_block``, ``max_rows_per_round``,
-        ``max_elements``, ``max_concurrent_draws``), not both for one knob (a cap given as a
-        keyword replaces the schedule's).
+        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
+        as keywords, not both ways for one knob (a cap given as a keyword replaces the
+        schedule's).
 
     Examples
     --------
@@ -334,7 +336,7 @@ class AutoSpecKernel(MCMCKernel):
             seed=seed,
             device=self._device,
             progress=not self.disable_progbar,
-            **self.schedule,
+            schedule=self.schedule,
         )
         self._counts["rounds"] += result.rounds
         self._counts["oracle_rows"] += result.oracle_rows

@@ -65,10 +65,12 @@ class RunSettings:
     progress : bool
     save_params : list of str or None
     schedule : dict
-        Engine knobs (``distributed=True`` among them when asked for).
+        The schedule's knobs (:class:`~pyro_autospec.Schedule`'s fields).
     warmup_steps : int
         NUTS's or the IMH chains' warm-up (0 where none applies).
     device : torch.device or None
+    distributed : bool
+        Whether the draws are spread over a ``torch.distributed`` group.
     """
 
     method: str
@@ -80,11 +82,7 @@ class RunSettings:
     schedule: dict
     warmup_steps: int = 0
     device: torch.device | None = None
-
-    @property
-    def distributed(self) -> bool:
-        """Whether the draws are spread over a ``torch.distributed`` group."""
-        return bool(self.schedule.get("distributed", False))
+    distributed: bool = False
 
     def seeds(self, num: int, *, stream: int | None = None) -> list[int]:
         """``num`` engine seeds from the run's seed (``stream``: a stream beside its own, see
@@ -226,7 +224,8 @@ class RunBase:
             seed=seed,
             device=device,
             progress=self.progress,
-            **self.schedule,
+            distributed=self.settings.distributed,
+            schedule=self.schedule,
         )
         return self.record(result)
 

@@ -97,7 +97,7 @@ def discrete_fingerprints() -> dict[str, str]:
         if name.startswith("sharded"):
             continue
         for label, method, knobs in DISCRETE_RUNS:
-            result = sample_any_order(_oracle(entry), DRAWS, seed=7, method=method, **knobs)
+            result = sample_any_order(_oracle(entry), DRAWS, seed=7, method=method, schedule=knobs)
             out[f"{name}/{label}"] = digest(result.samples, result.rounds, result.oracle_rows)
     return out
 
@@ -128,13 +128,16 @@ def diffusion_fingerprints() -> dict[str, str]:
     times = torch.linspace(0.0, 1.0, 25, dtype=torch.float64)
     x0 = torch.tensor([0.3, -0.2], dtype=torch.float64)
     for label, knobs in DIFFUSION_RUNS:
-        result = sample_sde(lambda t, x: -torch.sin(2 * x), times, x0, DRAWS, seed=3, **knobs)
+        method = knobs.get("method", "autospec")
+        schedule = {k: v for k, v in knobs.items() if k != "method"}
+        drift = lambda t, x: -torch.sin(2 * x)  # noqa: E731
+        result = sample_sde(drift, times, x0, DRAWS, seed=3, method=method, schedule=schedule)
         out[f"diffusion/{label}"] = digest(result.samples, result.rounds, result.oracle_rows)
     means = torch.tensor([[-1.0, 0.5], [1.5, 0.0]], dtype=torch.float64)
     covs = 0.2 * torch.eye(2, dtype=torch.float64).expand(2, 2, 2)
     mixture = GaussianMixtureDenoiser(torch.tensor([0.3, 0.7]), means, covs)
     for label, knobs in (("localization", {}), ("localization_block", {"rule": "block"})):
-        result = sample_diffusion(mixture, DRAWS, num_steps=32, seed=5, **knobs)
+        result = sample_diffusion(mixture, DRAWS, num_steps=32, seed=5, schedule=knobs)
         out[f"diffusion/{label}"] = digest(result.samples, result.rounds, result.oracle_rows)
     return out
 

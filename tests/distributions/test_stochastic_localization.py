@@ -9,6 +9,7 @@ from scipy import stats
 
 from pyro_autospec.distributions import StochasticLocalization
 from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.engine.methods import Schedule
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser, GaussianMixtureDenoiser
 
 ALPHA = 2e-5
@@ -40,6 +41,19 @@ def test_sample_shape_seed_and_result():
     pyro.set_rng_seed(0)
     assert torch.equal(dist.sample((3, 4)), draws)
     assert dist.expand((5,)).sample().shape == (5, 2)
+
+
+def test_schedule_knobs_go_in_one_schedule_and_keywords_warn_at_the_callers_line():
+    typed = StochasticLocalization(mixture(), num_steps=16, delta=0.05, schedule={"rule": "block"})
+    with pytest.warns(FutureWarning, match=r"pass schedule=Schedule\(rule='block'\)") as caught:
+        keywords = StochasticLocalization(mixture(), num_steps=16, delta=0.05, rule="block")
+    assert {w.filename for w in caught if "schedule knobs" in str(w.message)} == {__file__}
+    assert typed.sampler_options == keywords.sampler_options == {"schedule": Schedule(rule="block")}
+    pyro.set_rng_seed(0)
+    draws = typed.sample((4,))
+    assert typed.last_result.schedule["rule"] == "block"
+    pyro.set_rng_seed(0)
+    assert torch.equal(keywords.sample((4,)), draws)
 
 
 def test_law_matches_sequential_sampler():

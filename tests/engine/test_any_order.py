@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import Schedule, sample_any_order
 from pyro_autospec.oracles.tabular import TabularOracle
 from tests.catalogue.targets import TARGETS, pairs_equal_target, potts_target
 from tests.stats import assert_samples_match, state_index
@@ -55,7 +55,7 @@ CASES = [(target, "default") for target in sorted(TARGETS)] + [
 def test_random_order_exact(target, schedule):
     table = TARGETS[target]()
     oracle = TabularOracle(logits=table)
-    result = sample_any_order(oracle, 4000, seed=11, **SCHEDULES[schedule])
+    result = sample_any_order(oracle, 4000, seed=11, schedule=SCHEDULES[schedule])
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
     # log_prob is the oracle's chain rule: for an exact oracle, the joint log probability.
     idx = torch.from_numpy(state_index(result.samples, oracle.num_values))
@@ -68,7 +68,7 @@ def test_fixed_order_exact(target):
     oracle = TabularOracle(logits=table)
     n = oracle.num_coords
     order = list(range(n))[::-1]
-    result = sample_any_order(oracle, 4000, seed=3, order=order, max_block=n)
+    result = sample_any_order(oracle, 4000, seed=3, order=order, schedule=Schedule(max_block=n))
     assert (result.orders == torch.tensor(order)).all()
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
 
@@ -181,6 +181,6 @@ def test_unspeculated_blocks_are_cut_into_leaves_near_max_block(n):
 def test_a_zero_budget_is_refused(knob):
     oracle = TabularOracle(logits=TARGETS["pairs_equal"]())
     with pytest.raises(ValueError, match=f"{knob} must be .* or None; got 0"):
-        sample_any_order(oracle, 4, seed=0, **{knob: 0})
+        sample_any_order(oracle, 4, seed=0, schedule={knob: 0})
     if knob == "max_elements":  # a float budget runs, as it did
-        sample_any_order(oracle, 4, seed=0, max_elements=1e6)
+        sample_any_order(oracle, 4, seed=0, schedule=Schedule(max_elements=1e6))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pyro_autospec.engine import OracleError, host_plane, sample_any_order
+from pyro_autospec.engine import OracleError, Schedule, host_plane, sample_any_order
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.oracles.markov import MarkovChainOracle
 from pyro_autospec.oracles.tabular import TabularOracle
@@ -24,7 +24,9 @@ def test_baseline_exact(method, target):
 @pytest.mark.parametrize("window", [1, 3, 16])
 def test_speculative_windows_exact(window):
     oracle = TabularOracle(logits=TARGETS["pairs_equal"]())
-    result = sample_any_order(oracle, 4000, seed=5, method="speculative", window=window)
+    result = sample_any_order(
+        oracle, 4000, seed=5, method="speculative", schedule=Schedule(window=window)
+    )
     assert_samples_match(result.samples, oracle.log_probs, oracle.num_values)
 
 
@@ -32,7 +34,9 @@ def test_speculative_windows_exact(window):
 def test_agr24_equals_sequential_gumbel_max_path_by_path(window_scale):
     stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 300)
-    fast = sample_any_order(chain, 6, seed=9, method="agr24", window_scale=window_scale)
+    fast = sample_any_order(
+        chain, 6, seed=9, method="agr24", schedule=Schedule(window_scale=window_scale)
+    )
     slow = sample_any_order(chain, 6, seed=9, method="gumbel_sequential")
     assert torch.equal(fast.orders, slow.orders)
     assert torch.equal(fast.samples, slow.samples)
@@ -58,7 +62,7 @@ def test_sequential_all_draws_at_once_equals_the_batched_loop(method, capsys):
     assert base.rounds == 40 and base.oracle_rows == 7 * 40
     assert base.sample_rounds.tolist() == [40] * 7
     for knobs in ({"max_concurrent_draws": 3}, {"max_rows_per_round": 5}):
-        other = sample_any_order(chain, 7, seed=2, method=method, **knobs)
+        other = sample_any_order(chain, 7, seed=2, method=method, schedule=knobs)
         assert torch.equal(other.samples, base.samples)
         assert torch.equal(other.log_prob, base.log_prob)
         assert other.oracle_rows == base.oracle_rows
@@ -95,7 +99,7 @@ def test_lockstep_keeps_its_samples_from_the_oracle_and_splits_calls(method):
         (ScribblingOracle(chain), {"max_elements": budget}),
         (chain, {"max_elements": budget}),
     ):
-        other = sample_any_order(oracle, 9, seed=6, method=method, **knobs)
+        other = sample_any_order(oracle, 9, seed=6, method=method, schedule=knobs)
         assert torch.equal(other.samples, base.samples)
         torch.testing.assert_close(other.log_prob, base.log_prob, rtol=0, atol=1e-12)
         assert other.rounds == 30 and other.oracle_rows == 9 * 30
@@ -110,9 +114,9 @@ def test_upload_path_gives_the_same_draws(method, monkeypatch):
 
     chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.9, 0.1], [0.3, 0.7]]), 40)
     knobs = {"max_concurrent_draws": 5, "max_rows_per_round": 23}
-    in_place = sample_any_order(chain, 12, seed=3, method=method, **knobs)
+    in_place = sample_any_order(chain, 12, seed=3, method=method, schedule=knobs)
     monkeypatch.setattr(HostRows, "zero_copy", False)
-    uploaded = sample_any_order(chain, 12, seed=3, method=method, **knobs)
+    uploaded = sample_any_order(chain, 12, seed=3, method=method, schedule=knobs)
     assert torch.equal(in_place.samples, uploaded.samples)
     assert torch.equal(in_place.log_prob, uploaded.log_prob)
     assert in_place.rounds == uploaded.rounds and in_place.oracle_rows == uploaded.oracle_rows
@@ -141,18 +145,22 @@ def test_windows_of_one_coordinate_run_in_lock_step_with_the_same_draws(
     )
     stay = torch.tensor([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
     chain = MarkovChainOracle(torch.tensor([0.2, 0.5, 0.3]), stay, 40)
-    lock = sample_any_order(chain, 6, seed=9, method=method, **knobs)
+    lock = sample_any_order(chain, 6, seed=9, method=method, schedule=knobs)
     assert len(steps) == 40 and lock.rounds == 40
-    general = sample_any_order(chain, 6, seed=9, method=method, max_concurrent_draws=5, **knobs)
+    general = sample_any_order(
+        chain, 6, seed=9, method=method, schedule={**knobs, "max_concurrent_draws": 5}
+    )
     assert len(steps) == 40  # the general loop took no lock step
-    reference = sample_any_order(chain, 6, seed=9, method=same_as, max_concurrent_draws=5)
+    reference = sample_any_order(
+        chain, 6, seed=9, method=same_as, schedule=Schedule(max_concurrent_draws=5)
+    )
     assert torch.equal(lock.samples, general.samples)
     assert torch.equal(lock.samples, reference.samples)
     torch.testing.assert_close(lock.log_prob, general.log_prob, rtol=0, atol=1e-12)
     assert set(steps) == {host_plane._HostLockstep}  # a CPU: the host's frames
     # the device's lock step (dense tensors, the oracle's inputs uploaded), run on a CPU
     monkeypatch.setattr(HostRows, "zero_copy", False)
-    uploaded = sample_any_order(chain, 6, seed=9, method=method, **knobs)
+    uploaded = sample_any_order(chain, 6, seed=9, method=method, schedule=knobs)
     assert steps[40:] == [host_plane._Lockstep] * 40
     assert torch.equal(uploaded.samples, lock.samples)
     assert torch.equal(uploaded.log_prob, lock.log_prob)
@@ -215,7 +223,9 @@ def test_an_oracle_that_borrows_its_inputs_gets_the_same_ones_updated_in_place(
     )
     budget = 2 * (40 + (1 if targeted else 40) * 3)  # two rows' inputs and outputs
     split = Borrows(chain, targeted)
-    chunked = sample_any_order(split, 6, seed=9, method="sequential", max_elements=budget)
+    chunked = sample_any_order(
+        split, 6, seed=9, method="sequential", schedule=Schedule(max_elements=budget)
+    )
     assert steps == [True] * 40 and len(split.tensors) == 3
     assert torch.equal(chunked.samples, fresh.samples)
     # the device's lock step (dense tensors, run on a CPU) hands views of its own tensors
@@ -280,7 +290,11 @@ def test_an_inference_safe_oracle_that_writes_into_borrowed_inputs_is_refused(me
     if method == "sequential":  # a write that changes nothing in the first step's many calls
         with pytest.raises(OracleError, match="wrote into the inputs it borrows"):
             sample_any_order(  # one row per call: 64 calls see the first step's empty mask
-                ZeroesItsMask(chain, True), 64, seed=0, method=method, max_elements=10
+                ZeroesItsMask(chain, True),
+                64,
+                seed=0,
+                method=method,
+                schedule=Schedule(max_elements=10),
             )
     plain = sample_any_order(Borrows(chain, True), 20, seed=0, method=method, engine=engine)
     assert torch.equal(kept.samples, plain.samples)

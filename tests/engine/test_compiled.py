@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_autospec.engine import OracleError, compiled, keys, sample_any_order
+from pyro_autospec.engine import OracleError, Schedule, compiled, keys, sample_any_order
 from pyro_autospec.engine.compiled import LockStep, draw_rows, shift_rows
 from pyro_autospec.oracles import MarkovChainOracle
 from tests.engine._user_oracles import HandChain, RandomNADE
@@ -142,7 +142,9 @@ def test_compiled_lock_step_gives_the_numpy_bits(name, method, monkeypatch):
     assert fast.rounds == slow.rounds == oracle.num_coords
     # the general loop (a draw cap) reads the same bits: the batch composition changes nothing
     monkeypatch.setenv("PYRO_AUTOSPEC_NUMBA", "1")
-    loop = sample_any_order(oracle, 9, seed=3, method=method, max_concurrent_draws=4)
+    loop = sample_any_order(
+        oracle, 9, seed=3, method=method, schedule=Schedule(max_concurrent_draws=4)
+    )
     assert torch.equal(loop.samples, fast.samples)
     assert torch.equal(loop.log_prob, fast.log_prob)
 
@@ -152,7 +154,9 @@ def test_steps_split_into_several_calls_give_the_same_draws(name, monkeypatch):
     """A small ``max_elements`` cuts each step into calls of a few draws each."""
     oracle = ORACLES[name]()
     whole = _both(oracle, 11, monkeypatch, seed=5, method="sequential")[0]
-    fast, slow = _both(oracle, 11, monkeypatch, seed=5, method="sequential", max_elements=60)
+    fast, slow = _both(
+        oracle, 11, monkeypatch, seed=5, method="sequential", schedule={"max_elements": 60}
+    )
     for result in (fast, slow):
         assert torch.equal(result.samples, whole.samples)
         assert torch.equal(result.log_prob, whole.log_prob)
@@ -239,7 +243,9 @@ def test_every_call_of_a_step_is_asked_before_any_row_is_checked(monkeypatch):
         monkeypatch.setenv("PYRO_AUTOSPEC_NUMBA", flag)
         oracle = LaterCall()
         with pytest.raises(OracleError, match="returned shape") as error:
-            sample_any_order(oracle, 6, seed=1, method="sequential", max_elements=4)
+            sample_any_order(
+                oracle, 6, seed=1, method="sequential", schedule=Schedule(max_elements=4)
+            )
         messages.append((str(error.value), oracle.calls))
     assert messages[0] == messages[1]
 
@@ -277,7 +283,7 @@ class Family:
 @pytest.mark.parametrize("max_elements", [None, 8])
 def test_families_give_the_same_bits(max_elements, monkeypatch):
     knobs = {} if max_elements is None else {"max_elements": max_elements}
-    fast, slow = _both(Family(), 7, monkeypatch, seed=2, method="sequential", **knobs)
+    fast, slow = _both(Family(), 7, monkeypatch, seed=2, method="sequential", schedule=knobs)
     assert torch.equal(fast.samples, slow.samples)
     assert torch.equal(fast.log_prob, slow.log_prob)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 from scipy import stats
 
+from pyro_autospec.engine import Schedule
 from pyro_autospec.engine.diffusion import (
     DiffusionResult,
     euler_maruyama_log_prob,
@@ -131,7 +132,7 @@ def test_gaussian_target_exact_with_other_schedules():
         {"max_block": 2, "min_block": 1},
         {"max_block": 3, "max_rows_per_round": 5, "max_concurrent_draws": 100},
     ):
-        result = sample_diffusion(oracle, 1500, times=COARSE, seed=5, **options)
+        result = sample_diffusion(oracle, 1500, times=COARSE, seed=5, schedule=options)
         assert_gaussian_law(result.samples.numpy() * COARSE[-1].item(), means[-1], covs[-1])
 
 
@@ -239,7 +240,7 @@ def test_sequential_all_draws_at_once_equals_the_batched_loop(capsys):
     assert "sequential" in capsys.readouterr().err  # the bar counts steps
     for knobs in ({"max_concurrent_draws": 3}, {"max_rows_per_round": 5}):
         other = sample_diffusion(
-            oracle, 7, times=FINE, method="sequential", seed=3, return_paths=True, **knobs
+            oracle, 7, times=FINE, method="sequential", seed=3, return_paths=True, schedule=knobs
         )
         assert torch.equal(other.samples, base.samples)
         assert torch.equal(other.paths, base.paths)
@@ -273,8 +274,12 @@ def test_same_seed_same_output():
 
 def test_picard_reports_error_and_converges_to_sequential_path():
     oracle = FiniteSupportDenoiser.unit_sphere(6, 2, seed=0)
-    loose = sample_diffusion(oracle, 8, num_steps=64, method="picard", seed=1, tolerance=0.1)
-    exact = sample_diffusion(oracle, 8, num_steps=64, method="picard", seed=1, tolerance=0.0)
+    loose = sample_diffusion(
+        oracle, 8, num_steps=64, method="picard", seed=1, schedule=Schedule(tolerance=0.1)
+    )
+    exact = sample_diffusion(
+        oracle, 8, num_steps=64, method="picard", seed=1, schedule=Schedule(tolerance=0.0)
+    )
     assert loose.error is not None and loose.error.shape == (8,)
     assert float(exact.error.max()) < 1e-9  # tolerance 0: the sequential path, same noise
     assert "max error" in repr(loose)
@@ -292,7 +297,13 @@ def test_x0_per_sample_and_max_rows_per_call():
     x0 = torch.arange(8, dtype=torch.float64).reshape(4, 2)
     times = torch.linspace(0, 1, 9, dtype=torch.float64)
     result = sample_sde(
-        lambda t, x: -x, times, x0, 4, seed=0, return_paths=True, max_rows_per_call=3
+        lambda t, x: -x,
+        times,
+        x0,
+        4,
+        seed=0,
+        return_paths=True,
+        schedule=Schedule(max_rows_per_call=3),
     )
     assert torch.equal(result.paths[:, 0], x0)
 
@@ -423,29 +434,44 @@ def test_errors_for_dimension_mismatch_and_options():
     with pytest.raises(ValueError, match="method must be one of"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, method="magic")
     with pytest.raises(ValueError, match="rho must be"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="block", rho=-1.0)
+        sample_sde(
+            lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(rule="block", rho=-1.0)
+        )
     with pytest.raises(ValueError, match="rho sets the residual races of rule='block'"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rho=2.0)
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(rho=2.0))
     with pytest.raises(ValueError, match="min_block sets the token rule"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="block", min_block=2)
+        sample_sde(
+            lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(rule="block", min_block=2)
+        )
     with pytest.raises(ValueError, match="rule must be 'token'"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule="tokens")
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(rule="tokens"))
     with pytest.raises(ValueError, match="min_block must be a positive int"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=0)
+        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(min_block=0))
     with pytest.raises(ValueError, match=r"min_block=9 is larger than max_block=4; pass"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, min_block=9, max_block=4)
+        sample_sde(
+            lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(min_block=9, max_block=4)
+        )
     with pytest.raises(ValueError, match="tolerance must be a non-negative float"):
-        sample_sde(lambda t, x: x, times, torch.zeros(2), 2, method="picard", tolerance="0.1")
+        sample_sde(
+            lambda t, x: x,
+            times,
+            torch.zeros(2),
+            2,
+            method="picard",
+            schedule=Schedule(tolerance="0.1"),
+        )
     for name in ("max_rows_per_round", "max_concurrent_draws", "max_rows_per_call"):
         with pytest.raises(ValueError, match=f"{name} must be a positive int"):
-            sample_sde(lambda t, x: x, times, torch.zeros(2), 2, **{name: True})
+            sample_sde(lambda t, x: x, times, torch.zeros(2), 2, schedule={name: True})
     # NumPy's float32 numbers are numbers
     assert sample_sde(lambda t, x: -x, times, torch.zeros(2), 2, scale=np.float32(2.0)).rounds
     gaussian = GaussianDenoiser(MEAN, COV)
     assert sample_diffusion(gaussian, 2, num_steps=8, delta=np.float32(0.05)).rounds
     for rule in ("token", "block"):
         with pytest.raises(ValueError, match="max_block"):
-            sample_sde(lambda t, x: x, times, torch.zeros(2), 2, rule=rule, max_block=0)
+            sample_sde(
+                lambda t, x: x, times, torch.zeros(2), 2, schedule=Schedule(rule=rule, max_block=0)
+            )
     with pytest.raises(ValueError, match="scale"):
         sample_sde(lambda t, x: x, times, torch.zeros(2), 2, scale=0.0)
     with pytest.raises(ValueError, match="paths must have shape"):

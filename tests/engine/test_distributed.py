@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pyro_autospec.engine import Schedule
 from pyro_autospec.engine.any_order import sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.spread import spread_draws
@@ -59,7 +60,12 @@ def discrete_calls(distributed: bool) -> dict:
             chain(), 4, seed=4, method="agr24", order=perm, distributed=distributed
         ),
         "sequential_capped": lambda: sample_any_order(
-            chain(), 5, seed=6, method="sequential", max_rows_per_round=3, distributed=distributed
+            chain(),
+            5,
+            seed=6,
+            method="sequential",
+            schedule=Schedule(max_rows_per_round=3),
+            distributed=distributed,
         ),
         "one_draw": lambda: sample_any_order(chain(), 1, seed=7, distributed=distributed),
         "family": lambda: sample_any_order(FamilyOracle(), 6, seed=8, distributed=distributed),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pyro_autospec.engine import Schedule
 from pyro_autospec.engine.diffusion import euler_maruyama_log_prob, sample_diffusion, sample_sde
 from pyro_autospec.engine.errors import OracleError
 
@@ -121,11 +122,18 @@ def test_samples_beyond_the_dtype_are_refused(rule):
         return torch.full(x.shape, 1e40, dtype=torch.float64)
 
     with pytest.raises(OracleError, match=r"beyond what the drift's dtype holds .*float64"):
-        sample_sde(huge, TIMES, torch.zeros(2), 4, seed=0, rule=rule)
+        sample_sde(huge, TIMES, torch.zeros(2), 4, seed=0, schedule=Schedule(rule=rule))
     # a chain whose last step (where no drift is asked) leaves float32's range
     late = torch.tensor([0.0, 1.0, 1e40], dtype=torch.float64)  # a last step of 1e40
     with pytest.raises(OracleError, match="do not fit torch.float32"):
-        sample_sde(lambda t, x: torch.ones_like(x), late, torch.zeros(2), 4, seed=0, rule=rule)
+        sample_sde(
+            lambda t, x: torch.ones_like(x),
+            late,
+            torch.zeros(2),
+            4,
+            seed=0,
+            schedule=Schedule(rule=rule),
+        )
 
 
 class GuardedHalfMean:
@@ -184,7 +192,7 @@ def test_a_drift_too_large_for_float64_squares_is_refused_not_raced_for_ever(rul
 
     x0 = torch.zeros(2, dtype=torch.float64)
     with pytest.raises(OracleError, match="too large for the chain's float64"):
-        sample_sde(huge, TIMES, x0, 4, seed=0, rule=rule, engine=engine)
+        sample_sde(huge, TIMES, x0, 4, seed=0, schedule=Schedule(rule=rule), engine=engine)
 
 
 def test_a_drift_that_differs_alone_by_rounding_passes():
@@ -219,7 +227,7 @@ def test_a_drift_answering_in_its_own_buffer_gives_the_plain_drifts_draws(method
     copy, and a drift's reused buffer overwrote them: the law was wrong (variance 1.6 for
     0.14), silently. Every answer is copied now, and the log density too."""
     x0 = torch.tensor([3.0], dtype=torch.float64)
-    kw = {"method": method, "engine": engine, "seed": 0, "max_rows_per_call": 16}
+    kw = {"method": method, "engine": engine, "seed": 0, "schedule": {"max_rows_per_call": 16}}
     plain = sample_sde(_plain, TIMES, x0, 200, return_paths=True, **kw)
     buffered = sample_sde(BufferedDrift(), TIMES, x0, 200, **kw)
     assert torch.equal(plain.samples, buffered.samples)
@@ -259,7 +267,7 @@ def test_a_nan_the_block_rule_asked_about_is_not_called_reached():
     about (perhaps a draft), and that the token rule raises only where the chain goes; it
     said "a state the chain reached" (outside review)."""
     with pytest.raises(OracleError, match=r"a state the sampler asked about .*rule='token'"):
-        sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0, rule="block")
+        sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0, schedule=Schedule(rule="block"))
     with pytest.raises(OracleError, match="a state the chain reached"):
         sample_sde(late_nan, TIMES, torch.zeros(2), 3, seed=0)
 

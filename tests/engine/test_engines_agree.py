@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import Schedule, sample_any_order
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.oracles import (
     CurieWeissOracle,
@@ -82,8 +82,8 @@ def _same(a, b, counts: bool, atol: float = 1e-10) -> None:
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_autospec_engines_agree(name, schedule):
     oracle, knobs = ORACLES[name], SCHEDULES[schedule]
-    fast = sample_any_order(oracle, 12, seed=3, **knobs)
-    slow = sample_any_order(oracle, 12, seed=3, engine="reference", **knobs)
+    fast = sample_any_order(oracle, 12, seed=3, schedule=knobs)
+    slow = sample_any_order(oracle, 12, seed=3, engine="reference", schedule=knobs)
     # a float32 network's rows round with the batch they are computed in (caps change it)
     atol = 1e-5 if name == "constrained_network" else 1e-10
     _same(fast, slow, counts="max_rows_per_round" not in knobs, atol=atol)
@@ -94,8 +94,10 @@ def test_autospec_engines_agree(name, schedule):
 def test_baseline_engines_agree(method, name):
     oracle = ORACLES[name]
     for knobs in ({}, {"max_concurrent_draws": 4, "max_rows_per_round": 9}):
-        fast = sample_any_order(oracle, 10, seed=5, method=method, **knobs)
-        slow = sample_any_order(oracle, 10, seed=5, method=method, engine="reference", **knobs)
+        fast = sample_any_order(oracle, 10, seed=5, method=method, schedule=knobs)
+        slow = sample_any_order(
+            oracle, 10, seed=5, method=method, engine="reference", schedule=knobs
+        )
         _same(fast, slow, counts=not knobs)
 
 
@@ -103,7 +105,7 @@ def test_baseline_engines_agree(method, name):
 @pytest.mark.parametrize("rule", [{}, {"token_below": 0}])
 def test_schedule_knobs_do_not_change_draws(name, rule):
     oracle = ORACLES[name]
-    base = sample_any_order(oracle, 30, seed=8, **rule)
+    base = sample_any_order(oracle, 30, seed=8, schedule=rule)
     for knobs in (
         {"rho": 0.2},
         {"rho": 9.0},
@@ -111,7 +113,7 @@ def test_schedule_knobs_do_not_change_draws(name, rule):
         {"max_concurrent_draws": 4},
         {"max_elements": 300},
     ):
-        other = sample_any_order(oracle, 30, seed=8, **rule, **knobs)
+        other = sample_any_order(oracle, 30, seed=8, schedule={**rule, **knobs})
         _same(base, other, counts=False)
 
 
@@ -131,13 +133,15 @@ def test_any_subset_of_draws_reproduces_those_draws():
 @pytest.mark.parametrize("knobs", [{"token_below": 0}, {"token_below": 6, "max_block": 12}])
 def test_the_block_rule_runs_on_the_reference_engine_and_says_so(knobs):
     oracle = ORACLES["markov"]
-    fast = sample_any_order(oracle, 6, seed=3, **knobs)
-    slow = sample_any_order(oracle, 6, seed=3, engine="reference", **knobs)
+    fast = sample_any_order(oracle, 6, seed=3, schedule=knobs)
+    slow = sample_any_order(oracle, 6, seed=3, engine="reference", schedule=knobs)
     assert fast.engine == slow.engine == "reference"
     _same(fast, slow, counts=True)
     assert sample_any_order(oracle, 6, seed=3).engine == "fast"
     times = torch.linspace(0.0, 1.0, 9)
-    block = sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=1, rule="block")
+    block = sample_sde(
+        lambda t, x: -x, times, torch.zeros(2), 3, seed=1, schedule=Schedule(rule="block")
+    )
     assert block.engine == "reference"
     assert sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=1).engine == "fast"
 
@@ -145,7 +149,7 @@ def test_the_block_rule_runs_on_the_reference_engine_and_says_so(knobs):
 def test_max_block_one_is_the_sequential_sampler():
     """One-coordinate leaves read the keys of the sequential sampler: the same draws."""
     oracle = ORACLES["markov"]
-    a = sample_any_order(oracle, 10, seed=2, max_block=1)
+    a = sample_any_order(oracle, 10, seed=2, schedule=Schedule(max_block=1))
     b = sample_any_order(oracle, 10, seed=2, method="sequential")
     assert torch.equal(a.samples, b.samples)
 
@@ -160,9 +164,20 @@ def test_diffusion_engines_agree(method):
             {"min_block": 1, "max_block": 5, "return_paths": True},
         ]
     for knobs in cases:
-        fast = sample_diffusion(oracle, 9, num_steps=48, seed=6, method=method, **knobs)
+        paths = {"return_paths": knobs.get("return_paths", False)}
+        knobs = {k: v for k, v in knobs.items() if k != "return_paths"}
+        fast = sample_diffusion(
+            oracle, 9, num_steps=48, seed=6, method=method, schedule=knobs, **paths
+        )
         slow = sample_diffusion(
-            oracle, 9, num_steps=48, seed=6, method=method, engine="reference", **knobs
+            oracle,
+            9,
+            num_steps=48,
+            seed=6,
+            method=method,
+            engine="reference",
+            schedule=knobs,
+            **paths,
         )
         if method == "picard":
             torch.testing.assert_close(fast.samples, slow.samples, rtol=0, atol=1e-12)
@@ -210,11 +225,21 @@ def test_sde_engines_agree_and_knobs_do_not_change_draws():
         {"max_rows_per_call": 5},
         {"max_rows_per_round": 7},
     ):
-        other = sample_sde(lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, **knobs)
+        other = sample_sde(
+            lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, schedule=knobs
+        )
         torch.testing.assert_close(base.samples, other.samples, rtol=0, atol=1e-12)
-    block = sample_sde(lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, rule="block")
+    block = sample_sde(
+        lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, schedule=Schedule(rule="block")
+    )
     for knobs in ({"rho": 4.0}, {"max_concurrent_draws": 2}):
         other = sample_sde(
-            lambda t, x: -torch.sin(x), times, x0, 8, scale=0.7, seed=1, rule="block", **knobs
+            lambda t, x: -torch.sin(x),
+            times,
+            x0,
+            8,
+            scale=0.7,
+            seed=1,
+            schedule={**knobs, "rule": "block"},
         )
         torch.testing.assert_close(block.samples, other.samples, rtol=0, atol=1e-12)

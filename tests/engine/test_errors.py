@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from pyro_autospec.engine import OracleError, sample_any_order
+from pyro_autospec.engine import OracleError, Schedule, sample_any_order
 from pyro_autospec.engine.diffusion import sample_sde
 from pyro_autospec.engine.errors import check_eval_mode
 from pyro_autospec.oracles import MarkovChainOracle
@@ -120,7 +120,7 @@ def test_bad_arguments():
         sample_any_order(oracle, 2, rhoo=1.0)
     for rho in (0.0, float("inf"), float("nan"), "fast", True):
         with pytest.raises(ValueError, match="rho must be a finite number"):
-            sample_any_order(oracle, 2, rho=rho)
+            sample_any_order(oracle, 2, schedule=Schedule(rho=rho))
     with pytest.raises(TypeError, match="seed"):
         sample_any_order(oracle, 2, seed="abc")
 
@@ -442,7 +442,9 @@ def test_a_bad_verification_row_is_described_by_its_own_mass(engine):
     """Both engines say what is wrong with the row that is bad (here: NaN), not with another
     row of its chain."""
     with pytest.raises(OracleError, match="contains NaN"):
-        sample_any_order(NaNAfterTwoPinned(), 4, seed=0, engine=engine, max_block=4)
+        sample_any_order(
+            NaNAfterTwoPinned(), 4, seed=0, engine=engine, schedule=Schedule(max_block=4)
+        )
 
 
 def test_the_fast_engine_names_the_draw_and_prefix_of_a_bad_verification_row():
@@ -451,7 +453,7 @@ def test_the_fast_engine_names_the_draw_and_prefix_of_a_bad_verification_row():
         match=r"verification row for coordinate \d of draw \d+ conditioned on its first 2 "
         r"coordinates",
     ):
-        sample_any_order(NaNAfterTwoPinned(), 4, seed=0, max_block=4)
+        sample_any_order(NaNAfterTwoPinned(), 4, seed=0, schedule=Schedule(max_block=4))
 
 
 class NaNAtThree:
@@ -488,7 +490,7 @@ class ShortChain:
 
 def test_a_chain_of_the_wrong_length_points_at_the_chain_not_at_num_coords():
     with pytest.raises(OracleError, match=r"chain length.*chain\.shape\[1\] steps") as info:
-        sample_any_order(ShortChain(), 4, seed=0, max_block=4)
+        sample_any_order(ShortChain(), 4, seed=0, schedule=Schedule(max_block=4))
     assert "num_coords" not in str(info.value)
 
 
@@ -778,8 +780,10 @@ def test_logits_and_weights_are_not_taken_for_probabilities(shift):
     ],
 )
 def test_bad_knobs_and_devices_are_refused_before_sampling(knobs, message):
+    options = {k: v for k, v in knobs.items() if k in ("method", "device")}
+    schedule = {k: v for k, v in knobs.items() if k not in options}
     with pytest.raises(ValueError, match=message):
-        sample_any_order(Wrapped(lambda out: out), 2, seed=0, **knobs)
+        sample_any_order(Wrapped(lambda out: out), 2, seed=0, schedule=schedule, **options)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine has the device")
@@ -792,7 +796,7 @@ def test_a_cuda_device_without_cuda_is_refused_clearly():
 
 def test_a_huge_agr24_window_scale_samples():
     result = sample_any_order(
-        Wrapped(lambda out: out), 3, seed=0, method="agr24", window_scale=1e30
+        Wrapped(lambda out: out), 3, seed=0, method="agr24", schedule=Schedule(window_scale=1e30)
     )
     assert result.samples.shape == (3, 2)
 

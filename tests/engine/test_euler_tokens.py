@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from pyro_autospec.engine import keys
+from pyro_autospec.engine import Schedule, keys
 from pyro_autospec.engine.diffusion import (
     euler_maruyama_log_prob,
     sample_diffusion,
@@ -123,7 +123,9 @@ def test_a_constant_drift_passes_every_window_whole():
 
 def test_max_block_one_is_the_sequential_chain():
     oracle = FiniteSupportDenoiser.unit_sphere(5, 3, seed=2)
-    one = sample_diffusion(oracle, 7, num_steps=32, seed=3, max_block=1, min_block=1)
+    one = sample_diffusion(
+        oracle, 7, num_steps=32, seed=3, schedule=Schedule(max_block=1, min_block=1)
+    )
     seq = sample_diffusion(oracle, 7, num_steps=32, seed=3, method="sequential")
     assert torch.equal(one.samples, seq.samples)
     assert torch.equal(one.log_prob, seq.log_prob)  # the same arithmetic, on the same plane
@@ -136,13 +138,15 @@ def test_same_draws_whatever_the_batch_and_the_caps():
     oracle = FiniteSupportDenoiser.unit_sphere(8, 2, seed=0)
     base = sample_diffusion(oracle, 16, num_steps=64, seed=9, return_paths=True)
     for knobs in ({"max_concurrent_draws": 8}, {"max_rows_per_round": 40}):
-        other = sample_diffusion(oracle, 16, num_steps=64, seed=9, return_paths=True, **knobs)
+        other = sample_diffusion(
+            oracle, 16, num_steps=64, seed=9, return_paths=True, schedule=knobs
+        )
         assert torch.equal(other.samples, base.samples)
         assert torch.equal(other.log_prob, base.log_prob)
         assert torch.equal(other.paths, base.paths)
         assert other.oracle_rows == base.oracle_rows
     assert base.schedule["rule"] == "token" and base.schedule["max_block"] == 16
-    again = sample_diffusion(oracle, 16, num_steps=64, seed=9, **base.schedule)
+    again = sample_diffusion(oracle, 16, num_steps=64, seed=9, schedule=base.schedule)
     assert torch.equal(again.samples, base.samples)
 
 

@@ -17,7 +17,7 @@ import torch
 import pyro_autospec.engine.any_order as any_order_module
 import pyro_autospec.engine.host_plane as host_plane_module
 import pyro_autospec.engine.memory as memory_module
-from pyro_autospec.engine import keys, sample_any_order
+from pyro_autospec.engine import Schedule, keys, sample_any_order
 from pyro_autospec.engine.any_order import draw_orders
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.host_rows import HostRows
@@ -99,7 +99,9 @@ def test_draws_do_not_depend_on_the_draws_in_flight(method, concurrency, monkeyp
     oracle = _chain()
     whole = sample_any_order(oracle, 17, method=method, seed=5)
     recorder = Recorder(monkeypatch)
-    part = sample_any_order(oracle, 17, method=method, seed=5, max_concurrent_draws=concurrency)
+    part = sample_any_order(
+        oracle, 17, method=method, seed=5, schedule=Schedule(max_concurrent_draws=concurrency)
+    )
     _same(part, whole)
     (rows,) = recorder.instances
     # the lanes that hold the draws in flight: the host control plane's, or the lockstep loop's
@@ -121,9 +123,11 @@ def test_the_reference_engine_holds_the_orders_of_the_draws_in_flight(engine, kn
     """The reference engine (the block rule's one engine, whatever ``engine`` says) holds an
     order only while its draw runs, like the host control plane."""
     oracle = _chain()
-    whole = sample_any_order(oracle, 11, seed=2, engine=engine, **knobs)
+    whole = sample_any_order(oracle, 11, seed=2, engine=engine, schedule=knobs)
     recorder = Recorder(monkeypatch)
-    part = sample_any_order(oracle, 11, seed=2, engine=engine, max_concurrent_draws=3, **knobs)
+    part = sample_any_order(
+        oracle, 11, seed=2, engine=engine, schedule={**knobs, "max_concurrent_draws": 3}
+    )
     _same(part, whole)
     (rows,) = recorder.instances
     assert tuple(rows.orders.shape) == (3, oracle.num_coords)
@@ -135,9 +139,9 @@ def test_the_reference_engine_holds_the_orders_of_the_draws_in_flight(engine, kn
 def test_autospec_schedules_agree_with_the_reference_engine_under_batching(schedule):
     oracle = _hmm()
     knobs = SCHEDULES[schedule]
-    slow = sample_any_order(oracle, 9, seed=11, engine="reference", **knobs)
-    whole = sample_any_order(oracle, 9, seed=11, **knobs)
-    batched = sample_any_order(oracle, 9, seed=11, max_concurrent_draws=2, **knobs)
+    slow = sample_any_order(oracle, 9, seed=11, engine="reference", schedule=knobs)
+    whole = sample_any_order(oracle, 9, seed=11, schedule=knobs)
+    batched = sample_any_order(oracle, 9, seed=11, schedule={**knobs, "max_concurrent_draws": 2})
     _same(whole, batched)
     assert torch.equal(whole.samples, slow.samples)
     torch.testing.assert_close(whole.log_prob, slow.log_prob, rtol=0, atol=1e-10)
@@ -149,7 +153,7 @@ def test_autospec_schedules_agree_with_the_reference_engine_under_batching(sched
 def test_lanes_stay_bounded_over_many_draws(monkeypatch):
     recorder = Recorder(monkeypatch)
     oracle = _chain(32)
-    result = sample_any_order(oracle, 200, seed=0, max_concurrent_draws=8)
+    result = sample_any_order(oracle, 200, seed=0, schedule=Schedule(max_concurrent_draws=8))
     (holder,) = recorder.hosts  # the default schedule runs on the host control plane
     assert holder.orders.shape[0] == 8 and holder.ranks.shape[0] == 8
     assert recorder.instances[0].orders is None  # the lockstep loop's lanes: not allocated
@@ -163,7 +167,9 @@ def test_orders_are_computed_from_the_keys_when_read(order):
     oracle = _chain(20)
     fixed = torch.randperm(20, generator=torch.Generator().manual_seed(2))
     given = "random" if order == "random" else fixed
-    result = sample_any_order(oracle, 13, seed=4, max_concurrent_draws=4, order=given)
+    result = sample_any_order(
+        oracle, 13, seed=4, schedule=Schedule(max_concurrent_draws=4), order=given
+    )
     assert not isinstance(result.__dict__["_orders"], torch.Tensor)  # nothing stored yet
     draw_keys = keys.draw_keys(keys.seed_key(4), torch.arange(13))
     want = draw_orders(None if order == "random" else fixed, draw_keys, 20)
@@ -189,7 +195,7 @@ def test_visit_orders_materialise_in_chunks(monkeypatch):
 def test_results_are_ordinary_tensors_without_copies_under_inference_mode():
     oracle = _chain(16)
     with torch.inference_mode():
-        result = sample_any_order(oracle, 6, seed=0, max_concurrent_draws=2)
+        result = sample_any_order(oracle, 6, seed=0, schedule=Schedule(max_concurrent_draws=2))
     for value in (result.samples, result.log_prob, result.orders):
         assert not value.is_inference()
     assert result.samples.dtype == torch.long
@@ -201,7 +207,9 @@ def test_impossible_sizes_are_refused_before_any_allocation(method):
     oracle = _chain(1024)
     start = time.perf_counter()
     with pytest.raises(MemoryError) as info:
-        sample_any_order(oracle, 10**12, method=method, seed=0, max_concurrent_draws=256)
+        sample_any_order(
+            oracle, 10**12, method=method, seed=0, schedule=Schedule(max_concurrent_draws=256)
+        )
     assert time.perf_counter() - start < 5  # refused, not attempted (generous on a CPU)
     text = str(info.value)
     for part in ("num_samples=1000000000000", "n=1024", "PiB", "fewer draws per call"):
@@ -217,7 +225,7 @@ def test_the_draws_in_flight_alone_can_be_too_many(monkeypatch):
         sample_any_order(oracle, 1000, seed=0)
     assert "fewer draws" not in str(info.value)
     with pytest.raises(MemoryError, match="fewer draws per call"):
-        sample_any_order(oracle, 10_000, seed=0, max_concurrent_draws=16)
+        sample_any_order(oracle, 10_000, seed=0, schedule=Schedule(max_concurrent_draws=16))
     check_output_size(1000, 1024, in_flight=16, bytes_per_flight=32)  # fits: no error
 
 
@@ -253,9 +261,11 @@ def test_a_large_alphabet_caps_the_draws_in_flight_by_default(method, knobs, lan
     oracle without chain queries); the draws are those of all in flight."""
     recorder = Recorder(monkeypatch)
     oracle = _Uniform(4, 4096)
-    capped = sample_any_order(oracle, 300, seed=1, method=method, **knobs)
+    capped = sample_any_order(oracle, 300, seed=1, method=method, schedule=knobs)
     assert recorder.most_in_flight == lanes and capped.schedule["max_concurrent_draws"] is None
-    every = sample_any_order(oracle, 300, seed=1, method=method, max_concurrent_draws=300, **knobs)
+    every = sample_any_order(
+        oracle, 300, seed=1, method=method, schedule={**knobs, "max_concurrent_draws": 300}
+    )
     assert torch.equal(capped.samples, every.samples)
     assert torch.equal(capped.log_prob, every.log_prob)
 
@@ -270,9 +280,13 @@ def test_the_draws_state_caps_the_draws_in_flight_by_default(method, monkeypatch
     recorder = Recorder(monkeypatch)
     capped = sample_any_order(_chain(), 64, seed=2, method=method)
     assert recorder.most_in_flight == 10 and capped.schedule["max_concurrent_draws"] is None
-    every = sample_any_order(_chain(), 64, seed=2, method=method, max_concurrent_draws=64)
+    every = sample_any_order(
+        _chain(), 64, seed=2, method=method, schedule=Schedule(max_concurrent_draws=64)
+    )
     _same(capped, every)
-    lock_step = sample_any_order(_chain(), 64, seed=2, method="autospec", max_block=1)
+    lock_step = sample_any_order(
+        _chain(), 64, seed=2, method="autospec", schedule=Schedule(max_block=1)
+    )
     assert lock_step.rounds == 40  # every draw in flight: one round per coordinate
 
 
@@ -280,11 +294,13 @@ def test_the_memory_check_counts_the_rows_of_a_large_alphabet(monkeypatch):
     """About six float64 ``[window, q]`` rows per draw in flight (q = 2**16: 25 MB a draw)."""
     monkeypatch.setattr(memory_module, "machine_memory", lambda: 2**30)
     with pytest.raises(MemoryError, match="max_concurrent_draws"):
-        sample_any_order(_Uniform(8, 2**16), 64, seed=0, max_concurrent_draws=64, max_block=8)
+        sample_any_order(
+            _Uniform(8, 2**16), 64, seed=0, schedule=Schedule(max_concurrent_draws=64, max_block=8)
+        )
 
 
 def test_reading_orders_too_large_for_the_machine_is_refused(monkeypatch):
-    result = sample_any_order(_chain(64), 40, seed=0, max_concurrent_draws=4)
+    result = sample_any_order(_chain(64), 40, seed=0, schedule=Schedule(max_concurrent_draws=4))
     monkeypatch.setattr(memory_module, "machine_memory", lambda: 4096)
     with pytest.raises(MemoryError, match="result.orders"):
         result.orders  # noqa: B018
@@ -318,7 +334,9 @@ def test_impossible_diffusions_are_refused_before_any_allocation(knobs):
     times = torch.linspace(0.0, 1.0, 257)
     start = time.perf_counter()
     with pytest.raises(MemoryError) as info:
-        sample_sde(_minus, times, torch.zeros(1000), 10**12, seed=0, **knobs)
+        options = {k: v for k, v in knobs.items() if k in ("method", "return_paths", "engine")}
+        schedule = {k: v for k, v in knobs.items() if k not in options}
+        sample_sde(_minus, times, torch.zeros(1000), 10**12, seed=0, schedule=schedule, **options)
     assert time.perf_counter() - start < 5  # refused, not attempted (generous on a CPU)
     text = str(info.value)
     for part in ("num_samples=1000000000000", "d=1000", "256 steps", "PiB", "this machine has"):
@@ -352,7 +370,9 @@ def test_the_draws_in_flight_of_a_diffusion_alone_can_be_too_many(monkeypatch):
     with pytest.raises(MemoryError, match="max_concurrent_draws") as info:
         sample_sde(_minus, times, torch.zeros(64), 40, seed=3)
     assert "fewer draws" not in str(info.value)
-    few = sample_sde(_minus, times, torch.zeros(64), 40, seed=3, max_concurrent_draws=4)
+    few = sample_sde(
+        _minus, times, torch.zeros(64), 40, seed=3, schedule=Schedule(max_concurrent_draws=4)
+    )
     assert torch.equal(few.samples, every.samples)
 
 

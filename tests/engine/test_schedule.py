@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
 
+from pyro_autospec import sample_sde
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.methods import (
     DEFAULT,
@@ -94,7 +96,7 @@ def test_imperfect_network_exact_for_its_chain_rule(schedule, chain):
     order = [3, 0, 4, 1, 2]
     law = net.chain_rule_law(order)
     assert not torch.allclose(law, TinyNetwork().chain_rule_law(list(range(5))))  # inconsistent
-    result = sample_any_order(net, 4000, seed=13, order=order, **SCHEDULES[schedule])
+    result = sample_any_order(net, 4000, seed=13, order=order, schedule=SCHEDULES[schedule])
     assert_samples_match(result.samples, law, net.num_values)
     # the returned log probability is the network's chain rule in the order used
     index = torch.tensor([[3**4, 3**3, 9, 3, 1]]) @ result.samples.T
@@ -104,13 +106,13 @@ def test_imperfect_network_exact_for_its_chain_rule(schedule, chain):
 def test_same_seed_and_schedule_same_draws_whatever_the_batch():
     net = TinyNetwork(n=12, q=2, seed=3, chain=True)
     for knobs in ({}, {"token_below": 0}, {"token_below": 6, "max_block": 8}):
-        whole = sample_any_order(net, 16, seed=21, **knobs)
+        whole = sample_any_order(net, 16, seed=21, schedule=knobs)
         for other in (
             {"max_concurrent_draws": 8},
             {"max_concurrent_draws": 3, "max_rows_per_round": 5},
             {"max_elements": 64},
         ):
-            again = sample_any_order(net, 16, seed=21, **knobs, **other)
+            again = sample_any_order(net, 16, seed=21, schedule={**knobs, **other})
             assert torch.equal(whole.samples, again.samples)
             torch.testing.assert_close(whole.log_prob, again.log_prob, rtol=0, atol=0)
 
@@ -119,9 +121,13 @@ def test_windows_shrink_where_drafts_fail():
     """On an inconsistent network the block rule with chain-rule tries does far less work than
     recursive tries at every depth (the cap on nested races), and the token rule less still."""
     net = TinyNetwork(n=96, q=4, hidden=16, scale=1.0, seed=5, chain=True)
-    deep = sample_any_order(net, 4, seed=1, token_below=0, race_depth=None, max_block=32)
-    capped = sample_any_order(net, 4, seed=1, token_below=0, race_depth=0, max_block=32)
-    token = sample_any_order(net, 4, seed=1, max_block=32)
+    deep = sample_any_order(
+        net, 4, seed=1, schedule=Schedule(token_below=0, race_depth=None, max_block=32)
+    )
+    capped = sample_any_order(
+        net, 4, seed=1, schedule=Schedule(token_below=0, race_depth=0, max_block=32)
+    )
+    token = sample_any_order(net, 4, seed=1, schedule=Schedule(max_block=32))
     assert capped.oracle_rows < deep.oracle_rows
     assert token.oracle_rows <= 3 * 4 * net.num_coords
     assert token.rounds < net.num_coords
@@ -168,9 +174,9 @@ def test_unknown_knob_names_the_schedule():
 
 def test_result_records_the_schedule_and_passing_it_back_reproduces_the_draws():
     net = TinyNetwork(n=10, q=2, seed=2, chain=True)
-    first = sample_any_order(net, 6, seed=9, token_below=4, max_block=6)
+    first = sample_any_order(net, 6, seed=9, schedule=Schedule(token_below=4, max_block=6))
     assert first.schedule["token_below"] == 4 and first.schedule["blocks"] == "adaptive"
-    again = sample_any_order(net, 6, seed=9, method=first.method, **first.schedule)
+    again = sample_any_order(net, 6, seed=9, method=first.method, schedule=first.schedule)
     assert torch.equal(first.samples, again.samples)
     default = sample_any_order(net, 6, seed=9)
     assert not torch.equal(first.samples, default.samples)
@@ -202,7 +208,8 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
     assert isinstance(first.schedule, Schedule)
     assert first.schedule["max_block"] == 12 and first.schedule["rho"] == 3.0  # defaults filled
     again = sample_any_order(oracle, 6, seed=4, schedule=first.schedule)
-    keywords = sample_any_order(oracle, 6, seed=4, **first.schedule)
+    with pytest.warns(FutureWarning, match="schedule knobs as keywords"):
+        keywords = sample_any_order(oracle, 6, seed=4, **first.schedule)
     assert torch.equal(first.samples, again.samples) and torch.equal(
         first.samples, keywords.samples
     )
@@ -210,9 +217,13 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
         base = sample_any_order(oracle, 6, seed=4, method=method)
         back = sample_any_order(oracle, 6, seed=4, method=method, schedule=base.schedule)
         assert torch.equal(base.samples, back.samples)
-    one = sample_any_order(oracle, 6, seed=4, max_block=1)  # below the default min_block
+    one = sample_any_order(
+        oracle, 6, seed=4, schedule=Schedule(max_block=1)
+    )  # below the default min_block
     assert (one.schedule["min_block"], one.schedule["max_block"]) == (1, 1)
-    assert torch.equal(one.samples, sample_any_order(oracle, 6, seed=4, **one.schedule).samples)
+    assert torch.equal(
+        one.samples, sample_any_order(oracle, 6, seed=4, schedule=one.schedule).samples
+    )
     with pytest.raises(TypeError, match="given both in schedule= and as keywords"):
         sample_any_order(oracle, 2, seed=0, schedule=given, max_block=4)
     hint = r"pass schedule=schedule\.replace\(max_block=4\)"  # the message says how
@@ -223,11 +234,45 @@ def test_the_recorded_schedule_passed_back_gives_the_same_draws():
     fewer = sample_any_order(
         oracle, 6, seed=4, schedule=first.schedule.replace(max_concurrent_draws=2)
     )
-    capped = sample_any_order(oracle, 6, seed=4, schedule=first.schedule, max_concurrent_draws=2)
+    with pytest.warns(FutureWarning, match="schedule knobs as keywords"):
+        capped = sample_any_order(
+            oracle, 6, seed=4, schedule=first.schedule, max_concurrent_draws=2
+        )
     assert torch.equal(fewer.samples, first.samples) and torch.equal(capped.samples, first.samples)
     assert capped.schedule["max_concurrent_draws"] == 2
     with pytest.raises(TypeError, match="unknown schedule knobs \\['tolerance'\\]"):
         sample_any_order(oracle, 2, seed=0, schedule=Schedule(tolerance=0.2))
+
+
+def _ours(caught) -> list:
+    """The deprecation warnings of knobs given as keywords among ``caught``."""
+    return [w for w in caught if "schedule knobs as keywords" in str(w.message)]
+
+
+def test_knobs_as_keywords_are_deprecated_and_the_warning_names_the_schedule_to_pass():
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 40)
+    with pytest.warns(FutureWarning) as caught:
+        old = sample_any_order(oracle, 4, seed=1, max_block=4, rho=2.0)
+    (warning,) = _ours(caught)
+    assert "pass schedule=Schedule(max_block=4, rho=2.0)" in str(warning.message)
+    assert warning.filename == __file__  # the caller's line, not the library's
+    new = sample_any_order(oracle, 4, seed=1, schedule=Schedule(max_block=4, rho=2.0))
+    assert torch.equal(old.samples, new.samples)  # still honoured, the same draws
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sample_any_order(oracle, 4, seed=1, schedule={"max_block": 4})
+    assert not _ours(caught)
+    with pytest.warns(FutureWarning) as caught:
+        capped = sample_any_order(oracle, 4, seed=1, schedule=new.schedule, max_concurrent_draws=2)
+    (warning,) = _ours(caught)
+    assert "schedule=Schedule.of(schedule).replace(max_concurrent_draws=2)" in str(warning.message)
+    assert torch.equal(capped.samples, new.samples)
+    times = torch.linspace(0.0, 1.0, 9, dtype=torch.float64)
+    with pytest.warns(FutureWarning) as caught:
+        sample_sde(lambda t, x: -x, times, torch.zeros(2), 3, seed=0, rule="block")
+    (warning,) = _ours(caught)
+    assert "pass schedule=Schedule(rule='block')" in str(warning.message)
+    assert warning.filename == __file__
 
 
 def test_the_largest_window_is_a_preset_by_device_and_batch():
@@ -238,9 +283,9 @@ def test_the_largest_window_is_a_preset_by_device_and_batch():
     assert default_max_block(256, 255, "cuda") == 32
     assert default_max_block(16, 256, "cuda") == 8  # never below 8
     oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 256)
-    run = sample_any_order(oracle, LEAN_DRAWS, seed=1, max_concurrent_draws=300)
+    run = sample_any_order(oracle, LEAN_DRAWS, seed=1, schedule=Schedule(max_concurrent_draws=300))
     assert run.schedule["max_block"] == 32  # on a CPU
-    given = sample_any_order(oracle, 4, seed=1, max_block=16)
+    given = sample_any_order(oracle, 4, seed=1, schedule=Schedule(max_block=16))
     assert given.schedule["max_block"] == 16
     again = sample_any_order(oracle, 4, seed=1, schedule=given.schedule)
     assert torch.equal(again.samples, given.samples)
@@ -260,7 +305,10 @@ def test_the_largest_window_is_rows_lean_on_a_cpu_for_an_oracle_without_chain_qu
     assert sample_any_order(chains, LEAN_ROWS_DRAWS, seed=2).schedule["max_block"] == 32
     # in flight, not asked for: 4 draws two at a time take the rounds-first window
     assert (
-        sample_any_order(rows_only, 4, seed=2, max_concurrent_draws=2).schedule["max_block"] == 32
+        sample_any_order(rows_only, 4, seed=2, schedule=Schedule(max_concurrent_draws=2)).schedule[
+            "max_block"
+        ]
+        == 32
     )
     one_at_a_time = {**dict(lean.schedule), "max_concurrent_draws": 1}
     for schedule, engine in ((one_at_a_time, "fast"), (lean.schedule, "reference")):
@@ -316,6 +364,6 @@ def test_the_call_size_is_a_preset_by_device_that_never_changes_the_draws():
     assert here.schedule["max_elements"] == default_max_elements("cpu") == 2**20
     assert default_max_elements(torch.device("cuda", 1)) == 2**24
     for budget in (2**24, 300):  # one call per round, or many small ones
-        other = sample_any_order(oracle, 6, seed=4, max_elements=budget)
+        other = sample_any_order(oracle, 6, seed=4, schedule=Schedule(max_elements=budget))
         assert torch.equal(other.samples, here.samples)
         assert other.rounds == here.rounds and other.schedule["max_elements"] == budget

@@ -26,8 +26,10 @@ DISCRETE = {
 @pytest.mark.parametrize("case", list(DISCRETE))
 def test_discrete_samplers_show_progress_and_change_nothing(case, capsys):
     method, engine, knobs = DISCRETE[case]
-    quiet = sample_any_order(CHAIN, 5, seed=4, method=method, engine=engine, **knobs)
-    shown = sample_any_order(CHAIN, 5, seed=4, method=method, engine=engine, progress=True, **knobs)
+    quiet = sample_any_order(CHAIN, 5, seed=4, method=method, engine=engine, schedule=knobs)
+    shown = sample_any_order(
+        CHAIN, 5, seed=4, method=method, engine=engine, progress=True, schedule=knobs
+    )
     assert method in capsys.readouterr().err  # the bar, labelled with the method
     assert torch.equal(quiet.samples, shown.samples)
     assert (quiet.rounds, quiet.oracle_rows) == (shown.rounds, shown.oracle_rows)
@@ -46,8 +48,10 @@ def test_diffusion_samplers_show_progress_and_change_nothing(case, capsys):
     method, knobs = DIFFUSION[case]
     oracle = GaussianDenoiser(torch.zeros(2), torch.eye(2))
     times = diffusion_times(8, delta=0.05)
-    quiet = sample_diffusion(oracle, 4, times=times, method=method, seed=2, **knobs)
-    shown = sample_diffusion(oracle, 4, times=times, method=method, seed=2, progress=True, **knobs)
+    quiet = sample_diffusion(oracle, 4, times=times, method=method, seed=2, schedule=knobs)
+    shown = sample_diffusion(
+        oracle, 4, times=times, method=method, seed=2, progress=True, schedule=knobs
+    )
     assert capsys.readouterr().err  # a bar was drawn
     assert torch.equal(quiet.samples, shown.samples)
     assert (quiet.rounds, quiet.oracle_rows) == (shown.rounds, shown.oracle_rows)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import Schedule, sample_any_order
 from tests.engine._user_oracles import (
     HandChain,
     NoAdjacentZeros,
@@ -147,7 +147,7 @@ def test_exact_for_imperfect_network_in_fixed_order(case):
     method, knobs, chains = CASES[case]
     net = RandomNADE(5, 3, hidden=8, scale=2.0, seed=1, chains=chains)
     states, law = nade_law(net, ORDER)
-    result = sample_any_order(net, 4000, method=method, seed=21, order=ORDER, **knobs)
+    result = sample_any_order(net, 4000, method=method, seed=21, order=ORDER, schedule=knobs)
     counts = np.bincount(state_index(result.samples, 3), minlength=states.shape[0])
     p = chisquare_pvalue(counts, law)
     assert p > P_THRESHOLD, f"chi-square p-value {p:.3g}"
@@ -165,7 +165,7 @@ def test_exact_for_imperfect_network_with_hard_zeros(case):
     states = joint_states(5, 3)
     law = chain_rule_log_prob(net, states, ORDER).exp().numpy()
     assert (law == 0).sum() > 50  # the constraint rules out many states
-    result = sample_any_order(net, 6000, method=method, seed=3, order=ORDER, **knobs)
+    result = sample_any_order(net, 6000, method=method, seed=3, order=ORDER, schedule=knobs)
     counts = np.bincount(state_index(result.samples, 3), minlength=states.shape[0])
     p = chisquare_pvalue(counts, law)  # also asserts no impossible state was drawn
     assert p > P_THRESHOLD, f"chi-square p-value {p:.3g}"
@@ -220,9 +220,11 @@ def test_an_oracle_writing_into_its_inputs_changes_nothing(make, method):
     NADE's) and single rows (the hand-written chain's), and for the block rule."""
     for engine in ("fast", "reference"):
         for knobs in ({}, {"token_below": 0}) if method == "autospec" else ({},):
-            clean = sample_any_order(make(), 10, seed=4, method=method, engine=engine, **knobs)
+            clean = sample_any_order(
+                make(), 10, seed=4, method=method, engine=engine, schedule=knobs
+            )
             dirty = sample_any_order(
-                Scribbler(make()), 10, seed=4, method=method, engine=engine, **knobs
+                Scribbler(make()), 10, seed=4, method=method, engine=engine, schedule=knobs
             )
             assert torch.equal(clean.samples, dirty.samples)
             assert torch.equal(clean.log_prob, dirty.log_prob)
@@ -252,8 +254,8 @@ def test_an_oracle_answering_in_one_reused_buffer_gets_the_same_draws(method):
     (5,000 draws of a chain at the default call size: neighbours agreed 0.83, not 0.90)."""
     chain = HandChain(12)
     small = {"max_elements": 4 * 12}  # a few rows per call: several calls per step
-    fresh = sample_any_order(chain, 40, seed=5, method=method, **small)
-    reused = sample_any_order(OneOutputBuffer(chain), 40, seed=5, method=method, **small)
+    fresh = sample_any_order(chain, 40, seed=5, method=method, schedule=small)
+    reused = sample_any_order(OneOutputBuffer(chain), 40, seed=5, method=method, schedule=small)
     assert torch.equal(fresh.samples, reused.samples)
     assert torch.equal(fresh.log_prob, reused.log_prob)
 
@@ -264,7 +266,7 @@ def test_exact_with_the_rows_lean_window_of_an_oracle_without_chain_queries():
     consecutive coordinates of a stationary chain, anywhere along it, follow the chain's law."""
     n, stay = 100, 0.85
     hand = HandChain(n, stay=stay)
-    result = sample_any_order(hand, 3000, seed=11, max_concurrent_draws=8)
+    result = sample_any_order(hand, 3000, seed=11, schedule=Schedule(max_concurrent_draws=8))
     assert result.schedule["max_block"] == 8
     states = joint_states(5, 2)
     same = (states[:, 1:] == states[:, :-1]).double()

@@ -1,5 +1,6 @@
 """AutoSpec's MCMC-like interface: shapes, dtypes, extra fields, diagnostics, ArviZ, oracles."""
 
+import warnings
 from dataclasses import fields
 
 import arviz as az
@@ -9,10 +10,11 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro import poutine
+from pyro.infer import MCMC
 
 from pyro_autospec.engine import SampleResult
 from pyro_autospec.engine.methods import Schedule
-from pyro_autospec.infer import AutoSpec
+from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 from pyro_autospec.model.enum import EnumOracle
 
 DATA = torch.tensor([0.3, 1.8, 2.4])
@@ -115,8 +117,20 @@ def test_sequential_method_and_schedule_knobs():
 
 def test_schedule_object_or_keywords_give_the_same_draws():
     kwargs = {"num_samples": 40, "seed": 3, "sampler": "engine", "disable_progbar": True}
-    typed = AutoSpec(model, schedule=Schedule(max_block=2, min_block=1), **kwargs).run(DATA)
-    plain = AutoSpec(model, max_block=2, min_block=1, **kwargs).run(DATA)
+    with warnings.catch_warnings(record=True) as caught:  # the library passes no keywords on
+        warnings.simplefilter("always")
+        typed = AutoSpec(model, schedule=Schedule(max_block=2, min_block=1), **kwargs).run(DATA)
+        kernel = AutoSpecKernel(model, schedule={"max_block": 2}, draws_per_run=4)
+        MCMC(kernel, num_samples=4, warmup_steps=0, disable_progbar=True).run(DATA)
+    assert not [w for w in caught if "schedule knobs as keywords" in str(w.message)]
+    with pytest.warns(
+        FutureWarning, match=r"pass schedule=Schedule\(max_block=2, min_block=1\)"
+    ) as caught:
+        plain = AutoSpec(model, max_block=2, min_block=1, **kwargs).run(DATA)
+    assert {w.filename for w in caught if "schedule knobs" in str(w.message)} == {__file__}
+    with pytest.warns(FutureWarning, match=r"pass schedule=Schedule\(rho=2\.0\)") as caught:
+        AutoSpecKernel(model, rho=2.0)
+    assert {w.filename for w in caught if "schedule knobs" in str(w.message)} == {__file__}
     for name, value in typed.get_samples().items():
         assert torch.equal(value, plain.get_samples()[name])
     assert typed.results[0].schedule["max_block"] == 2

@@ -26,7 +26,7 @@ import torch
 from pyro.infer import MCMC
 from pyro.poutine.runtime import _PYRO_STACK
 
-from pyro_autospec.engine import sample_any_order
+from pyro_autospec.engine import Schedule, sample_any_order
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel
 from pyro_autospec.model.enum import EnumOracle
 
@@ -238,7 +238,9 @@ def test_mixed_path(kind):
 @pytest.mark.parametrize("engine", ["fast", "reference"])
 def test_engine_path(engine, kind):
     def run():  # continuous batching: draws start and finish at different calls
-        return sample_any_order(ORACLE, 12, seed=5, engine=engine, max_concurrent_draws=3)
+        return sample_any_order(
+            ORACLE, 12, seed=5, engine=engine, schedule=Schedule(max_concurrent_draws=3)
+        )
 
     total, clean = _calls_of(ORACLE.faults, run)
     assert total >= 2

@@ -12,6 +12,7 @@ import torch
 from pyro.ops import stats
 
 from pyro_autospec.diagnostics import effective_sample_size, split_gelman_rubin
+from pyro_autospec.engine import Schedule
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.infer.display import compact_names, print_summary
 from pyro_autospec.infer.run_base import ROWS_RATIO_FOR_ADVICE
@@ -80,9 +81,7 @@ def test_a_faster_exact_method_is_named_when_rows_say_so(capsys):
         seed=0,
         disable_progbar=True,
         sampler="engine",
-        blocks="fixed",
-        token_below=0,
-        race_depth=None,
+        schedule=Schedule(blocks="fixed", token_below=0, race_depth=None),
     ).run(DATA)
     rows_per_draw = sum(r.oracle_rows for r in fit.results) / 400
     assert rows_per_draw >= ROWS_RATIO_FOR_ADVICE * 8  # this seed: several times n
