@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import functools
 import types
 
@@ -74,6 +75,20 @@ def _slots(name: str, value: object) -> list[tuple[str, object]]:
     return found
 
 
+@functools.lru_cache(maxsize=1024)
+def _global_reads(code: types.CodeType) -> tuple[str, ...]:
+    """The global names a function's code reads (``LOAD_GLOBAL``), its nested functions' and
+    comprehensions' included; not ``co_names``, which also holds every attribute name
+    (``self.net`` is no read of a global ``net``)."""
+    names = dict.fromkeys(
+        ins.argval for ins in dis.get_instructions(code) if ins.opname == "LOAD_GLOBAL"
+    )
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(_global_reads(const)))
+    return tuple(names)
+
+
 def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, object]]:
     if isinstance(value, types.MethodType):  # e.g. net.forward
         return [(f"{name}.__self__", value.__self__)]
@@ -86,7 +101,7 @@ def _readable_children(name: str, value: object, root: bool) -> list[tuple[str, 
         cells = zip(code.co_freevars, value.__closure__ or ())
         found = [(var, cell.cell_contents) for var, cell in cells if _full(cell)]
         scope = value.__globals__
-        return found + [(var, scope[var]) for var in code.co_names if var in scope]
+        return found + [(var, scope[var]) for var in _global_reads(code) if var in scope]
     if isinstance(value, (list, tuple)):
         return [(f"{name}[{i}]", item) for i, item in enumerate(value[:100])]
     if isinstance(value, dict):

@@ -24,6 +24,7 @@ The checks read the attribute (``getattr``), so an oracle that forwards methods 
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -338,9 +339,24 @@ def borrows_inputs(oracle: object) -> bool:
 
 
 def oracle_num_draws(oracle: object) -> int | None:
-    """``oracle.num_draws`` for a family of targets (one per draw), else ``None``."""
+    """``oracle.num_draws`` for a family of targets (one per draw), else ``None``.
+
+    Raises
+    ------
+    TypeError
+        If it is neither ``None`` nor an int >= 1 (Python's or NumPy's; a float such as
+        ``5.5``, a string or a bool is refused, not truncated).
+    """
     value = getattr(oracle, "num_draws", None)
-    return None if value is None else int(value)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        fix = " (convert it: int(oracle.num_draws))" if isinstance(value, torch.Tensor) else ""
+        raise TypeError(
+            f"oracle.num_draws must be None or an int >= 1 (the number of targets of a family, "
+            f"one per draw); got {value!r}{fix}"
+        )
+    return int(value)
 
 
 @dataclass(frozen=True)

@@ -813,3 +813,45 @@ class FamilyWithoutDraws:
 def test_a_family_whose_queries_take_no_draws_keyword_is_told_why_it_is_passed():
     with pytest.raises(TypeError, match=r"log_marginals takes no keyword draws.*num_draws = 8"):
         sample_any_order(FamilyWithoutDraws(), 8, seed=0)
+
+
+@pytest.mark.parametrize("value", [5.5, "5", True, 0, torch.tensor(5)])
+def test_num_draws_must_be_an_int_and_is_never_truncated(value):
+    """``num_draws = 5.5`` was a family of 5 targets, and ``"5"`` or ``True`` were accepted
+    (found outside the project)."""
+
+    class Family(FamilyWithoutDraws):
+        num_draws = value
+
+    with pytest.raises(TypeError, match=r"oracle\.num_draws must be None or an int >= 1"):
+        sample_any_order(Family(), 5, seed=0)
+
+
+_held = torch.nn.Dropout(0.5)  # a module-level network in training mode, named like an attribute
+
+
+def test_an_attribute_named_like_a_global_network_is_no_read_of_that_global():
+    """An oracle reading ``self._held`` (in eval mode) was refused because a module-level
+    ``_held`` in training mode existed: the search read every name of the function's code,
+    attribute names included, as globals (found outside the project)."""
+
+    class ReadsItsAttribute:
+        num_coords, num_values = 2, 2
+
+        def __init__(self):
+            self._held = torch.nn.Dropout(0.5).eval()
+
+        def log_marginals(self, values, mask):
+            logits = self._held(torch.zeros(values.shape[0], 2, 2, dtype=torch.float64))
+            return torch.log_softmax(logits, dim=-1)
+
+    assert _held.training
+    assert sample_any_order(ReadsItsAttribute(), 2, seed=0).samples.shape == (2, 2)
+
+    class ReadsTheGlobalInAComprehension(ReadsItsAttribute):
+        def log_marginals(self, values, mask):
+            rows = [_held(torch.zeros(2, 2, dtype=torch.float64)) for _ in range(values.shape[0])]
+            return torch.log_softmax(torch.stack(rows), dim=-1)
+
+    with pytest.raises(OracleError, match=r"^_held \(Dropout\) is in training"):
+        check_eval_mode(ReadsTheGlobalInAComprehension())
