@@ -256,21 +256,19 @@ class AutoSpecKernel(MCMCKernel):
         self._oracle = build_oracle(
             self.oracle, self.user_model, args, kwargs, self.layout, self.device
         )
-        # chains of one MCMC run (same arguments) share the check; new arguments start afresh
-        if self._self_check is None or not same_call(self._call, self._checked_call):
-            custom = not isinstance(self.oracle, str)
-            log_z, _ = reference_for(
-                self._oracle, custom, self.user_model, args, kwargs, self.layout, self.device
-            )
-            self._self_check = SelfCheck(
-                self._oracle,
-                custom_oracle=custom,
-                log_normalizer=log_z,
-                keep=_SELF_CHECK_REFERENCE,
-            )
+        # every setup (a chain) checks its draws afresh, the check's probes included: between
+        # two MCMC runs with the same arguments the model's parameters (an SVI step) or the
+        # tensors it closes over may have changed, and draws of two laws share no log Z
+        custom = not isinstance(self.oracle, str)
+        log_z, _ = reference_for(
+            self._oracle, custom, self.user_model, args, kwargs, self.layout, self.device
+        )
+        self._self_check = SelfCheck(
+            self._oracle, custom_oracle=custom, log_normalizer=log_z, keep=_SELF_CHECK_REFERENCE
+        )
+        self._probes_pending = True  # the next run's batch takes the check's assignments
+        if not same_call(self._call, self._checked_call):  # the largest error over new data
             self.max_self_check_error = None
-            self._probes_pending = True  # the next run's batch takes the check's assignments
-        self._self_check.oracle = self._oracle
         self._checked_call = self._call
         # where the engine and the draws' evaluation run: device=, else the oracle's
         self._device = self.device or getattr(self._oracle, "device", None)
@@ -347,7 +345,8 @@ class AutoSpecKernel(MCMCKernel):
             self._probes_pending = False
             checks = check_assignments(self.layout, self._oracle, seed, self.draws_per_run)
         evaluated = self._draws.evaluate(result.samples, result.log_prob, checks=checks)
-        self.max_self_check_error = self._draws.check()
+        error, largest = self._draws.check(), self.max_self_check_error
+        self.max_self_check_error = error if largest is None else max(largest, error)
         values = evaluated.values
         rounds = result.sample_rounds.tolist()
         self._buffer = [

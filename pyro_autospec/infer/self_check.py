@@ -130,7 +130,12 @@ def check_exact_draws(
             "back than its pyro.markov history (raise history=h to the longest lag it reads), "
             "or a new pyro.markov per row of a grid inside an outer one (re-enter one markov "
             "object per axis instead, as Pyro's grid examples do); Pyro's own enumeration is "
-            "wrong there too. Otherwise the model uses a handler or construct "
+            "wrong there too. Another is a site read across its own plate: a value inside "
+            "pyro.plate that mixes the plate's entries (w.flip(-1), w.roll(1, -1), "
+            "w.sum(-1, keepdim=True).expand(w.shape), w[..., perm]) couples entries that the "
+            "plate declares independent; make such a site one vector site instead "
+            "(.to_event(1), outside the plate, as Pyro requires for enumeration). Otherwise "
+            "the model uses a handler or construct "
             "AutoSpec does not reproduce: please report it with the model; meanwhile use "
             "pyro.infer.infer_discrete or MCMC."
         )

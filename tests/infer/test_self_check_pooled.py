@@ -147,6 +147,34 @@ def test_kernel_starts_a_new_check_for_new_data():
     assert kernel.max_self_check_error < 1e-6
 
 
+def test_a_reused_kernel_checks_a_changed_model_afresh():
+    """An MCMC run after an SVI step changed a ``pyro.param`` of the model (or after a tensor
+    the model closes over was changed in place) failed its self-check, with the same
+    arguments: the check pooled the new draws with those of the old law (found outside the
+    project). Every setup checks afresh."""
+    prior = torch.tensor(0.3)
+
+    def model(y):
+        p = pyro.param("p_reused", torch.tensor(0.5), constraint=dist.constraints.unit_interval)
+        with pyro.plate("n", len(y)):
+            w = pyro.sample("w", dist.Bernoulli(p * prior / 0.3))
+            pyro.sample("y", dist.Normal(w.float(), 3.0), obs=y)
+
+    pyro.clear_param_store()
+    y = torch.zeros(4)
+    kernel = AutoSpecKernel(model, seed=0, draws_per_run=4)
+    MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True).run(y)
+    with torch.no_grad():
+        pyro.get_param_store().get_param("p_reused").unconstrained().add_(0.7)  # as Adam does
+    MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True).run(y)
+    prior.fill_(0.2)  # a tensor the model closes over
+    mcmc = MCMC(kernel, num_samples=8, warmup_steps=0, disable_progbar=True)
+    mcmc.run(y)
+    assert kernel.max_self_check_error < 1e-6
+    assert mcmc.get_samples()["w"].shape == (8, 4)
+    pyro.clear_param_store()
+
+
 def test_an_oracle_exact_on_part_of_the_posterior_is_caught_against_log_z():
     """It passed the check with 3000 draws (an outside test): ``log Z`` by elimination."""
     for num_samples, num_chains in ((200, 2), (1, 1)):

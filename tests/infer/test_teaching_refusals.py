@@ -20,6 +20,7 @@ from pyro_autospec.infer import (
     AutoSpecModelError,
     IntractableEnumerationError,
     MixedDrawsError,
+    SelfCheckError,
     UnsupportedSiteError,
 )
 from pyro_autospec.model import DynamicStructureError, enumerate_posterior
@@ -996,3 +997,17 @@ def test_a_gap_of_rounding_between_routines_passes_and_a_gap_between_draws_does_
     run(by_size, y, num_samples=50, seed=0)
     with pytest.raises(MixedDrawsError, match="alone but"):
         run(by_value, y, num_samples=50, seed=0)
+
+
+def test_a_site_read_across_its_own_plate_is_named_among_the_self_checks_causes():
+    """``w.flip(-1)`` inside the plate of ``w`` couples entries the plate declares independent;
+    the self-check refused it, naming only causes that did not apply (found outside the
+    project). It names this one now, with the fix (a vector site)."""
+
+    def flipped(y):
+        with pyro.plate("n", 3):
+            w = pyro.sample("w", dist.Bernoulli(0.5))
+            pyro.sample("y", dist.Normal(w.flip(-1), 0.5), obs=y)
+
+    with pytest.raises(SelfCheckError, match=r"read across its own plate.*\.to_event\(1\)"):
+        run(flipped, torch.tensor([1.0, 0.0, 0.0]))
