@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.diffusion import sample_diffusion
+from pyro_autospec.engine.methods import given_knobs
+from pyro_autospec.infer.knobs import SCHEDULE_KNOBS
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
 
@@ -88,6 +90,7 @@ def sample_continuous(
     model: Callable | None = None,
     schedule: Mapping | None = None,
     distributed: bool = False,
+    **knobs: Any,
 ) -> ContinuousResult:
     """Draw a model's continuous latent sites from a diffusion guide, exactly for its chain.
 
@@ -128,6 +131,9 @@ def sample_continuous(
     distributed : bool
         Spread the draws over the ranks of a ``torch.distributed`` group (every rank makes the
         same call and returns every draw).
+    **knobs
+        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the
+        schedule's knobs as keywords.
 
     Returns
     -------
@@ -153,6 +159,14 @@ def sample_continuous(
     >>> out.samples["loc"].shape, out.sample_rounds.shape, out.lp.shape
     (torch.Size([10]), torch.Size([10]), torch.Size([10]))
     """
+    unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
+    if unknown:
+        raise TypeError(
+            f"unknown keyword(s) {unknown}; pass model keywords as model_kwargs={{...}} and "
+            f"the engine's knobs as schedule=Schedule(...) (one of {list(SCHEDULE_KNOBS)})"
+        )
+    if knobs:  # deprecated: warns at the caller's line
+        schedule = given_knobs(schedule, knobs)
     if not args and model_kwargs is None:
         args = tuple(getattr(guide, "model_args", ()))
         model_kwargs = dict(getattr(guide, "model_kwargs", {}) or {})

@@ -44,11 +44,12 @@ MCMC_ONLY = ("initial_params", "hook_fn", "mp_context", "disable_validation", "t
 
 def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
     """The knobs given as ``schedule=`` (a :class:`~pyro_autospec.Schedule` or a dict) and as
-    keywords, merged; an unknown keyword is rejected early, naming the accepted ones.
+    keywords (deprecated: a :class:`FutureWarning`), merged; an unknown keyword is rejected
+    early, naming the accepted ones.
 
     Examples
     --------
-    >>> check_schedule(None, {"rho": 2.0})
+    >>> check_schedule({"rho": 2.0}, {})
     {'rho': 2.0}
     """
     unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))

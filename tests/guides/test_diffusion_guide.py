@@ -129,8 +129,13 @@ def test_errors(data):
     guide = DiffusionGuide(conjugate_model, (data,), hidden_dim=8, num_steps=16)
     with pytest.raises(AutoSpecModelError, match="same shapes"):
         sample_continuous(guide, 5, torch.zeros(7, 3))
-    with pytest.raises(TypeError, match="unexpected keyword argument 'nonsense'"):
+    with pytest.raises(TypeError, match="model_kwargs"):
         sample_continuous(guide, 5, data, nonsense=1)
+    with pytest.warns(FutureWarning, match=r"pass schedule=Schedule\(rule='block'\)") as caught:
+        keywords = sample_continuous(guide, 5, data, seed=0, rule="block", log_joint=False)
+    assert {w.filename for w in caught if "schedule knobs" in str(w.message)} == {__file__}
+    typed = sample_continuous(guide, 5, data, seed=0, schedule={"rule": "block"}, log_joint=False)
+    assert torch.equal(keywords.diffusion.samples, typed.diffusion.samples)
     with pytest.raises(ValueError, match="weighting"):
         guide.fit(torch.zeros(4, 3), torch.zeros(4, 12), weighting="bad")
     with pytest.raises(ValueError, match="expected y"):
