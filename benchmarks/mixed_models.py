@@ -4,7 +4,8 @@ Three small models (a Gaussian mixture, an HMM with an unknown transition probab
 change-point model), each sampled by
 
 * **AutoSpec**: Pyro's NUTS on the continuous sites with the discrete sites enumerated out,
-  then one exact draw of the discrete sites given each continuous draw (one engine run);
+  then one exact draw of the discrete sites given each continuous draw (on a CPU one
+  elimination pass, forward filtering, backward sampling, for every draw at once);
 * **Pyro NUTS + infer_discrete**: the same NUTS chain, then ``infer_discrete`` once per draw
   (what Pyro's tutorials do);
 * **NumPyro DiscreteHMCGibbs** (NUTS on the continuous sites, Gibbs updates of the discrete
@@ -19,6 +20,12 @@ Usage::
 
     python benchmarks/mixed_models.py            # 1000 draws after 500 warm-up (minutes)
     python benchmarks/mixed_models.py --smoke    # seconds, for CI
+    python benchmarks/mixed_models.py --scaling  # the discrete step against the data size
+
+``--scaling`` times the discrete step alone (20 draws after 10 warm-up steps of a short NUTS
+tree) of a mixture whose assignments live in the data plate, as the data grow, drawn by the
+elimination (``sampler="auto"``) and by the any-order engine (``sampler="engine"``), whose
+every oracle row contracts the whole model (up to n = 1000: it grows as n^2).
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from pathlib import Path
 
 import numpy as np
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro.infer import MCMC, NUTS, config_enumerate, infer_discrete
+from pyro.ops.indexing import Vindex
 from pyro.ops.stats import effective_sample_size
 
 from pyro_autospec.infer import AutoSpec
@@ -226,16 +235,68 @@ def fmt(x, digits=1):
     return f"{x:,.{digits}f}"
 
 
+def plated_mixture(data):
+    """Three components with unknown means; the assignments live in the data plate."""
+    locs = pyro.sample("locs", dist.Normal(torch.tensor([-2.0, 0.0, 2.0]), 1.0).to_event(1))
+    with pyro.plate("data", len(data)):
+        z = pyro.sample("z", dist.Categorical(torch.ones(3) / 3))
+        pyro.sample("obs", dist.Normal(Vindex(locs)[..., z], 1.0), obs=data)
+
+
+def scaling(smoke: bool) -> None:
+    """The discrete step of a mixed model against the data size, by sampler."""
+    draws, sizes, engine_up_to = (
+        (5, [60, 120], 120) if smoke else (20, [250, 500, 1000, 4000], 1000)
+    )
+    print(
+        f"# the discrete step of a mixture (assignments in the data plate), {draws} draws "
+        f"after 10 warm-up steps (max_tree_depth 3); torch threads = 1\n"
+    )
+    print("| n | sampler | drew with | NUTS s | discrete step s | evaluation + self-check s |")
+    print("|---:|---|---|---:|---:|---:|")
+    for n in sizes:
+        gen = torch.Generator().manual_seed(0)
+        data = torch.cat(
+            [torch.randn(n // 3, generator=gen) - 2, torch.randn(n - n // 3, generator=gen) + 1]
+        )
+        for sampler in ("auto", "engine"):
+            if sampler == "engine" and n > engine_up_to:
+                continue
+            fit = AutoSpec(
+                plated_mixture,
+                draws,
+                warmup_steps=10,
+                seed=0,
+                sampler=sampler,
+                disable_progbar=True,
+                nuts_kwargs={"max_tree_depth": 3},
+            ).run(data)
+            t = fit.timing
+            step = sum(t.get(k, 0.0) for k in ("compiling", "oracle", "engine"))
+            checks = t.get("evaluation", 0.0) + t.get("self-check", 0.0)
+            print(
+                f"| {n} | {sampler} | {fit.diagnostics()['sampler']} | {t['nuts']:.2f} "
+                f"| {step:.2f} | {checks:.2f} |",
+                flush=True,
+            )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
     parser.add_argument("--num-samples", type=int, default=1000)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument(
+        "--scaling", action="store_true", help="the discrete step against the data size"
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.scaling:
+        scaling(args.smoke)
+        return
     if args.smoke:  # the mixture: the cheapest model, with binary and continuous sites
         args.num_samples, args.warmup, args.models = 20, 20, ["mixture"]
-    torch.set_num_threads(1)
     numpyro_versions = numpyro_models()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(

@@ -94,7 +94,7 @@ class AutoSpec:
       (:class:`~pyro_autospec.model.enum.EnumOracle`).
     * **Continuous and discrete sites**: Pyro's ``NUTS`` samples the continuous sites with the
       discrete ones enumerated out; then the discrete sites are drawn exactly given each
-      continuous draw (one batched engine run for all draws). ``get_samples()`` returns both.
+      continuous draw, all draws at once (``sampler``). ``get_samples()`` returns both.
     * **Continuous sites only** with ``guide=DiffusionGuide(...)``: draws of the guide's
       discretised diffusion.
 
@@ -176,17 +176,18 @@ class AutoSpec:
         continuous sites, the NUTS chains run on every rank (rank 0's seeds); only the
         discrete draws are shared out. ``seed=None`` takes rank 0's seeds.
     sampler : {"auto", "engine", "ffbs"}
-        How exact draws of a discrete-only model are made. ``"auto"`` (default): on a CPU
+        How exact draws of the discrete sites are made. ``"auto"`` (default): on a CPU
         with the default oracle and ``method="autospec"``, by forward filtering, backward
         sampling (:mod:`~pyro_autospec.model.ffbs`: one variable-elimination pass over the
         model's factors, then all draws at once, vectorised) whenever the elimination fits
         (chains, coupled chains, plates of chains, mixtures), else by the any-order engine.
-        ``"engine"``: always the engine's ``method`` (autospeculation's rounds).
-        ``"ffbs"``: always the elimination (an error if it does not fit). Both are exact and
-        self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the engine's method),
-        ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler`` attribute say which
-        ran (for a model with continuous sites they name the engine's method that drew the
-        discrete sites).
+        For a model with continuous sites the continuous draws are a plate of that pass (one
+        pass for every draw). ``"engine"``: always the engine's ``method`` (autospeculation's
+        rounds). ``"ffbs"``: always the elimination (an error if it does not fit). Both are
+        exact and self-checked on every draw; ``results[i].method`` (``"ffbs"`` or the
+        engine's method), ``diagnostics()["sampler"]``, the summary and ArviZ's ``sampler``
+        attribute say which ran (for a model with continuous sites, what drew the discrete
+        sites given the NUTS draws).
     schedule : Schedule or dict, optional
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`:
         ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
@@ -580,16 +581,13 @@ class AutoSpec:
                 f"by enumeration (leave oracle='enum', guide=None, correction=None), or "
                 f"condition the continuous sites with poutine.condition."
             )
-        if self.sampler == "ffbs":
-            raise ValueError(
-                f"sampler='ffbs' draws models whose latent sites are all discrete; this model "
-                f"has continuous latent sites {names}, which NUTS draws, and its discrete "
-                f"sites are drawn exactly given each continuous draw by the engine. Leave "
-                f"sampler='auto' (or 'engine')."
-            )
         self.run_kind = "mixed"
         self._run = MixedRun(
-            self.model, layout, self._settings(progress), nuts_kwargs=self.nuts_kwargs
+            self.model,
+            layout,
+            self._settings(progress),
+            nuts_kwargs=self.nuts_kwargs,
+            sampler=self.sampler,
         ).run(args, kwargs)
 
     def _settings(self, progress: bool) -> RunSettings:

@@ -123,7 +123,6 @@ class DiscreteRun(RunBase):
         self.max_self_check_error: float | None = None
         # extra draws and uniform probes the self-check compared (draws.check_assignments)
         self.num_check_draws = self.num_probes = self.num_massless_probes = 0
-        self.ffbs_plan: dict | None = None  # after an FFBS run: forward_seconds, steps
 
     @property
     def independent_draws(self) -> bool:
@@ -548,23 +547,4 @@ class DiscreteRun(RunBase):
         return (
             f"Self-check passed: log p(x, data) - log q(x) is constant across {draws} "
             f"(every chain; {deviation})."
-        )
-
-    def rounds_line(self, n: int, whole: dict) -> str:
-        if self.ffbs_plan is None:
-            return super().rounds_line(n, whole)
-        plan = self.ffbs_plan
-        return (
-            f"Sampler: forward filtering, backward sampling (exact): one elimination pass "
-            f"over the model's factors ({plan['forward_seconds']:.3g} s), then every draw "
-            f"at once in {plan['steps']} sequential steps, one per site (the sequential "
-            f"sampler takes {n} per draw: n = {n} coordinates); no oracle rows. "
-            f"sampler='engine' runs method={self.method!r} instead."
-        )
-
-    def faster_method(self, rounds: int, seq_rounds: int, rows_per_draw: float, n: int) -> str:
-        return (
-            ""
-            if self.ffbs_plan is not None
-            else super().faster_method(rounds, seq_rounds, rows_per_draw, n)
         )

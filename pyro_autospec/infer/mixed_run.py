@@ -5,10 +5,14 @@
    summed over the discrete sites, masks and scales included). One ``MCMC`` per chain, run one
    after the other, each seeded from ``seed``.
 2. Given each of the ``M = num_chains * num_samples`` continuous draws ``theta_m``, the
-   discrete sites are drawn exactly from ``p(x | theta_m, data)`` by autospeculation, in ONE
-   engine run over a family of ``M`` targets: an
-   :class:`~pyro_autospec.model.enum.EnumOracle` compiled once with the continuous draws in a
-   plate (``num_draws = M``).
+   discrete sites are drawn exactly from ``p(x | theta_m, data)`` from a family of ``M``
+   targets: an :class:`~pyro_autospec.model.enum.EnumOracle` compiled once with the
+   continuous draws in a plate (``num_draws = M``). With ``sampler="auto"`` on a CPU (and the
+   default method) or ``sampler="ffbs"``, by forward filtering, backward sampling with the
+   targets as a plate (:func:`~pyro_autospec.model.ffbs.plan_ffbs`: one elimination pass for
+   every target, linear in the data where the discrete sites are independent given the
+   continuous ones); where the elimination does not fit, or with ``sampler="engine"``, by ONE
+   engine run (``method``) over the family.
 
 Each pair ``(theta_m, x_m)`` is then a draw of the joint posterior (as good as the NUTS chain
 is), and ``get_samples()`` returns both kinds. The log joint, the pointwise log likelihood of
@@ -33,6 +37,7 @@ from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
+from pyro_autospec.model.ffbs import plan_ffbs, sample_exact
 from pyro_autospec.model.tracing import (
     enumerated,
     seed_generators,
@@ -67,6 +72,8 @@ class MixedRun(RunBase):
         seed, device and engine knobs.
     nuts_kwargs : dict
         Passed to :class:`pyro.infer.NUTS` (``target_accept_prob``, ``max_tree_depth``, ...).
+    sampler : {"auto", "engine", "ffbs"}
+        What draws the discrete sites given the continuous draws (see the module's notes).
     """
 
     def __init__(
@@ -76,8 +83,10 @@ class MixedRun(RunBase):
         settings: RunSettings,
         *,
         nuts_kwargs: dict,
+        sampler: str = "auto",
     ):
         super().__init__(settings)
+        self.sampler = sampler
         self.model = model
         self.layout = layout
         self.nuts_kwargs = dict(nuts_kwargs)
@@ -148,6 +157,11 @@ class MixedRun(RunBase):
 
         total = self.num_chains * self.num_samples
         flat = {k: torch.cat(v) for k, v in continuous.items()}  # [M, *shape], chain-major
+        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
+        eliminate = self.sampler == "ffbs" or (
+            self.sampler == "auto" and on_cpu and self.method == "autospec"
+        )
+        plan = None
         with self.stage("compiling"):
             oracle = EnumOracle(
                 self.model,
@@ -156,10 +170,24 @@ class MixedRun(RunBase):
                 layout=layout,
                 continuous_values=flat,
                 device=self.device,
+                lazy=eliminate,  # the contraction is measured only if the engine runs
+            )
+            if eliminate:
+                plan = plan_ffbs(oracle)
+        if plan is None and self.sampler == "ffbs":
+            raise ValueError(
+                "sampler='ffbs' needs an elimination of the model's discrete sites that fits: "
+                "plates that nest along the sites' order, and buckets of at most 2^22 entries "
+                "(see pyro_autospec.model.ffbs); use sampler='auto', which falls back to the "
+                "any-order engine"
             )
         self.oracle_device = oracle.device
         self.results = []
-        result = self.engine_run(oracle, total, engine_seed, oracle.device)
+        if plan is not None:
+            result = self.record(sample_exact(plan, total, engine_seed))
+            self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
+        else:
+            result = self.engine_run(oracle, total, engine_seed, oracle.device)
         draws = DrawEvaluator(
             ModelCall(self.model, args, kwargs),
             layout,
@@ -220,6 +248,16 @@ class MixedRun(RunBase):
         report.diagnostics["continuous_sampler"] = report.attrs["continuous_sampler"]
         names = compact_names([s.name for s in self.layout.continuous])
         discrete = sum(self.timing.get(k, 0.0) for k in ("compiling", "oracle", "engine"))
+        if self.sampler_used() == "ffbs":
+            how = (
+                f"by forward filtering, backward sampling ('ffbs': one elimination pass for "
+                f"every draw; {discrete:.1f} s: compiling and sampling)"
+            )
+        else:
+            how = (
+                f"by the engine's method {self.sampler_used()!r} ({discrete:.1f} s: compiling, "
+                f"oracle and engine)"
+            )
         report.summary_lines.append(
             f"Continuous sites {names}: Pyro NUTS with the discrete sites enumerated out "
             f"({self.warmup_steps} warm-up steps per chain; acceptance rate "
@@ -227,8 +265,7 @@ class MixedRun(RunBase):
             f"{sum(len(v) for v in divergences.values())} divergences; "
             f"{self.timing.get('nuts', 0.0):.1f} s). Discrete sites "
             f"{compact_names(self.layout.names)}: "
-            f"one exact draw given each continuous draw, by the engine's method "
-            f"{self.sampler_used()!r} ({discrete:.1f} s: compiling, oracle and engine)."
+            f"one exact draw given each continuous draw, {how}."
         )
         return report
 

@@ -186,6 +186,8 @@ class RunBase:
         self.pointwise: dict = {}
         self.observed: dict = {}
         self.results: list = []
+        # after forward filtering, backward sampling: its forward seconds and steps (summary)
+        self.ffbs_plan: dict | None = None
         self.discrete_names: list = []
         self.layout: Any = None
         #: Measured wall seconds of each stage (keys of :data:`STAGES`), filled by ``run``.
@@ -338,7 +340,16 @@ class RunBase:
 
     def rounds_line(self, n: int, whole: dict) -> str:
         """Rounds per draw and the whole run's rounds and rows, beside the sequential
-        sampler's exact counts."""
+        sampler's exact counts (or, after forward filtering, backward sampling, its steps)."""
+        if self.ffbs_plan is not None:
+            plan = self.ffbs_plan
+            return (
+                f"Sampler: forward filtering, backward sampling (exact): one elimination pass "
+                f"over the model's factors ({plan['forward_seconds']:.3g} s), then every draw "
+                f"at once in {plan['steps']} sequential steps, one per site (the sequential "
+                f"sampler takes {n} per draw: n = {n} coordinates); no oracle rows. "
+                f"sampler='engine' runs method={self.method!r} instead."
+            )
         per_draw_rounds = torch.cat([r.sample_rounds.double().cpu() for r in self.results])
         draws, rounds, rows = whole["draws"], whole["rounds"], whole["oracle_rows"]
         runs = len(self.results)
@@ -356,7 +367,7 @@ class RunBase:
 
     def faster_method(self, rounds: int, seq_rounds: int, rows_per_draw: float, n: int) -> str:
         """The line naming ``method="sequential"`` where it likely is faster ("" otherwise)."""
-        if self.method in ("sequential", "picard") or n <= 0:
+        if self.ffbs_plan is not None or self.method in ("sequential", "picard") or n <= 0:
             return ""
         ratio = rows_per_draw / n
         more_rounds = rounds >= seq_rounds

@@ -75,23 +75,29 @@ class FFBSPlan:
     ----------
     buckets : list
         One per site, in elimination order.
-    log_normalizer : float
-        ``log sum_x p(x, data)`` (the oracle's constant included).
+    log_normalizer : float or DoubleTensor[M]
+        ``log sum_x p(x, data)`` (the oracle's constant included); one per target of a
+        family.
     num_coords : int
     plate_sizes : tuple of int
         Sizes of the plates in the canonical order of the plan.
     forward_seconds : float
         Time of the forward pass.
+    family : bool
+        The plan of a family of ``M`` targets (an oracle with ``num_draws``, the discrete sites
+        given each of ``M`` continuous draws): its first plate holds the targets, every site
+        lies in it, and :meth:`sample` draws one assignment per target.
     """
 
     buckets: list
-    log_normalizer: float
+    log_normalizer: float | torch.Tensor
     num_coords: int
     plate_sizes: tuple
     site_plates: list  # per site: its plate symbols' positions, in the site's batch order
     site_coords: list  # per site: its coordinate slice
     forward_seconds: float
     device: torch.device
+    family: bool = False  # a family of targets: plate 0 holds one target per draw
 
     @property
     def num_steps(self) -> int:
@@ -117,6 +123,13 @@ class FFBSPlan:
         device = self.device
         # keyed uniforms (the engine's generator): site bucket b reads child(root, NOISE, b)
         root = torch.tensor(keys.seed_key(int(seed)), dtype=torch.long, device=device)
+        if self.family and num_draws != self.plate_sizes[0]:
+            raise ValueError(
+                f"this plan is a family of {self.plate_sizes[0]} targets, one per draw; "
+                f"num_draws must equal it, got {num_draws}"
+            )
+        if self.family:  # one pass: the targets are the first plate's entries
+            chunk_size = num_draws
         if chunk_size is None:
             chunk_size = MAX_CHUNK_ENTRIES // max(1, self.num_coords)
         chunk_size = max(1, int(chunk_size))
@@ -145,7 +158,8 @@ class FFBSPlan:
         log_q = torch.empty(num_draws, dtype=torch.float64, device=device)
         for first in range(0, num_draws, chunk_size):
             size = min(chunk_size, num_draws - first)
-            values, log_q[first : first + size] = self._backward(size, draw)
+            # a family's pass is one assignment of every target at once ([1, M, ...])
+            values, log_q[first : first + size] = self._backward(1 if self.family else size, draw)
             for site, coords in enumerate(self.site_coords):
                 x = values[site].permute(self._batch_order(site))
                 samples[first : first + size, coords] = x.reshape(size, -1)
@@ -177,7 +191,7 @@ class FFBSPlan:
         -------
         DoubleTensor[N]
         """
-        num_draws = samples.shape[0]
+        num_draws = 1 if self.family else samples.shape[0]  # a family: [M, n] is one pass
         samples = samples.to(self.device)
         given = {}
         for site, coords in enumerate(self.site_coords):
@@ -196,7 +210,8 @@ class FFBSPlan:
         device = self.device
         num_plates = len(self.plate_sizes)
         values: dict[int, torch.Tensor] = {}
-        log_q = torch.zeros(num_draws, dtype=torch.float64, device=device)
+        rows = self.plate_sizes[0] if self.family else num_draws  # a family: one per target
+        log_q = torch.zeros(rows, dtype=torch.float64, device=device)
         aranges = []
         zero = torch.zeros([1] * (num_plates + 1), dtype=torch.long, device=device)
         for i, size in enumerate(self.plate_sizes):
@@ -225,7 +240,7 @@ class FFBSPlan:
                 # given later values that no value of this site completes (every logit -inf),
                 # log_softmax is NaN: the assignment has no mass
                 picked = log_probs.gather(-1, x).nan_to_num(nan=-math.inf, neginf=-math.inf)
-            log_q += picked.squeeze(-1).reshape(num_draws, -1).sum(1)
+            log_q += picked.squeeze(-1).expand(shape).reshape(rows, -1).sum(1)
             values[bucket.site] = x.squeeze(-1)
         return values, log_q
 
@@ -286,7 +301,9 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
     Parameters
     ----------
     oracle : EnumOracle
-        Compiled for one target (not a family of continuous draws).
+        Compiled for one target, or for a family of ``M`` targets (``continuous_values``: the
+        discrete sites given each continuous draw), whose plan draws one assignment per
+        target in one pass.
     too_large : list, optional
         Where the elimination is refused for its size, a sentence saying so is appended
         (the other refusals add nothing: they are structural, not costly).
@@ -310,8 +327,8 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
     >>> result.samples.shape, result.method, plan.num_steps
     (torch.Size([4, 3]), 'ffbs', 3)
     """
-    if oracle_num_draws(oracle) is not None:
-        return None
+    num_targets = oracle_num_draws(oracle)
+    family = num_targets is not None
     start = time.perf_counter()
     specs = oracle._evidence
     draws = oracle._draws_symbol
@@ -323,10 +340,14 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
         {d for spec in specs for d in spec.dims[:-2]}
         | {d for _, dims, _ in oracle._terms for d in dims if d not in var_of and d != draws}
     )
+    if family:  # the targets: a first plate that every site lies in, never summed over
+        plates = [draws] + plates
     plate_pos = {p: i for i, p in enumerate(plates)}
-    plate_sizes = tuple(int(sizes[p]) for p in plates)
+    plate_sizes = tuple(num_targets if p == draws else int(sizes[p]) for p in plates)
     num_plates = len(plates)
-    site_plates = [[plate_pos[d] for d in spec.dims[:-2]] for spec in specs]
+    site_plates = [
+        ([0] if family else []) + [plate_pos[d] for d in spec.dims[:-2]] for spec in specs
+    ]
     has = [frozenset(ps) for ps in site_plates]
     support = [spec.support_size for spec in specs]
     device = oracle.device
@@ -336,17 +357,24 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
     position = {site: k for k, site in enumerate(order)}
     pending: list[list] = [[] for _ in order]  # per position: factors (tensor, sites)
 
-    def add(tensor: torch.Tensor, sites: tuple) -> float | None:
+    def summed(t: torch.Tensor) -> float | torch.Tensor:
+        """The sum of a table ``[*plates]``: per target for a family (DoubleTensor[M])."""
+        if not family:
+            return float(t.sum())
+        return t.double().reshape(t.shape[0], -1).sum(1).expand(num_targets)
+
+    def add(tensor: torch.Tensor, sites: tuple) -> float | torch.Tensor | None:
         if not sites:
-            return float(tensor.sum())
+            return summed(tensor)
         pending[min(position[s] for s in sites)].append((tensor, sites))
         return None
 
-    log_z = float(oracle._constant.sum())
+    constant = oracle._constant.detach().double()
+    log_z = constant.reshape(-1).expand(num_targets).clone() if family else float(constant.sum())
     for tensor, dims, _ in oracle._terms:
         tensor = torch.as_tensor(tensor).detach()
         t = tensor.view(tensor.shape)
-        if draws in dims:
+        if draws in dims and not family:
             axis = dims.index(draws)
             if t.shape[axis] != 1:
                 return None
@@ -359,12 +387,13 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
         if len(perm) != len(dims):
             return None
         t = t.permute(perm)
-        shape = [plate_sizes[i] if p in dims else 1 for i, p in enumerate(plates)]
+        sized = iter(t.shape)  # a plate's dim as the factor holds it (1 where it broadcasts)
+        shape = [next(sized) if p in dims else 1 for p in plates]
         shape += [support[s] for s in sites]
         t = t.reshape(shape)
         extra = add(t, sites)
         if extra is not None:
-            log_z += extra
+            log_z = log_z + extra
     total = 0
     buckets = []
     for k, site in enumerate(order):
@@ -404,13 +433,15 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
         buckets.append(_bucket(site, tuple(later), table, num_plates))
         message = torch.logsumexp(table, dim=num_plates)
         for i in range(num_plates):
+            if family and i == 0:  # one message per target
+                continue
             if message.shape[i] > 1 and not any(i in has[s] for s in later):
                 message = message.sum(i, keepdim=True)
         if later:
             pending[position[later[0]]].append((message, tuple(later)))
         else:
-            log_z += float(message.sum())
-    if not math.isfinite(log_z):
+            log_z = log_z + summed(message)
+    if not bool(torch.isfinite(torch.as_tensor(log_z)).all()):
         return None
     return FFBSPlan(
         buckets=buckets,
@@ -421,6 +452,7 @@ def plan_ffbs(oracle, too_large: list | None = None) -> FFBSPlan | None:
         site_coords=[spec.coords for spec in specs],
         forward_seconds=time.perf_counter() - start,
         device=torch.device(device),
+        family=family,
     )
 
 

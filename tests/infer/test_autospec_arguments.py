@@ -73,11 +73,15 @@ def test_max_plate_nesting_given_to_nuts_is_autospecs():
         AutoSpec(mixed, 2, max_plate_nesting=2, nuts_kwargs={"max_plate_nesting": 1})
 
 
-def test_the_elimination_sampler_is_refused_for_continuous_sites():
-    """``sampler="ffbs"`` promises the elimination or an error; it was ignored here."""
-    fit = AutoSpec(mixed, 2, sampler="ffbs", disable_progbar=True)
-    with pytest.raises(ValueError, match=r"continuous latent sites \['mu'\].*sampler='auto'"):
-        fit.run(torch.tensor([2.1, -0.1]))
+def test_the_elimination_sampler_draws_the_discrete_sites_of_a_mixed_model():
+    """``sampler="ffbs"`` promises the elimination or an error (it was once ignored here):
+    with continuous sites it eliminates the discrete ones given every NUTS draw at once;
+    ``sampler="engine"`` takes the engine."""
+    data = torch.tensor([2.1, -0.1])
+    fit = AutoSpec(mixed, 2, warmup_steps=2, sampler="ffbs", seed=0, disable_progbar=True)
+    assert fit.run(data).diagnostics()["sampler"] == "ffbs"
+    engine = AutoSpec(mixed, 2, warmup_steps=2, sampler="engine", seed=0, disable_progbar=True)
+    assert engine.run(data).diagnostics()["sampler"] == "autospec"
 
 
 def test_bad_device_and_schedule_knob():

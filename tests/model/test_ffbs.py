@@ -410,3 +410,43 @@ def test_log_prob_reads_the_sampled_law_at_any_assignment():
     log_z = torch.logsumexp(log_joint, 0)
     expected = log_joint - log_z
     assert torch.allclose(plan.log_prob(states), expected, atol=1e-5, rtol=0)
+
+
+def test_a_family_plan_draws_each_target_given_its_continuous_values():
+    """A mixed model's discrete sites given each continuous draw (a family of targets, one
+    per draw) are eliminated in one pass with the targets as a first plate: each target's
+    draws follow its own posterior (chi-square against brute force), and ``log Z`` and
+    ``log q`` agree with the oracle's."""
+
+    def model(y):
+        locs = pyro.sample("locs", dist.Normal(torch.zeros(2), 2.0).to_event(1))
+        w = pyro.sample("w", dist.Bernoulli(0.3))  # a site outside the plate
+        with pyro.plate("n", len(y)):
+            z = pyro.sample("z", dist.Bernoulli(0.2 + 0.6 * w))
+            pyro.sample("y", dist.Normal(Vindex(locs)[..., z.long()], 1.0), obs=y)
+
+    y = torch.tensor([0.5, -1.0, 2.0])
+    targets = torch.tensor([[-1.0, 1.0], [0.5, 2.5]])
+    reps = 20000
+    oracle = EnumOracle(model, (y,), continuous_values={"locs": targets.repeat_interleave(reps, 0)})
+    plan = ffbs.plan_ffbs(oracle)
+    assert plan is not None and plan.family
+    result = plan.sample(2 * reps, seed=3)
+    assert result.samples.shape == (2 * reps, 4)
+    torch.testing.assert_close(plan.log_normalizer, oracle.log_normalizer().double())
+    torch.testing.assert_close(plan.log_prob(result.samples), result.log_prob)
+    with pytest.raises(ValueError, match="family of 40000 targets"):
+        plan.sample(3, seed=0)
+    for k, locs in enumerate(targets):
+
+        def joint(state, locs=locs):
+            w, z = state[0], state[1:]
+            total = math.log(0.3 if w else 0.7)
+            for zi, yi in zip(z, y, strict=True):
+                p = 0.2 + 0.6 * w
+                total += math.log(p if zi else 1 - p)
+                total += float(dist.Normal(locs[zi], 1.0).log_prob(yi))
+            return total
+
+        states, probs = enumerate_joint([2, 2, 2, 2], joint)
+        assert_draws_follow(result.samples[k * reps : (k + 1) * reps].numpy(), states, probs)
