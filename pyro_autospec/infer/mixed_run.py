@@ -31,6 +31,8 @@ from collections.abc import Callable
 import torch
 from pyro.infer import MCMC, NUTS
 
+from pyro_autospec.engine import keys
+from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.infer.display import compact_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall
 from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
@@ -161,7 +163,7 @@ class MixedRun(RunBase):
         eliminate = self.sampler == "ffbs" or (
             self.sampler == "auto" and on_cpu and self.method == "autospec"
         )
-        plan = None
+        plans = None
         with self.stage("compiling"):
             oracle = EnumOracle(
                 self.model,
@@ -173,8 +175,8 @@ class MixedRun(RunBase):
                 lazy=eliminate,  # the contraction is measured only if the engine runs
             )
             if eliminate:
-                plan = plan_ffbs(oracle)
-        if plan is None and self.sampler == "ffbs":
+                plans = self._family_plans(oracle, args, kwargs, flat)
+        if plans is None and self.sampler == "ffbs":
             raise ValueError(
                 "sampler='ffbs' needs an elimination of the model's discrete sites that fits: "
                 "plates that nest along the sites' order, and buckets of at most 2^22 entries "
@@ -183,9 +185,12 @@ class MixedRun(RunBase):
             )
         self.oracle_device = oracle.device
         self.results = []
-        if plan is not None:
-            result = self.record(sample_exact(plan, total, engine_seed))
-            self.ffbs_plan = {"forward_seconds": plan.forward_seconds, "steps": plan.num_steps}
+        if plans is not None:
+            result = self.record(_sample_plans(plans, engine_seed))
+            self.ffbs_plan = {
+                "forward_seconds": sum(plan.forward_seconds for _, plan in plans),
+                "steps": plans[0][1].num_steps,
+            }
         else:
             result = self.engine_run(oracle, total, engine_seed, oracle.device)
         draws = DrawEvaluator(
@@ -221,6 +226,42 @@ class MixedRun(RunBase):
         }
         self._diverging = torch.stack(diverging)
         return self
+
+    def _family_plans(self, oracle, args: tuple, kwargs: dict, flat: dict) -> list | None:
+        """Forward filtering, backward sampling of the family's targets: one plan for all of
+        them, or, where its tables would be too large, one per chunk of consecutive targets
+        (halved until they fit); ``[(draws slice, plan), ...]``, or ``None`` where even one
+        target's elimination does not fit."""
+        too_large: list[str] = []
+        plan = plan_ffbs(oracle, too_large)
+        if plan is not None or not too_large:
+            return None if plan is None else [(slice(0, oracle.num_draws), plan)]
+        total = oracle.num_draws
+        size = total
+        while size > 1:
+            size = (size + 1) // 2
+            plans = []
+            for start in range(0, total, size):
+                part = slice(start, min(start + size, total))
+                chunk = EnumOracle(
+                    self.model,
+                    args,
+                    kwargs,
+                    layout=self.layout,
+                    continuous_values={k: v[part] for k, v in flat.items()},
+                    device=self.device,
+                    lazy=True,
+                )
+                plan = plan_ffbs(chunk, too_large)
+                if plan is None:
+                    break
+                plans.append((part, plan))
+            else:
+                return plans
+            if not too_large:  # refused for its structure, not its size
+                return None
+            too_large.clear()
+        return None
 
     def marginal_pointwise(self) -> dict:
         """The pointwise log likelihood given each draw's continuous values, with the discrete
@@ -276,3 +317,30 @@ class MixedRun(RunBase):
             f"Self-check passed: log p(x, theta, data) - log q(x | theta) equals each draw's "
             f"log normaliser (largest deviation {self.max_self_check_error:.2g})."
         )
+
+
+def _sample_plans(plans: list, seed: int) -> SampleResult:
+    """The draws of every chunk of targets (``[(draws slice, plan), ...]``), in one result.
+
+    One plan draws with ``seed`` itself; chunk ``k`` of several with
+    ``keys.derive_seed(seed, k)``, so that no two chunks read the same keyed uniforms.
+    """
+    if len(plans) == 1:
+        ((part, plan),) = plans
+        return sample_exact(plan, part.stop - part.start, seed)
+    results = [
+        sample_exact(plan, part.stop - part.start, keys.derive_seed(seed, k))
+        for k, (part, plan) in enumerate(plans)
+    ]
+    first = results[0]
+    return SampleResult(
+        samples=torch.cat([r.samples for r in results]),
+        log_prob=torch.cat([r.log_prob for r in results]),
+        rounds=sum(r.rounds for r in results),
+        sample_rounds=torch.cat([r.sample_rounds for r in results]),
+        oracle_rows=0,
+        method=first.method,
+        wall_time=sum(r.wall_time for r in results),
+        timing={"forward": sum(r.timing.get("forward", 0.0) for r in results)},
+        seed=int(seed),
+    )
