@@ -25,12 +25,14 @@ normaliser of draw ``m``'s target.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 from pyro.infer import MCMC, NUTS
 
+from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.infer.display import compact_names
@@ -260,7 +262,17 @@ class MixedRun(RunBase):
                 return plans
             if not too_large:  # refused for its structure, not its size
                 return None
-            too_large.clear()
+            if size > 1:
+                too_large.clear()
+        if self.sampler == "auto":
+            warnings.warn(
+                f"forward filtering, backward sampling does not fit this model's discrete "
+                f"sites even for one continuous draw: {too_large[0]}. The any-order engine "
+                f"draws them instead, and each of its oracle rows is a contraction of the "
+                f"model's factors of about that size, so the run may be slow",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         return None
 
     def marginal_pointwise(self) -> dict:

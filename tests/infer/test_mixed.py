@@ -275,6 +275,11 @@ def test_targets_too_many_for_one_elimination_are_drawn_in_chunks(monkeypatch):
     steps = fit.results[0].sample_rounds[0]
     assert fit.diagnostics()["sampler"] == "ffbs" and fit.results[0].rounds > steps
     assert fit._run.max_self_check_error < 1e-6
+    # not even one draw's tables fit: the engine draws them, and the run says why
+    monkeypatch.setattr(ffbs, "MAX_BUCKET_ENTRIES", 1)
+    with pytest.warns(UserWarning, match="does not fit this model's discrete sites even for one"):
+        slow = AutoSpec(model, 4, warmup_steps=4, seed=0, disable_progbar=True).run(data)
+    assert slow.diagnostics()["sampler"] == "autospec"
     # two chunks of the same targets: their own seeds, and together the law
     locs = torch.tensor([[-1.0, 1.5]])
     reps = 3000
