@@ -44,7 +44,7 @@ from pyro_autospec.infer.self_check import SelfCheck, reference_for, reference_l
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle, check_evidence, nan_sites
 from pyro_autospec.model.errors import AutoSpecModelError
-from pyro_autospec.model.ffbs import plan_ffbs, sample_exact
+from pyro_autospec.model.ffbs import ELIMINATION_DOES_NOT_FIT, plan_ffbs, sample_exact
 
 __all__ = ["SAMPLERS", "DiscreteRun", "warn_scales"]
 
@@ -156,12 +156,7 @@ class DiscreteRun(RunBase):
                     stacklevel=user_stacklevel(),
                 )
             if plan is None and self.sampler == "ffbs":
-                raise ValueError(
-                    "sampler='ffbs' needs an elimination of the model's discrete sites that "
-                    "fits: plates that nest along the sites' order, and buckets of at most "
-                    "2^22 entries (see pyro_autospec.model.ffbs); use sampler='auto', which "
-                    "falls back to the any-order engine"
-                )
+                raise ValueError(ELIMINATION_DOES_NOT_FIT)
         else:
             with self.stage("compiling"):
                 oracle = build_oracle(source, self.model, args, kwargs, layout, self.device)
@@ -338,13 +333,9 @@ class DiscreteRun(RunBase):
             return False
         if not (isinstance(self.oracle, str) and self.oracle == "enum"):
             return False
-        if self.sampler == "ffbs":
-            return True
-        # "auto": the CPU and the default method (the engine's methods are asked for by
-        # name; on a GPU the rounds of autospeculation are its point). With distributed=True
-        # every rank draws every draw (one cheap pass): all ranks and a single process agree.
-        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
-        return on_cpu and self.method == "autospec"
+        # with distributed=True every rank draws every draw (one cheap pass): all ranks and
+        # a single process agree
+        return self.elimination_wanted(self.sampler)
 
     def _ffbs_oracle(self, args: tuple, kwargs: dict):
         """The compiled factors (lazy: the contraction is measured only if the engine runs)."""

@@ -41,7 +41,7 @@ from pyro_autospec.infer.run_base import Extras, RunBase, RunSettings
 from pyro_autospec.infer.self_check import SelfCheck
 from pyro_autospec.model.discrete import SiteLayout
 from pyro_autospec.model.enum import EnumOracle
-from pyro_autospec.model.ffbs import plan_ffbs, sample_exact
+from pyro_autospec.model.ffbs import ELIMINATION_DOES_NOT_FIT, plan_ffbs, sample_exact
 from pyro_autospec.model.tracing import (
     enumerated,
     seed_generators,
@@ -161,10 +161,7 @@ class MixedRun(RunBase):
 
         total = self.num_chains * self.num_samples
         flat = {k: torch.cat(v) for k, v in continuous.items()}  # [M, *shape], chain-major
-        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
-        eliminate = self.sampler == "ffbs" or (
-            self.sampler == "auto" and on_cpu and self.method == "autospec"
-        )
+        eliminate = self.elimination_wanted(self.sampler)
         plans = None
         with self.stage("compiling"):
             oracle = EnumOracle(
@@ -179,12 +176,7 @@ class MixedRun(RunBase):
             if eliminate:
                 plans = self._family_plans(oracle, args, kwargs, flat)
         if plans is None and self.sampler == "ffbs":
-            raise ValueError(
-                "sampler='ffbs' needs an elimination of the model's discrete sites that fits: "
-                "plates that nest along the sites' order, and buckets of at most 2^22 entries "
-                "(see pyro_autospec.model.ffbs); use sampler='auto', which falls back to the "
-                "any-order engine"
-            )
+            raise ValueError(ELIMINATION_DOES_NOT_FIT)
         self.oracle_device = oracle.device
         self.results = []
         if plans is not None:

@@ -260,6 +260,15 @@ class RunBase:
         """Draws of each engine run in :attr:`results` (warm-up or guide draws included)."""
         return [int(r.num_samples) for r in self.results]
 
+    def elimination_wanted(self, sampler: str) -> bool:
+        """Forward filtering, backward sampling: asked for (``sampler="ffbs"``), or
+        ``"auto"`` on a CPU with the default method (the engine's methods are asked for by
+        name; on a GPU the rounds of autospeculation are its point)."""
+        if sampler == "ffbs":
+            return True
+        on_cpu = self.device is None or torch.device(self.device).type == "cpu"
+        return sampler == "auto" and on_cpu and self.method == "autospec"
+
     def on_cpu(self) -> bool:
         """Whether the oracle answered on a CPU (where every oracle row costs time)."""
         device = self.device

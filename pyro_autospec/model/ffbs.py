@@ -38,12 +38,25 @@ from pyro_autospec.engine import keys
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.engine.result import SampleResult
 
-__all__ = ["FFBSPlan", "MAX_BUCKET_ENTRIES", "MAX_TOTAL_ENTRIES", "plan_ffbs", "sample_exact"]
+__all__ = [
+    "ELIMINATION_DOES_NOT_FIT",
+    "FFBSPlan",
+    "MAX_BUCKET_ENTRIES",
+    "MAX_TOTAL_ENTRIES",
+    "plan_ffbs",
+    "sample_exact",
+]
 
 #: Largest bucket (a product of factors over one site and its neighbours) in entries.
 MAX_BUCKET_ENTRIES = 2**22
 #: Largest sum of the stored buckets' entries (float64: 8 bytes each).
 MAX_TOTAL_ENTRIES = 2**25
+#: The error of ``sampler="ffbs"`` where :func:`plan_ffbs` finds no elimination that fits.
+ELIMINATION_DOES_NOT_FIT = (
+    "sampler='ffbs' needs an elimination of the model's discrete sites that fits: plates "
+    "that nest along the sites' order, and buckets of at most 2^22 entries (see "
+    "pyro_autospec.model.ffbs); use sampler='auto', which falls back to the any-order engine"
+)
 #: Coordinates (draws times ``n``) of one chunk of the backward pass (:meth:`FFBSPlan.sample`).
 MAX_CHUNK_ENTRIES = 2**20
 
