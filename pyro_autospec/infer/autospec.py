@@ -206,6 +206,12 @@ class AutoSpec:
         The engine's results (one per chain; one for all draws of a mixed model).
     run_kind : str
         ``"discrete"``, ``"mixed"`` or ``"diffusion"`` (after :meth:`run`).
+    transforms : dict or None
+        As ``pyro.infer.MCMC.transforms``: ``{site: transform}`` mapping each continuous latent
+        site's constrained values to the unconstrained space (``biject_to(support).inv``).
+        ``None`` before :meth:`run`; ``{}`` for a model without continuous sites (discrete
+        sites take no transform); NUTS's own for a model with continuous and discrete sites;
+        the guide's sites' for a diffusion guide.
 
     Raises
     ------
@@ -368,6 +374,7 @@ class AutoSpec:
         self.distributed = distributed
         self.run_kind: str | None = None
         self._run = None
+        self.transforms: dict | None = None
         self._failure: str | None = None
         self._data: tuple[tuple, dict] = ((), {})
 
@@ -433,6 +440,7 @@ class AutoSpec:
         _warn_outer_handlers("run")
         # Forget the previous run first: a failure below must not leave its draws readable.
         self._run, self.run_kind, self._failure = None, None, None
+        self.transforms = None
         try:
             if self.distributed:
                 require_process_group("AutoSpec(distributed=True)")
@@ -464,6 +472,7 @@ class AutoSpec:
             self._run = DiffusionRun(self.model, self.guide, self._settings(progress)).run(
                 args, kwargs
             )
+            self.transforms = dict(self._run.transforms)
             self._run.wall_time = time.perf_counter() - start
             return self
         if self.method not in _DISCRETE_METHODS:
@@ -495,6 +504,7 @@ class AutoSpec:
                 correction=self.correction,
                 sampler=self.sampler,
             ).run(args, kwargs)
+        self.transforms = dict(self._run.transforms)
         timing = self._run.timing
         self._run.timing = OrderedDict([("tracing", tracing), *timing.items()])
         self._run.wall_time = time.perf_counter() - start

@@ -67,6 +67,7 @@ class DiffusionRun(RunBase):
         with self.stage("tracing"):
             trace = trace_model(self.model, args, kwargs)
         self.observed = {site.name: trace.nodes[site.name]["value"] for site in guide_layout.data}
+        self.transforms = {site.name: site.transform.inv for site in guide_layout.sites}
         self.layout = ContinuousView(
             names=guide_layout.names,
             num_coords=int(self.guide.times.shape[0]) - 1,

@@ -150,6 +150,7 @@ class MixedRun(RunBase):
                         error.add_note(_NUTS_START_NOTE)
                     raise
             draws = mcmc.get_samples()
+            self.transforms = dict(mcmc.transforms)  # the same for every chain
             for name in continuous:
                 continuous[name].append(draws[name].detach())
             info = dict(last)  # this chain's divergences (post warm-up) and acceptance rate

@@ -190,6 +190,9 @@ class RunBase:
         self.ffbs_plan: dict | None = None
         self.discrete_names: list = []
         self.layout: Any = None
+        #: ``{site: transform}`` to the unconstrained space of each continuous latent site,
+        #: as ``pyro.infer.MCMC.transforms`` (none for discrete sites).
+        self.transforms: dict = {}
         #: Measured wall seconds of each stage (keys of :data:`STAGES`), filled by ``run``.
         self.timing: OrderedDict = OrderedDict()
         #: Measured wall seconds of the whole ``AutoSpec.run`` (set by ``AutoSpec``).

@@ -36,6 +36,16 @@ def test_samples_shapes_and_extra_fields(autospec):
     assert torch.isfinite(extra["lp"]).all()
 
 
+def test_transforms_map_each_site_to_the_unconstrained_space(autospec):
+    """As ``pyro.infer.MCMC.transforms``: ``biject_to(support).inv`` of every site."""
+    samples = autospec.get_samples()
+    transforms = autospec.transforms
+    assert set(transforms) == {"loc", "scale"}
+    scale = transforms["scale"](samples["scale"])
+    torch.testing.assert_close(scale, samples["scale"].log())  # positive support
+    assert torch.equal(transforms["loc"](samples["loc"]), samples["loc"])  # real support
+
+
 def test_summary_diagnostics_and_arviz(autospec, capsys):
     autospec.summary()
     out = capsys.readouterr().out

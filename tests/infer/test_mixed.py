@@ -101,6 +101,20 @@ def test_mixture_arviz_log_likelihood_is_given_every_latent_site(mixture_fit):
     assert {"divergences", "acceptance rate", "seconds"} <= set(diag)
 
 
+def test_transforms_are_those_of_the_nuts_run_as_in_mcmc(mixture_fit):
+    """``transforms`` is MCMC's attribute: ``{site: constrained -> unconstrained}`` for every
+    continuous latent site (NUTS's own), none for the discrete sites."""
+    transforms = mixture_fit.transforms
+    assert set(transforms) == {"locs"}
+    locs = mixture_fit.get_samples()["locs"]
+    support = dist.Normal(0.0, 1.0).support
+    expected = torch.distributions.biject_to(support).inv(locs)
+    assert torch.equal(transforms["locs"](locs), expected)
+    discrete = AutoSpec(lambda: pyro.sample("z", dist.Bernoulli(0.5)), 5, seed=0)
+    assert discrete.transforms is None  # as MCMC's before run()
+    assert discrete.run().transforms == {}
+
+
 def test_diagnostics_name_what_drew_the_discrete_sites(mixture_fit):
     """``diagnostics()["sampler"]`` named the sampler of discrete-only models but was missing
     (``None`` from ``.get``) for models with continuous sites (found by an outside user): it
