@@ -30,7 +30,7 @@ from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.methods import is_count
 from pyro_autospec.infer.display import print_summary
 from pyro_autospec.infer.seeds import chain_seeds
-from pyro_autospec.infer.summaries import site_diagnostics
+from pyro_autospec.infer.summaries import check_prob, site_diagnostics
 
 _LOG = logging.getLogger("pyro_autospec")
 
@@ -490,6 +490,7 @@ class RunBase:
         return with_sites(sites, diag)
 
     def summary(self, prob: float = 0.9, var_names=None, group: bool | None = None) -> None:
+        check_prob(prob)  # before anything is printed
         samples = self._float_samples()
         print_summary(samples, prob=prob, var_names=var_names, group=group)
         if samples and next(iter(samples.values())).shape[1] < 4:

@@ -12,14 +12,17 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from itertools import product
+from typing import Any
 
 import torch
 from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
+from pyro_autospec.engine.methods import is_real
 
 __all__ = [
     "MIN_DRAWS_FOR_DIAGNOSTICS",
+    "check_prob",
     "print_summary_table",
     "site_diagnostics",
     "summary_table",
@@ -71,6 +74,25 @@ def site_diagnostics(samples: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
     return out, unavailable
 
 
+def check_prob(prob: Any) -> None:
+    """Refuse a credible interval's mass outside ``(0, 1)`` (Pyro's own ``hpdi`` fails on it
+    with an ``IndexError`` from deep inside).
+
+    Examples
+    --------
+    >>> check_prob(0.9)
+    >>> check_prob(90)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: prob is the mass of the credible interval, strictly between 0 and 1 ...
+    """
+    if not is_real(prob) or not 0.0 < float(prob) < 1.0:
+        raise ValueError(
+            "prob is the mass of the credible interval, strictly between 0 and 1 (0.9 for a "
+            f"90% interval); got {prob!r}"
+        )
+
+
 def summary_table(samples: Mapping[str, torch.Tensor], prob: float = 0.9) -> dict:
     """Mean, std, median, credible interval, ``n_eff`` and ``r_hat`` of every site.
 
@@ -89,6 +111,11 @@ def summary_table(samples: Mapping[str, torch.Tensor], prob: float = 0.9) -> dic
     dict
         ``name -> OrderedDict(statistic -> Tensor[*shape])``.
 
+    Raises
+    ------
+    ValueError
+        If ``prob`` is not a number strictly between 0 and 1.
+
     Examples
     --------
     >>> import torch
@@ -96,6 +123,7 @@ def summary_table(samples: Mapping[str, torch.Tensor], prob: float = 0.9) -> dic
     >>> list(table["z"]), float(table["z"]["mean"])
     (['mean', 'std', 'median', '5.0%', '95.0%', 'n_eff', 'r_hat'], 0.6)
     """
+    check_prob(prob)
     diagnostics, _ = site_diagnostics(samples)
     lower, upper = f"{50 * (1 - prob):.1f}%", f"{50 * (1 + prob):.1f}%"
     out = {}
