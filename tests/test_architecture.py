@@ -88,17 +88,43 @@ def test_every_part_has_a_floor():
     assert parts <= set(FLOOR), f"parts without a floor in FLOORS: {sorted(parts - set(FLOOR))}"
 
 
-def test_no_part_imports_a_part_above_it():
+def upward_imports(root: Path = ROOT) -> list[str]:
+    """Every import of a part on the same floor or above (the top-level package included),
+    in the package under ``root``."""
     upward = []
-    for path in modules():
-        own = part_of(module_name(path))
+    for path in sorted((root / "pyro_autospec").rglob("*.py")):
+        own = part_of(module_name(path, root))
         if own is None:  # the top-level package: the face, which may hand on any part
             continue
-        for line, target, _ in imports(path):
+        here = path.relative_to(root)
+        for line, target, _ in imports(path, root):
+            if target == "pyro_autospec":  # the face, above every part
+                upward.append(f"{here}:{line}: {own} imports the top-level package")
+                continue
             other = part_of(target) if target.startswith("pyro_autospec.") else None
             if other is not None and other != own and FLOOR[other] >= FLOOR[own]:
-                upward.append(f"{where(path, line)}: {own} imports {target}")
+                upward.append(f"{here}:{line}: {own} imports {target}")
+    return upward
+
+
+def test_no_part_imports_a_part_above_it():
+    upward = upward_imports()
     assert not upward, "imports of a part on the same floor or above:\n" + "\n".join(upward)
+
+
+def test_an_import_of_the_top_level_package_from_a_part_is_upward(tmp_path):
+    """``from pyro_autospec import X`` inside a part reads the face, which imports every part:
+    an upward import that ``part_of`` alone (``None`` for the top) would let through."""
+    engine = tmp_path / "pyro_autospec" / "engine"
+    engine.mkdir(parents=True)
+    (engine / "sneaky.py").write_text("from pyro_autospec import AutoSpec\n", encoding="utf-8")
+    (engine / "fine.py").write_text("from pyro_autospec.engine import keys\n", encoding="utf-8")
+    (engine / "down.py").write_text("from ..parallel import groups\n", encoding="utf-8")
+    (engine / "up.py").write_text("from ..model import enum\n", encoding="utf-8")
+    assert upward_imports(tmp_path) == [
+        "pyro_autospec/engine/sneaky.py:1: engine imports the top-level package",
+        "pyro_autospec/engine/up.py:1: engine imports pyro_autospec.model",
+    ]
 
 
 def test_no_function_level_import_of_this_package():

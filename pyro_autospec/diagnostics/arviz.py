@@ -16,9 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["to_inference_data", "arviz_major_version", "summary", "psislw", "GROUPS"]
-
-GROUPS = ("posterior", "sample_stats", "log_likelihood", "observed_data")
+__all__ = ["to_inference_data", "arviz_major_version", "summary", "psislw"]
 
 
 def arviz_major_version() -> int:

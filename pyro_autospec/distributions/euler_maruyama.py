@@ -9,6 +9,7 @@ import torch
 from pyro.distributions import TorchDistribution, constraints
 
 from pyro_autospec._shapes import broadcast_shape
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion import (
     SampleResult,
     euler_maruyama_log_prob,
@@ -18,11 +19,6 @@ from pyro_autospec.engine.diffusion_schedule import check_times
 from pyro_autospec.engine.methods import fold_keyword_knobs
 
 __all__ = ["EulerMaruyamaPath"]
-
-
-def _global_seed() -> int:
-    """A seed drawn from torch's global generator, so ``pyro.set_rng_seed`` fixes samples."""
-    return int(torch.randint(0, 2**62, ()).item())
 
 
 class EulerMaruyamaPath(TorchDistribution):
@@ -159,7 +155,7 @@ class EulerMaruyamaPath(TorchDistribution):
             num,
             scale=self.scale,
             method=self.method,
-            seed=_global_seed(),
+            seed=keys.seed_value(None),  # torch's global stream: pyro.set_rng_seed fixes it
             return_paths=True,
             **self.sampler_options,
         )

@@ -7,6 +7,7 @@ import math
 import torch
 from pyro.distributions import TorchDistribution, constraints
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.engine.diffusion_schedule import check_times, diffusion_times
 from pyro_autospec.engine.methods import fold_keyword_knobs
@@ -125,7 +126,7 @@ class StochasticLocalization(TorchDistribution):
             num,
             times=self.times,
             method=self.method,
-            seed=int(torch.randint(0, 2**62, ()).item()),
+            seed=keys.seed_value(None),  # torch's global stream: pyro.set_rng_seed fixes it
             **self.sampler_options,
         )
         self.last_result = result

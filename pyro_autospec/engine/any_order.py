@@ -1,7 +1,7 @@
 """Exact any-order sampling of a distribution on ``[q]^n``: autospeculation and its baselines.
 
 The target is a distribution ``mu`` on ``[q]^n`` given by a
-:class:`~pyro_autospec.oracles.base.MarginalOracle`. Each draw visits the coordinates in an
+:class:`~pyro_autospec.engine.protocols.MarginalOracle`. Each draw visits the coordinates in an
 order ``sigma`` (uniformly random by default) and is sampled block by block (:doc:`/algorithm`):
 a block is drafted from the marginals given the prefix, verified against the chain rule in ONE
 round, and repaired after a rejection by exact residual tries raced by thread index.
@@ -154,7 +154,7 @@ def sample_any_order(
     schedule: Schedule | Mapping | None = None,
     **knobs: Any,
 ) -> SampleResult:
-    """Draw exact samples from a :class:`~pyro_autospec.oracles.base.MarginalOracle`.
+    """Draw exact samples from a :class:`~pyro_autospec.engine.protocols.MarginalOracle`.
 
     Parameters
     ----------
@@ -206,27 +206,25 @@ def sample_any_order(
         Inside an initialised ``torch.distributed`` process group (e.g. under ``torchrun``),
         every rank makes this same call; each samples a contiguous share of the draws on its
         own device and every rank returns the full result, the same draws as one process with
-        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.distributed`).
+        the same seed, plus ``per_rank`` counts (:mod:`pyro_autospec.engine.spread`).
     schedule : Schedule or dict, optional
-        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; the knobs
-        are listed under ``**knobs``). A result's ``schedule`` passed back gives the same
-        draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``: with the
-        window knobs fixed, caps do not change the draws.
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule` lists them:
+        ``rho``, ``max_block`` (``"autospec"``, see :func:`default_schedule`), ``window``
+        (``"speculative"``), ``window_scale`` (``"agr24"``), ``max_rows_per_round``,
+        ``max_concurrent_draws``, ``max_elements``, ...). For this sampler
+        ``max_concurrent_draws`` defaults to every draw, but for the windowed methods, whose
+        rounds hold ``[draws, window, q]`` rows, at most ``2**22 // (window x q)`` and
+        ``2**20 // n`` on a CPU (16 times more elsewhere:
+        :func:`~pyro_autospec.engine.host_plane.token_lanes`); only the draws in flight hold an
+        order and partial samples, so it bounds the engine's memory beside the ``N x n``
+        output. None of the knobs changes the law of the output; only ``max_block`` and the
+        windows change which numbers the draws read. A result's ``schedule`` passed back gives
+        the same draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``: with
+        the window knobs fixed, caps do not change the draws.
     **knobs
-        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
-        as keywords, not both ways for one knob (a cap given as a keyword replaces the
-        schedule's). The knobs: ``rho``, ``max_block`` (``"autospec"``, see
-        :func:`default_schedule`), ``window`` (``"speculative"``),
-        ``window_scale`` (``"agr24"``), ``max_rows_per_round`` (a cap; the oldest
-        requests go first), ``max_concurrent_draws`` (continuous batching: new draws
-        start as earlier ones finish; only the draws in flight hold an order and partial
-        samples, so it bounds the engine's memory beside the ``N x n`` output; by default
-        every draw, but for the windowed methods, whose rounds hold ``[draws, window, q]``
-        rows, at most ``2**22 // (window x q)`` and ``2**20 // n`` on a CPU (16 times more
-        elsewhere): :func:`~pyro_autospec.engine.host_plane.token_lanes`) and
-        ``max_elements`` (memory per oracle call; by default ``2**20`` entries on a CPU and
-        ``2**24`` elsewhere: a preset by hardware). None of them changes the law of the
-        output; only ``max_block`` and the windows change which numbers the draws read.
+        Deprecated (a :class:`FutureWarning`): the same knobs as keywords; pass
+        ``schedule=Schedule(...)`` instead. Not both ways for one knob (a cap given as a
+        keyword replaces the schedule's).
 
     Returns
     -------

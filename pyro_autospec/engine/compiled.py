@@ -16,18 +16,15 @@ write, which round the same everywhere. So the draws and their log probabilities
 bit those of the NumPy step, and of the general loop with any batch composition.
 
 numba is optional (``pip install "pyro-autospec[compiled]"``). The compiled step about halves
-the engine's time per step outside the oracle (100 to 150 us less per step on this project's
-CPU, with 16 to 256 draws in flight), but numba's start costs about 1.5 to 2 s in each process
-that uses it (its import, which imports SciPy's linear algebra, then loading the compiled code
-from its cache on disk, or compiling it after an install). A single run of a few thousand
-steps never pays that back: beside a chain of n = 100 and 16 draws, a process's first run took
-1.3 s compiled against 0.14 s in NumPy (``python benchmarks/control_plane.py --parts
-firstrun``). So by default (``PYRO_AUTOSPEC_NUMBA`` unset, or ``auto``)
+the engine's time per step outside the oracle, but numba's start (its import, which imports
+SciPy's linear algebra, then loading the compiled code from its cache on disk, or compiling it
+after an install) costs more than a short run saves: the measurements are in the project's
+``benchmarks/README.md`` ("The compiled lock step", "A process's first run"). So by default
+(``PYRO_AUTOSPEC_NUMBA`` unset, or ``auto``)
 a process runs its lock steps in NumPy until their steps, counting the run about to start,
 reach :data:`START_AFTER_STEPS`, and compiled from then on: the rule of renting skis until
 the rent reaches the price, which never spends more than about twice the better choice made
-in hindsight. The figures are in the project's ``benchmarks/README.md`` ("The compiled lock
-step"; measured by ``python benchmarks/control_plane.py --parts lockstep``). With
+in hindsight. With
 ``PYRO_AUTOSPEC_NUMBA=1`` (``true``, ``yes``, ``on``) every lock step runs compiled, from the
 first; with ``0`` (``false``, ``no``, ``off``), none does. Without numba the lock step runs
 in NumPy. Which one runs changes neither the draws nor any bit of their log probabilities.
@@ -227,7 +224,8 @@ OFF = ("0", "false", "no", "off")
 AUTO = ("", "auto")
 
 #: By default, the lock-step steps a process runs in NumPy before it starts numba: its start
-#: (about 1.5 to 2 s) over what a compiled step saves (about 100 to 150 us).
+#: over what a compiled step saves, as measured in ``benchmarks/README.md`` ("A process's
+#: first run").
 START_AFTER_STEPS = 12_000
 
 #: The lock-step steps this process has run, or is running, in NumPy under the default setting.

@@ -467,13 +467,10 @@ def sample_sde(
         returns them all, the same as one process with the same seed, plus ``per_rank``
         counts (:mod:`pyro_autospec.engine.spread`).
     schedule : Schedule or dict, optional
-        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`; the knobs
-        are listed under ``**knobs``). A result's ``schedule`` passed back gives the same
-        draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``.
-    **knobs
-        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the schedule's
-        knobs as keywords, not both ways for one knob (a cap given as a keyword replaces the
-        schedule's). None changes the output law. The knobs:
+        The schedule's knobs in one typed object (:class:`~pyro_autospec.Schedule`). A
+        result's ``schedule`` passed back gives the same draws, and so does
+        ``result.schedule.replace(max_concurrent_draws=8)``. None changes the output law.
+        For this sampler:
 
         * Every method: ``max_rows_per_round`` (a cap on the rows of one round: draws go
           oldest first while their requests fit, and a round takes at least one draw's whole
@@ -500,6 +497,10 @@ def sample_sde(
         * ``"picard"``: ``window`` (default 16), the steps updated per iteration, and
           ``tolerance`` (default 0.1): a step is converged when ``|X_new - X_old|^2 / (d s^2
           h_k) <= tolerance^2`` (as in ParaDiGMS).
+    **knobs
+        Deprecated (a :class:`FutureWarning`): the same knobs as keywords; pass
+        ``schedule=Schedule(...)`` instead. Not both ways for one knob (a cap given as a
+        keyword replaces the schedule's).
 
     Returns
     -------

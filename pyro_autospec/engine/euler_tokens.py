@@ -34,7 +34,7 @@ draw for draw.
 
 The draws' state lives on the host in NumPy float64 arrays; a round uploads the drafted
 states once, calls the drift once and copies its answers back once. The reference engine
-(:func:`pyro_autospec.engine.reference.euler.token_draw`) runs the same window arithmetic
+(:func:`pyro_autospec.engine.reference.discrete.token_draw`) runs the same window arithmetic
 (:func:`draft_windows`, :func:`verify_windows`) one draw at a time through its generator
 scheduler, so both engines give the same draws.
 

@@ -126,11 +126,10 @@ def token_lanes(method: str, knobs: dict, n: int, q: int, num_draws: int, device
     ``// n`` for the windowed methods.
 
     A round of the windowed methods holds several ``[draws, window, q]`` float64 arrays (draft
-    and target rows, the drafts' noise): with a large ``q`` and every draw in flight they took
-    gigabytes and ran slower than sequential sampling (n = 16, q = 4096, 1,000 draws:
-    4.3 GB). Every draw in flight also holds its order, ranks, partial sample and their
-    temporaries: 100,000 draws of a 40-step HMM all in flight held 540 MiB beside a 31 MiB
-    output, and 26,000 of them 180 MiB in the same time. Windows of one coordinate (the
+    and target rows, the drafts' noise): with a large ``q`` and every draw in flight they take
+    gigabytes. Every draw in flight also holds its order, ranks, partial sample and their
+    temporaries, many times the output's size for a short model with many draws
+    (``benchmarks/README.md``, "Memory"). Windows of one coordinate (the
     sequential methods, ``max_block=1``) keep every draw in flight: their lock step draws
     them all at once, with a dense state a few times the output. The draws do not depend on
     the lanes (continuous batching), only the rounds do.

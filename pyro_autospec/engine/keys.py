@@ -56,14 +56,12 @@ __all__ = [
     "seed_value",
     "signed",
     "stream",
-    "tag_tensor",
     "uniform",
 ]
 
 _GAMMA = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _M1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _M2 = -7723592293110705685  # 0x94D049BB133111EB
-_LOW53 = (1 << 53) - 1
 
 #: Largest number of keyed noise entries a sampler's lockstep loop draws in one call (the noise
 #: of many steps at once: fewer calls, bounded memory, the same numbers).
@@ -247,11 +245,6 @@ def seed_key(seed: int | None | torch.Generator | np.random.Generator) -> int:
     """
     value = seed_value(seed)
     return int(_fmix(torch.tensor(signed(value) ^ 0x5DEECE66D, dtype=torch.int64)).item())
-
-
-def tag_tensor(tag: int, like: torch.Tensor) -> torch.Tensor:
-    """``tag`` as an int64 scalar tensor on ``like``'s device (to pick tags with ``where``)."""
-    return torch.tensor(signed(tag), dtype=torch.long, device=like.device)
 
 
 def draw_keys(root: int, draw_ids: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The engine's contract: the protocols through which it talks to a distribution.
 
-The engine never imports Pyro, nor any other package of this library. A distribution reaches
+The engine never imports Pyro, nor any package of this library above the ground floor
+(``parallel`` and ``_warnings``; :doc:`/architecture`). A distribution reaches
 the sampler through one of two small protocols, in the spirit of BlackJAX's ``logdensity_fn``:
 
 * :class:`MarginalOracle` for distributions over ``[q]^n`` (any-order autoregressive setting):

@@ -219,12 +219,6 @@ def leaf_starts(n: int, max_block: int) -> list[int]:
     return out
 
 
-def part_bounds(lo: torch.Tensor, hi: torch.Tensor, parts: torch.Tensor, j: torch.Tensor):
-    """Start and end of part ``j`` of ``parts`` of ``(lo, hi]`` (all LongTensor[K])."""
-    span = hi - lo
-    return lo + span * j // parts, lo + span * (j + 1) // parts
-
-
 def adaptive_rho(size: torch.Tensor | None, log_ratio: torch.Tensor) -> torch.Tensor:
     """Thread growth after drafts with log ratios ``log_ratio`` were rejected (``rho="adaptive"``:
     race batches sized from what the rejection tells).

@@ -38,7 +38,6 @@ import zlib
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.methods import Schedule
@@ -46,6 +45,7 @@ from pyro_autospec.engine.result import SampleResult
 from pyro_autospec.engine.rows import VisitOrders
 from pyro_autospec.parallel.groups import (
     all_gather,
+    broadcast_object,
     communication_device,
     draw_shares,
     local_device,
@@ -75,14 +75,13 @@ def _canonical(value):
     return type(value).__name__
 
 
-def _agreed_seed(seed, num_draws: int, signature, rank: int) -> int:
+def _agreed_seed(seed, num_draws: int, signature, rank: int, world: int) -> int:
     """The run's int seed (:func:`~pyro_autospec.engine.keys.seed_value`), checked (or, for
     ``seed=None``, taken from rank 0) across ranks."""
     fresh = seed is None
     value = keys.seed_value(seed)
     check = zlib.crc32(repr(_canonical(signature)).encode())
     mine = torch.tensor([int(fresh), keys.signed(value), int(num_draws), check], dtype=torch.long)
-    world = dist.get_world_size()
     table = torch.stack([t.cpu() for t in all_gather(mine, communication_device())])  # [W, 4]
     first = table[0]
     problems = []
@@ -176,7 +175,7 @@ def spread_draws(
             "with distributed=False (one large oracle, e.g. for one draw's latency)."
         )
     where = local_device(device)
-    run_seed = _agreed_seed(seed, num_draws, signature, rank)
+    run_seed = _agreed_seed(seed, num_draws, signature, rank, world)
     root = keys.seed_key(run_seed)
     shares = draw_shares(num_draws, world)
     first, stop = shares[rank]
@@ -185,9 +184,7 @@ def spread_draws(
         local = run_share(torch.arange(first, stop), root, where)
     schema = _schema(local)
     if num_draws < world:  # some ranks ran nothing: they learn the fields from rank 0
-        box = [schema]
-        dist.broadcast_object_list(box, src=0)
-        schema = box[0]
+        schema = broadcast_object(schema)
     comm = communication_device()
     counts = torch.zeros(4, dtype=torch.float64)
     if local is not None:

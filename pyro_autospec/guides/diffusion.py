@@ -34,6 +34,7 @@ import torch
 from pyro.nn import PyroModule
 from torch import nn
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion_schedule import diffusion_times
 from pyro_autospec.guides._files import load_plain, match_dtypes, plain, save_plain
 from pyro_autospec.guides.training import seeded_generator, train
@@ -383,7 +384,7 @@ class DiffusionGuide(PyroModule):
         times = times.to(param.device, param.dtype)
         weights = weights.to(param.device, param.dtype)
         if seed is None:  # a generator on the device all the same, seeded from torch's stream
-            seed = int(torch.randint(0, 2**62, ()).item())
+            seed = keys.seed_value(None)
         gen = seeded_generator(seed, param.device)
         num = y.shape[0]
 

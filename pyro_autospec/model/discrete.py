@@ -30,7 +30,7 @@ import torch
 from pyro.poutine.util import prune_subsample_sites
 from torch.distributions import biject_to
 
-from pyro_autospec.engine.protocols import oracle_num_draws
+from pyro_autospec.engine.protocols import has_targeted_marginals, oracle_num_draws
 from pyro_autospec.model.continuous import ContinuousSite
 from pyro_autospec.model.errors import (
     AutoSpecModelError,
@@ -116,8 +116,8 @@ class DiscreteSite:
         """Map support indices ``LongTensor[...]`` to values ``Tensor[..., *event_shape]``.
 
         One ``index_select`` over the flattened indices: the same values as
-        ``support[index]``, and two to four times faster at 10,000 to 100,000 draws on a CPU
-        (advanced indexing with a large index tensor takes a slower general path).
+        ``support[index]``, faster with many draws (advanced indexing with a large index
+        tensor takes a slower general path).
         """
         support = self.support.to(index.device)
         picked = support.index_select(0, index.reshape(-1))
@@ -339,7 +339,7 @@ class SiteLayout:
                     f"'{attr}'"
                 )
         whole_rows = callable(getattr(oracle, "log_marginals", None))
-        if not whole_rows and not callable(getattr(oracle, "log_marginals_at", None)):
+        if not whole_rows and not has_targeted_marginals(oracle):
             raise TypeError(
                 f"oracle must be 'enum' or a MarginalOracle (with num_coords, num_values and "
                 f"log_marginals or log_marginals_at); {type(oracle).__name__} has neither "

@@ -29,7 +29,6 @@ from pyro.ops.rings import LogRing
 
 __all__ = [
     "PlannedLogRing",
-    "clear_plans",
     "constant_factor",
     "linear_factor",
     "plan_contraction",
@@ -39,11 +38,6 @@ __all__ = [
 _TINY = 1e-250
 _PLANS: dict = {}
 _MAX_PLANS = 4096
-
-
-def clear_plans() -> None:
-    """Forget every cached plan (they are keyed by dims and shapes only)."""
-    _PLANS.clear()
 
 
 class _SafeLog(torch.autograd.Function):

@@ -207,8 +207,7 @@ def chain_nearest_pins(
 
 
 # Below this many pairs (C L^2) the pairwise comparison's few passes cost less than the
-# O(log L) steps of the sorted search (on this project's CPU: 2 to 4 times less at
-# C L^2 <= 2^13, about even at 2^16).
+# O(log L) steps of the sorted search (about even near 2^16 on a CPU).
 _PAIRWISE_ELEMENTS = 2**15
 
 

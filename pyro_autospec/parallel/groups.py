@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 __all__ = [
     "all_gather",
+    "broadcast_object",
     "broadcast_seeds",
     "communication_device",
     "draw_shares",
@@ -213,6 +214,22 @@ def broadcast_seeds(seeds: Sequence[int], group=None) -> list[int]:
     values = values.to(communication_device(group))
     dist.broadcast(values, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     return [int(v) for v in values.cpu().tolist()]
+
+
+def broadcast_object(value, group=None):
+    """Rank 0's ``value`` (any picklable object), on every rank of ``group``.
+
+    Examples
+    --------
+    >>> import torch.distributed as dist
+    >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    >>> broadcast_object({"fields": ["samples"]})
+    {'fields': ['samples']}
+    >>> dist.destroy_process_group()
+    """
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    return box[0]
 
 
 def all_gather(tensor: torch.Tensor, comm: torch.device) -> list[torch.Tensor]:
