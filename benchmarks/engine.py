@@ -56,12 +56,13 @@ from torch.overrides import TorchFunctionMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from rounds import hmm, markov, tree_potts  # noqa: E402
+# rounds.py's families, and its METHODS for the race: the front end's discrete methods, read
+# from the registry (pyro_autospec.engine.methods), sequential last
+from rounds import METHODS, hmm, markov, tree_potts  # noqa: E402
 
 from pyro_autospec.engine import compiled, sample_any_order  # noqa: E402
 
 FAMILIES = {"markov": markov, "hmm": hmm, "tree_potts": tree_potts}
-METHODS = ["autospec", "speculative", "agr24", "sequential"]
 
 
 class RowsOnly:

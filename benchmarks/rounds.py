@@ -40,9 +40,13 @@ from pyro_autospec.engine import (
     Schedule,
     sample_any_order,  # noqa: E402
 )
+from pyro_autospec.engine.methods import DISCRETE, method_names  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-METHODS = ["autospec", "speculative", "agr24", "sequential"]
+# The methods a user can choose (the front end's: not "gumbel_sequential", which exists to
+# test agr24), from the registry; sequential last, the baseline the others are compared with.
+METHODS = [m for m in method_names(DISCRETE, front_end=True) if m != "sequential"]
+METHODS.append("sequential")
 
 
 # ----------------------------------------------------------------------------- families

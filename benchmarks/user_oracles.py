@@ -3,7 +3,7 @@
 Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
 
 * ``nade``: an imperfect learned network, a one-hidden-layer order-agnostic NADE with random
-  weights (:class:`tests.engine._user_oracles.RandomNADE`, ``q = 4``): its conditionals are
+  weights (:class:`tests.catalogue.user_oracles.RandomNADE`, ``q = 4``): its conditionals are
   not the marginals of one joint. Chain queries in one pass. Keys ``scale`` (smaller is
   smoother), ``hidden``, ``chains`` (``false``: rows only), ``seed``, ``n``.
 * ``guide``: :class:`~pyro_autospec.guides.AnyOrderGuide` (``"mlp"``, ``q = 4``) used as the
@@ -11,10 +11,10 @@ Oracles (``--oracles``, each ``name`` or ``name:key=value,key=value``):
   trained ``steps`` Adam steps on exact draws of ``mixture:K=8`` (partly trained). Keys
   ``steps``, ``hidden``, ``layers``, ``scale``, ``n``.
 * ``mixture``: a consistent dense oracle, a mixture of ``K`` product distributions on
-  ``[4]^n``, exact conditionals by Bayes (:class:`tests.engine._user_oracles.ProductMixture`).
+  ``[4]^n``, exact conditionals by Bayes (:class:`tests.catalogue.user_oracles.ProductMixture`).
   Keys ``K``, ``sharpness``, ``n``.
 * ``user_chain``: a binary Markov chain written by hand with ``log_marginals_at`` only, no
-  chain queries (:class:`tests.engine._user_oracles.HandChain`). Keys ``stay``, ``n``.
+  chain queries (:class:`tests.catalogue.user_oracles.HandChain`). Keys ``stay``, ``n``.
 * ``free``: independent coordinates whose rows cost nothing (one fixed row, a view of it):
   the engine's own cost per round. Keys ``n``, ``q``.
 * ``markov``, ``hmm``, ``tree_potts``: the shipped families as ``benchmarks/rounds.py`` builds
@@ -90,7 +90,7 @@ from pyro_autospec.engine import sample_any_order  # noqa: E402
 from pyro_autospec.engine.consistency import check_consistency  # noqa: E402
 from pyro_autospec.engine.protocols import declares_consistent_queries  # noqa: E402
 from tests.catalogue.oracles import DeclaredBorrowing  # noqa: E402
-from tests.engine._user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
+from tests.catalogue.user_oracles import HandChain, ProductMixture, RandomNADE  # noqa: E402
 
 DEFAULT_ORACLES = [
     "nade:scale=2",

@@ -5,10 +5,10 @@
   subpackage. ``oracles/test_conformance.py`` checks the oracle protocol on every oracle.
 * ``test_*.py`` at the top: the package as a whole (architecture, public API, command line,
   documentation, snippets, tutorials, wheel, browser).
-* ``catalogue/``: what several test modules share (targets, oracle factories and the
-  conformance catalogue, brute-force references, shared models, distributed helpers). No test
-  module imports another (``test_test_layout.py``); underscore modules beside the tests
-  (``oracles/_oracle_reference.py``, ``engine/_user_oracles.py``, ...) serve their folder.
+* ``catalogue/``: what test modules of more than one folder share (targets, oracle factories
+  and the conformance catalogues, brute-force references, user oracles, shared models,
+  distributed helpers). No test module imports another (``test_test_layout.py``); underscore
+  modules beside the tests (``infer/_mixed_models.py``, ...) serve their own folder only.
 * ``stats.py``: the chi-square checks of the exactness tests; ``conftest.py``: seeds, one
   torch thread, the shared documentation build.
 """

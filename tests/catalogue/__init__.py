@@ -13,13 +13,29 @@ tests share lives here, one module per kind of thing:
 ``oracles``
     Factories of random oracles and their parameters (``random_hmm``, ``random_forest``,
     ``random_kernel``), Pyro-free.
+``oracle_reference``
+    Slow, obviously correct references of the oracle tests: enumeration of ``[q]^n``
+    (``enumerate_joint``, ``tabular_reference``), row-by-row conditionals and chains, random
+    queries, exact samples, and ``Wrapper``, the base of test wrappers of an oracle.
+``user_oracles``
+    Oracles as users write them, against the protocol only (``RandomNADE``, ``ProductMixture``,
+    ``HandChain``, ``NoAdjacentZeros``); also read by ``benchmarks/user_oracles.py``.
 ``conformance``
-    ``CONFORMANCE``: one line per oracle the library ships (and per user oracle of
-    ``tests/engine/_user_oracles.py``), each built small, for the conformance suite
-    ``tests/oracles/test_conformance.py``. A new oracle is tested by adding one line there.
+    ``CONFORMANCE``: one line per marginal oracle the library ships (and per user oracle of
+    ``user_oracles``), each built small, for the conformance suite
+    ``tests/oracles/test_conformance.py``; ``MEAN_CONFORMANCE``: one line per mean oracle
+    (denoiser), for ``tests/oracles/test_mean_conformance.py``. A new oracle is tested by adding
+    one line there (both suites fail while an oracle ``pyro_autospec.oracles`` exports has none).
+``brute_force``
+    Enumeration of a joint written by hand and the chi-square test of draws against it
+    (``enumerate_joint``, ``flatten_draws``, ``assert_draws_follow``, ``marginal_means``,
+    ``lp``), without pyro_autospec.
 ``models``
     Pyro models shared by test modules: the exactness ``CASES`` (model, arguments, number of
     draws) and the conjugate continuous model of the diffusion guide.
+``guide_models``
+    Small enumerable Pyro models of the guide tests and of others (``ising_chain``,
+    ``ising_cycle``, ``potts_triangle``, ``mixed_sites``, ``generative_pairs``).
 ``fingerprints``
     Hashes of the draws of every sampler on every catalogued oracle, the diffusions and
     ``AutoSpec`` (``tests/test_draws_unchanged.py`` compares them with
@@ -29,7 +45,6 @@ tests share lives here, one module per kind of thing:
     comparisons of the distributed tests.
 
 Helpers used by the tests of one folder only stay beside them as underscore modules
-(``tests/oracles/_oracle_reference.py``: enumeration and row-by-row references;
-``tests/engine/_user_oracles.py``; ``tests/infer/_brute_force.py``, ``_mixed_models.py``, ...;
-``tests/guides/_models.py``), and ``tests/stats.py`` holds the chi-square checks.
+(``tests/infer/_mixed_models.py``, ``_pyro_hmm_examples.py``, ``_pyro_suite_models.py``), and
+``tests/stats.py`` holds the chi-square checks.
 """

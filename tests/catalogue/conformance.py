@@ -1,9 +1,14 @@
-"""The conformance catalogue: one line per oracle, for ``tests/oracles/test_conformance.py``.
+"""The conformance catalogues: one line per oracle, for ``tests/oracles/test_conformance.py``
+and ``tests/oracles/test_mean_conformance.py``.
 
-``CONFORMANCE`` names every oracle the library ships (the denoisers are MeanOracles, not
-MarginalOracles) and the user oracles of ``tests/engine/_user_oracles.py``, each built small
-(n of 3 to 6, q of 2 to 4). To test a new oracle, add one line: a name and a
-:class:`Conformance` (a factory, and the brute-force joint where one is known).
+``CONFORMANCE`` names every marginal oracle the library ships and the user oracles of
+``tests/catalogue/user_oracles.py``, each built small (n of 3 to 6, q of 2 to 4). To test a new
+oracle, add one line: a name and a :class:`Conformance` (a factory, and the brute-force joint
+where one is known).
+
+``MEAN_CONFORMANCE`` names every mean oracle (denoiser) the library ships, each built small
+(d of 2 to 3). To test a new one, add one line: a name and a :class:`MeanConformance` (a
+factory, and ``E[Y]`` where it is known).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import torch
 from pyro_autospec.oracles import (
     CurieWeissOracle,
     DPPOracle,
+    FiniteSupportDenoiser,
+    GaussianDenoiser,
+    GaussianMixtureDenoiser,
     HMMOracle,
     MarkovChainOracle,
     PairwiseChainOracle,
@@ -27,6 +35,7 @@ from pyro_autospec.oracles import (
 )
 from pyro_autospec.parallel import ShardedOracle
 from tests.catalogue.distributed import one_rank_group
+from tests.catalogue.guide_models import ising_chain
 from tests.catalogue.models import CASES
 from tests.catalogue.oracles import random_hmm, random_kernel
 from tests.catalogue.references import (
@@ -39,8 +48,7 @@ from tests.catalogue.references import (
     potts_log_prob,
     spanning_tree_log_prob,
 )
-from tests.engine._user_oracles import HandChain, NoAdjacentZeros, ProductMixture, RandomNADE
-from tests.guides._models import ising_chain
+from tests.catalogue.user_oracles import HandChain, NoAdjacentZeros, ProductMixture, RandomNADE
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,8 @@ C = Conformance
 LEARNED = {"consistent": False, "point_masses": False}  # imperfect: the law depends on the order
 
 # One line per oracle: every oracle the library ships (the denoisers are MeanOracles, not
-# MarginalOracles) and the user oracles of tests/engine/_user_oracles.py.
+# MarginalOracles: they are MEAN_CONFORMANCE's) and the user oracles of
+# tests/catalogue/user_oracles.py.
 CONFORMANCE = {
     "tabular": C(_tabular, fixed(lambda x: float(TABLE[x]))),
     "markov_chain": C(lambda: MarkovChainOracle(*CHAIN, 6), fixed(chain_log_prob(*CHAIN))),
@@ -179,4 +188,67 @@ CONFORMANCE = {
     "user_product_mixture": C(lambda: ProductMixture(**MIXTURE), _joint, point_masses=False),
     "user_hand_chain": C(lambda: HandChain(6, stay=0.8), _joint, point_masses=False),
     "user_constrained_nade": C(lambda: NoAdjacentZeros(RandomNADE(**NADE_ROWS)), **LEARNED),
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------ mean oracles
+@dataclass(frozen=True)
+class MeanConformance:
+    """One mean oracle of the mean conformance suite (``tests/oracles/test_mean_conformance.py``).
+
+    Parameters
+    ----------
+    make : callable
+        ``make()`` returns a fresh, small mean oracle (``dim`` of 1 to 4), or a generator
+        yielding one (closed after the test: for an oracle that needs a process group).
+    mean : Tensor[d], optional
+        ``E[Y]`` in closed form: ``f(0, 0)`` must equal it (``X_0 = 0`` says nothing of ``Y``).
+        ``None``: not known.
+    """
+
+    make: Callable[[], Any]
+    mean: torch.Tensor | None = None
+
+
+def _spd(seed: int, d: int, rank: int | None = None) -> torch.Tensor:
+    """A random symmetric positive semi-definite ``[d, d]`` matrix (singular for ``rank < d``)."""
+    a = _random(seed, d, d if rank is None else rank)
+    return a @ a.T / d + (0.1 * torch.eye(d, dtype=torch.float64) if rank is None else 0.0)
+
+
+# the parameters of the small denoisers: (mean, cov), (weights, means, covs) with a singular
+# component, and (points, weights)
+GAUSSIAN = (torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64), _spd(20, 3))
+GAUSSIAN_MIXTURE = (
+    torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64),
+    _random(21, 3, 2),
+    torch.stack([_spd(22, 2), _spd(23, 2, rank=1), 0.05 * _spd(24, 2)]),
+)
+POINT_CLOUD = (_random(25, 7, 3), torch.tensor([1.0, 2.0, 0.5, 1.0, 3.0, 0.25, 1.0]).double())
+
+
+def _gaussian():
+    return GaussianDenoiser(*GAUSSIAN)
+
+
+def _gaussian_mixture():
+    return GaussianMixtureDenoiser(*GAUSSIAN_MIXTURE)
+
+
+def _finite_support():
+    return FiniteSupportDenoiser(*POINT_CLOUD)
+
+
+def _weighted_mean(weights, points):
+    return weights @ points / weights.sum()
+
+
+MC = MeanConformance
+
+# One line per mean oracle: every denoiser the library ships, and ShardedOracle around one.
+MEAN_CONFORMANCE = {
+    "gaussian": MC(_gaussian, GAUSSIAN[0]),
+    "gaussian_mixture": MC(_gaussian_mixture, _weighted_mean(*GAUSSIAN_MIXTURE[:2])),
+    "finite_support": MC(_finite_support, _weighted_mean(*POINT_CLOUD[::-1])),
+    "sharded_gaussian": MC(sharded(_gaussian), GAUSSIAN[0]),
 }  # fmt: skip

@@ -41,7 +41,7 @@ from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.oracles import GaussianMixtureDenoiser, MarkovChainOracle
 from tests.catalogue.conformance import CONFORMANCE
 from tests.catalogue.models import CASES
-from tests.engine._user_oracles import HandChain
+from tests.catalogue.user_oracles import HandChain
 
 RECORDED = Path(__file__).with_name("draw_fingerprints.json")
 DRAWS = 12

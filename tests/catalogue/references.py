@@ -2,7 +2,7 @@
 
 Each ``*_log_prob(parameters)`` returns a function of a tuple of values (one state) giving its
 unnormalised (or normalised) log probability, slow and obviously correct; enumerate it over
-every state with ``tests.oracles._oracle_reference.enumerate_joint``.
+every state with ``tests.catalogue.oracle_reference.enumerate_joint``.
 """
 
 import math

@@ -18,7 +18,7 @@ import torch
 from pyro_autospec.engine import OracleError, Schedule, compiled, keys, sample_any_order
 from pyro_autospec.engine.compiled import LockStep, draw_rows, shift_rows
 from pyro_autospec.oracles import MarkovChainOracle
-from tests.engine._user_oracles import HandChain, RandomNADE
+from tests.catalogue.user_oracles import HandChain, RandomNADE
 
 numba = pytest.importorskip("numba")  # the test extra installs it; CI runs these tests
 

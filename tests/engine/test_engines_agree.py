@@ -27,7 +27,7 @@ from pyro_autospec.oracles import (
 )
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 from tests.catalogue.targets import TARGETS
-from tests.engine._user_oracles import NoAdjacentZeros, RandomNADE
+from tests.catalogue.user_oracles import NoAdjacentZeros, RandomNADE
 
 
 def _oracles() -> dict:

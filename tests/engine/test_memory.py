@@ -22,11 +22,12 @@ from pyro_autospec.engine.any_order import draw_orders
 from pyro_autospec.engine.diffusion import sample_diffusion, sample_sde
 from pyro_autospec.engine.host_rows import HostRows
 from pyro_autospec.engine.memory import check_output_size
+from pyro_autospec.engine.methods import DISCRETE, method_names
 from pyro_autospec.engine.rows import OracleRows, VisitOrders
 from pyro_autospec.oracles import HMMOracle, MarkovChainOracle
 from pyro_autospec.oracles.denoisers import FiniteSupportDenoiser
 
-METHODS = ("autospec", "sequential", "speculative", "agr24", "gumbel_sequential")
+METHODS = method_names(DISCRETE)  # every discrete method, the engine's own ones too
 SCHEDULES = {
     "default": {},
     "blocks": {"token_below": 0},  # residual races: tries with frames of their own

@@ -7,8 +7,8 @@ import torch
 
 import pyro_autospec.engine.rows as rows_module
 from pyro_autospec.engine.rows import OracleRows, ragged
+from tests.catalogue.oracle_reference import Wrapper
 from tests.catalogue.oracles import random_forest
-from tests.oracles._oracle_reference import Wrapper
 
 
 class WithoutThen(Wrapper):

@@ -32,7 +32,7 @@ from pyro_autospec.engine.methods import (
 )
 from pyro_autospec.engine.schedule import BlockPolicy
 from pyro_autospec.oracles import MarkovChainOracle
-from tests.engine._user_oracles import HandChain, RandomNADE
+from tests.catalogue.user_oracles import HandChain, RandomNADE
 from tests.stats import assert_samples_match
 
 

@@ -1,4 +1,4 @@
-"""Oracles as users write them (``tests/engine/_user_oracles.py``): their queries agree with
+"""Oracles as users write them (``tests/catalogue/user_oracles.py``): their queries agree with
 brute force, and the samplers are exact for them (chi-square, tier 2).
 
 For an imperfect oracle (a network whose conditionals are not the marginals of one joint) the
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pyro_autospec.engine import Schedule, sample_any_order
-from tests.engine._user_oracles import (
+from tests.catalogue.user_oracles import (
     HandChain,
     NoAdjacentZeros,
     ProductMixture,

@@ -12,7 +12,7 @@ from pyro_autospec import sample_any_order
 from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.model import enumerate_posterior
-from tests.guides._models import ising_chain, ising_cycle, mixed_sites, potts_triangle
+from tests.catalogue.guide_models import ising_chain, ising_cycle, mixed_sites, potts_triangle
 from tests.stats import P_THRESHOLD, chisquare_pvalue
 
 ARCHITECTURES = ["graph", "mlp", "transformer"]

@@ -9,8 +9,8 @@ import torch
 from pyro_autospec.guides import AnyOrderGuide, DiffusionGuide
 from pyro_autospec.guides._files import checksum
 from pyro_autospec.model import discover_sites
+from tests.catalogue.guide_models import ising_chain, mixed_sites
 from tests.catalogue.models import conjugate_model
-from tests.guides._models import ising_chain, mixed_sites
 
 DATA = torch.tensor([1.0, -0.5, 0.2, 0.9])
 Y = torch.tensor([[0.3, -1.0, 0.4], [0.8, -0.6, 0.1], [0.1, -1.2, 0.7]])

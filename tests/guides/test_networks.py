@@ -6,7 +6,7 @@ import torch
 
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.model import enumerate_posterior
-from tests.guides._models import ising_chain, ising_cycle, potts_triangle
+from tests.catalogue.guide_models import ising_chain, ising_cycle, potts_triangle
 
 CHAIN_DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2, 0.8, -0.6])
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])

@@ -18,7 +18,7 @@ import torch
 from pyro_autospec import AutoSpec
 from pyro_autospec.guides import AnyOrderGuide, DiffusionGuide
 from pyro_autospec.guides._files import checksum
-from tests.guides._models import ising_chain
+from tests.catalogue.guide_models import ising_chain
 
 PAYLOAD_RAN = []
 

@@ -5,7 +5,7 @@ import torch
 
 from pyro_autospec.guides.structure import probe_potentials, probe_structure
 from pyro_autospec.model import discover_sites, enumerate_posterior, log_joint
-from tests.guides._models import ising_cycle, mixed_sites, potts_triangle
+from tests.catalogue.guide_models import ising_cycle, mixed_sites, potts_triangle
 
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])
 POTTS_DATA = torch.tensor([0.2, 1.7, 0.9])

@@ -9,7 +9,7 @@ import torch
 
 from pyro_autospec.guides import AnyOrderGuide, fit_posterior, train
 from pyro_autospec.model import enumerate_posterior
-from tests.guides._models import generative_pairs, ising_chain, ising_cycle
+from tests.catalogue.guide_models import generative_pairs, ising_chain, ising_cycle
 
 DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2])
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])

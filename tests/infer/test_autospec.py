@@ -46,9 +46,16 @@ def test_get_samples_shapes_and_dtypes(fitted):
 
 def test_extra_fields(fitted):
     extra = fitted.get_extra_fields()
-    assert set(extra) == {"sample_rounds", "oracle_rows", "lp", "oracle_log_prob"}
-    # the counts go by the names of the engine's result
+    assert set(extra) == {"sample_rounds", "oracle_rows_per_draw", "lp", "oracle_log_prob"}
+    # the counts go by the names of the engine's result: oracle_rows is the run's total, the
+    # per-draw field says that it is a share of it
     assert {"sample_rounds", "oracle_rows"} <= {f.name for f in fields(SampleResult)}
+    total = fitted.diagnostics()["whole run"]["oracle_rows"]
+    torch.testing.assert_close(
+        extra["oracle_rows_per_draw"].sum(), torch.tensor(float(total), dtype=torch.float64)
+    )
+    attrs = fitted.to_inference_data(log_likelihood=False).posterior.attrs
+    assert attrs["oracle_rows"] == total
     assert extra["sample_rounds"].shape == (80,) and extra["sample_rounds"].dtype == torch.long
     assert extra["lp"].dtype == torch.float64
     assert fitted.get_extra_fields(group_by_chain=True)["lp"].shape == (2, 40)

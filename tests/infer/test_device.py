@@ -70,7 +70,7 @@ def test_mixed_model_on_the_device(device):
 
 
 def ising_chain(data, coupling=0.8):
-    # tests/guides/_models.py's chain, with its constants on the data's device
+    # tests/catalogue/guide_models.py's chain, with its constants on the data's device
     n = data.shape[-1]
     with pyro.plate("sites", n):
         z = pyro.sample("z", dist.Bernoulli(torch.full((n,), 0.5, device=data.device)))

@@ -19,7 +19,7 @@ import torch
 from pyro_autospec.guides import AnyOrderGuide
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model import enumerate_posterior
-from tests.guides._models import ising_chain
+from tests.catalogue.guide_models import ising_chain
 
 DATA = torch.tensor([1.0, 0.5, -0.3, -1.0, 0.2, 0.8])
 NUM_SAMPLES, NUM_CHAINS = 2000, 2

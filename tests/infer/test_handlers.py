@@ -31,14 +31,14 @@ from pyro_autospec.infer import (
     SubsamplingError,
 )
 from pyro_autospec.model.enum import EnumOracle
-from tests.catalogue.oracles import RowsOnly
-from tests.infer._brute_force import (
+from tests.catalogue.brute_force import (
     assert_draws_follow,
     enumerate_joint,
     flatten_draws,
     lp,
     marginal_means,
 )
+from tests.catalogue.oracles import RowsOnly
 from tests.infer._pyro_hmm_examples import model_1, model_2, model_3
 
 _SAMPLER = {"name": "auto"}

@@ -12,8 +12,8 @@ from pyro import poutine
 from pyro_autospec.infer import AutoSpec, UnsupportedSiteError
 from pyro_autospec.model import discover_sites
 from pyro_autospec.model.log_joint import enumerate_posterior
+from tests.catalogue.brute_force import enumerate_joint, lp
 from tests.catalogue.models import CASES
-from tests.infer._brute_force import enumerate_joint, lp
 
 
 def brute_force_map(model, args):

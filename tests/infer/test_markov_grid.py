@@ -20,7 +20,7 @@ from pyro.ops.indexing import Vindex
 from pyro_autospec.infer import AutoSpec
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
-from tests.infer._brute_force import assert_draws_follow, flatten_draws
+from tests.catalogue.brute_force import assert_draws_follow, flatten_draws
 from tests.stats import P_THRESHOLD, chisquare_pvalue
 
 SIZE = 4

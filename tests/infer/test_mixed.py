@@ -275,7 +275,7 @@ def test_targets_too_many_for_one_elimination_are_drawn_in_chunks(monkeypatch):
     import pyro_autospec.model.ffbs as ffbs
     from pyro_autospec.infer.mixed_run import _sample_plans
     from pyro_autospec.model.enum import EnumOracle
-    from tests.infer._brute_force import assert_draws_follow, enumerate_joint
+    from tests.catalogue.brute_force import assert_draws_follow, enumerate_joint
 
     def model(data):
         locs = pyro.sample("locs", dist.Normal(torch.tensor([-2.0, 2.0]), 1.0).to_event(1))

@@ -17,8 +17,8 @@ from pyro.infer import MCMC
 from pyro.ops.indexing import Vindex
 
 from pyro_autospec.infer import AutoSpec, AutoSpecKernel, SelfCheckError
+from tests.catalogue.brute_force import assert_draws_follow, enumerate_joint, flatten_draws
 from tests.catalogue.oracles import RowsOnly
-from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws
 
 
 def biased():

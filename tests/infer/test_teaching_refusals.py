@@ -27,7 +27,7 @@ from pyro_autospec.model import DynamicStructureError, enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.log_joint import evaluate
 from pyro_autospec.model.randomness import HiddenRandomnessError
-from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
+from tests.catalogue.brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
 
 def run(model, *args, **kwargs):

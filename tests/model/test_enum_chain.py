@@ -16,7 +16,7 @@ from pyro import poutine
 from pyro_autospec.model import enumerate_posterior
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.errors import IntractableEnumerationError
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     random_chains,
 )

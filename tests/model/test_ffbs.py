@@ -23,7 +23,7 @@ import pyro_autospec.model.ffbs as ffbs
 from pyro_autospec.infer import AutoSpec, SelfCheckError
 from pyro_autospec.model.enum import EnumOracle
 from pyro_autospec.model.log_joint import ALWAYS_ALONE
-from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
+from tests.catalogue.brute_force import assert_draws_follow, enumerate_joint, flatten_draws, lp
 
 TRANS = torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
 LOCS = torch.tensor([-1.0, 0.5, 2.0])
@@ -253,8 +253,8 @@ def test_method_is_recorded_everywhere(capsys):
     fit = sample(hmm, YS, num_samples=20, sampler="auto")
     assert fit.diagnostics()["sampler"] == "ffbs"
     extra = fit.get_extra_fields()
-    assert set(extra) == {"sample_rounds", "oracle_rows", "lp", "oracle_log_prob"}
-    assert (extra["sample_rounds"] == 4).all() and (extra["oracle_rows"] == 0).all()
+    assert set(extra) == {"sample_rounds", "oracle_rows_per_draw", "lp", "oracle_log_prob"}
+    assert (extra["sample_rounds"] == 4).all() and (extra["oracle_rows_per_draw"] == 0).all()
     fit.summary()
     out = capsys.readouterr().out
     assert "forward filtering, backward sampling" in out and "Self-check passed" in out

@@ -9,7 +9,7 @@ from pyro import poutine
 from pyro_autospec.model import discover_sites, log_joint
 from pyro_autospec.model.simulation import factor_sites, joint_log_prob, simulate_discrete
 from pyro_autospec.model.tracing import DRAWS_PLATE, simulate_trace
-from tests.guides._models import generative_pairs, ising_cycle
+from tests.catalogue.guide_models import generative_pairs, ising_cycle
 
 CYCLE_DATA = torch.tensor([0.4, -1.0, 0.3, 1.2, -0.2, 0.8])
 

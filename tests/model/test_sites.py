@@ -241,7 +241,7 @@ class ExpandsItsSupport(dist.TorchDistribution):
 def test_a_support_expanded_whatever_expand_says_is_one_support():
     """It was refused as "a support that differs between its batch elements" (an outside
     test; Pyro's infer_discrete samples it); its draws follow the exact law."""
-    from tests.infer._brute_force import assert_draws_follow, enumerate_joint, flatten_draws
+    from tests.catalogue.brute_force import assert_draws_follow, enumerate_joint, flatten_draws
 
     logits = torch.tensor([0.3, -0.2, 0.5])
     y = torch.tensor([2.0, 0.2])

@@ -16,17 +16,21 @@ oracle: a new oracle is tested by adding a line there). For each, whatever metho
 * ``sample_any_order``'s ``log_prob`` of each draw is the chain rule along its order.
 
 Queries pin coordinates of states drawn by the oracle's own chain rule, so every row is
-conditioned on a possible assignment.
+conditioned on a possible assignment. Every marginal oracle ``pyro_autospec.oracles`` exports
+has a line in ``CONFORMANCE`` (the mean oracles are ``tests/oracles/test_mean_conformance.py``'s).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import re
 import types
 
 import pytest
 import torch
 
+import pyro_autospec.oracles as oracles_module
 from pyro_autospec.engine import host_plane, sample_any_order
 from pyro_autospec.engine.consistency import check_consistency
 from pyro_autospec.engine.host_rows import HostRows
@@ -38,8 +42,8 @@ from pyro_autospec.engine.protocols import (
     is_inference_safe,
 )
 from tests.catalogue.conformance import CONFORMANCE
+from tests.catalogue.oracle_reference import Wrapper
 from tests.catalogue.oracles import DeclaredBorrowing
-from tests.oracles._oracle_reference import Wrapper
 
 NAMES = sorted(CONFORMANCE)
 NUM_QUERIES = 24
@@ -372,6 +376,61 @@ def test_sequential_lock_step_on_the_host_and_on_the_device_agree(case, monkeypa
     for other in (borrowed, device, device_borrowed):
         assert torch.equal(host.samples, other.samples)
         assert torch.equal(host.log_prob, other.log_prob)
+
+
+# ------------------------------------------------------------------------ every one is catalogued
+def marginal_oracle_classes() -> list[type]:
+    """The exact oracles of marginals ``pyro_autospec.oracles`` exports: subclasses of
+    ``ExactOracle`` (not the base itself, which answers nothing) and classes that implement
+    ``log_marginals`` or ``log_marginals_at``, not the protocols."""
+    exact = oracles_module.ExactOracle
+    found = []
+    for name in oracles_module.__all__:
+        cls = getattr(oracles_module, name)
+        if not inspect.isclass(cls) or getattr(cls, "_is_protocol", False) or cls is exact:
+            continue
+        if issubclass(cls, exact) or any(
+            callable(getattr(cls, method, None)) for method in ("log_marginals", "log_marginals_at")
+        ):
+            found.append(cls)
+    return found
+
+
+def entry_name(cls) -> str:
+    """A catalogue name for ``cls``: ``CurieWeissOracle`` -> ``curie_weiss``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower().removesuffix("_oracle")
+
+
+def assert_every_marginal_oracle_is_catalogued(catalogue) -> None:
+    built = set()
+    for entry in catalogue.values():
+        made = entry.make()
+        if isinstance(made, types.GeneratorType):
+            built.add(type(next(made)))
+            made.close()
+        else:
+            built.add(type(made))
+    missing = [cls for cls in marginal_oracle_classes() if cls not in built]
+    assert not missing, "\n".join(
+        f"pyro_autospec.oracles.{cls.__name__} has no entry in CONFORMANCE: add one line to "
+        f'tests/catalogue/conformance.py, e.g. "{entry_name(cls)}": '
+        f"C(lambda: {cls.__name__}(<small parameters, n of 3 to 6, q of 2 to 4>), "
+        "fixed(<its brute-force log_prob, from tests/catalogue/references.py>)),"
+        for cls in missing
+    )
+
+
+def test_every_exported_marginal_oracle_has_an_entry():
+    assert {"TabularOracle", "CurieWeissOracle"} <= {
+        cls.__name__ for cls in marginal_oracle_classes()
+    }
+    assert_every_marginal_oracle_is_catalogued(CONFORMANCE)
+
+
+def test_the_completeness_check_names_a_missing_oracle():
+    without = {k: v for k, v in CONFORMANCE.items() if k != "curie_weiss"}
+    with pytest.raises(AssertionError, match="CurieWeissOracle has no entry"):
+        assert_every_marginal_oracle_is_catalogued(without)
 
 
 # ------------------------------------------------------------------------ the checks have power

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.oracles.curie_weiss import CurieWeissOracle
-from tests.catalogue.references import curie_weiss_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
     enumerate_joint,
@@ -13,6 +12,7 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.references import curie_weiss_log_prob
 
 
 @pytest.mark.parametrize("n,beta,h", [(1, 0.7, 0.3), (4, 1.5, 0.0), (7, 0.5, -0.4), (8, -2.0, 0.2)])

@@ -7,9 +7,7 @@ import pyro_autospec.oracles.dpp as dpp_module
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.oracles._util import work_entries
 from pyro_autospec.oracles.dpp import DPPOracle
-from tests.catalogue.oracles import random_kernel
-from tests.catalogue.references import dpp_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
     enumerate_joint,
@@ -17,6 +15,8 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.oracles import random_kernel
+from tests.catalogue.references import dpp_log_prob
 from tests.stats import assert_samples_match
 
 

@@ -19,6 +19,7 @@ from pyro_autospec.oracles import (
     TabularOracle,
     TreePottsOracle,
 )
+from tests.catalogue.oracle_reference import enumerate_joint
 from tests.catalogue.oracles import random_hmm, random_kernel
 from tests.catalogue.references import (
     chain_log_prob,
@@ -28,7 +29,6 @@ from tests.catalogue.references import (
     potts_log_prob,
     spanning_tree_log_prob,
 )
-from tests.oracles._oracle_reference import enumerate_joint
 from tests.stats import assert_samples_match
 
 NUM_SAMPLES = 2000

@@ -6,15 +6,15 @@ import torch
 
 from pyro_autospec.oracles.hmm import HMMOracle, PairwiseChainOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle
-from tests.catalogue.oracles import random_hmm
-from tests.catalogue.references import hmm_log_prob, pairwise_chain_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
     random_chains,
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.oracles import random_hmm
+from tests.catalogue.references import hmm_log_prob, pairwise_chain_log_prob
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,15 @@ import pyro_autospec.oracles.markov as markov_module
 from pyro_autospec.oracles import ExactOracle
 from pyro_autospec.oracles.hmm import HMMOracle
 from pyro_autospec.oracles.markov import MarkovChainOracle, nearest_pins, nearest_pins_at
-from tests.catalogue.oracles import random_hmm
-from tests.catalogue.references import chain_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
     random_chains,
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.oracles import random_hmm
+from tests.catalogue.references import chain_log_prob
 
 
 @pytest.mark.parametrize("n,q,zeros", [(1, 3, False), (2, 2, False), (6, 3, True), (7, 2, False)])

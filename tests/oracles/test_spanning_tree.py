@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.oracles.spanning_tree import SpanningTreeOracle
-from tests.catalogue.references import spanning_tree_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     assert_same_marginals,
     exact_samples,
@@ -13,6 +12,7 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.references import spanning_tree_log_prob
 
 GRAPHS = {
     "triangle": (3, [(0, 1), (1, 2), (0, 2)]),

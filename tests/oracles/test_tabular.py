@@ -6,7 +6,7 @@ import torch
 from pyro_autospec.engine.protocols import has_targeted_marginals
 from pyro_autospec.oracles import MarginalOracle
 from pyro_autospec.oracles.tabular import TabularOracle
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     assert_chain_matches_rows,
     naive_conditionals,
     random_chains,

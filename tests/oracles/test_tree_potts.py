@@ -4,9 +4,7 @@ import pytest
 import torch
 
 from pyro_autospec.oracles.tree_potts import TreePottsOracle
-from tests.catalogue.oracles import random_forest
-from tests.catalogue.references import potts_log_prob
-from tests.oracles._oracle_reference import (
+from tests.catalogue.oracle_reference import (
     Wrapper,
     assert_chain_matches_rows,
     assert_same_marginals,
@@ -14,6 +12,8 @@ from tests.oracles._oracle_reference import (
     random_queries,
     tabular_reference,
 )
+from tests.catalogue.oracles import random_forest
+from tests.catalogue.references import potts_log_prob
 
 FORESTS = {
     "single_node": (1, []),
