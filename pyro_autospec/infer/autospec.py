@@ -769,8 +769,10 @@ class AutoSpec:
               query in flight (its latency; the sequential sampler takes ``n`` per draw);
               for forward filtering, backward sampling (``results[0].method == "ffbs"``),
               the backward pass's sequential steps, one per site;
-            * ``oracle_rows`` (float64): the engine's oracle rows divided by its draws (0
-              for ``"ffbs"``, which queries no oracle);
+            * ``oracle_rows_per_draw`` (float64): the engine's oracle rows divided by its
+              draws, the same for every draw of an engine run (0 for ``"ffbs"``, which queries
+              no oracle); the run's total is ``diagnostics()["oracle_rows"]`` and ArviZ's
+              ``oracle_rows`` attribute;
             * ``lp`` (float64): ``log p(x, data)``, the model's log joint at the draw (every
               site's scaled, masked log density: the density the draws follow);
             * ``oracle_log_prob`` (float64): the draw's log probability under the oracle's

@@ -74,7 +74,7 @@ class DiffusionRun(RunBase):
             observed=self.observed,
         )
         per_chain = {name: [] for name in guide_layout.names}
-        extra = {"sample_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        extra = {"sample_rounds": [], "oracle_rows_per_draw": [], "lp": [], "oracle_log_prob": []}
         pointwise = {name: [] for name in self.observed}
         self.results = []
         for seed in self.settings.seeds(self.num_chains):
@@ -101,7 +101,7 @@ class DiffusionRun(RunBase):
             for name in pointwise:
                 pointwise[name].append(out.pointwise[name])
             extra["sample_rounds"].append(out.sample_rounds.cpu().long())
-            extra["oracle_rows"].append(
+            extra["oracle_rows_per_draw"].append(
                 torch.full(
                     (self.num_samples,), out.oracle_rows / self.num_samples, dtype=torch.float64
                 )

@@ -180,7 +180,7 @@ class DiscreteRun(RunBase):
         per_chain = {name: [] for name in layout.names}
         determ = {name: [] for name in layout.deterministic}
         pointwise = {name: [] for name in layout.observed}
-        extra = {"sample_rounds": [], "oracle_rows": [], "lp": [], "oracle_log_prob": []}
+        extra = {"sample_rounds": [], "oracle_rows_per_draw": [], "lp": [], "oracle_log_prob": []}
         if self.weights_tracked:
             extra["log_weight"] = []
         if self.correction == "imh":
@@ -255,7 +255,7 @@ class DiscreteRun(RunBase):
             # copies: the result's own tensors stay the result's (results[i])
             rounds = result.sample_rounds.to(lp.device, torch.long, copy=True)
             extra["sample_rounds"].append(_pick(rounds, keep))
-            extra["oracle_rows"].append(
+            extra["oracle_rows_per_draw"].append(
                 torch.full(
                     (self.num_samples,),
                     result.oracle_rows / num_draws,

@@ -213,7 +213,7 @@ class MixedRun(RunBase):
         rows = result.oracle_rows / total
         self.extra = {
             "sample_rounds": by_chain(result.sample_rounds.long()),
-            "oracle_rows": torch.full(
+            "oracle_rows_per_draw": torch.full(
                 (self.num_chains, self.num_samples), rows, dtype=torch.float64
             ),
             "lp": by_chain(joint.total),

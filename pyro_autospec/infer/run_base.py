@@ -569,7 +569,7 @@ class RunBase:
         extra = self.extra
         sample_stats = {
             k: extra[k]
-            for k in ("lp", "sample_rounds", "oracle_rows", "oracle_log_prob")
+            for k in ("lp", "sample_rounds", "oracle_rows_per_draw", "oracle_log_prob")
             if k in extra
         }
         sample_stats["diverging"] = torch.zeros(extra["lp"].shape, dtype=torch.bool)
