@@ -624,9 +624,12 @@ def _check_continuous_parents(
 
     The model is traced once with its discrete sites enumerated (each at its own dim left of
     the plates): a continuous site whose distribution has a batch dim there reads a discrete
-    site. A model that cannot be traced so is left to the later stages, which name its fault.
+    site. Where the model fails under enumeration, the sites traced before the failure are
+    read (such a site often makes a later one fail: an observation expanded to a fixed
+    shape); a model that cannot be traced at all is left to the later stages, which name its
+    fault.
     """
-    trace = enumerated_trace(model, args, kwargs, max_plate_nesting)
+    trace = enumerated_trace(model, args, kwargs, max_plate_nesting, partial=True)
     if trace is None:
         return
     holder: dict[int, str] = {}

@@ -388,23 +388,34 @@ def parallel_enumeration(msg: dict) -> dict:
 
 
 def enumerated_trace(
-    model: Callable, args: tuple, kwargs: dict, max_plate_nesting: int, log_prob: bool = False
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    max_plate_nesting: int,
+    log_prob: bool = False,
+    partial: bool = False,
 ):
     """One trace of ``model`` with every discrete latent site enumerated in parallel, each at a
     dim of its own left of the plates (with ``log_prob``, its log densities computed, masked
     and scaled as a contraction sees them); ``None`` when the model cannot be traced so (the
-    later stages name that fault). Blocked from outer handlers, quiet, without gradients."""
+    later stages name that fault), or with ``partial`` the sites traced before it failed (a
+    continuous site that reads a discrete one often makes a later site fail under
+    enumeration). Blocked from outer handlers, quiet, without gradients."""
     enumerated = poutine.infer_config(model, parallel_enumeration)
     # a spare dim right of the enumeration dims, as the enumeration oracle's draws' plate:
     # the guard then tells them from the model's own dims as the oracle's does
     guard = EntriesGuard(MAX_ENUMERATED_ENTRIES, plate_dims=max_plate_nesting + 1)
+    tracer = None
     try:
         with poutine.block(), quiet_warnings(), torch.no_grad(), guard:
             enum_model = poutine.enum(enumerated, first_available_dim=-(max_plate_nesting + 2))
-            trace = poutine.trace(enum_model).get_trace(*args, **kwargs)
+            tracer = poutine.trace(enum_model)
+            trace = tracer.get_trace(*args, **kwargs)
             if log_prob:
                 trace.compute_log_prob()
     except Exception:  # noqa: BLE001 - reported with its cause by the enumeration oracle
+        if partial and tracer is not None:
+            return tracer.msngr.trace
         return None
     return trace
 

@@ -261,6 +261,27 @@ def test_continuous_site_depending_on_a_discrete_one_is_refused_before_nuts(monk
     assert "expected (M,)" not in text
 
 
+def loc_depends_on_z_then_expanded(y):
+    z = pyro.sample("z", dist.Bernoulli(0.5))
+    loc = pyro.sample("loc", dist.Normal(3.0 * z, 1.0))
+    pyro.sample("y", dist.Normal(loc, 1.0).expand([len(y)]).to_event(1), obs=y)
+
+
+def test_the_refusal_stands_where_a_later_site_fails_under_enumeration(monkeypatch):
+    """An observation expanded to the data's shape fails under enumeration once its loc reads
+    z (Pyro's own NUTS fails there too): the refusal of 'loc' came only with the plate form
+    and this form gave torch's expand error from inside NUTS (found by an outside user). The
+    sites traced before the failure are read, so the refusal comes before NUTS."""
+    import pyro_autospec.infer.mixed_run as mixed_run
+
+    def no_nuts(*args, **kwargs):
+        raise AssertionError("NUTS started")
+
+    monkeypatch.setattr(mixed_run, "MCMC", no_nuts)
+    with pytest.raises(UnsupportedSiteError, match=r"Site 'loc' \(continuous, Normal\) has a"):
+        run(loc_depends_on_z_then_expanded, torch.tensor([0.3, -1.0, 2.0]), warmup_steps=5)
+
+
 def masked_continuous_observation(y):
     with pyro.plate("n", 5):
         z = pyro.sample("z", dist.Bernoulli(0.3))
