@@ -50,6 +50,7 @@ from pyro_autospec.engine.methods import (
     default_max_block,
     default_max_elements,
     default_schedule,
+    folds_keyword_knobs,
     given_knobs,
     is_count,
     is_real,
@@ -140,6 +141,7 @@ def check_order(order, n: int) -> torch.Tensor | None:
     return torch.as_tensor(perm, dtype=torch.long)
 
 
+@folds_keyword_knobs()
 def sample_any_order(
     oracle,
     num_samples: int,
@@ -152,7 +154,6 @@ def sample_any_order(
     progress: bool = False,
     distributed: bool = False,
     schedule: Schedule | Mapping | None = None,
-    **knobs: Any,
 ) -> SampleResult:
     """Draw exact samples from a :class:`~pyro_autospec.engine.protocols.MarginalOracle`.
 
@@ -221,10 +222,9 @@ def sample_any_order(
         windows change which numbers the draws read. A result's ``schedule`` passed back gives
         the same draws, and so does ``result.schedule.replace(max_concurrent_draws=8)``: with
         the window knobs fixed, caps do not change the draws.
-    **knobs
-        Deprecated (a :class:`FutureWarning`): the same knobs as keywords; pass
-        ``schedule=Schedule(...)`` instead. Not both ways for one knob (a cap given as a
-        keyword replaces the schedule's).
+        The knobs as keywords (``max_block=8``), the old spelling, still work with a
+        :class:`FutureWarning` (not both ways for one knob; a cap given as a keyword replaces
+        the schedule's).
 
     Returns
     -------
@@ -273,7 +273,7 @@ def sample_any_order(
             f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
             f"num_samples must equal it, got {num_samples}"
         )
-    given = given_knobs(schedule, knobs)
+    given = given_knobs(schedule, {})
     knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given)
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"

@@ -64,6 +64,7 @@ from pyro_autospec.engine.methods import (
     Schedule,
     check_windows,
     default_max_block,
+    folds_keyword_knobs,
     given_knobs,
     is_count,
     is_real,
@@ -404,6 +405,7 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
     )
 
 
+@folds_keyword_knobs()
 def sample_sde(
     drift: Drift,
     times,
@@ -420,7 +422,6 @@ def sample_sde(
     engine: str = "fast",
     distributed: bool = False,
     schedule: Schedule | Mapping | None = None,
-    **knobs: Any,
 ) -> SampleResult:
     r"""Euler-Maruyama paths of ``dX = b(t, X) dt + scale dB``, exactly in law, in few rounds.
 
@@ -497,10 +498,10 @@ def sample_sde(
         * ``"picard"``: ``window`` (default 16), the steps updated per iteration, and
           ``tolerance`` (default 0.1): a step is converged when ``|X_new - X_old|^2 / (d s^2
           h_k) <= tolerance^2`` (as in ParaDiGMS).
-    **knobs
-        Deprecated (a :class:`FutureWarning`): the same knobs as keywords; pass
-        ``schedule=Schedule(...)`` instead. Not both ways for one knob (a cap given as a
-        keyword replaces the schedule's).
+
+        The knobs as keywords (``max_block=8``), the old spelling, still work with a
+        :class:`FutureWarning` (not both ways for one knob; a cap given as a keyword replaces
+        the schedule's).
 
     Returns
     -------
@@ -574,7 +575,7 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
-    knobs = _knobs(method, scale, given_knobs(schedule, knobs), len(grid) - 1)
+    knobs = _knobs(method, scale, given_knobs(schedule, {}), len(grid) - 1)
     _check_engine(engine)
     check_eval_mode(drift)
     device, dtype = _oracle_placement(drift, device, dtype, like, "drift")
@@ -606,6 +607,7 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"engine must be 'fast' or 'reference'; got {engine!r}")
 
 
+@folds_keyword_knobs()
 def sample_diffusion(
     oracle,
     num_samples: int,
@@ -613,6 +615,7 @@ def sample_diffusion(
     times=None,
     num_steps: int | None = None,
     delta: float | None = None,
+    t_switch: float | None = None,
     method: str = "autospec",
     seed: int | None | np.random.Generator | torch.Generator = None,
     device: torch.device | str | None = None,
@@ -622,7 +625,6 @@ def sample_diffusion(
     engine: str = "fast",
     distributed: bool = False,
     schedule: Schedule | Mapping | None = None,
-    **knobs: Any,
 ) -> SampleResult:
     r"""Sample ``mu`` through stochastic localization with a conditional-mean oracle.
 
@@ -644,16 +646,13 @@ def sample_diffusion(
         ``N`` for the default grid (256 if not given).
     delta : float, optional
         Final noise variance of the default grid, ``T = 1 / delta`` (1e-3 if not given).
+    t_switch : float, optional
+        Where the default grid turns from uniform to geometric steps (an option of
+        :func:`diffusion_times`, 1.0 if not given; part of the grid, not of the schedule).
     schedule : Schedule or dict, optional
-        As in :func:`sample_sde`. It does not hold the grid: ``result.schedule`` with the same
+        As in :func:`sample_sde` (its knobs as keywords, the old spelling, still work with a
+        :class:`FutureWarning`). It does not hold the grid: ``result.schedule`` with the same
         ``num_steps``, ``delta`` and ``t_switch`` (or ``times=result.times``) reproduces a run.
-    **knobs
-        ``t_switch`` (an option of :func:`diffusion_times`, part of the grid, not of the
-        recorded schedule) and, deprecated (a :class:`FutureWarning`; pass
-        ``schedule=Schedule(...)``), the schedule knobs of
-        :func:`sample_sde` as keywords (``max_rows_per_round``, ``max_rows_per_call``,
-        ``max_concurrent_draws``; ``rule``, ``max_block``, ``min_block`` and ``rho`` for
-        ``"autospec"``, ``window`` and ``tolerance`` for ``"picard"``).
     method, seed, device, dtype, return_paths, progress, engine, distributed :
         As in :func:`sample_sde` (``scale = 1``).
 
@@ -701,7 +700,7 @@ def sample_diffusion(
             f"oracle must have an integer attribute `dim` (d >= 1, the MeanOracle protocol), "
             f"got {dim!r}"
         )
-    grid_options = {k: knobs.pop(k) for k in ("t_switch",) if k in knobs}
+    grid_options = {} if t_switch is None else {"t_switch": t_switch}
     if times is None:
         grid = check_times(
             diffusion_times(
@@ -724,7 +723,7 @@ def sample_diffusion(
                 f"use sample_sde for chains starting elsewhere"
             )
     num_samples = _check_num_samples(num_samples)
-    knobs = _knobs(method, 1.0, given_knobs(schedule, knobs), len(grid) - 1)
+    knobs = _knobs(method, 1.0, given_knobs(schedule, {}), len(grid) - 1)
     _check_engine(engine)
     check_eval_mode(oracle)
     device, dtype = _oracle_placement(oracle, device, dtype, None)

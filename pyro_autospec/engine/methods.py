@@ -11,6 +11,8 @@ change the draws, except ``max_block`` (which blocks are drafted) and the token-
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -37,6 +39,7 @@ __all__ = [
     "default_schedule",
     "KEYWORD_KNOBS_DEPRECATED",
     "fold_keyword_knobs",
+    "folds_keyword_knobs",
     "given_knobs",
     "knob_names",
     "method_names",
@@ -347,6 +350,61 @@ def fold_keyword_knobs(options: Mapping) -> dict:
     merged = given_knobs(schedule, knobs)
     options["schedule"] = Schedule.of(merged)
     return options
+
+
+def _refuse_unknown(func: Callable, unknown: list[str]) -> None:
+    raise TypeError(
+        f"{func.__qualname__}() got unknown keyword(s) {unknown}; the schedule knobs go in "
+        f"schedule=Schedule(...) (one of {list(_FIELDS)})"
+    )
+
+
+def folds_keyword_knobs(
+    refuse_unknown: Callable[[Callable, list[str]], None] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Decorator: a sampler whose signature takes the schedule only as ``schedule=`` still
+    accepts its knobs as keywords, the deprecated spelling, kept out of the signature.
+
+    A keyword that the function does not take and that names a :class:`Schedule` field is
+    folded into ``schedule=`` (:func:`fold_keyword_knobs`: a :class:`FutureWarning` at the
+    user's line, the same draws); any other keyword the function does not take is refused by
+    ``refuse_unknown(func, names)`` (default: a ``TypeError`` that names the knobs) before the
+    function runs. ``inspect.signature`` and ``help()`` show the function's own signature.
+
+    Examples
+    --------
+    >>> @folds_keyword_knobs()
+    ... def run(n, *, schedule=None):
+    ...     return dict(Schedule.of(schedule or {}))
+    >>> run(3, schedule=Schedule(rho=2.0))
+    {'rho': 2.0}
+    >>> str(inspect.signature(run))
+    '(n, *, schedule=None)'
+    >>> run(3, speed=2)
+    Traceback (most recent call last):
+    ...
+    TypeError: run() got unknown keyword(s) ['speed']; the schedule knobs go in ...
+    """
+    refuse = refuse_unknown or _refuse_unknown
+
+    def decorate(func: Callable) -> Callable:
+        own = set(inspect.signature(func).parameters)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            extra = [name for name in kwargs if name not in own]
+            unknown = sorted(name for name in extra if name not in _FIELDS)
+            if unknown:
+                refuse(func, unknown)
+            if extra:  # knobs as keywords: folded into schedule=, with the warning
+                knobs = {name: kwargs.pop(name) for name in extra}
+                folded = fold_keyword_knobs({**knobs, "schedule": kwargs.get("schedule")})
+                kwargs["schedule"] = folded["schedule"]
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
 
 
 def default_max_elements(device) -> int:

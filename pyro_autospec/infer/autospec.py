@@ -33,7 +33,7 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
+from pyro_autospec.engine.methods import DISCRETE, Schedule, folds_keyword_knobs, method_names
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
@@ -44,6 +44,7 @@ from pyro_autospec.infer.knobs import (
     check_count,
     check_model,
     check_schedule,
+    refuse_unknown_keywords,
 )
 from pyro_autospec.infer.mixed_run import MixedRun
 from pyro_autospec.infer.oracle_choice import build_oracle
@@ -192,11 +193,9 @@ class AutoSpec:
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`:
         ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
         ``max_concurrent_draws`` for continuous batching, ``rule`` for a diffusion guide, ...);
-        they move rounds against rows and never change the law of the draws.
-    **knobs
-        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
-        as keywords, not both ways for one knob (a cap given as a keyword replaces the
-        schedule's).
+        they move rounds against rows and never change the law of the draws. The knobs as
+        keywords (``max_block=8``), the old spelling, still work with a :class:`FutureWarning`
+        (not both ways for one knob; a cap given as a keyword replaces the schedule's).
 
     Attributes
     ----------
@@ -264,6 +263,7 @@ class AutoSpec:
     {'loc': (20,), 'z': (20, 3)}
     """
 
+    @folds_keyword_knobs(refuse_unknown_keywords)
     def __init__(
         self,
         model: Callable,
@@ -284,7 +284,6 @@ class AutoSpec:
         distributed: bool = False,
         sampler: str = "auto",
         schedule: Schedule | Mapping | None = None,
-        **knobs: Any,
     ):
         check_model(model, "AutoSpec")
         check_count("num_samples", num_samples, 1)
@@ -368,7 +367,7 @@ class AutoSpec:
                     f"once, as AutoSpec(..., max_plate_nesting=...)"
                 )
             self.max_plate_nesting = nesting
-        self.schedule = check_schedule(schedule, knobs)
+        self.schedule = check_schedule(schedule, {})
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be True or False; got {distributed!r}")
         self.distributed = distributed

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.diffusion import sample_diffusion
-from pyro_autospec.engine.methods import given_knobs
+from pyro_autospec.engine.methods import folds_keyword_knobs
 from pyro_autospec.infer.knobs import SCHEDULE_KNOBS
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
@@ -77,6 +77,14 @@ class ContinuousResult:
         return self.diffusion.log_prob
 
 
+def _refuse_model_keywords(func: Callable, unknown: list[str]) -> None:
+    raise TypeError(
+        f"unknown keyword(s) {unknown}; pass model keywords as model_kwargs={{...}} and "
+        f"the engine's knobs as schedule=Schedule(...) (one of {list(SCHEDULE_KNOBS)})"
+    )
+
+
+@folds_keyword_knobs(_refuse_model_keywords)
 def sample_continuous(
     guide: Any,
     num_samples: int,
@@ -90,7 +98,6 @@ def sample_continuous(
     model: Callable | None = None,
     schedule: Mapping | None = None,
     distributed: bool = False,
-    **knobs: Any,
 ) -> ContinuousResult:
     """Draw a model's continuous latent sites from a diffusion guide, exactly for its chain.
 
@@ -131,9 +138,6 @@ def sample_continuous(
     distributed : bool
         Spread the draws over the ranks of a ``torch.distributed`` group (every rank makes the
         same call and returns every draw).
-    **knobs
-        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the
-        schedule's knobs as keywords.
 
     Returns
     -------
@@ -159,14 +163,6 @@ def sample_continuous(
     >>> out.samples["loc"].shape, out.sample_rounds.shape, out.lp.shape
     (torch.Size([10]), torch.Size([10]), torch.Size([10]))
     """
-    unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
-    if unknown:
-        raise TypeError(
-            f"unknown keyword(s) {unknown}; pass model keywords as model_kwargs={{...}} and "
-            f"the engine's knobs as schedule=Schedule(...) (one of {list(SCHEDULE_KNOBS)})"
-        )
-    if knobs:  # deprecated: warns at the caller's line
-        schedule = given_knobs(schedule, knobs)
     if not args and model_kwargs is None:
         args = tuple(getattr(guide, "model_args", ()))
         model_kwargs = dict(getattr(guide, "model_kwargs", {}) or {})

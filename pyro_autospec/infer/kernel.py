@@ -14,9 +14,14 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, Schedule, method_names
+from pyro_autospec.engine.methods import DISCRETE, Schedule, folds_keyword_knobs, method_names
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, check_assignments
-from pyro_autospec.infer.knobs import check_count, check_model, check_schedule
+from pyro_autospec.infer.knobs import (
+    check_count,
+    check_model,
+    check_schedule,
+    refuse_unknown_keywords,
+)
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
 from pyro_autospec.infer.seeds import ChainSeeds
 from pyro_autospec.infer.self_check import SelfCheck, reference_for
@@ -156,11 +161,9 @@ class AutoSpecKernel(MCMCKernel):
     schedule : Schedule or dict, optional
         The engine's schedule knobs in one typed object (:class:`~pyro_autospec.Schedule`:
         ``rho``, ``max_block``, ``max_rows_per_round``, ``max_elements``,
-        ``max_concurrent_draws``).
-    **knobs
-        Deprecated (a :class:`FutureWarning`; pass ``schedule=Schedule(...)``): the same knobs
-        as keywords, not both ways for one knob (a cap given as a keyword replaces the
-        schedule's).
+        ``max_concurrent_draws``). The knobs as keywords (``max_block=8``), the old spelling,
+        still work with a :class:`FutureWarning` (not both ways for one knob; a cap given as a
+        keyword replaces the schedule's).
 
     Examples
     --------
@@ -178,6 +181,7 @@ class AutoSpecKernel(MCMCKernel):
     {'chain 0': []}
     """
 
+    @folds_keyword_knobs(refuse_unknown_keywords)
     def __init__(
         self,
         model: Callable,
@@ -190,7 +194,6 @@ class AutoSpecKernel(MCMCKernel):
         disable_progbar: bool = True,
         device: torch.device | str | None = None,
         schedule: Schedule | Mapping | None = None,
-        **knobs: Any,
     ):
         check_count("draws_per_run", draws_per_run, 1)
         self.device = None if device is None else check_device(device)
@@ -205,7 +208,7 @@ class AutoSpecKernel(MCMCKernel):
         self.max_plate_nesting = max_plate_nesting
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
-        self.schedule = check_schedule(schedule, knobs)
+        self.schedule = check_schedule(schedule, {})
         self._seed = check_seed(seed)
         self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None

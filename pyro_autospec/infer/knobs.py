@@ -27,6 +27,7 @@ __all__ = [
     "check_count",
     "check_model",
     "check_schedule",
+    "refuse_unknown_keywords",
 ]
 
 #: The engine's schedule knobs on ``[q]^n`` and on diffusions (each method accepts its own;
@@ -53,6 +54,24 @@ def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
     {'rho': 2.0}
     """
     unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
+    if unknown:
+        refuse_unknown_keywords(check_schedule, unknown)
+    return given_knobs(schedule, knobs)
+
+
+def refuse_unknown_keywords(func: Any, unknown: list[str]) -> None:
+    """Refuse keywords that ``AutoSpec`` or ``AutoSpecKernel`` (``func``) does not take: an
+    argument of ``pyro.infer.MCMC`` they do not take is named as such, any other name with
+    the schedule's knobs (the ``refuse_unknown`` of
+    :func:`~pyro_autospec.engine.methods.folds_keyword_knobs`).
+
+    Examples
+    --------
+    >>> refuse_unknown_keywords(None, ["hook_fn"])
+    Traceback (most recent call last):
+    ...
+    TypeError: ['hook_fn'] is an argument of pyro.infer.MCMC that AutoSpec does not take ...
+    """
     mcmc_only = [name for name in unknown if name in MCMC_ONLY]
     if mcmc_only:
         raise TypeError(
@@ -63,12 +82,10 @@ def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
             "sites, pass NUTS's own options as nuts_kwargs={...} (initial values: "
             "nuts_kwargs={'init_strategy': pyro.infer.autoguide.init_to_value(values=...)})"
         )
-    if unknown:
-        raise TypeError(
-            f"unknown keyword(s) {unknown}; the schedule knobs passed to the engine are "
-            f"{list(SCHEDULE_KNOBS)} (the device is the keyword device=)"
-        )
-    return given_knobs(schedule, knobs)
+    raise TypeError(
+        f"unknown keyword(s) {unknown}; the schedule knobs go in schedule=Schedule(...) (one "
+        f"of {list(SCHEDULE_KNOBS)}; the device is the keyword device=)"
+    )
 
 
 def check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:

@@ -9,6 +9,7 @@ compute by enumeration (tier 2: chi-square, p > 2e-5, >= 30 expected counts per 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 import warnings
@@ -273,6 +274,35 @@ def test_knobs_as_keywords_are_deprecated_and_the_warning_names_the_schedule_to_
     (warning,) = _ours(caught)
     assert "pass schedule=Schedule(rule='block')" in str(warning.message)
     assert warning.filename == __file__
+
+
+def test_no_public_signature_takes_knobs_as_keywords_yet_the_old_spelling_still_runs():
+    """The samplers' signatures name ``schedule=`` and nothing catch-all (``help()`` and IDEs
+    show what a user may pass); knobs given as keywords, the old spelling, still reach the
+    schedule with the warning, and any other unknown keyword is refused before anything runs
+    with a message naming the knobs."""
+    from pyro_autospec import AutoSpec, AutoSpecKernel, sample_diffusion
+    from pyro_autospec.infer.continuous import sample_continuous
+
+    for func in (
+        sample_any_order,
+        sample_sde,
+        sample_diffusion,
+        sample_continuous,
+        AutoSpec,
+        AutoSpecKernel,
+    ):
+        kinds = [p.kind for p in inspect.signature(func).parameters.values()]
+        assert inspect.Parameter.VAR_KEYWORD not in kinds, func
+        assert "schedule" in inspect.signature(func).parameters, func
+    oracle = MarkovChainOracle([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], 40)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['max_blok'\]; the schedule"):
+        sample_any_order(oracle, 4, seed=1, max_blok=4)
+    with pytest.raises(TypeError, match="is an argument of pyro.infer.MCMC"):
+        AutoSpec(print, 4, hook_fn=None)
+    with pytest.warns(FutureWarning, match="schedule knobs as keywords"):
+        fit = AutoSpec(print, 4, max_block=4)
+    assert fit.schedule == {"max_block": 4}
 
 
 def test_the_largest_window_is_a_preset_by_device_and_batch():
