@@ -860,8 +860,11 @@ def batching_advice(model: Callable, args: tuple, kwargs: dict) -> str:
                     )
     if not clashes:
         return (
-            "To batch it, index with Vindex (pyro.ops.indexing) or ellipses, e.g. "
-            "Vindex(locs)[..., z] instead of locs[z]."
+            "The usual causes: plain indexing by a sampled value (index with Vindex from "
+            "pyro.ops.indexing or ellipses, e.g. Vindex(locs)[..., z] instead of locs[z]), or "
+            "a dim added or dropped by hand on a sampled value (x[..., None], unsqueeze, view, "
+            "a sum or matmul over a dim that a batch of draws shifts): let values broadcast "
+            "from the right as they come."
         )
     name, frame, other, g = clashes[0]
     return (

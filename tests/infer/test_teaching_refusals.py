@@ -912,6 +912,9 @@ def test_a_plate_of_continuous_effects_is_not_blamed_for_plain_indexing():
         EnumOracle(model, (y,), continuous_values=draws)
     text = " ".join(str(w.message) for w in record)
     assert "lives in plate" not in text and "Vindex(locs)[..., z]" in text
+    # the other usual cause, named too (an outside user's model used Vindex and had added a
+    # dim by hand: the advice blamed only plain indexing)
+    assert "a dim added or dropped by hand" in text
 
 
 def _mean_of_a_scalar(y):
