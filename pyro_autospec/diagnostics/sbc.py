@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from pyro_autospec.engine import keys
 from pyro_autospec.engine.diffusion import sample_diffusion
 from pyro_autospec.model import check_layout, discover_continuous_sites, simulate
 
@@ -220,14 +221,15 @@ def sbc(
     y_true, data = simulate(model, args, model_kwargs, layout, num_simulations, seed=seed)
     truth = layout.from_unconstrained(y_true)
     num, draws = int(num_simulations), int(num_posterior_samples)
-    gen = np.random.default_rng(seed)
+    # each chunk's draws keyed from the run's seed (None: one draw of torch's global stream)
+    root = keys.seed_value(seed)
     ranks = {name: [] for name in layout.names}
     starts = range(0, num, chunk_size)
-    for start in tqdm(starts, desc="sbc", disable=disable_progbar):
+    for chunk, start in enumerate(tqdm(starts, desc="sbc", disable=disable_progbar)):
         stop = min(start + chunk_size, num)
         oracle = guide.oracle_for_data(data[start:stop])
         result = sample_diffusion(
-            oracle, draws, times=guide.times, method=method, seed=int(gen.integers(2**62))
+            oracle, draws, times=guide.times, method=method, seed=keys.derive_seed(root, chunk)
         )
         y = result.samples.detach().cpu().to(y_true.dtype).reshape(draws * (stop - start), -1)
         values = layout.from_unconstrained(y)
