@@ -18,7 +18,6 @@ import torch
 from pyro.ops import stats
 
 from pyro_autospec.diagnostics.ess import effective_sample_size, split_gelman_rubin
-from pyro_autospec.engine.methods import is_real
 
 __all__ = [
     "MIN_DRAWS_FOR_DIAGNOSTICS",
@@ -80,13 +79,18 @@ def check_prob(prob: Any) -> None:
 
     Examples
     --------
-    >>> check_prob(0.9)
+    >>> check_prob(0.9), check_prob(torch.tensor(0.5))
+    (None, None)
     >>> check_prob(90)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     ValueError: prob is the mass of the credible interval, strictly between 0 and 1 ...
     """
-    if not is_real(prob) or not 0.0 < float(prob) < 1.0:
+    try:  # a float, a NumPy or torch scalar, as Pyro's summary takes; never a bool
+        value = float(prob) if not isinstance(prob, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 < value < 1.0:
         raise ValueError(
             "prob is the mass of the credible interval, strictly between 0 and 1 (0.9 for a "
             f"90% interval); got {prob!r}"

@@ -86,13 +86,20 @@ def test_diagnostics_and_summary_on_integer_sites(fitted, capsys):
     assert "sequential sampler takes 4 per draw" in " ".join(out.split())  # lines wrap
 
 
-@pytest.mark.parametrize("prob", [1.5, 0.0, 1.0, -0.1, "0.9", True])
+@pytest.mark.parametrize("prob", [1.5, 0.0, 1.0, -0.1, "x", True, torch.tensor(1.5)])
 def test_summary_refuses_a_mass_outside_zero_one_before_printing(fitted, capsys, prob):
     """``prob=1.5`` failed with an IndexError from inside Pyro's ``hpdi`` (as MCMC's summary
     does; found by an outside user): a ValueError that names the range, and nothing printed."""
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         fitted.summary(prob=prob)
     assert capsys.readouterr().out == ""
+
+
+def test_summary_takes_the_scalars_pyro_takes(fitted, capsys):
+    """A torch or NumPy scalar mass works, as in Pyro's summary."""
+    fitted.summary(prob=torch.tensor(0.5))
+    fitted.summary(prob=np.float32(0.8))
+    assert "25.0%" in capsys.readouterr().out
 
 
 def test_to_inference_data_log_likelihood_is_exact(fitted):
