@@ -354,8 +354,8 @@ def fold_keyword_knobs(options: Mapping) -> dict:
 
 def _refuse_unknown(func: Callable, unknown: list[str]) -> None:
     raise TypeError(
-        f"{func.__qualname__}() got unknown keyword(s) {unknown}; the schedule knobs go in "
-        f"schedule=Schedule(...) (one of {list(_FIELDS)})"
+        f"unknown schedule knobs or arguments {unknown} for {func.__qualname__}(); the "
+        f"schedule knobs go in schedule=Schedule(...) (one of {list(_FIELDS)})"
     )
 
 
@@ -383,7 +383,7 @@ def folds_keyword_knobs(
     >>> run(3, speed=2)
     Traceback (most recent call last):
     ...
-    TypeError: run() got unknown keyword(s) ['speed']; the schedule knobs go in ...
+    TypeError: unknown schedule knobs or arguments ['speed'] for run(); the schedule knobs ...
     """
     refuse = refuse_unknown or _refuse_unknown
 
