@@ -45,12 +45,12 @@ from pyro_autospec.engine.memory import check_output_size
 from pyro_autospec.engine.methods import (
     DISCRETE,
     Schedule,
+    accepts_keyword_knobs,
     block_policy,
     check_windows,
     default_max_block,
     default_max_elements,
     default_schedule,
-    folds_keyword_knobs,
     given_knobs,
     is_count,
     is_real,
@@ -141,7 +141,7 @@ def check_order(order, n: int) -> torch.Tensor | None:
     return torch.as_tensor(perm, dtype=torch.long)
 
 
-@folds_keyword_knobs()
+@accepts_keyword_knobs()
 def sample_any_order(
     oracle,
     num_samples: int,
@@ -273,7 +273,7 @@ def sample_any_order(
             f"the oracle is a family of {num_draws} targets (oracle.num_draws), one per draw; "
             f"num_samples must equal it, got {num_samples}"
         )
-    given = given_knobs(schedule, {})
+    given = given_knobs(schedule)
     knobs = resolve_knobs(method, DISCRETE, default_schedule(n), given)
     if device is None:
         device = getattr(oracle, "device", None) or "cpu"

@@ -62,9 +62,9 @@ from pyro_autospec.engine.methods import (
     DIFFUSION,
     DIFFUSION_AUTOSPEC,
     Schedule,
+    accepts_keyword_knobs,
     check_windows,
     default_max_block,
-    folds_keyword_knobs,
     given_knobs,
     is_count,
     is_real,
@@ -405,7 +405,7 @@ def _dispatch(distributed: bool, s: _Settings) -> SampleResult:
     )
 
 
-@folds_keyword_knobs()
+@accepts_keyword_knobs()
 def sample_sde(
     drift: Drift,
     times,
@@ -575,7 +575,7 @@ def sample_sde(
             f"dimension mismatch: the drift has dim = {drift_dim} but x0 has d = {dim}; "
             f"pass x0 of shape [{drift_dim}] (or a drift for d = {dim})"
         )
-    knobs = _knobs(method, scale, given_knobs(schedule, {}), len(grid) - 1)
+    knobs = _knobs(method, scale, given_knobs(schedule), len(grid) - 1)
     _check_engine(engine)
     check_eval_mode(drift)
     device, dtype = _oracle_placement(drift, device, dtype, like, "drift")
@@ -607,7 +607,7 @@ def _check_engine(engine: str) -> None:
         raise ValueError(f"engine must be 'fast' or 'reference'; got {engine!r}")
 
 
-@folds_keyword_knobs()
+@accepts_keyword_knobs()
 def sample_diffusion(
     oracle,
     num_samples: int,
@@ -723,7 +723,7 @@ def sample_diffusion(
                 f"use sample_sde for chains starting elsewhere"
             )
     num_samples = _check_num_samples(num_samples)
-    knobs = _knobs(method, 1.0, given_knobs(schedule, {}), len(grid) - 1)
+    knobs = _knobs(method, 1.0, given_knobs(schedule), len(grid) - 1)
     _check_engine(engine)
     check_eval_mode(oracle)
     device, dtype = _oracle_placement(oracle, device, dtype, None)

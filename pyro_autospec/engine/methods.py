@@ -38,8 +38,8 @@ __all__ = [
     "default_max_elements",
     "default_schedule",
     "KEYWORD_KNOBS_DEPRECATED",
+    "accepts_keyword_knobs",
     "fold_keyword_knobs",
-    "folds_keyword_knobs",
     "given_knobs",
     "knob_names",
     "method_names",
@@ -276,9 +276,9 @@ class Schedule(Mapping):
 _FIELDS = tuple(f.name for f in fields(Schedule))
 
 
-def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
+def given_knobs(schedule: Mapping | None, knobs: Mapping | None = None) -> dict:
     """The knobs a caller gave: those of ``schedule=`` (a :class:`Schedule` or a dict) and the
-    keyword ones.
+    keyword ones (none by default).
 
     Knobs given as keywords are deprecated (a :class:`FutureWarning` at the user's line names the
     ``schedule=`` to pass instead) and still honoured: a keyword may not repeat a window knob of
@@ -289,12 +289,13 @@ def given_knobs(schedule: Mapping | None, knobs: Mapping) -> dict:
 
     Examples
     --------
-    >>> given_knobs(Schedule(max_block=8, rho=2.0), {})
+    >>> given_knobs(Schedule(max_block=8, rho=2.0))
     {'max_block': 8, 'rho': 2.0}
-    >>> given_knobs({"max_concurrent_draws": 4}, {})
+    >>> given_knobs({"max_concurrent_draws": 4})
     {'max_concurrent_draws': 4}
     """
     given = {} if schedule is None else dict(Schedule.of(schedule))
+    knobs = {} if knobs is None else knobs
     caps = set().union(*COMMON_KNOBS.values())
     twice = sorted((set(given) & set(knobs)) - caps)
     if twice:
@@ -359,21 +360,21 @@ def _refuse_unknown(func: Callable, unknown: list[str]) -> None:
     )
 
 
-def folds_keyword_knobs(
+def accepts_keyword_knobs(
     refuse_unknown: Callable[[Callable, list[str]], None] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: a sampler whose signature takes the schedule only as ``schedule=`` still
     accepts its knobs as keywords, the deprecated spelling, kept out of the signature.
 
     A keyword that the function does not take and that names a :class:`Schedule` field is
-    folded into ``schedule=`` (:func:`fold_keyword_knobs`: a :class:`FutureWarning` at the
-    user's line, the same draws); any other keyword the function does not take is refused by
+    folded into ``schedule=`` (:func:`given_knobs`: a :class:`FutureWarning` at the user's
+    line, the same draws); any other keyword the function does not take is refused by
     ``refuse_unknown(func, names)`` (default: a ``TypeError`` that names the knobs) before the
     function runs. ``inspect.signature`` and ``help()`` show the function's own signature.
 
     Examples
     --------
-    >>> @folds_keyword_knobs()
+    >>> @accepts_keyword_knobs()
     ... def run(n, *, schedule=None):
     ...     return dict(Schedule.of(schedule or {}))
     >>> run(3, schedule=Schedule(rho=2.0))
@@ -398,8 +399,7 @@ def folds_keyword_knobs(
                 refuse(func, unknown)
             if extra:  # knobs as keywords: folded into schedule=, with the warning
                 knobs = {name: kwargs.pop(name) for name in extra}
-                folded = fold_keyword_knobs({**knobs, "schedule": kwargs.get("schedule")})
-                kwargs["schedule"] = folded["schedule"]
+                kwargs["schedule"] = Schedule.of(given_knobs(kwargs.get("schedule"), knobs))
             return func(*args, **kwargs)
 
         return wrapper

@@ -33,7 +33,13 @@ from pyro.poutine.runtime import _PYRO_STACK
 from pyro_autospec._warnings import user_stacklevel
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, Schedule, folds_keyword_knobs, method_names
+from pyro_autospec.engine.methods import (
+    DISCRETE,
+    Schedule,
+    accepts_keyword_knobs,
+    given_knobs,
+    method_names,
+)
 from pyro_autospec.engine.protocols import oracle_num_draws
 from pyro_autospec.infer.diffusion_run import DiffusionRun
 from pyro_autospec.infer.discrete_run import SAMPLERS, DiscreteRun, warn_scales
@@ -43,7 +49,6 @@ from pyro_autospec.infer.knobs import (
     METHODS,
     check_count,
     check_model,
-    check_schedule,
     refuse_unknown_keywords,
 )
 from pyro_autospec.infer.mixed_run import MixedRun
@@ -56,7 +61,7 @@ from pyro_autospec.model.map_decode import most_probable
 from pyro_autospec.model.tracing import users_generators_kept
 from pyro_autospec.parallel.groups import require_process_group
 
-__all__ = ["AutoSpec", "build_oracle", "chain_seeds", "check_schedule"]
+__all__ = ["AutoSpec", "build_oracle", "chain_seeds"]
 
 _DISCRETE_METHODS = method_names(DISCRETE, front_end=True)
 
@@ -263,7 +268,7 @@ class AutoSpec:
     {'loc': (20,), 'z': (20, 3)}
     """
 
-    @folds_keyword_knobs(refuse_unknown_keywords)
+    @accepts_keyword_knobs(refuse_unknown_keywords)
     def __init__(
         self,
         model: Callable,
@@ -367,7 +372,7 @@ class AutoSpec:
                     f"once, as AutoSpec(..., max_plate_nesting=...)"
                 )
             self.max_plate_nesting = nesting
-        self.schedule = check_schedule(schedule, {})
+        self.schedule = given_knobs(schedule)
         if not isinstance(distributed, bool):
             raise TypeError(f"distributed must be True or False; got {distributed!r}")
         self.distributed = distributed

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pyro_autospec.engine.diffusion import sample_diffusion
-from pyro_autospec.engine.methods import folds_keyword_knobs
+from pyro_autospec.engine.methods import accepts_keyword_knobs
 from pyro_autospec.infer.knobs import SCHEDULE_KNOBS
 from pyro_autospec.model.continuous import check_layout, discover_continuous_sites
 from pyro_autospec.model.log_joint import continuous_log_joint
@@ -84,7 +84,7 @@ def _refuse_model_keywords(func: Callable, unknown: list[str]) -> None:
     )
 
 
-@folds_keyword_knobs(_refuse_model_keywords)
+@accepts_keyword_knobs(_refuse_model_keywords)
 def sample_continuous(
     guide: Any,
     num_samples: int,

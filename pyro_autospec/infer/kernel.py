@@ -14,12 +14,17 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine import sample_any_order
 from pyro_autospec.engine.errors import check_device
 from pyro_autospec.engine.keys import check_seed
-from pyro_autospec.engine.methods import DISCRETE, Schedule, folds_keyword_knobs, method_names
+from pyro_autospec.engine.methods import (
+    DISCRETE,
+    Schedule,
+    accepts_keyword_knobs,
+    given_knobs,
+    method_names,
+)
 from pyro_autospec.infer.draws import DrawEvaluator, ModelCall, check_assignments
 from pyro_autospec.infer.knobs import (
     check_count,
     check_model,
-    check_schedule,
     refuse_unknown_keywords,
 )
 from pyro_autospec.infer.oracle_choice import build_oracle, same_call, snapshot
@@ -181,7 +186,7 @@ class AutoSpecKernel(MCMCKernel):
     {'chain 0': []}
     """
 
-    @folds_keyword_knobs(refuse_unknown_keywords)
+    @accepts_keyword_knobs(refuse_unknown_keywords)
     def __init__(
         self,
         model: Callable,
@@ -208,7 +213,7 @@ class AutoSpecKernel(MCMCKernel):
         self.max_plate_nesting = max_plate_nesting
         self.draws_per_run = int(draws_per_run)
         self.disable_progbar = disable_progbar
-        self.schedule = check_schedule(schedule, {})
+        self.schedule = given_knobs(schedule)
         self._seed = check_seed(seed)
         self._seeds = ChainSeeds(self._seed)  # one stream: the chains of a process continue it
         self.layout: SiteLayout | None = None

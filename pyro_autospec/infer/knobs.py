@@ -1,12 +1,12 @@
 """The front end's accepted values: methods, corrections and the engine's schedule knobs.
 
 The methods and knobs come from the engine's one list (:mod:`pyro_autospec.engine.methods`);
-:func:`check_schedule` rejects an unknown keyword before anything runs, naming the accepted ones.
+:func:`refuse_unknown_keywords` rejects an unknown keyword to ``AutoSpec`` or ``AutoSpecKernel``
+before anything runs, naming the accepted ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -14,7 +14,6 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro_autospec.engine.methods import (
     DIFFUSION,
     DISCRETE,
-    given_knobs,
     is_count,
     knob_names,
     method_names,
@@ -26,7 +25,6 @@ __all__ = [
     "SCHEDULE_KNOBS",
     "check_count",
     "check_model",
-    "check_schedule",
     "refuse_unknown_keywords",
 ]
 
@@ -43,27 +41,11 @@ METHODS = method_names(front_end=True)
 MCMC_ONLY = ("initial_params", "hook_fn", "mp_context", "disable_validation", "transforms")
 
 
-def check_schedule(schedule: Mapping | None, knobs: Mapping[str, Any]) -> dict:
-    """The knobs given as ``schedule=`` (a :class:`~pyro_autospec.Schedule` or a dict) and as
-    keywords (deprecated: a :class:`FutureWarning`), merged; an unknown keyword is rejected
-    early, naming the accepted ones.
-
-    Examples
-    --------
-    >>> check_schedule({"rho": 2.0}, {})
-    {'rho': 2.0}
-    """
-    unknown = sorted(set(knobs) - set(SCHEDULE_KNOBS))
-    if unknown:
-        refuse_unknown_keywords(check_schedule, unknown)
-    return given_knobs(schedule, knobs)
-
-
 def refuse_unknown_keywords(func: Any, unknown: list[str]) -> None:
     """Refuse keywords that ``AutoSpec`` or ``AutoSpecKernel`` (``func``) does not take: an
     argument of ``pyro.infer.MCMC`` they do not take is named as such, any other name with
     the schedule's knobs (the ``refuse_unknown`` of
-    :func:`~pyro_autospec.engine.methods.folds_keyword_knobs`).
+    :func:`~pyro_autospec.engine.methods.accepts_keyword_knobs`).
 
     Examples
     --------
