@@ -33,7 +33,10 @@ without a change here, e.g. ``--variants autospec autospec:max_block=8 agr24 seq
 
 For every oracle, draw count (``--draws``) and variant the table shows the rounds per draw
 (``sample_rounds``, mean) and of the whole run, rows per draw (also over ``n``), wall time per
-draw, the time outside the oracle's methods per row, and, from a second run of the same draws
+draw, the engine's time per row (the run's own wall time, ``SampleResult.wall_time``, which
+starts after the consistency check, less the time inside the oracle's methods: the copies of
+its inputs and the mode switches around its calls are the engine's), and, from a second run
+of the same draws
 under a :class:`~torch.overrides.TorchFunctionMode`, the torch calls per round made OUTSIDE the
 oracle (the engine's: every torch function and tensor method, each a kernel launch or a
 dispatch) and the host reads among them (calls that make the host wait for a GPU: ``nonzero``,
@@ -42,7 +45,7 @@ oracle is wrapped for that run in a proxy that flags its own methods' calls, so 
 work never counts as the engine's; the calls of the consistency check that starts every run
 (:func:`~pyro_autospec.engine.consistency.check_consistency`, once per run, not per round)
 are counted apart and left out, and its time is listed under the table. On a GPU the time inside the oracle is host time (kernels
-are not waited for), so "outside oracle / row" is only meaningful on a CPU. "In the kernel" is the share of the
+are not waited for), so "engine / row" is only meaningful on a CPU. "In the kernel" is the share of the
 process's CPU time the operating system spent for it during the timed run, and "page faults /
 row" its minor page faults per row (``getrusage``; a platform without them shows NaN and 0):
 on Linux with glibc's default allocator, oracle calls whose temporaries take megabytes fault
@@ -302,7 +305,11 @@ def run_variant(oracle, draws: int, method: str, knobs: dict, args, count: bool)
         "rounds_per_draw": float(r.sample_rounds.double().mean()),
         "rows_per_draw": r.oracle_rows / draws,
         "wall": wall,
-        "outside_us_per_row": 1e6 * (wall - r.timing.get("oracle", 0.0)) / max(1, r.oracle_rows),
+        # the engine's: the run's time (the per-run consistency check is timed apart) less
+        # the time inside the oracle's methods
+        "engine_us_per_row": 1e6
+        * (r.wall_time - r.timing.get("oracle", 0.0))
+        / max(1, r.oracle_rows),
         "kernel_share": system / (user + system) if user + system > 0 else math.nan,
         "faults_per_row": faults / max(1, r.oracle_rows),
     }
@@ -435,7 +442,7 @@ def main(argv=None) -> None:
     )
     print(
         "| oracle | draws | variant | rounds/draw | rounds (run) | rows/draw | rows/draw / n "
-        "| wall/draw (s) | outside oracle / row (us) | engine calls / round | host reads / round "
+        "| wall/draw (s) | engine / row (us) | engine calls / round | host reads / round "
         "| oracle calls / round | in the kernel | page faults / row | this / fastest baseline |"
     )
     print("|" + "---|" * 15)
@@ -491,7 +498,7 @@ def main(argv=None) -> None:
                 print(
                     f"| {label} | {draws} | {v} | {r['rounds_per_draw']:.1f} | {r['rounds']} | "
                     f"{r['rows_per_draw']:.0f} | {r['rows_per_draw'] / n:.2f} | "
-                    f"{r['wall'] / draws:.4f} | {r['outside_us_per_row']:.1f} | {counts} | "
+                    f"{r['wall'] / draws:.4f} | {r['engine_us_per_row']:.1f} | {counts} | "
                     f"{100 * r['kernel_share']:.0f}% | {r['faults_per_row']:.1f} | "
                     f"{r['wall'] / fastest:.2f} |",
                     flush=True,

@@ -56,7 +56,7 @@ import torch
 
 from pyro_autospec.engine import keys
 from pyro_autospec.engine.compiled import compiled_lock_step
-from pyro_autospec.engine.host_rows import HostRows
+from pyro_autospec.engine.host_rows import FreshInputs, HostRows
 from pyro_autospec.engine.methods import DISCRETE, block_policy, method_names, on_cpu
 from pyro_autospec.engine.modes import engine_mode
 from pyro_autospec.engine.result import host_output
@@ -824,9 +824,9 @@ class _HostLockstep(_Lockstep):
     The partial samples live in dense ``values`` and ``mask`` arrays ([D, n]), with the
     coordinates drawn at each step written into them (``O(D)`` host work per step). An oracle
     that borrows its inputs (:func:`~pyro_autospec.engine.protocols.borrows_inputs`) gets
-    views of them in every call; any other oracle gets fresh copies (one ``memcpy`` of each
-    per call, rather than widening the narrow frames and comparing every rank per call: the
-    same inputs either way).
+    views of them in every call; any other oracle gets copies that nothing else holds or
+    writes (one ``memcpy`` of each per call, into the last call's buffers where the oracle
+    kept nothing of them: :class:`~pyro_autospec.engine.host_rows.FreshInputs`).
 
     With numba installed, once numba pays in this process
     (:func:`~pyro_autospec.engine.compiled.compiled_lock_step`), each call's rows are
@@ -864,19 +864,20 @@ class _HostLockstep(_Lockstep):
             views = (torch.from_numpy(self.values[rows]), torch.from_numpy(self.mask[rows]))
             self.inputs.append((rows, targets, sampler.host._extra(lane), views))
         self.views = self._views()
+        if not self.borrowed:  # one set of buffers per call, filled again while unheld
+            self.at = self.coords[..., None]  # [n, D, 1]: the targets of each step
+            self.fresh = [FreshInputs(sampler.host._up) for _ in self.calls]
 
     def _out(self, i: int, t: int) -> torch.Tensor:
         """The rows at position ``t`` of the draws of call ``i`` as the oracle returned them
         ([R, 1, q])."""
-        host, (_, targets, extra, (values, mask)) = self.sampler.host, self.inputs[i]
+        host, (rows, targets, extra, (values, mask)) = self.sampler.host, self.inputs[i]
         if self.borrowed:
             return host.targeted_out(values, mask, targets[t], extra)
         # fresh inputs: the oracle may keep them, or write into them
         begin = time.perf_counter()
-        values, mask = values.numpy().copy(), mask.numpy().copy()
-        with self.sampler.rows.tensor_mode():
-            values, mask = torch.from_numpy(values), torch.from_numpy(mask)
-            target = targets[t].clone()
+        fresh = self.fresh[i]
+        values, mask, target = fresh.fill(self.values[rows], self.mask[rows], self.at[t, rows])
         extra = host._extra(self.calls[i])
         self.sampler.rows.seconds["inputs"] += time.perf_counter() - begin
         return host.targeted_out(values, mask, target, extra)

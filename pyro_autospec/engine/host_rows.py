@@ -7,7 +7,9 @@ rows and chains along the draws' orders, see there); what differs is where the b
 runs. Per oracle call the data plane is:
 
 1. the dense inputs built on the host (values, mask, the coordinates asked), uploaded to the
-   oracle's device (nothing to copy on a CPU: the oracle reads the host's arrays);
+   oracle's device (nothing to copy on a CPU: the oracle reads the host's arrays), each made
+   in the tensor mode the oracle needs (:attr:`~pyro_autospec.engine.rows.OracleRows.
+   tensor_mode`), so that no call converts them again;
 2. the oracle's batched call;
 3. one copy of its output back to the host.
 
@@ -23,7 +25,9 @@ the host (:meth:`HostRows.start`), computed from the draws' keys as
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,7 +43,89 @@ from pyro_autospec.engine.rows import (
     then_pair,
 )
 
-__all__ = ["HostRows"]
+__all__ = ["FreshInputs", "HostRows"]
+
+#: How many holders a tensor's storage has (a private function of PyTorch's; without it,
+#: :class:`FreshInputs` never fills a buffer twice).
+_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class FreshInputs:
+    """The inputs of one call of an oracle that does not borrow them, in buffers filled anew
+    for each call and used again only while the oracle keeps nothing of them.
+
+    Such an oracle may keep its inputs (a cache of its last call) or write into them, so every
+    call must get inputs that nothing else writes. New arrays for every call cost an
+    allocation (whose pages glibc may fault in again each time), a tensor made of each, and
+    the context that makes them; most oracles keep nothing. So the buffers of the last call
+    are filled again when nothing but this object holds their tensors or their storage: no
+    reference to a tensor, no view, no NumPy array of one, no reference to its storage, no
+    autograd graph that saved one (PyTorch's and Python's reference counts say so, compared
+    with the counts of buffers just made).
+    Else new buffers are made, and the ones kept are never written again. The oracle gets the
+    same inputs either way; a write of its own into them is overwritten by the next fill.
+
+    Parameters
+    ----------
+    make : callable
+        Makes the oracle's tensor of a NumPy array, sharing its memory
+        (``torch.from_numpy`` in the engine's tensor mode).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> inputs = FreshInputs(torch.from_numpy)
+    >>> values = np.arange(6).reshape(2, 3)
+    >>> first = id(inputs.fill(values)[0])  # read and let go
+    >>> id(inputs.fill(values + 1)[0]) == first  # the same buffer, filled again
+    True
+    >>> kept, = inputs.fill(values)  # held from here on
+    >>> again, = inputs.fill(values + 1)  # so a new buffer
+    >>> again is kept, kept.tolist(), again.tolist()
+    (False, [[0, 1, 2], [3, 4, 5]], [[1, 2, 3], [4, 5, 6]])
+    """
+
+    def __init__(self, make: Callable[[np.ndarray], torch.Tensor]):
+        self.make = make
+        self.buffers: tuple[np.ndarray, ...] = ()
+        self.tensors: tuple[torch.Tensor, ...] = ()
+        self.counts: list[tuple[int, int, int]] = []
+
+    def _counts(self) -> list[tuple[int, int, int]]:
+        # per tensor: the references to it, the holders of its storage, and the references to
+        # the storage's Python object (an oracle may keep that: PyTorch hands out one object
+        # per storage), as this method sees them: compared only with its own counts
+        counts = []
+        for tensor in self.tensors:
+            storage = tensor.untyped_storage()
+            counts.append(
+                (
+                    sys.getrefcount(tensor),
+                    _storage_use_count(storage._cdata),
+                    sys.getrefcount(storage),
+                )
+            )
+        return counts
+
+    def _unheld(self, arrays: tuple[np.ndarray, ...]) -> bool:
+        if _storage_use_count is None or len(arrays) != len(self.buffers):
+            return False
+        if any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(arrays, self.buffers)):
+            return False
+        return self._counts() == self.counts
+
+    def fill(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """Tensors holding copies of ``arrays`` (any shapes and dtypes; the same ones from call
+        to call keep the buffers), that nothing else holds or writes."""
+        if self._unheld(arrays):
+            for buffer, array in zip(self.buffers, arrays):
+                np.copyto(buffer, array)
+            return self.tensors
+        self.buffers = tuple(np.array(a, order="C") for a in arrays)  # copies
+        self.tensors = tuple(self.make(b) for b in self.buffers)
+        if _storage_use_count is not None:
+            self.counts = self._counts()
+        return self.tensors
 
 
 def _placed(parts: list[tuple[np.ndarray, Answer]], total: int, width: int, q: int) -> Answer:
@@ -187,15 +273,6 @@ class HostRows:
         host, tol = self.to_host(out)
         return normalise_rows(host, valid, tol)
 
-    def _call(self, method: str, *args, **extra):
-        if self.rows.ordinary_inputs:  # what was not made ordinary is copied
-            *args, extra = self.rows.oracle_inputs(*args, extra)
-        start = time.perf_counter()
-        with self.rows._call_mode(*args[:2]):  # values and mask first
-            out = getattr(self.oracle, method)(*args, **extra)
-        self.rows.seconds["oracle"] += time.perf_counter() - start
-        return out
-
     def _targeted_call(self, frames, lane, draw, cut, start, width, max_width) -> Answer:
         valid = np.arange(max_width)[None, :] < width[:, None]
         out = self.targeted_call_out(frames, lane, draw, cut, start, width, max_width)
@@ -222,10 +299,10 @@ class HostRows:
         not yet normalised): :meth:`_targeted_rows` before the check of their values."""
         rows, max_width, check = values.shape[0], targets.shape[1], self.rows._check_output
         if self.rows.targeted:
-            out = self._call("log_marginals_at", values, mask, targets, **extra)
+            out = self.rows.invoke_made("log_marginals_at", values, mask, targets, **extra)
             check(out, (rows, max_width, self.q), "log_marginals_at")
             return out
-        out = self._call("log_marginals", values, mask, **extra)
+        out = self.rows.invoke_made("log_marginals", values, mask, **extra)
         check(out, (rows, self.n, self.q), "log_marginals")
         return out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
 
@@ -240,7 +317,9 @@ class HostRows:
         valid = steps[None, :max_length] < length[:, None]
         rows, check = lane.size, self.rows._check_output
         if max_then == 0:
-            out = self._call("log_marginals_chain", values, mask, chain, **self._extra(draw))
+            out = self.rows.invoke_made(
+                "log_marginals_chain", values, mask, chain, **self._extra(draw)
+            )
             check(out, (rows, max_length, self.q), "log_marginals_chain")
             return self._answer(out, valid), None
         # the row after the chain reads on from its end; without one, a dummy: the chain's
@@ -249,7 +328,9 @@ class HostRows:
         first = np.where(then_width > 0, cut + length, cut + length - 1)
         then = self._up(self.orders[lane[:, None], first[:, None] + reach])
         out, after = then_pair(
-            self._call("log_marginals_chain_then", values, mask, chain, then, **self._extra(draw))
+            self.rows.invoke_made(
+                "log_marginals_chain_then", values, mask, chain, then, **self._extra(draw)
+            )
         )
         check(after, (rows, max_then, self.q), "log_marginals_chain_then")
         check(out, (rows, max_length, self.q), "log_marginals_chain")

@@ -33,41 +33,65 @@ __all__ = [
 engine_mode = torch.inference_mode
 
 
-@contextlib.contextmanager
-def _foreign(grad_enabled: bool) -> Iterator[None]:
-    with torch.inference_mode(False), torch.set_grad_enabled(grad_enabled):
-        try:
-            yield
-        except RuntimeError as error:
-            if "requires_grad=True on inference tensor" in str(error):
-                raise OracleError(
-                    "The oracle (or drift) set requires_grad on a tensor created under "
-                    "inference mode: usually one of its inputs (values, mask, or a time or "
-                    "state), which are read-only. To differentiate with respect to an input, "
-                    "differentiate a copy: x = x.clone().requires_grad_() (under "
-                    "torch.enable_grad() if the sampler is called with grad off)."
-                ) from error
-            if "Inference tensors cannot be saved for backward" in str(error):
-                raise OracleError(
-                    "The oracle (or drift) used a tensor created under inference mode in "
-                    "computation that autograd records (it is called in the grad mode of the "
-                    "sampler's caller): a tensor of its own made inside "
-                    "torch.inference_mode(), or an input of an oracle that declares "
-                    "borrows_inputs (borrowed inputs are the engine's inference tensors; an "
-                    "oracle whose autograd saves its inputs must not declare it). Make it "
-                    "outside inference mode, or call the sampler under torch.no_grad() if the "
-                    "oracle needs no gradients."
-                ) from error
-            if "Inplace update to inference tensor" not in str(error):
-                raise
-            raise OracleError(
-                "The oracle (or drift) wrote in place into a tensor created under inference "
-                "mode: usually one the engine gave it (values, mask, targets, chain, or a time "
-                "or state), which are read-only, as other rows of the round may share them; or "
-                "one the oracle itself made inside torch.inference_mode(). Copy before writing "
-                "(values = values.clone()), or use an out-of-place operation "
-                "(torch.where(mask, values, 0) in place of values[~mask] = 0)."
-            ) from error
+class _Foreign:
+    """The mode of one foreign call: inference mode off, grad mode ``grad_enabled``; a
+    ``RuntimeError`` of PyTorch's about inference tensors becomes an :class:`OracleError`
+    that says what the oracle did. A class rather than a generator, with PyTorch's own mode
+    guards: it wraps every oracle call, and a generator's context costs several times more.
+    """
+
+    __slots__ = ("grad_enabled", "_inference", "_grad_before")
+
+    def __init__(self, grad_enabled: bool):
+        self.grad_enabled = grad_enabled
+
+    def __enter__(self) -> None:
+        # what torch.inference_mode(False) and torch.set_grad_enabled do, without their
+        # Python wrappers
+        self._inference = torch._C._InferenceMode(False)
+        self._inference.__enter__()
+        self._grad_before = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(self.grad_enabled)
+
+    def __exit__(self, kind, error, trace) -> bool:
+        torch._C._set_grad_enabled(self._grad_before)
+        self._inference.__exit__(kind, error, trace)
+        if isinstance(error, RuntimeError):
+            _explain(error)
+        return False
+
+
+def _explain(error: RuntimeError) -> None:
+    """Raise an :class:`OracleError` that says what a foreign call did, where PyTorch's
+    ``error`` is about inference tensors; else return."""
+    if "requires_grad=True on inference tensor" in str(error):
+        raise OracleError(
+            "The oracle (or drift) set requires_grad on a tensor created under "
+            "inference mode: usually one of its inputs (values, mask, or a time or "
+            "state), which are read-only. To differentiate with respect to an input, "
+            "differentiate a copy: x = x.clone().requires_grad_() (under "
+            "torch.enable_grad() if the sampler is called with grad off)."
+        ) from error
+    if "Inference tensors cannot be saved for backward" in str(error):
+        raise OracleError(
+            "The oracle (or drift) used a tensor created under inference mode in "
+            "computation that autograd records (it is called in the grad mode of the "
+            "sampler's caller): a tensor of its own made inside "
+            "torch.inference_mode(), or an input of an oracle that declares "
+            "borrows_inputs (borrowed inputs are the engine's inference tensors; an "
+            "oracle whose autograd saves its inputs must not declare it). Make it "
+            "outside inference mode, or call the sampler under torch.no_grad() if the "
+            "oracle needs no gradients."
+        ) from error
+    if "Inplace update to inference tensor" in str(error):
+        raise OracleError(
+            "The oracle (or drift) wrote in place into a tensor created under inference "
+            "mode: usually one the engine gave it (values, mask, targets, chain, or a time "
+            "or state), which are read-only, as other rows of the round may share them; or "
+            "one the oracle itself made inside torch.inference_mode(). Copy before writing "
+            "(values = values.clone()), or use an out-of-place operation "
+            "(torch.where(mask, values, 0) in place of values[~mask] = 0)."
+        ) from error
 
 
 def calling(oracle: object, grad_enabled: bool = False, inference_safe: bool | None = None):
@@ -101,7 +125,7 @@ def calling(oracle: object, grad_enabled: bool = False, inference_safe: bool | N
     """
     if is_inference_safe(oracle) if inference_safe is None else inference_safe:
         return contextlib.nullcontext
-    return lambda: _foreign(grad_enabled)
+    return lambda: _Foreign(grad_enabled)
 
 
 class BorrowedInputsCheck:
@@ -148,15 +172,17 @@ class BorrowedInputsCheck:
         self.checked = checked
         self.calls = 0
 
-    @contextlib.contextmanager
-    def __call__(self, values: torch.Tensor, mask: torch.Tensor) -> Iterator[None]:
+    def __call__(self, values: torch.Tensor, mask: torch.Tensor):
         """The context of one call on ``values`` and ``mask`` (the inputs the engine may hand
-        again; its other inputs are made for each call)."""
+        again; its other inputs are made for each call): the plain context where the call is
+        not compared."""
         number, self.calls = self.calls, self.calls + 1
         if not self.checked or (number >= self.FIRST and number & (number - 1)):
-            with self.context():
-                yield
-            return
+            return self.context()
+        return self._compared(values, mask)
+
+    @contextlib.contextmanager
+    def _compared(self, values: torch.Tensor, mask: torch.Tensor) -> Iterator[None]:
         copies = values.clone(), mask.clone()
         with self.context():
             yield

@@ -588,23 +588,36 @@ class OracleRows:
             for x in inputs
         )
 
+    def invoke(self, method: str, *inputs, **extra):
+        """The oracle's ``method`` called on ``inputs`` (``values`` and ``mask`` first, then
+        the method's other tensors) and the keyword tensors ``extra``, as the engine calls
+        every oracle: on ordinary tensors where it needs them (:meth:`oracle_inputs`), then
+        as :meth:`invoke_made`."""
+        if self.ordinary_inputs:
+            *inputs, extra = self.oracle_inputs(*inputs, extra)
+        return self.invoke_made(method, *inputs, **extra)
+
+    def invoke_made(self, method: str, *inputs, **extra):
+        """:meth:`invoke` on inputs made as the oracle gets them (in :attr:`tensor_mode`, or
+        borrowed): in its mode (:func:`~pyro_autospec.engine.modes.calling`), with the check
+        of borrowed inputs. Only the time inside the method counts as the oracle's
+        (``seconds["oracle"]``): the copies and mode switches around it are the engine's."""
+        with self._call_mode(inputs[0], inputs[1]):
+            start = time.perf_counter()
+            out = getattr(self.oracle, method)(*inputs, **extra)
+            self.seconds["oracle"] += time.perf_counter() - start
+        return out
+
     def _call_at(self, vals, mask, targets, draw, valid) -> Answer:
         """One call for the marginals of ``targets`` [R, W] given ``vals``, ``mask`` [R, n] of
         draws ``draw`` [R]; ``valid`` [R, W] (broadcast) marks the entries that are asked."""
         max_width = targets.shape[1]
         extra = {"draws": self.draw_ids[draw]} if self.family else {}
-        start = time.perf_counter()
         if self.targeted:
-            vals, mask, targets, extra = self.oracle_inputs(vals, mask, targets, extra)
-            with self._call_mode(vals, mask):
-                out = self.oracle.log_marginals_at(vals, mask, targets, **extra)
-            self.seconds["oracle"] += time.perf_counter() - start
+            out = self.invoke("log_marginals_at", vals, mask, targets, **extra)
             self._check_output(out, (vals.shape[0], max_width, self.q), "log_marginals_at")
         else:
-            vals, mask, extra = self.oracle_inputs(vals, mask, extra)
-            with self._call_mode(vals, mask):
-                out = self.oracle.log_marginals(vals, mask, **extra)
-            self.seconds["oracle"] += time.perf_counter() - start
+            out = self.invoke("log_marginals", vals, mask, **extra)
             self._check_output(out, (vals.shape[0], self.n, self.q), "log_marginals")
             out = out.gather(1, targets.unsqueeze(-1).expand(-1, -1, self.q))
         return _checked(out, valid)
@@ -649,11 +662,8 @@ class OracleRows:
             pos = part_cut.unsqueeze(1) + torch.minimum(steps, (part_length - 1).unsqueeze(1))
             chain = self.coords(part_draw, pos)
             extra = {"draws": self.draw_ids[part_draw]} if self.family else {}
-            start = time.perf_counter()
             if then_width is None:
-                vals, mask, chain, extra = self.oracle_inputs(vals, mask, chain, extra)
-                with self._call_mode(vals, mask):
-                    out = self.oracle.log_marginals_chain(vals, mask, chain, **extra)
+                out = self.invoke("log_marginals_chain", vals, mask, chain, **extra)
             else:
                 # the row after the chain reads on from its end; without one, a dummy: the
                 # chain's last coordinate (pinned by the chain: a point mass)
@@ -663,16 +673,13 @@ class OracleRows:
                     part_then > 0, part_cut + part_length, part_cut + part_length - 1
                 ).unsqueeze(1)
                 then = self.coords(part_draw, pos + reach.clamp(min=0))
-                vals, mask, chain, then, extra = self.oracle_inputs(vals, mask, chain, then, extra)
-                with self._call_mode(vals, mask):
-                    out, after = then_pair(
-                        self.oracle.log_marginals_chain_then(vals, mask, chain, then, **extra)
-                    )
+                out, after = then_pair(
+                    self.invoke("log_marginals_chain_then", vals, mask, chain, then, **extra)
+                )
                 self._check_output(
                     after, (part_frame.numel(), max_then, self.q), "log_marginals_chain_then"
                 )
                 then_pieces.append(_checked(after, offsets[:max_then] < part_then.unsqueeze(1)))
-            self.seconds["oracle"] += time.perf_counter() - start
             self._check_output(out, (part_frame.numel(), max_length, self.q), "log_marginals_chain")
             pieces.append(_checked(out, offsets[:max_length] < part_length.unsqueeze(1)))
         return _cat(pieces), (_cat(then_pieces) if then_pieces else None)
