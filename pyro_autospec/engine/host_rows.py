@@ -107,24 +107,30 @@ class FreshInputs:
             )
         return counts
 
-    def _unheld(self, arrays: tuple[np.ndarray, ...]) -> bool:
-        if _storage_use_count is None or len(arrays) != len(self.buffers):
+    def _unheld(self, specs: tuple[tuple[tuple[int, ...], np.dtype], ...]) -> bool:
+        if _storage_use_count is None or len(specs) != len(self.buffers):
             return False
-        if any(a.shape != b.shape or a.dtype != b.dtype for a, b in zip(arrays, self.buffers)):
-            return False
+        for (shape, dtype), buffer in zip(specs, self.buffers):
+            if buffer.shape != tuple(shape) or buffer.dtype != dtype:
+                return False
         return self._counts() == self.counts
+
+    def take(self, *specs: tuple[tuple[int, ...], np.dtype]) -> tuple[np.ndarray, ...]:
+        """Buffers of these ``(shape, dtype)`` that nothing else holds or writes, for the
+        caller to write whole; their tensors are :attr:`tensors`."""
+        if not self._unheld(specs):
+            self.buffers = tuple(np.empty(shape, dtype=dtype) for shape, dtype in specs)
+            self.tensors = tuple(self.make(b) for b in self.buffers)
+            if _storage_use_count is not None:
+                self.counts = self._counts()
+        return self.buffers
 
     def fill(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         """Tensors holding copies of ``arrays`` (any shapes and dtypes; the same ones from call
         to call keep the buffers), that nothing else holds or writes."""
-        if self._unheld(arrays):
-            for buffer, array in zip(self.buffers, arrays):
-                np.copyto(buffer, array)
-            return self.tensors
-        self.buffers = tuple(np.array(a, order="C") for a in arrays)  # copies
-        self.tensors = tuple(self.make(b) for b in self.buffers)
-        if _storage_use_count is not None:
-            self.counts = self._counts()
+        buffers = self.take(*((array.shape, array.dtype) for array in arrays))
+        for buffer, array in zip(buffers, arrays):
+            np.copyto(buffer, array)
         return self.tensors
 
 
@@ -165,6 +171,10 @@ class HostRows:
     zero_copy = True
     #: Rows per run of one lane from which a call's inputs are filled run by run.
     RUN = 8
+    #: Row counts of calls whose input buffers are kept for the next call of that size, and
+    #: the bytes they may hold together (a call's own buffers are kept whatever their size).
+    POOLS = 8
+    POOL_BYTES = 2**26
 
     def __init__(self, rows: OracleRows, lanes: int):
         self.rows = rows
@@ -179,6 +189,7 @@ class HostRows:
         self.draw_in = np.full(lanes, -1, dtype=np.int64)
         self._positions = np.arange(n, dtype=self.ranks.dtype)
         self.draw_ids = rows.draw_ids.cpu().numpy()
+        self._pools: dict[int, FreshInputs] = {}
 
     def start(self, lanes: np.ndarray, draws: np.ndarray) -> None:
         """The draws ``draws`` (local numbers) start in ``lanes``: compute their orders."""
@@ -198,6 +209,17 @@ class HostRows:
         (a cache of its last call), so they are never written again."""
         return np.empty((rows, self.n), dtype=dtype)
 
+    def _fresh(self, rows: int) -> FreshInputs:
+        """The buffers of calls of ``rows`` rows on a CPU (:class:`FreshInputs`), kept for the
+        :attr:`POOLS` row counts last asked, within :attr:`POOL_BYTES`."""
+        fresh = self._pools.pop(rows, None) or FreshInputs(self._up)
+        self._pools[rows] = fresh  # the last asked, last
+        kept = sum(b.nbytes for pool in self._pools.values() for b in pool.buffers)
+        while len(self._pools) > 1 and (len(self._pools) > self.POOLS or kept > self.POOL_BYTES):
+            oldest = self._pools.pop(next(iter(self._pools)))
+            kept -= sum(b.nbytes for b in oldest.buffers)
+        return fresh
+
     def _up(self, array: np.ndarray) -> torch.Tensor:
         """``array`` (fresh: nothing else writes it) as the oracle gets it, on its device."""
         with self.rows.tensor_mode():
@@ -207,7 +229,11 @@ class HostRows:
     def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
         start = time.perf_counter()
-        mask = self._buffer(lane.size, bool)
+        if self.on_cpu:  # the oracle reads these: buffers that nothing else holds
+            fresh = self._fresh(lane.size)
+            values, mask = fresh.take(((lane.size, self.n), np.int64), ((lane.size, self.n), bool))
+        else:
+            mask = self._buffer(lane.size, bool)
         cut = cut.astype(self.ranks.dtype)  # a mixed-type comparison casts every rank first
         steps = np.diff(lane)
         # consecutive lanes (every draw in step, or a chunk of them) are read as a slice, not
@@ -224,14 +250,12 @@ class HostRows:
         else:
             np.less(self.ranks[rows], cut[:, None], out=mask)
         if self.on_cpu:
-            values = self._buffer(lane.size, np.int64)
             if runs:
                 for a, b in bounds:
                     values[a:b] = frames[lane[a]]
             else:
                 torch.from_numpy(values).copy_(torch.from_numpy(frames[rows]))
-            with self.rows.tensor_mode():  # fresh arrays: ordinary tensors need no copy
-                up = torch.from_numpy(values), torch.from_numpy(mask)
+            up = fresh.tensors
         else:  # upload the narrow values, widen them on the device
             with self.rows.tensor_mode():
                 up = torch.from_numpy(frames[rows]).to(self.device).long(), self._up(mask)
