@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -60,8 +61,11 @@ class FreshInputs:
     the context that makes them; most oracles keep nothing. So the buffers of the last call
     are filled again when nothing but this object holds their tensors or their storage: no
     reference to a tensor, no view, no NumPy array of one, no reference to its storage, no
-    autograd graph that saved one (PyTorch's and Python's reference counts say so, compared
-    with the counts of buffers just made).
+    weak reference to either, no autograd graph that saved one (PyTorch's and Python's
+    reference counts say so, compared
+    with the counts of buffers just made), and each tensor still reads its buffer (an oracle
+    that moved a tensor's memory, by ``share_memory_()`` or by pickling it for another
+    process, or replaced it, by ``.data =`` or ``set_()``, reads something else).
     Else new buffers are made, and the ones kept are never written again. The oracle gets the
     same inputs either way; a write of its own into them is overwritten by the next fill.
 
@@ -89,12 +93,15 @@ class FreshInputs:
         self.make = make
         self.buffers: tuple[np.ndarray, ...] = ()
         self.tensors: tuple[torch.Tensor, ...] = ()
-        self.counts: list[tuple[int, int, int]] = []
+        self.counts: list[tuple] | None = None
 
-    def _counts(self) -> list[tuple[int, int, int]]:
-        # per tensor: the references to it, the holders of its storage, and the references to
-        # the storage's Python object (an oracle may keep that: PyTorch hands out one object
-        # per storage), as this method sees them: compared only with its own counts
+    def _counts(self) -> list[tuple]:
+        # per tensor: the references to it, the holders of its storage, the references to the
+        # storage's Python object (an oracle may keep that: PyTorch hands out one object per
+        # storage), and the weak references to either, as this method sees them (compared
+        # only with its own counts); and
+        # where the tensor reads, so that an oracle that moved or replaced its memory
+        # (share_memory_, pickling for another process, .data =, set_) is seen
         counts = []
         for tensor in self.tensors:
             storage = tensor.untyped_storage()
@@ -103,6 +110,12 @@ class FreshInputs:
                     sys.getrefcount(tensor),
                     _storage_use_count(storage._cdata),
                     sys.getrefcount(storage),
+                    weakref.getweakrefcount(tensor),  # a memo of the last call on weakrefs
+                    weakref.getweakrefcount(storage),
+                    tensor.data_ptr(),
+                    tensor.dtype,
+                    tensor.shape,
+                    tensor.stride(),
                 )
             )
         return counts
@@ -113,7 +126,7 @@ class FreshInputs:
         for (shape, dtype), buffer in zip(specs, self.buffers):
             if buffer.shape != tuple(shape) or buffer.dtype != dtype:
                 return False
-        return self._counts() == self.counts
+        return self.counts is not None and self._counts() == self.counts
 
     def take(self, *specs: tuple[tuple[int, ...], np.dtype]) -> tuple[np.ndarray, ...]:
         """Buffers of these ``(shape, dtype)`` that nothing else holds or writes, for the
@@ -121,8 +134,9 @@ class FreshInputs:
         if not self._unheld(specs):
             self.buffers = tuple(np.empty(shape, dtype=dtype) for shape, dtype in specs)
             self.tensors = tuple(self.make(b) for b in self.buffers)
-            if _storage_use_count is not None:
-                self.counts = self._counts()
+            shared = all(t.data_ptr() == b.ctypes.data for t, b in zip(self.tensors, self.buffers))
+            # filled again only where the tensors read the buffers (make shares their memory)
+            self.counts = self._counts() if _storage_use_count is not None and shared else None
         return self.buffers
 
     def fill(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:

@@ -55,6 +55,68 @@ def test_a_buffer_something_still_holds_is_never_written_again(keeper):
     assert inputs.buffers[0] is buffer and torch.equal(third, torch.from_numpy(_arrays(2)[0]))
 
 
+@pytest.mark.parametrize("storage", [False, True])
+def test_an_input_something_holds_a_weak_reference_to_is_not_filled_again(storage):
+    """A memo of the last call on weak references meets only tensors with their values."""
+    inputs = FreshInputs(torch.from_numpy)
+    values, mask = inputs.fill(*_arrays(0))
+    ref = weakref.ref(values.untyped_storage() if storage else values)
+    del values, mask
+    again, _ = inputs.fill(*_arrays(1))
+    assert ref() is not (again.untyped_storage() if storage else again)
+    if not storage and ref() is not None:
+        assert torch.equal(ref(), torch.from_numpy(_arrays(0)[0]))
+
+
+def _pickled_for_another_process(tensor):
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the reductions that share memory)
+
+    ForkingPickler.dumps(tensor)
+
+
+#: Ways an oracle may move or replace the memory its input reads, keeping no reference: the
+#: buffer it no longer reads must not be filled for the next call in its place.
+MOVERS = {
+    "share_memory_": lambda t: t.share_memory_(),
+    "pickled for another process": _pickled_for_another_process,
+    ".data =": lambda t: setattr(t, "data", t.clone()),
+    "set_": lambda t: t.set_(t.clone()),
+}
+
+
+@pytest.mark.parametrize("mover", list(MOVERS))
+def test_an_input_whose_memory_the_oracle_moved_gets_new_buffers(mover):
+    inputs = FreshInputs(torch.from_numpy)
+    values, mask = inputs.fill(*_arrays(0))
+    MOVERS[mover](values)
+    del values, mask
+    again, _ = inputs.fill(*_arrays(1))
+    assert torch.equal(again, torch.from_numpy(_arrays(1)[0]))
+
+
+class Shares:
+    """A Markov chain whose calls move their inputs to shared memory (as handing them to
+    worker processes does), keeping no reference to them."""
+
+    def __init__(self, chain):
+        self.chain, self.num_coords, self.num_values = chain, chain.num_coords, 2
+
+    def log_marginals(self, values, mask):
+        values.share_memory_()
+        mask.share_memory_()
+        return self.chain.log_marginals(values, mask)
+
+
+@pytest.mark.parametrize("method", ["sequential", "agr24"])
+def test_an_oracle_that_moves_its_inputs_gets_the_same_draws(method):
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 24)
+    plain = sample_any_order(chain, 32, seed=5, method=method)
+    moved = sample_any_order(Shares(chain), 32, seed=5, method=method, schedule=plain.schedule)
+    assert torch.equal(moved.samples, plain.samples)
+
+
 def test_buffers_are_filled_again_once_let_go_and_a_write_into_them_is_undone():
     inputs = FreshInputs(torch.from_numpy)
     values, mask = inputs.fill(*_arrays(0))
@@ -94,46 +156,80 @@ def test_inputs_made_in_the_engine_mode_for_an_oracle_that_needs_ordinary_tensor
             del values, mask
 
 
-class CountsBuffers:
-    """A ``log_marginals_at``-only Markov chain that counts the calls given the very tensors
-    of an earlier call (a weak reference keeps nothing alive, so only tensors the engine
-    kept can be met again)."""
+class Counted:
+    """A ``log_marginals_at``-only Markov chain (keeps nothing of its inputs)."""
+
+    consistent_queries = True  # only the run's own calls
 
     def __init__(self, n: int):
         self.chain = MarkovChainOracle(
             torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), n
         )
         self.num_coords, self.num_values = n, 2
-        self.seen: list = []
-        self.calls = self.again = 0
+        self.calls = 0
 
     def log_marginals(self, values, mask):
         return self.chain.log_marginals(values, mask)
 
     def log_marginals_at(self, values, mask, targets):
         self.calls += 1
-        self.again += any(ref() is values for ref in self.seen)
-        self.seen.append(weakref.ref(values))
         return self.chain.log_marginals_at(values, mask, targets)
 
 
-def test_the_lock_step_fills_the_same_buffers_for_an_oracle_that_keeps_nothing():
-    oracle = CountsBuffers(64)
+@pytest.fixture
+def fills(monkeypatch):
+    """How many times buffers were filled again (the oracle holding nothing to count them:
+    even a weak reference to its inputs keeps them from being filled again)."""
+    counted = {"again": 0}
+    unheld = FreshInputs._unheld
+
+    def counting(self, specs):
+        again = unheld(self, specs)
+        counted["again"] += again
+        return again
+
+    monkeypatch.setattr(FreshInputs, "_unheld", counting)
+    return counted
+
+
+def test_the_lock_step_fills_the_same_buffers_for_an_oracle_that_keeps_nothing(fills):
+    oracle = Counted(64)
     plain = sample_any_order(oracle.chain, 32, seed=3, method="sequential")
-    oracle.consistent_queries = True  # only the run's own calls
     counted = sample_any_order(oracle, 32, seed=3, method="sequential")
     assert torch.equal(counted.samples, plain.samples)
-    assert oracle.calls >= 64 and oracle.again >= oracle.calls - 2
+    assert oracle.calls >= 64 and fills["again"] >= oracle.calls - 2
 
 
 @pytest.mark.parametrize("method", ["agr24", "speculative"])
-def test_the_general_loop_fills_the_buffers_of_each_call_size_again(method):
+def test_the_general_loop_fills_the_buffers_of_each_call_size_again(method, fills):
     """The windowed loop's calls vary in size: the buffers of each of the last sizes are
     filled again while unheld (that kept inputs stay as they were is
     ``tests/engine/test_errors.py``'s ``KeepsViews``)."""
-    oracle = CountsBuffers(256)
+    oracle = Counted(256)
     plain = sample_any_order(oracle.chain, 32, seed=3, method=method)
-    oracle.consistent_queries = True
     counted = sample_any_order(oracle, 32, seed=3, method=method)
     assert torch.equal(counted.samples, plain.samples)
-    assert oracle.again >= oracle.calls // 4
+    assert fills["again"] >= oracle.calls // 4
+
+
+class WeakLastCall:
+    """A memo of the last call that holds its inputs only weakly (an outside reviewer's)."""
+
+    def __init__(self, chain):
+        self.chain, self.num_coords, self.num_values = chain, chain.num_coords, 2
+        self.ref, self.out = None, None
+
+    def log_marginals(self, values, mask):
+        if self.ref is not None and self.ref[0]() is values and self.ref[1]() is mask:
+            return self.out
+        self.ref = (weakref.ref(values), weakref.ref(mask))
+        self.out = self.chain.log_marginals(values, mask)
+        return self.out
+
+
+@pytest.mark.parametrize("method", ["sequential", "agr24"])
+def test_a_memo_on_weak_references_gets_the_same_draws(method):
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 24)
+    plain = sample_any_order(chain, 32, seed=5, method=method)
+    memo = sample_any_order(WeakLastCall(chain), 32, seed=5, method=method, schedule=plain.schedule)
+    assert torch.equal(memo.samples, plain.samples)
