@@ -65,7 +65,8 @@ class FreshInputs:
     reference counts say so, compared
     with the counts of buffers just made), and each tensor still reads its buffer (an oracle
     that moved a tensor's memory, by ``share_memory_()`` or by pickling it for another
-    process, or replaced it, by ``.data =`` or ``set_()``, reads something else).
+    process, or replaced it, by ``.data =`` or ``set_()``, reads something else), with no
+    attribute, class or ``.grad`` the oracle set on it.
     Else new buffers are made, and the ones kept are never written again. The oracle gets the
     same inputs either way; a write of its own into them is overwritten by the next fill.
 
@@ -101,7 +102,8 @@ class FreshInputs:
         # storage), and the weak references to either, as this method sees them (compared
         # only with its own counts); and
         # where the tensor reads, so that an oracle that moved or replaced its memory
-        # (share_memory_, pickling for another process, .data =, set_) is seen
+        # (share_memory_, pickling for another process, .data =, set_) is seen; and what it
+        # may have set on the tensor object (an attribute, its class, a .grad)
         counts = []
         for tensor in self.tensors:
             storage = tensor.untyped_storage()
@@ -116,6 +118,10 @@ class FreshInputs:
                     tensor.dtype,
                     tensor.shape,
                     tensor.stride(),
+                    # what an oracle may hang on the tensor object itself (a memo attribute)
+                    type(tensor),
+                    len(tensor.__dict__),
+                    tensor.grad is None,
                 )
             )
         return counts

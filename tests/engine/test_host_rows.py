@@ -76,24 +76,32 @@ def _pickled_for_another_process(tensor):
     ForkingPickler.dumps(tensor)
 
 
-#: Ways an oracle may move or replace the memory its input reads, keeping no reference: the
-#: buffer it no longer reads must not be filled for the next call in its place.
+class _Subclass(torch.Tensor):
+    pass
+
+
+#: Ways an oracle may move or replace the memory its input reads, or change the tensor object,
+#: keeping no reference: the next call must get a new tensor with nothing of the old one.
 MOVERS = {
     "share_memory_": lambda t: t.share_memory_(),
     "pickled for another process": _pickled_for_another_process,
     ".data =": lambda t: setattr(t, "data", t.clone()),
     "set_": lambda t: t.set_(t.clone()),
+    "an attribute set on it": lambda t: setattr(t, "memo", 1),
+    "its class changed": lambda t: setattr(t, "__class__", _Subclass),
+    "a .grad set on it": lambda t: setattr(t, "grad", torch.zeros_like(t)),
 }
 
 
 @pytest.mark.parametrize("mover", list(MOVERS))
-def test_an_input_whose_memory_the_oracle_moved_gets_new_buffers(mover):
+def test_an_input_the_oracle_moved_or_marked_gets_new_buffers(mover):
     inputs = FreshInputs(torch.from_numpy)
     values, mask = inputs.fill(*_arrays(0))
     MOVERS[mover](values)
     del values, mask
     again, _ = inputs.fill(*_arrays(1))
     assert torch.equal(again, torch.from_numpy(_arrays(1)[0]))
+    assert type(again) is torch.Tensor and not again.__dict__ and again.grad is None
 
 
 class Shares:
@@ -232,4 +240,27 @@ def test_a_memo_on_weak_references_gets_the_same_draws(method):
     chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 24)
     plain = sample_any_order(chain, 32, seed=5, method=method)
     memo = sample_any_order(WeakLastCall(chain), 32, seed=5, method=method, schedule=plain.schedule)
+    assert torch.equal(memo.samples, plain.samples)
+
+
+class AttributeMemo:
+    """A memo of the answer set on the input tensor itself (an outside reviewer's)."""
+
+    def __init__(self, chain):
+        self.chain, self.num_coords, self.num_values = chain, chain.num_coords, 2
+
+    def log_marginals(self, values, mask):
+        out = values.__dict__.get("memo")
+        if out is None:
+            out = values.memo = self.chain.log_marginals(values, mask)
+        return out
+
+
+@pytest.mark.parametrize("method", ["sequential", "agr24"])
+def test_a_memo_set_on_the_inputs_gets_the_same_draws(method):
+    chain = MarkovChainOracle(torch.tensor([0.5, 0.5]), torch.tensor([[0.8, 0.2], [0.3, 0.7]]), 24)
+    plain = sample_any_order(chain, 32, seed=5, method=method)
+    memo = sample_any_order(
+        AttributeMemo(chain), 32, seed=5, method=method, schedule=plain.schedule
+    )
     assert torch.equal(memo.samples, plain.samples)
