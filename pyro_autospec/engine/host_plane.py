@@ -866,7 +866,7 @@ class _HostLockstep(_Lockstep):
         self.views = self._views()
         if not self.borrowed:  # one set of buffers per call, filled again while unheld
             self.at = self.coords[..., None]  # [n, D, 1]: the targets of each step
-            self.fresh = [FreshInputs(sampler.host._up) for _ in self.calls]
+            self.fresh = [FreshInputs(sampler.host._up_all) for _ in self.calls]
 
     def _out(self, i: int, t: int) -> torch.Tensor:
         """The rows at position ``t`` of the draws of call ``i`` as the oracle returned them

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import sys
 import time
-import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -46,112 +45,80 @@ from pyro_autospec.engine.rows import (
 
 __all__ = ["FreshInputs", "HostRows"]
 
-#: How many holders a tensor's storage has (a private function of PyTorch's; without it,
-#: :class:`FreshInputs` never fills a buffer twice).
-_storage_use_count = getattr(torch._C, "_storage_Use_Count", None)
-
 
 class FreshInputs:
-    """The inputs of one call of an oracle that does not borrow them, in buffers filled anew
-    for each call and used again only while the oracle keeps nothing of them.
+    """The inputs of one call of an oracle that does not borrow them: new tensors each call,
+    over memory used again only where nothing is left of the last call's tensors.
 
     Such an oracle may keep its inputs (a cache of its last call) or write into them, so every
-    call must get inputs that nothing else writes. New arrays for every call cost an
-    allocation (whose pages glibc may fault in again each time), a tensor made of each, and
-    the context that makes them; most oracles keep nothing. So the buffers of the last call
-    are filled again when nothing but this object holds their tensors or their storage: no
-    reference to a tensor, no view, no NumPy array of one, no reference to its storage, no
-    weak reference to either, no autograd graph that saved one (PyTorch's and Python's
-    reference counts say so, compared
-    with the counts of buffers just made), and each tensor still reads its buffer (an oracle
-    that moved a tensor's memory, by ``share_memory_()`` or by pickling it for another
-    process, or replaced it, by ``.data =`` or ``set_()``, reads something else), with no
-    attribute, class or ``.grad`` the oracle set on it.
-    Else new buffers are made, and the ones kept are never written again. The oracle gets the
-    same inputs either way; a write of its own into them is overwritten by the next fill.
+    call must get inputs that nothing else holds or writes. New arrays for every call cost an
+    allocation, whose pages glibc may fault in again each time; most oracles keep nothing. So
+    the tensors are new objects every call (nothing an oracle hangs on a tensor object, nor a
+    weak reference to one, can meet the next call), made over the last call's buffers when no
+    tensor or storage made over them is left: a tensor made by ``torch.from_numpy`` holds its
+    array until its storage dies, so the array's reference count says whether anything still
+    reads it (a reference to a tensor, a view, a NumPy array of one, its storage, an autograd
+    graph that saved it). Else new buffers are made, and the old ones are never written
+    again. An oracle that moves its inputs' memory (``share_memory_()``, pickling for another
+    process) lets go of the buffer, which may then be filled again: what it moved is a copy.
 
     Parameters
     ----------
     make : callable
-        Makes the oracle's tensor of a NumPy array, sharing its memory
-        (``torch.from_numpy`` in the engine's tensor mode).
+        Makes the oracle's tensors of NumPy arrays (``make(*arrays) -> tuple``, in the
+        engine's tensor mode); a tensor that shares an array's memory holds a reference to it.
 
     Examples
     --------
     >>> import numpy as np
-    >>> inputs = FreshInputs(torch.from_numpy)
+    >>> inputs = FreshInputs(lambda *arrays: tuple(map(torch.from_numpy, arrays)))
     >>> values = np.arange(6).reshape(2, 3)
-    >>> first = id(inputs.fill(values)[0])  # read and let go
-    >>> id(inputs.fill(values + 1)[0]) == first  # the same buffer, filled again
+    >>> first = inputs.fill(values)[0].data_ptr()  # read and let go
+    >>> inputs.fill(values + 1)[0].data_ptr() == first  # a new tensor, the same memory
     True
     >>> kept, = inputs.fill(values)  # held from here on
-    >>> again, = inputs.fill(values + 1)  # so a new buffer
-    >>> again is kept, kept.tolist(), again.tolist()
-    (False, [[0, 1, 2], [3, 4, 5]], [[1, 2, 3], [4, 5, 6]])
+    >>> again, = inputs.fill(values + 1)  # so new memory
+    >>> kept.tolist(), again.tolist()
+    ([[0, 1, 2], [3, 4, 5]], [[1, 2, 3], [4, 5, 6]])
     """
 
-    def __init__(self, make: Callable[[np.ndarray], torch.Tensor]):
+    def __init__(self, make: Callable[..., tuple[torch.Tensor, ...]]):
         self.make = make
         self.buffers: tuple[np.ndarray, ...] = ()
-        self.tensors: tuple[torch.Tensor, ...] = ()
-        self.counts: list[tuple] | None = None
+        self.counts: list[int] = []
 
-    def _counts(self) -> list[tuple]:
-        # per tensor: the references to it, the holders of its storage, the references to the
-        # storage's Python object (an oracle may keep that: PyTorch hands out one object per
-        # storage), and the weak references to either, as this method sees them (compared
-        # only with its own counts); and
-        # where the tensor reads, so that an oracle that moved or replaced its memory
-        # (share_memory_, pickling for another process, .data =, set_) is seen; and what it
-        # may have set on the tensor object (an attribute, its class, a .grad)
-        counts = []
-        for tensor in self.tensors:
-            storage = tensor.untyped_storage()
-            counts.append(
-                (
-                    sys.getrefcount(tensor),
-                    _storage_use_count(storage._cdata),
-                    sys.getrefcount(storage),
-                    weakref.getweakrefcount(tensor),  # a memo of the last call on weakrefs
-                    weakref.getweakrefcount(storage),
-                    tensor.data_ptr(),
-                    tensor.dtype,
-                    tensor.shape,
-                    tensor.stride(),
-                    # what an oracle may hang on the tensor object itself (a memo attribute)
-                    type(tensor),
-                    len(tensor.__dict__),
-                    tensor.grad is None,
-                )
-            )
-        return counts
+    def _counts(self) -> list[int]:
+        # the references to each buffer as this method sees them (compared only with its own)
+        return [sys.getrefcount(buffer) for buffer in self.buffers]
 
     def _unheld(self, specs: tuple[tuple[tuple[int, ...], np.dtype], ...]) -> bool:
-        if _storage_use_count is None or len(specs) != len(self.buffers):
+        # counted first: a loop variable below would be one more reference
+        if self._counts() != self.counts or len(specs) != len(self.buffers):
             return False
-        for (shape, dtype), buffer in zip(specs, self.buffers):
-            if buffer.shape != tuple(shape) or buffer.dtype != dtype:
-                return False
-        return self.counts is not None and self._counts() == self.counts
+        return all(
+            b.shape == tuple(shape) and b.dtype == dtype
+            for (shape, dtype), b in zip(specs, self.buffers)
+        )
 
     def take(self, *specs: tuple[tuple[int, ...], np.dtype]) -> tuple[np.ndarray, ...]:
-        """Buffers of these ``(shape, dtype)`` that nothing else holds or writes, for the
-        caller to write whole; their tensors are :attr:`tensors`."""
+        """Buffers of these ``(shape, dtype)`` that nothing else holds or reads, for the caller
+        to write whole before :meth:`tensors`."""
         if not self._unheld(specs):
             self.buffers = tuple(np.empty(shape, dtype=dtype) for shape, dtype in specs)
-            self.tensors = tuple(self.make(b) for b in self.buffers)
-            shared = all(t.data_ptr() == b.ctypes.data for t, b in zip(self.tensors, self.buffers))
-            # filled again only where the tensors read the buffers (make shares their memory)
-            self.counts = self._counts() if _storage_use_count is not None and shared else None
+            self.counts = self._counts()  # before any tensor is made over them
         return self.buffers
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """New tensors over the buffers, for one call."""
+        return self.make(*self.buffers)
+
     def fill(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """Tensors holding copies of ``arrays`` (any shapes and dtypes; the same ones from call
-        to call keep the buffers), that nothing else holds or writes."""
+        """New tensors holding copies of ``arrays`` (any shapes and dtypes; the same ones from
+        call to call keep the buffers), that nothing else holds or writes."""
         buffers = self.take(*((array.shape, array.dtype) for array in arrays))
         for buffer, array in zip(buffers, arrays):
             np.copyto(buffer, array)
-        return self.tensors
+        return self.tensors()
 
 
 def _placed(parts: list[tuple[np.ndarray, Answer]], total: int, width: int, q: int) -> Answer:
@@ -232,7 +199,7 @@ class HostRows:
     def _fresh(self, rows: int) -> FreshInputs:
         """The buffers of calls of ``rows`` rows on a CPU (:class:`FreshInputs`), kept for the
         :attr:`POOLS` row counts last asked, within :attr:`POOL_BYTES`."""
-        fresh = self._pools.pop(rows, None) or FreshInputs(self._up)
+        fresh = self._pools.pop(rows, None) or FreshInputs(self._up_all)
         self._pools[rows] = fresh  # the last asked, last
         kept = sum(b.nbytes for pool in self._pools.values() for b in pool.buffers)
         while len(self._pools) > 1 and (len(self._pools) > self.POOLS or kept > self.POOL_BYTES):
@@ -245,6 +212,12 @@ class HostRows:
         with self.rows.tensor_mode():
             tensor = torch.from_numpy(array)
             return tensor if self.on_cpu else tensor.to(self.device)
+
+    def _up_all(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """:meth:`_up` of each of ``arrays``, in one switch of the tensor mode."""
+        with self.rows.tensor_mode():
+            tensors = tuple(torch.from_numpy(array) for array in arrays)
+            return tensors if self.on_cpu else tuple(t.to(self.device) for t in tensors)
 
     def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
@@ -275,7 +248,7 @@ class HostRows:
                     values[a:b] = frames[lane[a]]
             else:
                 torch.from_numpy(values).copy_(torch.from_numpy(frames[rows]))
-            up = fresh.tensors
+            up = fresh.tensors()
         else:  # upload the narrow values, widen them on the device
             with self.rows.tensor_mode():
                 up = torch.from_numpy(frames[rows]).to(self.device).long(), self._up(mask)

@@ -125,9 +125,9 @@ class MarginalOracle(Protocol):
     them, never write into them. Every call gets
     inputs that nothing else holds, never written again once the oracle keeps any of them, so
     an oracle may keep them (a cache of its last question). Inputs the oracle kept nothing of
-    may be filled again for a later call: the same tensor objects at the same addresses with
-    new contents, so a cache must hold the tensors it compares (or copies of them, or weak
-    references to them), never key on ``id()`` or ``data_ptr()`` alone. The built-in exact
+    may be filled again for a later call: new tensor objects over the same memory, so a cache
+    must hold the tensors it compares (or copies of them), never key on ``id()`` or
+    ``data_ptr()`` alone. The built-in exact
     oracles are inference-safe.
 
     *Borrowed inputs.* An oracle that reads its inputs only while a call runs (it keeps no
