@@ -127,7 +127,8 @@ class MarginalOracle(Protocol):
     an oracle may keep them (a cache of its last question). Inputs the oracle kept nothing of
     may be filled again for a later call: new tensor objects over the same memory, so a cache
     must hold the tensors it compares (or copies of them), never key on ``id()`` or
-    ``data_ptr()`` alone. The built-in exact
+    ``data_ptr()`` alone; a saved address holds nothing, and may later read another call's
+    inputs. The built-in exact
     oracles are inference-safe.
 
     *Borrowed inputs.* An oracle that reads its inputs only while a call runs (it keeps no
