@@ -199,25 +199,27 @@ class HostRows:
     def _fresh(self, rows: int) -> FreshInputs:
         """The buffers of calls of ``rows`` rows on a CPU (:class:`FreshInputs`), kept for the
         :attr:`POOLS` row counts last asked, within :attr:`POOL_BYTES`."""
-        fresh = self._pools.pop(rows, None) or FreshInputs(self._up_all)
+        fresh = self._pools.pop(rows, None)
+        if fresh is None:  # a new size: the sizes least recently asked make room (the pools'
+            # bytes change only here, a pool's buffers keeping their size)
+            kept = sum(b.nbytes for pool in self._pools.values() for b in pool.buffers)
+            while self._pools and (len(self._pools) >= self.POOLS or kept > self.POOL_BYTES):
+                oldest = self._pools.pop(next(iter(self._pools)))
+                kept -= sum(b.nbytes for b in oldest.buffers)
+            fresh = FreshInputs(self._up_all)
         self._pools[rows] = fresh  # the last asked, last
-        kept = sum(b.nbytes for pool in self._pools.values() for b in pool.buffers)
-        while len(self._pools) > 1 and (len(self._pools) > self.POOLS or kept > self.POOL_BYTES):
-            oldest = self._pools.pop(next(iter(self._pools)))
-            kept -= sum(b.nbytes for b in oldest.buffers)
         return fresh
 
-    def _up(self, array: np.ndarray) -> torch.Tensor:
-        """``array`` (fresh: nothing else writes it) as the oracle gets it, on its device."""
-        with self.rows.tensor_mode():
-            tensor = torch.from_numpy(array)
-            return tensor if self.on_cpu else tensor.to(self.device)
-
     def _up_all(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
-        """:meth:`_up` of each of ``arrays``, in one switch of the tensor mode."""
+        """``arrays`` (fresh: nothing else writes them) as the oracle gets them, on its
+        device, in one switch of the tensor mode."""
         with self.rows.tensor_mode():
             tensors = tuple(torch.from_numpy(array) for array in arrays)
             return tensors if self.on_cpu else tuple(t.to(self.device) for t in tensors)
+
+    def _up(self, array: np.ndarray) -> torch.Tensor:
+        """:meth:`_up_all` of one array."""
+        return self._up_all(array)[0]
 
     def _inputs(self, frames, lane, cut) -> tuple[torch.Tensor, torch.Tensor]:
         """Dense ``values`` LongTensor[R, n] and ``mask`` BoolTensor[R, n] on the device."""
